@@ -1,0 +1,16 @@
+# Picks the CUDA architectures to build: the GPUs present, or 80;90 when none can be detected.
+function(course_detect_cuda_architectures out_var)
+  set(_archs "80;90")
+  find_program(_nvidia_smi nvidia-smi)
+  if(_nvidia_smi)
+    execute_process(COMMAND ${_nvidia_smi} --query-gpu=compute_cap --format=csv,noheader
+      OUTPUT_VARIABLE _caps RESULT_VARIABLE _rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(_rc EQUAL 0 AND _caps)
+      string(REPLACE "." "" _caps "${_caps}")
+      string(REPLACE "\n" ";" _caps "${_caps}")
+      list(REMOVE_DUPLICATES _caps)
+      set(_archs "${_caps}")
+    endif()
+  endif()
+  set(${out_var} "${_archs}" PARENT_SCOPE)
+endfunction()

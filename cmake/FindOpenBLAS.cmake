@@ -1,0 +1,17 @@
+# Finds OpenBLAS (CPU GEMM) and defines the imported target OpenBLAS::OpenBLAS.
+# Debian's package installs a config file with variables only, so wrap them in a target here.
+find_package(OpenBLAS CONFIG QUIET)
+if(NOT OpenBLAS_LIBRARIES)
+  find_library(OpenBLAS_LIBRARIES NAMES openblas PATH_SUFFIXES openblas-pthread)
+endif()
+find_path(OpenBLAS_INCLUDE_DIR NAMES cblas.h
+  HINTS ${OpenBLAS_INCLUDE_DIRS}
+  PATH_SUFFIXES openblas-pthread x86_64-linux-gnu/openblas-pthread openblas)
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(OpenBLAS REQUIRED_VARS OpenBLAS_LIBRARIES OpenBLAS_INCLUDE_DIR)
+if(OpenBLAS_FOUND AND NOT TARGET OpenBLAS::OpenBLAS)
+  add_library(OpenBLAS::OpenBLAS INTERFACE IMPORTED)
+  set_target_properties(OpenBLAS::OpenBLAS PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${OpenBLAS_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${OpenBLAS_LIBRARIES}")
+endif()

@@ -1,0 +1,71 @@
+// Common flags, validators and the error-to-exit-code policy.
+#include "common/cli/cli.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/core/device.h"
+#include "common/kernels/kernels.h"
+
+namespace course::cli {
+
+void add_common_options(CLI::App& app, CommonOptions& o) {
+  app.add_option("--device", o.device, "Where to run: auto (CUDA when a GPU is usable), cpu or cuda")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed for data and initial weights")->capture_default_str();
+  app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
+}
+
+namespace {
+CLI::Validator number_rule(const std::string& description, bool integer, bool allow_zero) {
+  return CLI::Validator(
+      [=](std::string& input) -> std::string {
+        try {
+          std::size_t used = 0;
+          double value = integer ? static_cast<double>(std::stoll(input, &used)) : std::stod(input, &used);
+          if (used != input.size() || !std::isfinite(value) || value < 0.0 || (!allow_zero && value == 0.0))
+            return "must be " + description + ", got '" + input + "'";
+        } catch (const std::exception&) {
+          return "must be " + description + ", got '" + input + "'";
+        }
+        return {};
+      },
+      description, description);
+}
+}  // namespace
+
+const CLI::Validator PositiveInteger = number_rule("a positive integer", true, false);
+const CLI::Validator PositiveFinite = number_rule("a positive finite number", false, false);
+const CLI::Validator NonNegativeFinite = number_rule("a non-negative finite number", false, true);
+
+int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+void configure_cpu_threads(int ranks_on_this_machine) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") || ranks_on_this_machine <= 1) return;
+  set_cpu_gemm_threads(1);
+}
+
+}  // namespace course::cli

@@ -1,0 +1,31 @@
+// Command-line handling shared by every chapter: the common flags, validators, and the exit codes
+// (0 success, 1 a failed check or runtime error, 2 a usage error named in one line).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace course::cli {
+
+struct CommonOptions {
+  std::string device = "auto";  // --device auto|cpu|cuda
+  std::uint64_t seed = 42;      // --seed
+  std::string metrics;          // --metrics FILE (JSON lines); empty means none
+};
+void add_common_options(CLI::App& app, CommonOptions& options);
+
+// Validators whose messages name the rule that was broken.
+extern const CLI::Validator PositiveInteger;  // >= 1
+extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite
+extern const CLI::Validator NonNegativeFinite;
+
+// Parses the flags and runs `body`. --help prints the help and returns 0; a parse error or a
+// UsageError prints "error: <message>" on one line and returns 2; any other exception returns 1.
+int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// OpenBLAS threads: one per rank when ranks share the machine, unless OPENBLAS_NUM_THREADS is set.
+void configure_cpu_threads(int ranks_on_this_machine);
+
+}  // namespace course::cli

@@ -1,0 +1,17 @@
+// Which rank logs.
+#include "common/cli/log.h"
+
+namespace course {
+namespace {
+int g_rank = 0;
+bool g_all = false;
+}  // namespace
+
+void set_log_rank(int rank, bool all_ranks_verbose) {
+  g_rank = rank;
+  g_all = all_ranks_verbose;
+}
+bool is_log_rank() { return g_rank == 0 || g_all; }
+int log_rank() { return g_rank; }
+
+}  // namespace course

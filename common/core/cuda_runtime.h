@@ -1,0 +1,32 @@
+// The few CUDA runtime calls the rest of the library needs, behind plain C++ declarations.
+// Implemented in cuda_runtime.cu, which is compiled only when the CUDA backend is built.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace course::cuda {
+
+int device_count(std::string* error);  // 0 with the reason in *error when no GPU is usable
+void set_device(int index);
+int current_device();
+void synchronize();
+
+// Device memory through a small caching pool: cudaFree synchronises the whole device, so freed
+// blocks are kept for reuse instead of being returned (the idea behind PyTorch's caching allocator).
+void* allocate(std::size_t bytes);
+void release(void* ptr, std::size_t bytes);
+void* allocate_pinned(std::size_t bytes);  // page-locked host memory for staging transfers
+void release_pinned(void* ptr);
+
+enum class CopyKind { host_to_device, device_to_host, device_to_device };
+void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
+
+}  // namespace course::cuda
+
+namespace course::cuda {
+// CUDA events for timing, as opaque pointers so callers need no CUDA headers.
+void* event_create();
+void event_destroy(void* event);
+void event_record(void* event);                     // on the default (compute) stream
+float event_elapsed_ms(void* start, void* stop);    // waits for `stop`
+}  // namespace course::cuda

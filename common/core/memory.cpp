@@ -1,0 +1,108 @@
+// Counted allocation for CPU and CUDA storage.
+#include "common/core/memory.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+
+#include "common/core/cuda_runtime.h"
+
+namespace course {
+namespace {
+
+struct Counters {
+  std::mutex mutex;
+  MemoryStats stats[2];
+};
+Counters& counters() {
+  static Counters* instance = new Counters;  // outlives static tensors freed at exit
+  return *instance;
+}
+thread_local MemoryCategory t_category = MemoryCategory::activations;
+constexpr std::size_t kCpuAlignment = 64;  // one cache line; also what AVX-512 loads prefer
+
+void count(Device device, MemoryCategory category, std::int64_t delta) {
+  std::lock_guard<std::mutex> lock(counters().mutex);
+  MemoryStats& s = counters().stats[static_cast<int>(device)];
+  auto c = static_cast<std::size_t>(category);
+  s.current[c] += delta;
+  s.current_total += delta;
+  if (s.current[c] > s.peak[c]) s.peak[c] = s.current[c];
+  if (s.current_total > s.peak_total) s.peak_total = s.current_total;
+}
+
+}  // namespace
+
+const char* memory_category_name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::communication: return "communication";
+    default: return "unknown";
+  }
+}
+
+MemoryStats memory_stats(Device device) {
+  std::lock_guard<std::mutex> lock(counters().mutex);
+  return counters().stats[static_cast<int>(device)];
+}
+
+void reset_peak_memory(Device device) {
+  std::lock_guard<std::mutex> lock(counters().mutex);
+  MemoryStats& s = counters().stats[static_cast<int>(device)];
+  s.peak = s.current;
+  s.peak_total = s.current_total;
+}
+
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(t_category) {
+  t_category = category;
+}
+MemoryCategoryScope::~MemoryCategoryScope() { t_category = previous_; }
+MemoryCategory current_memory_category() { return t_category; }
+
+void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  if (device == Device::cpu) {
+    ptr = std::aligned_alloc(kCpuAlignment, (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
+    if (!ptr) throw std::bad_alloc();
+  } else {
+#if COURSE_HAVE_CUDA
+    ptr = cuda::allocate(bytes);
+#else
+    throw std::runtime_error("CUDA allocation requested in a build without the CUDA backend");
+#endif
+  }
+  count(device, category, static_cast<std::int64_t>(bytes));
+  return ptr;
+}
+
+void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory category) {
+  if (!ptr) return;
+  if (device == Device::cpu) {
+    std::free(ptr);
+  } else {
+#if COURSE_HAVE_CUDA
+    cuda::release(ptr, bytes);
+#endif
+  }
+  count(device, category, -static_cast<std::int64_t>(bytes));
+}
+
+std::string format_bytes(std::int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return buffer;
+}
+
+}  // namespace course

@@ -1,0 +1,52 @@
+// Memory accounting: every byte a tensor allocates is counted, per device and per category, as current
+// and peak bytes. ZeRO (chapter 07) reports memory from these counters, so they are exact: a storage
+// adds its size when it is allocated and subtracts the same size when it is freed.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/core/device.h"
+
+namespace course {
+
+enum class MemoryCategory { parameters, gradients, optimizer_state, activations, communication, count };
+constexpr std::size_t kMemoryCategories = static_cast<std::size_t>(MemoryCategory::count);
+const char* memory_category_name(MemoryCategory category);
+
+struct MemoryStats {
+  std::array<std::int64_t, kMemoryCategories> current{};
+  std::array<std::int64_t, kMemoryCategories> peak{};
+  std::int64_t current_total = 0;
+  std::int64_t peak_total = 0;
+  std::int64_t current_of(MemoryCategory c) const { return current[static_cast<std::size_t>(c)]; }
+  std::int64_t peak_of(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
+};
+
+MemoryStats memory_stats(Device device);
+// Restarts peak tracking from the current usage (e.g. before measuring one training step).
+void reset_peak_memory(Device device);
+
+// Allocations made while a scope is alive are counted under its category. Tensors made outside any
+// scope count as activations, the category of everything a forward pass creates.
+class MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(MemoryCategory category);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  MemoryCategory previous_;
+};
+MemoryCategory current_memory_category();
+
+// Raw counted allocation; Tensor storage goes through these.
+void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category);
+void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory category);
+
+// Human-readable size, e.g. "1.50 MiB".
+std::string format_bytes(std::int64_t bytes);
+
+}  // namespace course

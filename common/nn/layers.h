@@ -1,0 +1,45 @@
+// Layers: Linear, activations, Sequential, and the MLP built from them.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "common/nn/module.h"
+
+namespace course::nn {
+
+// y = x W^T + b with W of shape [out, in], initialised like PyTorch: U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, Device device, std::uint64_t seed, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+class Sequential : public Module {
+ public:
+  void add(std::shared_ptr<Module> module);  // named by its position: "0", "1", ...
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+enum class Activation { relu, gelu };
+Activation parse_activation(const std::string& name);  // throws UsageError naming --activation
+
+// in -> hidden -> ... -> hidden -> out, with `hidden_layers` hidden layers and an activation between.
+std::shared_ptr<Sequential> make_mlp(std::int64_t in_features, std::int64_t hidden, int hidden_layers,
+                                     std::int64_t out_features, Activation activation, Device device,
+                                     std::uint64_t seed);
+
+}  // namespace course::nn

@@ -1,0 +1,35 @@
+// Module parameter registry.
+#include "common/nn/module.h"
+
+namespace course::nn {
+
+std::vector<NamedTensor> Module::named_parameters() const {
+  std::vector<NamedTensor> out = parameters_;
+  for (const auto& [prefix, child] : children_)
+    for (auto& [name, tensor] : child->named_parameters()) out.emplace_back(prefix + "." + name, tensor);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, tensor] : named_parameters()) out.push_back(tensor);
+  return out;
+}
+
+std::int64_t Module::parameter_count() const {
+  std::int64_t n = 0;
+  for (auto& [name, tensor] : named_parameters()) n += tensor.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& [name, tensor] : named_parameters()) tensor.zero_grad();
+}
+
+Tensor Module::register_parameter(std::string name, Tensor tensor) {
+  tensor.set_requires_grad(true);
+  parameters_.emplace_back(std::move(name), tensor);
+  return tensor;
+}
+
+}  // namespace course::nn

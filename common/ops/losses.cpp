@@ -1,0 +1,23 @@
+// Ops composed from primitives: their backward passes are the chain rule over the primitives'.
+#include <stdexcept>
+
+#include "common/ops/ops.h"
+
+namespace course {
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = matmul(x, weight, false, true);
+  return bias.defined() ? add(y, bias) : y;
+}
+
+Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
+  if (prediction.shape() != target.shape())
+    throw std::invalid_argument("mse_loss: prediction " + shape_string(prediction.shape()) + " and target " +
+                                shape_string(target.shape()) + " differ");
+  Tensor diff = sub(prediction, target);
+  return mean(mul(diff, diff));
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) { return mean(cross_entropy_per_row(logits, targets)); }
+
+}  // namespace course

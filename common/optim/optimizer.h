@@ -1,0 +1,59 @@
+// Optimizers: SGD (with optional momentum) and Adam/AdamW, updating parameters in place.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tensor/tensor.h"
+
+namespace course::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Tensor> params, float lr);
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;  // parameters without a gradient are left alone
+  void zero_grad();
+  float lr() const { return lr_; }
+  void set_lr(float lr) { lr_ = lr; }
+  const std::vector<Tensor>& params() const { return params_; }
+  // The state a checkpoint saves, as named tensors ("0.momentum", "0.exp_avg", ...), plus the step count.
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  long steps_taken() const { return steps_; }
+
+ protected:
+  std::vector<Tensor> params_;
+  float lr_;
+  long steps_ = 0;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, float lr, float momentum = 0.0f, float weight_decay = 0.0f);
+  void step() override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+
+ private:
+  float momentum_, weight_decay_;
+  std::vector<Tensor> momentum_buffers_;  // allocated on the first step, only with momentum
+};
+
+// Adam (Kingma & Ba, 2015); with decoupled weight decay it is AdamW (Loshchilov & Hutter, 2019).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, float lr, float beta1 = 0.9f, float beta2 = 0.999f, float eps = 1e-8f,
+       float weight_decay = 0.0f, bool decoupled_weight_decay = false);
+  void step() override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+
+ private:
+  float beta1_, beta2_, eps_, weight_decay_;
+  bool decoupled_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+};
+
+inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.01f) {
+  return Adam(std::move(params), lr, 0.9f, 0.999f, 1e-8f, weight_decay, true);
+}
+
+}  // namespace course::optim

@@ -1,0 +1,99 @@
+// Tensor: float32 values with a shape, on the CPU or a CUDA GPU, over shared, counted storage.
+// It also carries the autograd fields (requires_grad, grad, the node that made it, gradient hooks).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/core/device.h"
+#include "common/core/memory.h"
+
+namespace course {
+
+using Shape = std::vector<std::int64_t>;
+std::int64_t shape_numel(const Shape& shape);
+std::string shape_string(const Shape& shape);
+
+// One allocation; several tensors (views) may share it.
+struct Storage {
+  Storage(Device device, std::size_t bytes, MemoryCategory category);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Device device;
+  MemoryCategory category;
+};
+
+class Tensor;
+struct Node;  // autograd graph node, see common/autograd/autograd.h
+using GradHook = std::function<void(Tensor& grad)>;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  std::size_t offset = 0;  // in elements, for views into a larger storage
+  Shape shape;
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<Node> grad_fn;
+  std::vector<GradHook> grad_ready_hooks;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Creation. New storage is counted under the current MemoryCategoryScope.
+  static Tensor empty(const Shape& shape, Device device = Device::cpu);
+  static Tensor zeros(const Shape& shape, Device device = Device::cpu);
+  static Tensor ones(const Shape& shape, Device device = Device::cpu);
+  static Tensor full(const Shape& shape, float value, Device device = Device::cpu);
+  static Tensor from_host(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu);
+  // Seeded random values: element i depends only on (seed, i), so CPU and CUDA agree bit for bit.
+  static Tensor randn(const Shape& shape, std::uint64_t seed, Device device = Device::cpu,
+                      float mean = 0.0f, float stddev = 1.0f);
+  static Tensor rand_uniform(const Shape& shape, std::uint64_t seed, float low, float high,
+                             Device device = Device::cpu);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  std::int64_t dim(int i) const;
+  std::int64_t numel() const { return shape_numel(impl_->shape); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * sizeof(float); }
+  Device device() const { return impl_->storage ? impl_->storage->device : Device::cpu; }
+  float* data() const;  // device pointer for CUDA tensors
+
+  Tensor to(Device device) const;       // a copy on `device` (or this tensor if already there)
+  Tensor clone() const;                 // a copy with its own storage, same device
+  std::vector<float> to_host() const;   // the values, copied to the host
+  float item() const;                   // the single value of a one-element tensor
+  void copy_from(const Tensor& source); // overwrite values in place (shapes must hold as many elements)
+  void fill_(float value);
+
+  // A tensor sharing this storage: `count` elements from element `offset`, with a new shape.
+  Tensor view(std::size_t offset, const Shape& shape) const;
+  Tensor flat_view(std::size_t offset, std::size_t count) const;
+  Tensor detach() const;  // same storage, no autograd history
+
+  // Autograd.
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool value);
+  Tensor grad() const;
+  void set_grad(const Tensor& grad);  // e.g. to make the gradient a view into a flat buffer
+  void zero_grad();                   // fills the gradient with zeros, keeping its memory
+  void backward() const;              // this must be a one-element tensor
+  // Called once per backward pass, when this leaf's gradient for the pass is complete.
+  void register_grad_ready_hook(GradHook hook);
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+}  // namespace course
