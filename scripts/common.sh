@@ -1,0 +1,23 @@
+# Shared by the course scripts: where things are, and how to launch ranks on this machine.
+COURSE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+COURSE_BUILD=${COURSE_BUILD:-$COURSE_ROOT/build/release}
+COURSE_CORES=$(nproc 2>/dev/null || echo 1)
+
+# mpirun with the flags this machine needs: --allow-run-as-root only as root, --oversubscribe only
+# when the ranks outnumber the cores. Usage: course_mpirun RANKS PROGRAM [ARGS...]
+course_mpirun() {
+  local ranks=$1; shift
+  local flags=()
+  [ "$(id -u)" -eq 0 ] && flags+=(--allow-run-as-root)
+  [ "$ranks" -gt "$COURSE_CORES" ] && flags+=(--oversubscribe)
+  mpirun "${flags[@]}" -np "$ranks" "$@"
+}
+
+# A python3 that has matplotlib (Debian's, when the default python3 lacks it).
+course_python() {
+  local p
+  for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c "import matplotlib" >/dev/null 2>&1; then echo "$p"; return; fi
+  done
+  echo python3
+}

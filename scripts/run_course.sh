@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Command 1: sets up, then runs every chapter with its default settings under mpirun, on the GPU
+# when one is usable and on the CPU otherwise. Prints one line per chapter and writes each
+# chapter's output, metrics and charts under runs/.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$COURSE_ROOT/scripts/setup.sh" || exit 1
+RUNS=${COURSE_RUNS:-$COURSE_ROOT/runs}
+PY=$(course_python)
+mkdir -p "$RUNS"
+failed=0
+
+# run_chapter NAME RANKS [ARGS...]: runs one chapter, then prints its summary line.
+run_chapter() {
+  local name=$1 ranks=$2; shift 2
+  local dir="$RUNS/$name" bin="$COURSE_BUILD/$name/$name"
+  [ -x "$bin" ] || return 0
+  mkdir -p "$dir"
+  if course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1; then
+    local status=PASSED
+  else
+    local status=FAILED; failed=1
+  fi
+  local figure
+  figure=$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")
+  "$PY" "$COURSE_ROOT/scripts/plot.py" loss "$dir/metrics.jsonl" "$dir/loss.png" >/dev/null 2>&1 || true
+  printf '%-24s %-7s %s   (%s)\n' "$name" "$status" "$figure" "${dir#$COURSE_ROOT/}"
+}
+
+echo "== Running the course (outputs under ${RUNS#$COURSE_ROOT/}/) =="
+run_chapter 01_single_gpu 1
+run_chapter 02_grad_accumulation 1
+exit $failed

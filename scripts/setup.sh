@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what the course needs (through apt when root; otherwise prints the exact packages to
+# ask for), then configures and builds in Release: CUDA when nvcc is found, CPU only otherwise.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libcli11-dev nlohmann-json3-dev
+          libgtest-dev libbenchmark-dev python3 python3-matplotlib)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "setup: missing packages; ask your administrator to run:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+# nvcc often lives outside PATH; CMake finds it there too.
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+mkdir -p "$(dirname "$COURSE_BUILD")"
+cmake -S "$COURSE_ROOT" -B "$COURSE_BUILD" -DCMAKE_BUILD_TYPE=Release -DCOURSE_CUDA=AUTO >"$COURSE_BUILD.configure.log" 2>&1 \
+  || { cat "$COURSE_BUILD.configure.log"; exit 1; }
+grep "Course backends" "$COURSE_BUILD.configure.log" | sed 's/^-- /setup: /'
+echo "setup: building in ${COURSE_BUILD#$COURSE_ROOT/} (log: ${COURSE_BUILD#$COURSE_ROOT/}.build.log)"
+cmake --build "$COURSE_BUILD" -j "$COURSE_CORES" >"$COURSE_BUILD.build.log" 2>&1 \
+  || { tail -n 60 "$COURSE_BUILD.build.log"; echo "setup: build failed" >&2; exit 1; }

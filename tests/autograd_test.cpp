@@ -1,0 +1,87 @@
+// The backward engine: accumulation into .grad, zero_grad, no_grad, shared inputs, grad-ready hooks.
+#include <gtest/gtest.h>
+
+#include "common/autograd/autograd.h"
+#include "common/nn/layers.h"
+#include "common/ops/ops.h"
+
+namespace course {
+namespace {
+
+TEST(Autograd, GradientsAccumulateUntilZeroGrad) {
+  Tensor x = Tensor::from_host({3}, {1}).set_requires_grad(true);
+  mul(x, x).backward();  // d(x^2)/dx = 2x = 6
+  EXPECT_FLOAT_EQ(x.grad().item(), 6.0f);
+  mul(x, x).backward();
+  EXPECT_FLOAT_EQ(x.grad().item(), 12.0f);
+  x.zero_grad();
+  EXPECT_FLOAT_EQ(x.grad().item(), 0.0f);
+}
+
+TEST(Autograd, InputUsedManyTimesSumsItsContributions) {
+  Tensor x = Tensor::from_host({2}, {1}).set_requires_grad(true);
+  Tensor y = add(mul(x, x), mul(scale(x, 3.0f), x));  // 4 x^2 -> 8x = 16
+  y.backward();
+  EXPECT_FLOAT_EQ(x.grad().item(), 16.0f);
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor x = Tensor::from_host({2}, {1}).set_requires_grad(true);
+  autograd::NoGradGuard guard;
+  Tensor y = mul(x, x);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_THROW(y.backward(), std::invalid_argument);
+}
+
+TEST(Autograd, BackwardNeedsAScalar) {
+  Tensor x = Tensor::ones({3}).set_requires_grad(true);
+  EXPECT_THROW(scale(x, 2.0f).backward(), std::invalid_argument);
+}
+
+TEST(Autograd, GradReadyHookFiresOncePerPassWhenComplete) {
+  // w is read by two ops; its hook must fire once, after both contributions are in.
+  Tensor w = Tensor::from_host({1, 2}, {2}).set_requires_grad(true);
+  Tensor v = Tensor::from_host({5, 5}, {2}).set_requires_grad(true);
+  std::vector<std::string> fired;
+  std::vector<float> seen;
+  w.register_grad_ready_hook([&](Tensor& g) {
+    fired.push_back("w");
+    seen = g.to_host();
+  });
+  v.register_grad_ready_hook([&](Tensor&) { fired.push_back("v"); });
+  Tensor loss = sum(add(mul(w, v), mul(w, w)));  // d/dw = v + 2w = (7, 9)
+  loss.backward();
+  EXPECT_EQ(std::count(fired.begin(), fired.end(), "w"), 1);
+  EXPECT_EQ(std::count(fired.begin(), fired.end(), "v"), 1);
+  EXPECT_EQ(seen, (std::vector<float>{7, 9}));
+  sum(mul(w, v)).backward();
+  EXPECT_EQ(std::count(fired.begin(), fired.end(), "w"), 2);
+}
+
+TEST(Autograd, HooksFireInReverseLayerOrderForAnMlp) {
+  // The last layer's gradients are ready first: chapter 05 buckets parameters in this order.
+  auto mlp = nn::make_mlp(4, 8, 2, 1, nn::Activation::relu, Device::cpu, 1);
+  std::vector<std::string> order;
+  for (auto& [name, p] : mlp->named_parameters()) {
+    std::string n = name;
+    p.register_grad_ready_hook([&order, n](Tensor&) { order.push_back(n); });
+  }
+  Tensor x = Tensor::randn({3, 4}, 2), y = Tensor::randn({3, 1}, 3);
+  mse_loss((*mlp)(x), y).backward();
+  ASSERT_EQ(order.size(), 6u);
+  EXPECT_EQ(order.front().substr(0, 2), "4.");  // the output layer
+  EXPECT_EQ(order.back().substr(0, 2), "0.");   // the first layer
+}
+
+TEST(Autograd, GraphIsFreedAfterBackward) {
+  Tensor x = Tensor::ones({100}).set_requires_grad(true);
+  const auto before = memory_stats(Device::cpu).current_of(MemoryCategory::activations);
+  {
+    Tensor loss = sum(relu(scale(x, 2.0f)));
+    loss.backward();
+  }
+  EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::activations), before);
+}
+
+}  // namespace
+}  // namespace course

@@ -1,0 +1,99 @@
+// Every op on CUDA against the CPU reference, forward and backward, plus determinism of the CUDA
+// reductions. These tests skip, saying why, where no GPU is usable; on a GPU machine they run for real.
+#include <gtest/gtest.h>
+
+#include "common/kernels/kernels.h"
+#include "common/optim/optimizer.h"
+#include "support/op_cases.h"
+
+namespace course::testing {
+namespace {
+
+// cuBLAS and the CPU BLAS sum in different orders, and CUDA's tanhf/expf differ from glibc's by an
+// ulp or two; 1e-5 relative is a few float32 ulps accumulated over this table's small shapes.
+constexpr double kParityTolerance = 1e-5;
+
+#define SKIP_WITHOUT_GPU()                                      \
+  do {                                                          \
+    std::string reason;                                         \
+    if (!cuda_usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason; \
+  } while (0)
+
+void expect_close(const std::vector<float>& cuda, const std::vector<float>& cpu, const std::string& what) {
+  ASSERT_EQ(cuda.size(), cpu.size()) << what;
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(cuda[i], cpu[i], kParityTolerance * (1.0 + std::fabs(cpu[i]))) << what << " element " << i;
+}
+
+class KernelParityTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(KernelParityTest, CudaMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const OpCase& c = GetParam();
+  std::vector<Tensor> cpu_in, cuda_in;
+  for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+    Tensor t = Tensor::rand_uniform(c.inputs[i], 7 + i, static_cast<float>(c.input_low), static_cast<float>(c.input_high));
+    cpu_in.push_back(t.clone().set_requires_grad(true));
+    cuda_in.push_back(t.to(Device::cuda).set_requires_grad(true));
+  }
+  Tensor cpu_out = c.op(cpu_in), cuda_out = c.op(cuda_in);
+  EXPECT_EQ(cuda_out.device(), Device::cuda);
+  expect_close(cuda_out.to_host(), cpu_out.to_host(), c.name + " forward");
+  Tensor w = Tensor::rand_uniform(cpu_out.shape(), 5, -1.0f, 1.0f);
+  sum(mul(cpu_out, w)).backward();
+  sum(mul(cuda_out, w.to(Device::cuda))).backward();
+  for (std::size_t i = 0; i < cpu_in.size(); ++i)
+    expect_close(cuda_in[i].grad().to_host(), cpu_in[i].grad().to_host(), c.name + " grad " + std::to_string(i));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, KernelParityTest, ::testing::ValuesIn(op_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(KernelParity, LargeShapesAndOptimizers) {
+  SKIP_WITHOUT_GPU();
+  Tensor a = Tensor::randn({257, 129}, 1), b = Tensor::randn({129, 65}, 2);
+  expect_close(matmul(a.to(Device::cuda), b.to(Device::cuda)).to_host(), matmul(a, b).to_host(), "matmul 257x129x65");
+  for (int adam = 0; adam < 2; ++adam) {
+    Tensor p_cpu = Tensor::randn({1000}, 3), g = Tensor::randn({1000}, 4);
+    Tensor p_gpu = p_cpu.to(Device::cuda);
+    p_cpu.set_grad(g.clone());
+    p_gpu.set_grad(g.to(Device::cuda));
+    std::unique_ptr<optim::Optimizer> o_cpu, o_gpu;
+    if (adam) {
+      o_cpu = std::make_unique<optim::Adam>(std::vector<Tensor>{p_cpu}, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+      o_gpu = std::make_unique<optim::Adam>(std::vector<Tensor>{p_gpu}, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f, true);
+    } else {
+      o_cpu = std::make_unique<optim::SGD>(std::vector<Tensor>{p_cpu}, 1e-2f, 0.9f, 1e-4f);
+      o_gpu = std::make_unique<optim::SGD>(std::vector<Tensor>{p_gpu}, 1e-2f, 0.9f, 1e-4f);
+    }
+    for (int step = 0; step < 3; ++step) {
+      o_cpu->step();
+      o_gpu->step();
+    }
+    expect_close(p_gpu.to_host(), p_cpu.to_host(), adam ? "adamw" : "sgd momentum");
+  }
+}
+
+TEST(KernelParity, CudaReductionsAreBitwiseDeterministic) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = Tensor::randn({1 << 20}, 9, Device::cuda);
+  Tensor rows = Tensor::randn({4096, 33}, 10, Device::cuda);
+  float first = sum(x).item();
+  auto first_rows = Tensor::empty({33}, Device::cuda);
+  kernels(Device::cuda).sum_rows(rows.data(), 4096, 33, first_rows.data());
+  auto expected_rows = first_rows.to_host();
+  for (int run = 0; run < 20; ++run) {
+    EXPECT_EQ(sum(x).item(), first);
+    kernels(Device::cuda).sum_rows(rows.data(), 4096, 33, first_rows.data());
+    EXPECT_EQ(first_rows.to_host(), expected_rows);
+  }
+}
+
+TEST(KernelParity, RandomValuesAreIdenticalOnBothDevices) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(Tensor::randn({1000}, 5, Device::cuda).to_host(), Tensor::randn({1000}, 5).to_host());
+  EXPECT_EQ(Tensor::rand_uniform({1000}, 5, -1, 1, Device::cuda).to_host(), Tensor::rand_uniform({1000}, 5, -1, 1).to_host());
+}
+
+}  // namespace
+}  // namespace course::testing

@@ -1,0 +1,68 @@
+// Runs a chapter binary as a user would, capturing its exit code, stdout and stderr, and reads
+// the JSON-lines metrics it wrote.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace course::testing {
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
+}
+
+inline ProcessResult run_process(const std::string& command) {
+  std::string out = temp_path("course_out"), err = temp_path("course_err");
+  int status = std::system((command + " >" + out + " 2>" + err).c_str());
+  ProcessResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+inline std::vector<nlohmann::json> events(const std::vector<nlohmann::json>& records, const std::string& name) {
+  std::vector<nlohmann::json> out;
+  for (auto& r : records)
+    if (r.value("event", "") == name) out.push_back(r);
+  return out;
+}
+
+inline int count_lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+}  // namespace course::testing
