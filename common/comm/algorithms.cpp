@@ -1,0 +1,164 @@
+// Naive, binomial-tree and ring collectives over Communicator::send/recv/send_recv.
+#include "common/comm/algorithms.h"
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+
+#include "common/kernels/kernels.h"
+
+namespace course::comm::algorithms {
+namespace {
+
+// dst = dst op src, elementwise, on the tensors' device.
+void combine(Tensor& dst, const Tensor& src, ReduceOp op) {
+  auto n = static_cast<std::size_t>(dst.numel());
+  kernels(dst.device()).binary(op == ReduceOp::max ? BinaryOp::max : BinaryOp::add, dst.data(), n, src.data(), n,
+                               dst.data(), n);
+}
+
+void finish_average(Communicator& comm, Tensor& t, ReduceOp op) {
+  if (op == ReduceOp::average)
+    kernels(t.device()).scale(t.data(), 1.0f / static_cast<float>(comm.size()), t.data(), static_cast<std::size_t>(t.numel()));
+}
+
+Tensor scratch(const Tensor& like, std::size_t count) {
+  MemoryCategoryScope scope(MemoryCategory::communication);
+  return Tensor::empty({static_cast<std::int64_t>(count)}, like.device());
+}
+
+Tensor slice(const Tensor& t, Chunk c) { return t.flat_view(c.begin, c.size()); }
+
+void check_root(Communicator& comm, int root) {
+  if (root < 0 || root >= comm.size())
+    throw std::invalid_argument("root " + std::to_string(root) + " is out of range for " + std::to_string(comm.size()) + " ranks");
+}
+
+}  // namespace
+
+Chunk chunk_of(std::size_t count, int ranks, int c) {
+  std::size_t n = static_cast<std::size_t>(ranks), base = count / n, extra = count % n, i = static_cast<std::size_t>(c);
+  std::size_t begin = i * base + std::min(i, extra);  // the first `extra` chunks get one more element
+  return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+void naive_broadcast(Communicator& comm, Tensor& t, int root) {
+  check_root(comm, root);
+  if (comm.rank() == root) {
+    for (int peer = 0; peer < comm.size(); ++peer)
+      if (peer != root) comm.send(t, peer);
+  } else {
+    comm.recv(t, root);
+  }
+}
+
+void naive_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
+  check_root(comm, root);
+  if (comm.rank() != root) {
+    comm.send(t, root);
+    return;
+  }
+  Tensor incoming = scratch(t, static_cast<std::size_t>(t.numel()));
+  for (int peer = 0; peer < comm.size(); ++peer) {
+    if (peer == root) continue;
+    comm.recv(incoming, peer);
+    combine(t, incoming, op);
+  }
+  finish_average(comm, t, op);
+}
+
+// Ranks are renumbered relative to the root (v = 0 is the root), so the tree works for any root.
+void tree_broadcast(Communicator& comm, Tensor& t, int root) {
+  check_root(comm, root);
+  const int n = comm.size(), v = (comm.rank() - root + n) % n;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (v < mask) {  // has the data: pass it on to v + mask
+      if (v + mask < n) comm.send(t, (v + mask + root) % n);
+    } else if (v < 2 * mask) {  // receives it this round from v - mask
+      comm.recv(t, (v - mask + root) % n);
+    }
+  }
+}
+
+// The broadcast tree run backwards: in round k, ranks whose bit k is set send their partial sum
+// 2^k ranks down and drop out; the others add what they receive.
+void tree_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
+  check_root(comm, root);
+  const int n = comm.size(), v = (comm.rank() - root + n) % n;
+  Tensor incoming;
+  for (int mask = 1; mask < n; mask <<= 1) {
+    if (v & mask) {
+      comm.send(t, (v - mask + root) % n);
+      return;  // non-roots end holding a partial result; only the root's is the reduction
+    }
+    if (v + mask < n) {
+      if (!incoming.defined()) incoming = scratch(t, static_cast<std::size_t>(t.numel()));
+      comm.recv(incoming, (v + mask + root) % n);
+      combine(t, incoming, op);
+    }
+  }
+  finish_average(comm, t, op);
+}
+
+namespace {
+// After n-1 steps rank r holds chunk r fully reduced. In step s it sends chunk r-s-1 (which it has
+// reduced s+1 ways) to r+1, and adds chunk r-s-2 from r-1 into its own.
+void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op) {
+  const int n = comm.size(), r = comm.rank();
+  const auto count = static_cast<std::size_t>(t.numel());
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  Tensor incoming = scratch(t, chunk_of(count, n, 0).size());  // chunk 0 is the largest
+  for (int s = 0; s < n - 1; ++s) {
+    Chunk send = chunk_of(count, n, ((r - s - 1) % n + n) % n);
+    Chunk recv = chunk_of(count, n, ((r - s - 2) % n + n) % n);
+    Tensor in = incoming.flat_view(0, recv.size());
+    comm.send_recv(slice(t, send), next, in, prev);
+    Tensor target = slice(t, recv);
+    combine(target, in, op);
+  }
+}
+
+// Then each rank passes the newest complete chunk on: in step s, chunk r-s goes to r+1 and chunk
+// r-s-1 arrives from r-1.
+void ring_all_gather_in_place(Communicator& comm, Tensor& t, const std::function<Chunk(int)>& chunk) {
+  const int n = comm.size(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    Tensor in = slice(t, chunk(((r - s - 1) % n + n) % n));
+    comm.send_recv(slice(t, chunk(((r - s) % n + n) % n)), next, in, prev);
+  }
+}
+}  // namespace
+
+void ring_all_reduce(Communicator& comm, Tensor& t, ReduceOp op) {
+  if (comm.size() == 1) return;
+  ring_reduce_scatter_in_place(comm, t, op);
+  const auto count = static_cast<std::size_t>(t.numel());
+  ring_all_gather_in_place(comm, t, [&](int c) { return chunk_of(count, comm.size(), c); });
+  finish_average(comm, t, op);
+}
+
+void ring_all_gather(Communicator& comm, const Tensor& input, Tensor& output) {
+  const auto each = static_cast<std::size_t>(input.numel());
+  if (static_cast<std::size_t>(output.numel()) != each * static_cast<std::size_t>(comm.size()))
+    throw std::invalid_argument("ring_all_gather: output must hold ranks x input elements");
+  Tensor own = output.flat_view(each * static_cast<std::size_t>(comm.rank()), each);
+  own.copy_from(input);
+  ring_all_gather_in_place(comm, output, [each](int c) {
+    return Chunk{each * static_cast<std::size_t>(c), each * static_cast<std::size_t>(c + 1)};
+  });
+}
+
+void ring_reduce_scatter(Communicator& comm, const Tensor& input, Tensor& output, ReduceOp op) {
+  const auto each = static_cast<std::size_t>(output.numel());
+  if (static_cast<std::size_t>(input.numel()) != each * static_cast<std::size_t>(comm.size()))
+    throw std::invalid_argument("ring_reduce_scatter: input must hold ranks x output elements");
+  // Equal chunks of `each`, so chunk_of over the whole input gives exactly the ranks' blocks.
+  Tensor work = scratch(input, static_cast<std::size_t>(input.numel()));
+  work.copy_from(input);
+  if (comm.size() > 1) ring_reduce_scatter_in_place(comm, work, op);
+  output.copy_from(work.flat_view(each * static_cast<std::size_t>(comm.rank()), each));
+  finish_average(comm, output, op);
+}
+
+}  // namespace course::comm::algorithms

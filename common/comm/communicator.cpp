@@ -1,0 +1,139 @@
+// Argument checks, sequence numbers and the watchdog, shared by every backend.
+#include "common/comm/communicator.h"
+
+#include <stdexcept>
+
+#include "common/comm/watchdog.h"
+
+namespace course::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : op == ReduceOp::average ? "average" : "max";
+}
+
+const char* op_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::reduce: return "reduce";
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::scatter: return "scatter";
+    case OpKind::gather: return "gather";
+    case OpKind::barrier: return "barrier";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::send_recv: return "send_recv";
+  }
+  return "unknown";
+}
+
+namespace {
+// Completes the backend's work, then tells the watchdog; wait() is idempotent.
+class WatchedWork final : public Work {
+ public:
+  WatchedWork(WorkHandle inner, std::uint64_t id) : inner_(std::move(inner)), id_(id) {}
+  ~WatchedWork() override {
+    if (!done_) watchdog_end(id_);  // dropped without waiting: stop watching, the backend still completes it
+  }
+  void wait() override {
+    if (done_) return;
+    inner_->wait();
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    if (!inner_->test()) return false;
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    watchdog_end(id_);
+  }
+  WorkHandle inner_;
+  std::uint64_t id_;
+  bool done_ = false;
+};
+
+void check_count(const Tensor& big, const Tensor& small, int ranks, const char* what) {
+  if (big.numel() != small.numel() * ranks)
+    throw std::invalid_argument(std::string(what) + ": the larger tensor must hold " + std::to_string(ranks) +
+                                " x " + std::to_string(small.numel()) + " elements, it holds " +
+                                std::to_string(big.numel()));
+}
+}  // namespace
+
+void Communicator::check_root(int root, const char* what) const {
+  if (root < 0 || root >= size_)
+    throw std::invalid_argument(std::string(what) + ": root " + std::to_string(root) + " is out of range for " +
+                                std::to_string(size_) + " ranks");
+}
+void Communicator::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size_)
+    throw std::invalid_argument(std::string(what) + ": peer " + std::to_string(peer) + " is out of range for " +
+                                std::to_string(size_) + " ranks");
+}
+
+WorkHandle Communicator::submit(Collective c) {
+  long sequence = ++sequence_;
+  std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank_, timeout_);
+  try {
+    return std::make_shared<WatchedWork>(start(c), id);
+  } catch (...) {
+    watchdog_end(id);
+    throw;
+  }
+}
+
+WorkHandle Communicator::broadcast_async(Tensor& t, int root) {
+  check_root(root, "broadcast");
+  return submit({OpKind::broadcast, t, t, root});
+}
+WorkHandle Communicator::reduce_async(Tensor& t, int root, ReduceOp op) {
+  check_root(root, "reduce");
+  return submit({OpKind::reduce, t, t, root, 0, 0, op});
+}
+WorkHandle Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
+  return submit({OpKind::all_reduce, t, t, 0, 0, 0, op});
+}
+WorkHandle Communicator::all_gather_async(const Tensor& input, Tensor& output) {
+  check_count(output, input, size_, "all_gather");
+  return submit({OpKind::all_gather, input, output});
+}
+WorkHandle Communicator::reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) {
+  check_count(input, output, size_, "reduce_scatter");
+  return submit({OpKind::reduce_scatter, input, output, 0, 0, 0, op});
+}
+WorkHandle Communicator::scatter_async(const Tensor& input, Tensor& output, int root) {
+  check_root(root, "scatter");
+  if (rank_ == root) check_count(input, output, size_, "scatter");
+  return submit({OpKind::scatter, input, output, root});
+}
+WorkHandle Communicator::gather_async(const Tensor& input, Tensor& output, int root) {
+  check_root(root, "gather");
+  if (rank_ == root) check_count(output, input, size_, "gather");
+  return submit({OpKind::gather, input, output, root});
+}
+WorkHandle Communicator::barrier_async() {
+  Collective c{OpKind::barrier, Tensor(), Tensor()};
+  return submit(c);
+}
+
+void Communicator::send(const Tensor& t, int dst, int tag) {
+  check_peer(dst, "send");
+  submit({OpKind::send, t, Tensor(), dst, 0, tag})->wait();
+}
+void Communicator::recv(Tensor& t, int src, int tag) {
+  check_peer(src, "recv");
+  submit({OpKind::recv, Tensor(), t, 0, src, tag})->wait();
+}
+void Communicator::send_recv(const Tensor& send, int dst, Tensor& recv, int src, int tag) {
+  check_peer(dst, "send_recv");
+  check_peer(src, "send_recv");
+  submit({OpKind::send_recv, send, recv, dst, src, tag})->wait();
+}
+
+}  // namespace course::comm

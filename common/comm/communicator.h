@@ -1,0 +1,97 @@
+// The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors, each with an
+// asynchronous form. Chapters program against this class and never see which backend (MPI or
+// NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/tensor/tensor.h"
+
+namespace course::comm {
+
+enum class ReduceOp { sum, average, max };
+const char* reduce_op_name(ReduceOp op);
+
+// A collective in flight. wait() blocks until it is complete (and rethrows its error); test() polls.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// What to run: one description per call, so each backend implements one dispatch.
+enum class OpKind { broadcast, reduce, all_reduce, all_gather, reduce_scatter, scatter, gather, barrier, send, recv,
+                    send_recv };
+const char* op_name(OpKind kind);
+struct Collective {
+  OpKind kind;
+  Tensor input;    // read (for in-place ops, input and output are the same tensor)
+  Tensor output;   // written
+  int root = 0;    // root for rooted ops; destination peer for send and send_recv
+  int peer = 0;    // source peer for recv and send_recv
+  int tag = 0;
+  ReduceOp op = ReduceOp::sum;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  virtual std::string backend_name() const = 0;
+
+  // Asynchronous forms. The tensors must stay alive and untouched until the work completes.
+  WorkHandle broadcast_async(Tensor& tensor, int root);
+  WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op = ReduceOp::sum);  // result on root
+  WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  WorkHandle all_gather_async(const Tensor& input, Tensor& output);         // output: size() x input
+  WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);  // input: size() x output
+  WorkHandle scatter_async(const Tensor& input, Tensor& output, int root);  // root's input: size() x output
+  WorkHandle gather_async(const Tensor& input, Tensor& output, int root);   // root's output: size() x input
+  WorkHandle barrier_async();
+
+  // Blocking forms: the asynchronous form, then wait().
+  void broadcast(Tensor& tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  void reduce(Tensor& tensor, int root, ReduceOp op = ReduceOp::sum) { reduce_async(tensor, root, op)->wait(); }
+  void all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum) { all_reduce_async(tensor, op)->wait(); }
+  void all_gather(const Tensor& input, Tensor& output) { all_gather_async(input, output)->wait(); }
+  void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void scatter(const Tensor& input, Tensor& output, int root) { scatter_async(input, output, root)->wait(); }
+  void gather(const Tensor& input, Tensor& output, int root) { gather_async(input, output, root)->wait(); }
+  void barrier() { barrier_async()->wait(); }
+
+  // Point to point, blocking. send_recv sends to `dst` while receiving from `src` (no deadlock in a ring).
+  void send(const Tensor& tensor, int dst, int tag = 0);
+  void recv(Tensor& tensor, int src, int tag = 0);
+  void send_recv(const Tensor& send, int dst, Tensor& recv, int src, int tag = 0);
+
+  // Ranks with the same colour form a new communicator, ordered by key (then by rank).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // How long a collective may take before the watchdog aborts the job.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ protected:
+  Communicator(int rank, int size, int local_rank, int local_size)
+      : rank_(rank), size_(size), local_rank_(local_rank), local_size_(local_size) {}
+  // The backend's one entry point: start `c`, return its work.
+  virtual WorkHandle start(const Collective& c) = 0;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(300)};
+
+ private:
+  WorkHandle submit(Collective c);  // checks arguments, numbers the op, attaches the watchdog
+  void check_root(int root, const char* what) const;
+  void check_peer(int peer, const char* what) const;
+  int rank_, size_, local_rank_, local_size_;
+  long sequence_ = 0;
+};
+
+}  // namespace course::comm

@@ -1,0 +1,234 @@
+// The MPI backend. Collectives run on a communication thread that owns their order, so the async
+// forms really proceed in the background while the caller computes (Open MPI makes no progress on
+// non-blocking collectives between calls). CUDA tensors are staged through pinned host buffers,
+// because Debian's Open MPI is not CUDA-aware.
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <future>
+#include <stdexcept>
+#include <thread>
+
+#include "common/comm/environment.h"
+#include "common/core/cuda_runtime.h"
+#include "common/kernels/kernels.h"
+
+namespace course::comm {
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(std::string(call) + ": " + std::string(text, static_cast<std::size_t>(length)));
+}
+
+int count_of(const Tensor& t) {
+  if (!t.defined()) return 0;
+  if (t.numel() > std::numeric_limits<int>::max()) throw std::invalid_argument("tensor too large for one MPI call");
+  return static_cast<int>(t.numel());
+}
+
+// A host pointer for a tensor: the tensor itself on the CPU, a pinned copy for a CUDA tensor.
+class HostBuffer {
+ public:
+  HostBuffer(const Tensor& t, bool copy_in) : tensor_(t) {
+    if (!t.defined() || t.device() == Device::cpu) {
+      host_ = t.defined() ? t.data() : nullptr;
+      return;
+    }
+#if COURSE_HAVE_CUDA
+    pinned_ = static_cast<float*>(cuda::allocate_pinned(t.nbytes()));
+    host_ = pinned_;
+    if (copy_in) cuda::copy(pinned_, t.data(), t.nbytes(), cuda::CopyKind::device_to_host);
+#else
+    (void)copy_in;
+#endif
+  }
+  ~HostBuffer() {
+#if COURSE_HAVE_CUDA
+    cuda::release_pinned(pinned_);
+#endif
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  float* get() const { return host_; }
+  void copy_out() {  // results back to the device
+#if COURSE_HAVE_CUDA
+    if (pinned_) cuda::copy(tensor_.data(), pinned_, tensor_.nbytes(), cuda::CopyKind::host_to_device);
+#endif
+  }
+
+ private:
+  Tensor tensor_;
+  float* host_ = nullptr;
+  float* pinned_ = nullptr;
+};
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+class FutureWork final : public Work {
+ public:
+  explicit FutureWork(std::shared_future<void> f) : future_(std::move(f)) {}
+  void wait() override { future_.get(); }
+  bool test() override {
+    if (future_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    future_.get();  // rethrows the collective's error, if any
+    return true;
+  }
+
+ private:
+  std::shared_future<void> future_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int local_rank, int local_size)
+      : Communicator(rank_in(comm), size_of(comm), local_rank, local_size), comm_(comm),
+        worker_([this] { run_worker(); }) {}
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_one();
+    worker_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+  std::string backend_name() const override { return "mpi"; }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    enqueue([&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split"); }).get();
+    return std::make_unique<MpiCommunicator>(sub, local_rank(), local_size());
+  }
+
+ protected:
+  WorkHandle start(const Collective& c) override {
+    if (c.kind == OpKind::send || c.kind == OpKind::recv || c.kind == OpKind::send_recv) {
+      // Point to point runs on the calling thread: its order is the caller's, and matching by
+      // (peer, tag) keeps it apart from the collectives on the communication thread.
+      std::promise<void> done;
+      run(c);
+      done.set_value();
+      return std::make_shared<FutureWork>(done.get_future().share());
+    }
+    return std::make_shared<FutureWork>(enqueue([this, c] { run(c); }));
+  }
+
+ private:
+  static int rank_in(MPI_Comm comm) {
+    int r = 0;
+    MPI_Comm_rank(comm, &r);
+    return r;
+  }
+  static int size_of(MPI_Comm comm) {
+    int s = 1;
+    MPI_Comm_size(comm, &s);
+    return s;
+  }
+
+  std::shared_future<void> enqueue(std::function<void()> task) {
+    auto packaged = std::make_shared<std::packaged_task<void()>>(std::move(task));
+    auto future = packaged->get_future().share();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back([packaged] { (*packaged)(); });
+    }
+    ready_.notify_one();
+    return future;
+  }
+
+  void run_worker() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  void run(const Collective& c) {
+    const bool in_place = c.input.defined() && c.output.defined() && c.input.impl() == c.output.impl();
+    HostBuffer in(c.input, true);
+    HostBuffer out(in_place ? Tensor() : c.output, false);  // outputs are written whole
+    float* inp = in.get();
+    float* outp = in_place ? in.get() : out.get();
+    int n_in = count_of(c.input), n_out = count_of(c.output);
+    switch (c.kind) {
+      case OpKind::broadcast:
+        check_mpi(MPI_Bcast(inp, n_in, MPI_FLOAT, c.root, comm_), "MPI_Bcast");
+        break;
+      case OpKind::reduce:
+        check_mpi(MPI_Reduce(rank() == c.root ? MPI_IN_PLACE : inp, inp, n_in, MPI_FLOAT, mpi_op(c.op), c.root, comm_),
+                  "MPI_Reduce");
+        if (c.op == ReduceOp::average && rank() == c.root) average(inp, n_in);
+        break;
+      case OpKind::all_reduce:
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, n_in, MPI_FLOAT, mpi_op(c.op), comm_), "MPI_Allreduce");
+        if (c.op == ReduceOp::average) average(inp, n_in);
+        break;
+      case OpKind::all_gather:
+        check_mpi(MPI_Allgather(inp, n_in, MPI_FLOAT, outp, n_in, MPI_FLOAT, comm_), "MPI_Allgather");
+        break;
+      case OpKind::reduce_scatter:
+        check_mpi(MPI_Reduce_scatter_block(inp, outp, n_out, MPI_FLOAT, mpi_op(c.op), comm_), "MPI_Reduce_scatter_block");
+        if (c.op == ReduceOp::average) average(outp, n_out);
+        break;
+      case OpKind::scatter:
+        check_mpi(MPI_Scatter(inp, n_out, MPI_FLOAT, outp, n_out, MPI_FLOAT, c.root, comm_), "MPI_Scatter");
+        break;
+      case OpKind::gather:
+        check_mpi(MPI_Gather(inp, n_in, MPI_FLOAT, outp, n_in, MPI_FLOAT, c.root, comm_), "MPI_Gather");
+        break;
+      case OpKind::barrier:
+        check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+        break;
+      case OpKind::send:
+        check_mpi(MPI_Send(inp, n_in, MPI_FLOAT, c.root, c.tag, comm_), "MPI_Send");
+        break;
+      case OpKind::recv:
+        check_mpi(MPI_Recv(outp, n_out, MPI_FLOAT, c.peer, c.tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+        break;
+      case OpKind::send_recv:
+        check_mpi(MPI_Sendrecv(inp, n_in, MPI_FLOAT, c.root, c.tag, outp, n_out, MPI_FLOAT, c.peer, c.tag, comm_,
+                               MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv");
+        break;
+    }
+    if (in_place) in.copy_out();
+    else out.copy_out();
+  }
+
+  void average(float* data, int n) {
+    kernels(Device::cpu).scale(data, 1.0f / static_cast<float>(size()), data, static_cast<std::size_t>(n));
+  }
+
+  MPI_Comm comm_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;  // declared last: it starts after everything it uses
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(int local_rank, int local_size) {
+  MPI_Comm comm;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  return std::make_unique<MpiCommunicator>(comm, local_rank, local_size);
+}
+
+}  // namespace course::comm

@@ -1,0 +1,148 @@
+// The NCCL backend: collectives on a communication stream, ordered after the compute stream by an
+// event, and completed through another event, so backward can run while gradients travel.
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "common/comm/communicator.h"
+
+namespace course::comm {
+namespace {
+
+void check_nccl(ncclResult_t result, const char* call) {
+  if (result != ncclSuccess) throw std::runtime_error(std::string(call) + ": " + ncclGetErrorString(result));
+}
+void check_cuda(cudaError_t err, const char* call) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(err));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::sum ? ncclSum : op == ReduceOp::average ? ncclAvg : ncclMax;
+}
+
+class EventWork final : public Work {
+ public:
+  explicit EventWork(cudaEvent_t done) : done_(done) {}
+  ~EventWork() override { cudaEventDestroy(done_); }
+  void wait() override { check_cuda(cudaEventSynchronize(done_), "cudaEventSynchronize"); }
+  bool test() override { return cudaEventQuery(done_) == cudaSuccess; }
+
+ private:
+  cudaEvent_t done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int local_rank, int local_size)
+      : Communicator(rank, size, local_rank, local_size), comm_(comm) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+    cudaFree(scratch_);
+  }
+  std::string backend_name() const override { return "nccl"; }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    int r = 0, n = 1;
+    check_nccl(ncclCommUserRank(sub, &r), "ncclCommUserRank");
+    check_nccl(ncclCommCount(sub, &n), "ncclCommCount");
+    return std::make_unique<NcclCommunicator>(sub, r, n, local_rank(), local_size());
+  }
+
+ protected:
+  WorkHandle start(const Collective& c) override {
+    for (const Tensor* t : {&c.input, &c.output})
+      if (t->defined() && t->device() != Device::cuda)
+        throw std::invalid_argument(std::string(op_name(c.kind)) + ": the nccl backend needs CUDA tensors");
+    cudaEvent_t ready, done;
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(ready, 0), "cudaEventRecord");  // after the compute that wrote the inputs
+    check_cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(ready);
+    launch(c);
+    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+    return std::make_shared<EventWork>(done);
+  }
+
+ private:
+  void launch(const Collective& c) {
+    const float* in = c.input.defined() ? c.input.data() : nullptr;
+    float* out = c.output.defined() ? c.output.data() : nullptr;
+    size_t n_in = c.input.defined() ? static_cast<size_t>(c.input.numel()) : 0;
+    size_t n_out = c.output.defined() ? static_cast<size_t>(c.output.numel()) : 0;
+    switch (c.kind) {
+      case OpKind::broadcast:
+        check_nccl(ncclBroadcast(in, out, n_in, ncclFloat, c.root, comm_, stream_), "ncclBroadcast");
+        break;
+      case OpKind::reduce:
+        check_nccl(ncclReduce(in, out, n_in, ncclFloat, nccl_op(c.op), c.root, comm_, stream_), "ncclReduce");
+        break;
+      case OpKind::all_reduce:
+        check_nccl(ncclAllReduce(in, out, n_in, ncclFloat, nccl_op(c.op), comm_, stream_), "ncclAllReduce");
+        break;
+      case OpKind::all_gather:
+        check_nccl(ncclAllGather(in, out, n_in, ncclFloat, comm_, stream_), "ncclAllGather");
+        break;
+      case OpKind::reduce_scatter:
+        check_nccl(ncclReduceScatter(in, out, n_out, ncclFloat, nccl_op(c.op), comm_, stream_), "ncclReduceScatter");
+        break;
+      case OpKind::scatter:  // NCCL has no scatter: the root sends each rank its slice in one group
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        if (rank() == c.root)
+          for (int r = 0; r < size(); ++r) check_nccl(ncclSend(in + r * n_out, n_out, ncclFloat, r, comm_, stream_), "ncclSend");
+        check_nccl(ncclRecv(out, n_out, ncclFloat, c.root, comm_, stream_), "ncclRecv");
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        break;
+      case OpKind::gather:
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        if (rank() == c.root)
+          for (int r = 0; r < size(); ++r) check_nccl(ncclRecv(out + r * n_in, n_in, ncclFloat, r, comm_, stream_), "ncclRecv");
+        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        break;
+      case OpKind::barrier:  // an all-reduce of one value: every rank must arrive before any leaves
+        check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+        break;
+      case OpKind::send:
+        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
+        break;
+      case OpKind::recv:
+        check_nccl(ncclRecv(out, n_out, ncclFloat, c.peer, comm_, stream_), "ncclRecv");
+        break;
+      case OpKind::send_recv:
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
+        check_nccl(ncclRecv(out, n_out, ncclFloat, c.peer, comm_, stream_), "ncclRecv");
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        break;
+    }
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;
+};
+
+}  // namespace
+
+// Rank 0 makes the unique id and MPI broadcasts it; the GPU was chosen by select_device.
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int local_rank, int local_size) {
+  ncclUniqueId id;
+  if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t comm;
+  check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(comm, rank, size, local_rank, local_size);
+}
+
+}  // namespace course::comm
