@@ -1,0 +1,190 @@
+// The communicator and the hand-written algorithms, under mpirun with 2, 3 and 4 ranks.
+// Inputs are small integers in float, so every sum is exact and results are compared exactly.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <thread>
+
+#include "common/comm/algorithms.h"
+#include "common/kernels/kernels.h"
+#include "common/ops/ops.h"
+#include "support/mpi_main.h"
+
+namespace course::testing {
+namespace {
+
+namespace algo = comm::algorithms;
+using comm::ReduceOp;
+
+// Rank r's element i: (r + 1) * (i % 13 + 1). Sums over 4 ranks stay below 2^24, so they are exact.
+float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1)); }
+
+Tensor rank_tensor(std::size_t n, int rank) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value(rank, i);
+  return Tensor::from_host(v, {static_cast<std::int64_t>(n)});
+}
+
+std::vector<std::size_t> sizes() {
+  int n = world().size();
+  return {0, 1, static_cast<std::size_t>(n - 1), 1000003, 16u << 20};  // 16M elements = 64 MiB
+}
+
+// The large size costs seconds on an oversubscribed CPU; the all-reduce covers it, the rest stop below.
+constexpr std::size_t kLargestForEveryAlgorithm = 1000003;
+
+TEST(RingAllReduce, MatchesLibraryAllReduce) {
+  for (std::size_t n : sizes())
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::average}) {
+      if (op != ReduceOp::sum && n > kLargestForEveryAlgorithm) continue;
+      Tensor mine = rank_tensor(n, world().rank()), reference = mine.clone();
+      algo::ring_all_reduce(world(), mine, op);
+      world().all_reduce(reference, op);
+      ASSERT_EQ(mine.to_host(), reference.to_host()) << "n=" << n << " op=" << comm::reduce_op_name(op);
+    }
+}
+
+TEST(RingAllReduce, SumIsTheClosedForm) {
+  const int ranks = world().size();
+  Tensor t = rank_tensor(1000, world().rank());
+  algo::ring_all_reduce(world(), t, ReduceOp::sum);
+  auto got = t.to_host();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], static_cast<float>(ranks * (ranks + 1) / 2 * static_cast<int>(i % 13 + 1))) << i;
+}
+
+TEST(Broadcast, NaiveAndTreeMatchLibrary) {
+  for (std::size_t n : sizes())
+    for (int root : {0, world().size() - 1}) {
+      Tensor expected = rank_tensor(n, world().rank());
+      world().broadcast(expected, root);
+      Tensor tree = rank_tensor(n, world().rank());
+      algo::tree_broadcast(world(), tree, root);
+      ASSERT_EQ(tree.to_host(), expected.to_host()) << "tree n=" << n << " root=" << root;
+      if (n > kLargestForEveryAlgorithm) continue;
+      Tensor naive = rank_tensor(n, world().rank());
+      algo::naive_broadcast(world(), naive, root);
+      ASSERT_EQ(naive.to_host(), expected.to_host()) << "naive n=" << n << " root=" << root;
+    }
+}
+
+TEST(Reduce, NaiveAndTreeMatchLibraryOnTheRoot) {
+  for (std::size_t n : sizes()) {
+    if (n > kLargestForEveryAlgorithm) continue;
+    for (int root : {0, world().size() - 1})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+        Tensor expected = rank_tensor(n, world().rank());
+        world().reduce(expected, root, op);
+        Tensor tree = rank_tensor(n, world().rank()), naive = rank_tensor(n, world().rank());
+        algo::tree_reduce(world(), tree, root, op);
+        algo::naive_reduce(world(), naive, root, op);
+        if (world().rank() == root) {
+          ASSERT_EQ(tree.to_host(), expected.to_host()) << "tree n=" << n << " root=" << root;
+          ASSERT_EQ(naive.to_host(), expected.to_host()) << "naive n=" << n << " root=" << root;
+        }
+      }
+  }
+}
+
+TEST(RingAllGatherAndReduceScatter, MatchLibrary) {
+  const auto ranks = static_cast<std::size_t>(world().size());
+  for (std::size_t n : sizes()) {
+    if (n > kLargestForEveryAlgorithm) continue;
+    Tensor in = rank_tensor(n, world().rank());
+    Tensor ring = Tensor::zeros({static_cast<std::int64_t>(n * ranks)}), lib = ring.clone();
+    algo::ring_all_gather(world(), in, ring);
+    world().all_gather(in, lib);
+    ASSERT_EQ(ring.to_host(), lib.to_host()) << "all_gather n=" << n;
+
+    Tensor big = rank_tensor(n * ranks, world().rank());
+    Tensor ring_out = Tensor::zeros({static_cast<std::int64_t>(n)}), lib_out = ring_out.clone();
+    algo::ring_reduce_scatter(world(), big, ring_out);
+    world().reduce_scatter(big, lib_out);
+    ASSERT_EQ(ring_out.to_host(), lib_out.to_host()) << "reduce_scatter n=" << n;
+  }
+}
+
+TEST(Chunks, CoverTheCountWithoutGaps) {
+  for (std::size_t count : {0ul, 1ul, 7ul, 1000003ul})
+    for (int ranks : {1, 2, 3, 4, 7}) {
+      std::size_t next = 0;
+      for (int c = 0; c < ranks; ++c) {
+        auto chunk = algo::chunk_of(count, ranks, c);
+        ASSERT_EQ(chunk.begin, next);
+        ASSERT_LE(chunk.size(), count / ranks + 1);
+        next = chunk.end;
+      }
+      ASSERT_EQ(next, count);
+    }
+}
+
+TEST(Communicator, ScatterGatherSendRecv) {
+  const int ranks = world().size(), me = world().rank();
+  Tensor all = rank_tensor(5 * static_cast<std::size_t>(ranks), 0), mine = Tensor::zeros({5});
+  world().scatter(all, mine, 0);
+  EXPECT_EQ(mine.to_host(), all.flat_view(5 * static_cast<std::size_t>(me), 5).to_host());
+  Tensor gathered = Tensor::zeros({5 * ranks});
+  world().gather(mine, gathered, 0);
+  if (me == 0) {
+    EXPECT_EQ(gathered.to_host(), all.to_host());
+  }
+  Tensor out = Tensor::full({3}, static_cast<float>(me)), in = Tensor::zeros({3});
+  world().send_recv(out, (me + 1) % ranks, in, (me - 1 + ranks) % ranks);
+  EXPECT_EQ(in.to_host(), std::vector<float>(3, static_cast<float>((me - 1 + ranks) % ranks)));
+  world().barrier();
+}
+
+TEST(Communicator, AsyncWorkRunsWhileTheCallerComputes) {
+  std::vector<Tensor> tensors;
+  std::vector<comm::WorkHandle> work;
+  for (int k = 0; k < 4; ++k) {
+    tensors.push_back(rank_tensor(100000, world().rank()));
+    work.push_back(world().all_reduce_async(tensors.back()));
+  }
+  // Compute meanwhile; the communication thread drives the collectives.
+  Tensor a = Tensor::randn({128, 128}, 1), b = Tensor::randn({128, 128}, 2);
+  for (int i = 0; i < 10; ++i) a.copy_from(matmul(a, b));
+  bool finished = false;
+  for (int tries = 0; tries < 2000 && !finished; ++tries) {
+    finished = work.back()->test();
+    if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(finished) << "the async all-reduce made no progress while nobody waited on it";
+  const int ranks = world().size();
+  for (auto& w : work) w->wait();
+  for (auto& t : tensors) EXPECT_EQ(t.to_host()[14], static_cast<float>(ranks * (ranks + 1) / 2 * 2));
+}
+
+TEST(Communicator, SplitMakesIndependentGroups) {
+  const int me = world().rank();
+  auto group = world().split(me % 2, me);
+  int members = 0, expected_sum = 0;
+  for (int r = 0; r < world().size(); ++r)
+    if (r % 2 == me % 2) {
+      ++members;
+      expected_sum += r;
+    }
+  EXPECT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), me / 2);
+  Tensor t = Tensor::full({4}, static_cast<float>(me));
+  group->all_reduce(t);
+  EXPECT_EQ(t.to_host(), std::vector<float>(4, static_cast<float>(expected_sum)));
+  Tensor w = Tensor::ones({2});
+  algo::ring_all_reduce(*group, w);  // the hand-written ring works on a sub-communicator too
+  EXPECT_EQ(w.to_host(), std::vector<float>(2, static_cast<float>(members)));
+}
+
+TEST(Communicator, RejectsBadArguments) {
+  Tensor t = Tensor::zeros({4});
+  EXPECT_THROW(world().broadcast(t, world().size()), std::invalid_argument);
+  EXPECT_THROW(world().reduce(t, -1), std::invalid_argument);
+  EXPECT_THROW(algo::tree_broadcast(world(), t, world().size() + 3), std::invalid_argument);
+  Tensor wrong = Tensor::zeros({4 * world().size() + 1});
+  EXPECT_THROW(world().all_gather(t, wrong), std::invalid_argument);
+  EXPECT_THROW(world().reduce_scatter(wrong, t), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace course::testing
+
+COURSE_MPI_TEST_MAIN()

@@ -1,0 +1,33 @@
+// main() for GoogleTest under mpirun: every rank runs every test, rank 0 prints, and the job fails
+// if any rank failed. Tests reach the world communicator through world().
+#pragma once
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "common/comm/environment.h"
+
+namespace course::testing {
+inline comm::Communicator*& world_slot() {
+  static comm::Communicator* w = nullptr;
+  return w;
+}
+inline comm::Communicator& world() { return *world_slot(); }
+}  // namespace course::testing
+
+#define COURSE_MPI_TEST_MAIN()                                                                    \
+  int main(int argc, char** argv) {                                                               \
+    course::comm::Environment env(argc, argv);                                                    \
+    ::testing::InitGoogleTest(&argc, argv);                                                       \
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                            \
+    if (env.rank() != 0) delete listeners.Release(listeners.default_result_printer());            \
+    int failed = 0;                                                                               \
+    {                                                                                             \
+      auto w = course::comm::make_mpi_communicator(env.local_rank(), env.local_size());           \
+      w->set_timeout(std::chrono::seconds(120));                                                  \
+      course::testing::world_slot() = w.get();                                                    \
+      failed = RUN_ALL_TESTS();                                                                   \
+      MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);                  \
+      course::testing::world_slot() = nullptr;                                                    \
+    }                                                                                             \
+    return failed;                                                                                \
+  }
