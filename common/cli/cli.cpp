@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/cli/log.h"
 #include "common/core/device.h"
 #include "common/kernels/kernels.h"
 
@@ -39,26 +40,33 @@ const CLI::Validator PositiveInteger = number_rule("a positive integer", true, f
 const CLI::Validator PositiveFinite = number_rule("a positive finite number", false, false);
 const CLI::Validator NonNegativeFinite = number_rule("a non-negative finite number", false, true);
 
+namespace {
+// Every rank reads the same flags and fails alike; rank 0 alone says so.
+void report(const char* message) {
+  if (is_log_rank()) std::fprintf(stderr, "error: %s\n", message);
+}
+}  // namespace
+
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
+    if (is_log_rank()) std::printf("%s", app.help().c_str());
     return 0;
   } catch (const CLI::CallForAllHelp&) {
     std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    report(e.what());
     return 2;
   }
   try {
     return body();
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    report(e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    report(e.what());
     return 1;
   }
 }
