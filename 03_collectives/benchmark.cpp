@@ -82,6 +82,8 @@ std::vector<Case> cases(comm::Communicator& c, int root) {
                    [&c, ring_algo](Tensor& in, Tensor& o) { ring_algo ? algo::ring_all_gather(c, in, o) : c.all_gather(in, o); },
                    nullptr, [n](std::size_t count) { return count / static_cast<std::size_t>(n) * static_cast<std::size_t>(n); },
                    ring_algo ? std::function<double(double, const AlphaBeta&)>([=](double s, const AlphaBeta& m) { return steps * m.alpha + ring * s * m.beta; }) : none});
+  }
+  for (bool ring_algo : {true, false}) {
     out.push_back({"reduce_scatter", ring_algo ? "ring" : c.backend_name(), ring,
                    [me, n](std::vector<float>& in, std::vector<float>&, std::size_t count) {
                      in.resize(count / static_cast<std::size_t>(n) * static_cast<std::size_t>(n));

@@ -21,6 +21,17 @@ def summary(path):
     records = read(path)
     final = (events(records, "final") or [None])[-1]
     acc = (events(records, "accumulation") or [None])[-1]
+    bench = events(records, "bench")
+    if bench:
+        largest = max(r["bytes"] for r in bench)
+        rows = {r["algorithm"]: r for r in bench if r["op"] == "all_reduce" and r["bytes"] == largest}
+        lib = next((r for a, r in rows.items() if a not in ("ring", "tree", "naive")), None)
+        wrong = sum(r["wrong"] for r in bench)
+        text = f"{len(bench)} rows, #wrong {wrong}"
+        if "ring" in rows and lib and lib["busbw_gbps"] > 0:
+            text += (f"; all_reduce {largest / 2**20:.0f} MiB busbw ring {rows['ring']['busbw_gbps']:.2f} GB/s"
+                     f" vs {lib['algorithm']} {lib['busbw_gbps']:.2f} GB/s")
+        return text
     if acc:
         return (f"max weight diff {acc['max_weight_diff']:.2e}, peak activations "
                 f"{acc['peak_activation_bytes_accumulated'] / 1024:.0f} KiB vs "

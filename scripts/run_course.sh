@@ -30,4 +30,5 @@ run_chapter() {
 echo "== Running the course (outputs under ${RUNS#$COURSE_ROOT/}/) =="
 run_chapter 01_single_gpu 1
 run_chapter 02_grad_accumulation 1
+run_chapter 03_collectives 4
 exit $failed

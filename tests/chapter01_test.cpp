@@ -15,7 +15,7 @@ constexpr double kWeightTolerance = 0.05;
 
 TEST(Chapter01, WorkedExampleMatchesHandDerivation) {
   std::string metrics = temp_path("ch01_worked.jsonl");
-  auto r = run_process(kBinary + " --device cpu --epochs 1 --metrics " + metrics);
+  auto r = run_process(kBinary + " --device cpu --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto steps = events(read_metrics(metrics), "worked_step");
   ASSERT_EQ(steps.size(), 2u);
