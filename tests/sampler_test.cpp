@@ -1,0 +1,79 @@
+// DistributedSampler: disjoint, covering, epoch-dependent, equal shares; its state round-trips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/parallel/distributed_sampler.h"
+
+namespace course::parallel {
+namespace {
+
+std::vector<std::vector<std::int64_t>> shares(std::int64_t n, int ranks, std::uint64_t epoch, bool drop_last = false) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (int r = 0; r < ranks; ++r) {
+    DistributedSampler s(n, ranks, r, 7, true, drop_last);
+    s.set_epoch(epoch);
+    out.push_back(s.indices());
+  }
+  return out;
+}
+
+TEST(DistributedSampler, SharesAreDisjointAndCoverTheDataset) {
+  for (int ranks : {1, 2, 3, 4}) {
+    auto all = shares(1000, ranks, 0);  // 1000 divides by 1, 2, 4 but not 3: then padded by 2
+    std::multiset<std::int64_t> seen;
+    for (auto& s : all) {
+      EXPECT_EQ(s.size(), all[0].size());
+      seen.insert(s.begin(), s.end());
+    }
+    for (std::int64_t i = 0; i < 1000; ++i) EXPECT_GE(seen.count(i), 1u) << "index " << i << " with " << ranks << " ranks";
+    EXPECT_EQ(seen.size(), static_cast<std::size_t>((1000 + ranks - 1) / ranks * ranks));  // only the padding repeats
+  }
+}
+
+TEST(DistributedSampler, EveryRankGetsTheSameNumberOfSamples) {
+  for (std::int64_t n : {1, 5, 999, 1001})
+    for (int ranks : {2, 3, 4}) {
+      auto padded = shares(std::max<std::int64_t>(n, ranks), ranks, 0);
+      for (auto& s : padded) EXPECT_EQ(s.size(), padded[0].size());
+      auto dropped = shares(std::max<std::int64_t>(n, ranks), ranks, 0, true);
+      for (auto& s : dropped) EXPECT_EQ(static_cast<std::int64_t>(s.size()), std::max<std::int64_t>(n, ranks) / ranks);
+      std::set<std::int64_t> unique;
+      for (auto& s : dropped) unique.insert(s.begin(), s.end());
+      EXPECT_EQ(unique.size(), dropped[0].size() * static_cast<std::size_t>(ranks));  // drop_last never repeats
+    }
+}
+
+TEST(DistributedSampler, ShuffleDependsOnSeedAndEpoch) {
+  EXPECT_NE(shares(100, 2, 0)[0], shares(100, 2, 1)[0]);
+  EXPECT_EQ(shares(100, 2, 3)[1], shares(100, 2, 3)[1]);
+  DistributedSampler other_seed(100, 2, 0, 8);
+  EXPECT_NE(other_seed.indices(), shares(100, 2, 0)[0]);
+  DistributedSampler ordered(10, 2, 1, 0, false);
+  EXPECT_EQ(ordered.indices(), (std::vector<std::int64_t>{1, 3, 5, 7, 9}));
+}
+
+TEST(DistributedSampler, GlobalOrderInterleavesTheRanks) {
+  DistributedSampler s0(11, 3, 0, 5), s2(11, 3, 2, 5);
+  auto order = s0.global_order();
+  ASSERT_EQ(order.size(), 12u);
+  EXPECT_EQ(order[11], order[0]);  // padding wraps around
+  EXPECT_EQ(s2.indices()[1], order[5]);
+}
+
+TEST(DistributedSampler, StateRoundTrips) {
+  DistributedSampler s(100, 2, 1, 3);
+  s.set_epoch(4);
+  s.advance(20);
+  DistributedSampler restored(100, 2, 1, 3);
+  restored.load_state(s.state());
+  EXPECT_EQ(restored.epoch(), 4u);
+  EXPECT_EQ(restored.state().position, 20);
+  EXPECT_EQ(restored.indices(), s.indices());
+  EXPECT_THROW(restored.load_state({0, 51}), std::invalid_argument);
+  EXPECT_THROW(DistributedSampler(10, 2, 2), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace course::parallel
