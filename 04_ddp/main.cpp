@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/log.h"                      // rank 0 prints
@@ -194,7 +195,7 @@ int run(const Options& o, const comm::Environment& env) {
              {"parameters", model->parameter_count()}, {"identical", identical}, {"verified", o.verify},
              {"max_diff", max_diff}, {"tolerance", kEquivalenceTolerance}, {"passed", passed},
              {"backend", world->backend_name()}, {"device", device_name(device)},
-             {"local_size", world->local_size()}});
+             {"local_size", world->local_size()}, {"cores", std::thread::hardware_concurrency()}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }

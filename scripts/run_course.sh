@@ -31,4 +31,12 @@ echo "== Running the course (outputs under ${RUNS#$COURSE_ROOT/}/) =="
 run_chapter 01_single_gpu 1
 run_chapter 02_grad_accumulation 1
 run_chapter 03_collectives 4
+run_chapter 04_ddp 4 --verify
+if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
+  if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
+    printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"
+  else
+    printf '%-24s %-7s %s\n' "04_ddp speedup chart" "FAILED" "see ${RUNS#$COURSE_ROOT/}/04_ddp/sweep.txt"; failed=1
+  fi
+fi
 exit $failed
