@@ -153,7 +153,6 @@ int run(const Options& o, const comm::Environment& env) {
     }
     if (step % o.log_every == 0 || step + 1 == total_steps) {
       Tensor loss = Tensor::from_host({local_loss}, {1});  // the global batch's loss: the ranks' mean
-      if (world->backend_name() != "mpi") loss = loss.to(Device::cuda);
       world->all_reduce(loss, comm::ReduceOp::average);
       float global_loss = loss.item();
       log("step %4d  loss %.6f  %.2f ms (compute %.2f, communication %.2f)\n", step, global_loss, step_ms,
@@ -180,7 +179,6 @@ int run(const Options& o, const comm::Environment& env) {
         for (float v : p.to_host()) diff = std::max(diff, std::fabs(v - reference[i++]));
     });
     Tensor verdict = Tensor::from_host({diff}, {1});
-    if (world->backend_name() != "mpi") verdict = verdict.to(Device::cuda);
     world->broadcast(verdict, 0);
     max_diff = verdict.item();
     verified = max_diff <= kEquivalenceTolerance;

@@ -1,5 +1,6 @@
-// The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors, each with an
-// asynchronous form. Chapters program against this class and never see which backend (MPI or
+// The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors (either backend
+// takes either: MPI stages CUDA tensors through pinned host memory, NCCL stages CPU tensors through
+// device memory), each with an asynchronous form. Chapters program against this class and never see which backend (MPI or
 // NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
 #pragma once
 #include <chrono>

@@ -34,6 +34,12 @@ class EventWork final : public Work {
   cudaEvent_t done_;
 };
 
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, int local_rank, int local_size)
@@ -60,9 +66,9 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   WorkHandle start(const Collective& c) override {
-    for (const Tensor* t : {&c.input, &c.output})
-      if (t->defined() && t->device() != Device::cuda)
-        throw std::invalid_argument(std::string(op_name(c.kind)) + ": the nccl backend needs CUDA tensors");
+    bool on_host = false;
+    for (const Tensor* t : {&c.input, &c.output}) on_host = on_host || (t->defined() && t->device() == Device::cpu);
+    if (on_host) return start_staged(c);
     cudaEvent_t ready, done;
     check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
@@ -126,6 +132,23 @@ class NcclCommunicator final : public Communicator {
         check_nccl(ncclGroupEnd(), "ncclGroupEnd");
         break;
     }
+  }
+
+  // NCCL moves device memory only: CPU tensors (losses, checksums, flags) travel through device
+  // copies, and the call completes before it returns.
+  WorkHandle start_staged(const Collective& c) {
+    MemoryCategoryScope scope(MemoryCategory::communication);
+    const bool in_place = c.input.defined() && c.output.defined() && c.input.impl() == c.output.impl();
+    Collective staged = c;
+    if (c.input.defined()) staged.input = c.input.to(Device::cuda);
+    if (in_place) staged.output = staged.input;
+    else if (c.output.defined()) staged.output = c.output.to(Device::cuda);
+    start(staged)->wait();
+    if (c.output.defined()) {
+      Tensor host = c.output;  // a handle to the caller's storage
+      host.copy_from(staged.output);
+    }
+    return std::make_shared<DoneWork>();
   }
 
   ncclComm_t comm_;

@@ -65,10 +65,6 @@ bool DistributedDataParallel::parameters_identical() {
   for (int i = 0; i < 4; ++i) pieces[static_cast<std::size_t>(i)] = static_cast<float>((mine >> (16 * i)) & 0xFFFF);
   Tensor local = Tensor::from_host(pieces, {4});
   Tensor all = Tensor::zeros({4 * comm_.size()});
-  if (comm_.backend_name() != "mpi") {  // NCCL moves CUDA tensors only
-    local = local.to(Device::cuda);
-    all = all.to(Device::cuda);
-  }
   comm_.all_gather(local, all);
   auto values = all.to_host();
   for (std::size_t i = 0; i < values.size(); ++i)
