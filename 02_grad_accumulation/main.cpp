@@ -42,15 +42,6 @@ struct RunResult {
   int optimizer_steps = 0;
 };
 
-std::vector<float> flatten(const nn::Module& model) {
-  std::vector<float> out;
-  for (auto& p : model.parameters()) {
-    auto values = p.to_host();
-    out.insert(out.end(), values.begin(), values.end());
-  }
-  return out;
-}
-
 // One run. With accum = 1 and micro_batch = k*b it is the big-batch reference.
 RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum) {
   auto model = nn::make_mlp(dataset.features, o.hidden, o.layers, 1, nn::Activation::relu, device, o.common.seed);
@@ -75,7 +66,7 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
     }
   }
   result.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations);
-  result.weights = flatten(*model);
+  result.weights = model->parameters_to_host();
   data::Batch all = data::make_batch(dataset, data::shuffled_indices(dataset.size, 0, 0), device);
   result.final_loss = mse_loss((*model)(all.x), all.y).item();
   return result;

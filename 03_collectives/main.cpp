@@ -18,8 +18,7 @@ namespace {
 
 struct Options {
   cli::CommonOptions common;
-  std::string backend = "auto";
-  double timeout = 300;
+  cli::DistributedOptions distributed;
   std::string mode = "all";
   std::string min_bytes = "8", max_bytes = "4M";
   std::size_t factor = 8;
@@ -130,9 +129,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 03: collective communication, demonstrated and benchmarked (run under mpirun)"};
   Options o;
   cli::add_common_options(app, o.common);
-  app.add_option("--backend", o.backend, "auto, mpi or nccl")->capture_default_str();
-  app.add_option("--timeout", o.timeout, "Seconds a collective may take before the job is aborted")
-      ->check(cli::PositiveFinite)->capture_default_str();
+  cli::add_distributed_options(app, o.distributed);
   app.add_option("--mode", o.mode, "demo, bench or all")->check(CLI::IsMember({"demo", "bench", "all"}))->capture_default_str();
   app.add_option("-b,--minbytes", o.min_bytes, "Smallest message (bytes; K, M, G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_bytes, "Largest message")->capture_default_str();
@@ -149,7 +146,7 @@ int main(int argc, char** argv) {
       throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(env.size()) + " ranks");
     Device device = select_device(o.common.device, env.local_rank(), env.rank() == 0);
     cli::configure_cpu_threads(env.local_size());
-    auto world = comm::make_world(env, o.backend, device, o.timeout);
+    auto world = comm::make_world(env, o.distributed.backend, device, o.distributed.timeout);
     metrics::MetricsWriter out(env.rank() == 0 ? o.common.metrics : std::string());
     log("Chapter 03 on %d ranks (%d on this machine), %s tensors\n", world->size(), world->local_size(), device_name(device));
 

@@ -30,8 +30,7 @@ constexpr float kEquivalenceTolerance = 1e-5f;
 
 struct Options {
   cli::CommonOptions common;
-  std::string backend = "auto";
-  double timeout = 300;
+  cli::DistributedOptions distributed;
   std::int64_t global_batch = 240;  // divisible by 1, 2, 3, 4, 5, 6 and 8 ranks
   int accum = 1;
   int steps = 60;
@@ -98,12 +97,7 @@ std::vector<float> single_rank_reference(const Options& o, const data::Dataset& 
     sgd.step();
     sgd.zero_grad();
   }
-  std::vector<float> flat;
-  for (auto& p : model->parameters()) {
-    auto v = p.to_host();
-    flat.insert(flat.end(), v.begin(), v.end());
-  }
-  return flat;
+  return model->parameters_to_host();
 }
 
 int run(const Options& o, const comm::Environment& env) {
@@ -113,7 +107,7 @@ int run(const Options& o, const comm::Environment& env) {
                      std::to_string(ranks) + " x " + std::to_string(o.accum) + ")");
   Device device = select_device(o.common.device, env.local_rank(), env.rank() == 0);
   cli::configure_cpu_threads(env.local_size());
-  auto world = comm::make_world(env, o.backend, device, o.timeout);
+  auto world = comm::make_world(env, o.distributed.backend, device, o.distributed.timeout);
   metrics::MetricsWriter out(env.rank() == 0 ? o.common.metrics : std::string());
 
   data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);  // the same on every rank
@@ -174,9 +168,8 @@ int run(const Options& o, const comm::Environment& env) {
     float diff = 0;
     parallel::on_rank0(*world, [&] {
       auto reference = single_rank_reference(o, dataset, ranks, device, total_steps);
-      std::size_t i = 0;
-      for (auto& p : model->parameters())
-        for (float v : p.to_host()) diff = std::max(diff, std::fabs(v - reference[i++]));
+      auto mine = model->parameters_to_host();
+      for (std::size_t i = 0; i < mine.size(); ++i) diff = std::max(diff, std::fabs(mine[i] - reference[i]));
     });
     Tensor verdict = Tensor::from_host({diff}, {1});
     world->broadcast(verdict, 0);
@@ -205,9 +198,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 04: distributed data parallel training, checked against the single-rank run"};
   Options o;
   cli::add_common_options(app, o.common);
-  app.add_option("--backend", o.backend, "auto, mpi or nccl")->capture_default_str();
-  app.add_option("--timeout", o.timeout, "Seconds a collective may take before the job is aborted")
-      ->check(cli::PositiveFinite)->capture_default_str();
+  cli::add_distributed_options(app, o.distributed);
   app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per step on each rank (gradient accumulation)")

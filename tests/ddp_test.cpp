@@ -29,15 +29,6 @@ std::shared_ptr<nn::Sequential> mlp(std::uint64_t seed) {
   return nn::make_mlp(6, 16, 2, 1, nn::Activation::gelu, Device::cpu, seed);
 }
 
-std::vector<float> flatten(const nn::Module& m) {
-  std::vector<float> out;
-  for (auto& p : m.parameters()) {
-    auto v = p.to_host();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
 // One rank trains the whole global batch: the reference.
 std::vector<float> single_rank(const RunSetup& s, const data::Dataset& d, int ranks) {
   auto model = mlp(1);
@@ -54,7 +45,7 @@ std::vector<float> single_rank(const RunSetup& s, const data::Dataset& d, int ra
     sgd.step();
     sgd.zero_grad();
   }
-  return flatten(*model);
+  return model->parameters_to_host();
 }
 
 // Every rank trains its share with DDP.
@@ -83,7 +74,7 @@ std::vector<float> data_parallel(const RunSetup& s, const data::Dataset& d, para
     sgd.step();
     sgd.zero_grad();
   }
-  return flatten(model);
+  return model.parameters_to_host();
 }
 
 void expect_equivalent(const RunSetup& s) {
@@ -119,12 +110,12 @@ TEST(DistributedDataParallel, MatchesWhenTheDatasetDoesNotDivideEvenly) {
 
 TEST(DistributedDataParallel, DifferentlySeededRanksStartIdentical) {
   auto model = mlp(1000 + static_cast<std::uint64_t>(world().rank()));
-  auto before = flatten(*model);
+  auto before = model->parameters_to_host();
   parallel::DistributedDataParallel ddp(model, world());
   EXPECT_TRUE(ddp.parameters_identical());
-  EXPECT_EQ(flatten(*model), flatten(*mlp(1000)));  // everyone now holds rank 0's initial weights
+  EXPECT_EQ(model->parameters_to_host(), mlp(1000)->parameters_to_host());  // everyone now holds rank 0's initial weights
   if (world().size() > 1 && world().rank() > 0) {
-    EXPECT_NE(before, flatten(*model));
+    EXPECT_NE(before, model->parameters_to_host());
   }
 }
 

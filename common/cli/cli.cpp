@@ -18,6 +18,13 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
 }
 
+void add_distributed_options(CLI::App& app, DistributedOptions& o) {
+  app.add_option("--backend", o.backend, "Communication: auto (NCCL when every rank has its own GPU), mpi or nccl")
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout, "Seconds a collective may take before the watchdog aborts the job")
+      ->check(PositiveFinite)->capture_default_str();
+}
+
 namespace {
 CLI::Validator number_rule(const std::string& description, bool integer, bool allow_zero) {
   return CLI::Validator(

@@ -16,6 +16,13 @@ struct CommonOptions {
 };
 void add_common_options(CLI::App& app, CommonOptions& options);
 
+// The flags every multi-rank chapter adds.
+struct DistributedOptions {
+  std::string backend = "auto";  // --backend auto|mpi|nccl
+  double timeout = 300;          // --timeout: seconds before the watchdog aborts a stuck collective
+};
+void add_distributed_options(CLI::App& app, DistributedOptions& options);
+
 // Validators whose messages name the rule that was broken.
 extern const CLI::Validator PositiveInteger;  // >= 1
 extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite

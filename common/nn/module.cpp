@@ -22,6 +22,15 @@ std::int64_t Module::parameter_count() const {
   return n;
 }
 
+std::vector<float> Module::parameters_to_host() const {
+  std::vector<float> out;
+  for (auto& [name, tensor] : named_parameters()) {
+    auto values = tensor.to_host();
+    out.insert(out.end(), values.begin(), values.end());
+  }
+  return out;
+}
+
 void Module::zero_grad() {
   for (auto& [name, tensor] : named_parameters()) tensor.zero_grad();
 }

@@ -21,6 +21,9 @@ class Module {
   std::vector<NamedTensor> named_parameters() const;
   std::vector<Tensor> parameters() const;
   std::int64_t parameter_count() const;
+  // Every parameter's values copied to the host and laid end to end, in registration order
+  // (PyTorch's parameters_to_vector): for comparing two models.
+  std::vector<float> parameters_to_host() const;
   void zero_grad();
 
  protected:
