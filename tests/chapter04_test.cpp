@@ -47,6 +47,15 @@ TEST(Chapter04, LossFalls) {
   EXPECT_LT(steps.back()["loss"].get<double>(), 0.2 * steps.front()["loss"].get<double>());
 }
 
+TEST(Chapter04, OtherRanksStayQuietUnlessAsked) {
+  auto quiet = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 2");
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.out.find("[rank 1]"), std::string::npos) << quiet.out;
+  auto loud = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 2 --verbose");
+  ASSERT_EQ(loud.exit_code, 0) << loud.err;
+  EXPECT_NE(loud.out.find("[rank 1] step    1"), std::string::npos) << loud.out;
+}
+
 TEST(Chapter04, HelpAndBadInput) {
   auto help = run_process(kBinary + " --help");
   EXPECT_EQ(help.exit_code, 0);

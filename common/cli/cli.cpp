@@ -23,6 +23,8 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o) {
       ->capture_default_str();
   app.add_option("--timeout", o.timeout, "Seconds a collective may take before the watchdog aborts the job")
       ->check(PositiveFinite)->capture_default_str();
+  app.add_flag("--verbose", o.verbose, "Every rank logs (prefixed with its rank), not only rank 0")
+      ->each([&o](const std::string&) { set_log_rank(log_rank(), true); });
 }
 
 namespace {

@@ -20,6 +20,7 @@ void add_common_options(CLI::App& app, CommonOptions& options);
 struct DistributedOptions {
   std::string backend = "auto";  // --backend auto|mpi|nccl
   double timeout = 300;          // --timeout: seconds before the watchdog aborts a stuck collective
+  bool verbose = false;          // --verbose: every rank logs, not only rank 0
 };
 void add_distributed_options(CLI::App& app, DistributedOptions& options);
 

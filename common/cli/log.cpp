@@ -13,5 +13,6 @@ void set_log_rank(int rank, bool all_ranks_verbose) {
 }
 bool is_log_rank() { return g_rank == 0 || g_all; }
 int log_rank() { return g_rank; }
+bool all_ranks_log() { return g_all; }
 
 }  // namespace course
