@@ -42,18 +42,14 @@ class HostBuffer {
       return;
     }
 #if COURSE_HAVE_CUDA
-    pinned_ = static_cast<float*>(cuda::allocate_pinned(t.nbytes()));
+    pinned_ = static_cast<float*>(allocate_pinned_bytes(t.nbytes()));
     host_ = pinned_;
     if (copy_in) cuda::copy(pinned_, t.data(), t.nbytes(), cuda::CopyKind::device_to_host);
 #else
     (void)copy_in;
 #endif
   }
-  ~HostBuffer() {
-#if COURSE_HAVE_CUDA
-    cuda::release_pinned(pinned_);
-#endif
-  }
+  ~HostBuffer() { free_pinned_bytes(pinned_, tensor_.defined() ? tensor_.nbytes() : 0); }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
   float* get() const { return host_; }

@@ -38,11 +38,20 @@ std::size_t rounded(std::size_t bytes) {
 }
 struct Pool {
   std::mutex mutex;
-  std::map<std::pair<int, std::size_t>, std::vector<void*>> free_blocks;
+  std::map<std::pair<int, std::size_t>, std::vector<void*>> free_blocks;  // (device, size); -1 = pinned host
 };
 Pool& pool() {
   static Pool* instance = new Pool;  // never destroyed: tensors may be freed during static teardown
   return *instance;
+}
+constexpr int kPinnedHost = -1;
+void* take_cached(int device, std::size_t size) {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  auto it = pool().free_blocks.find({device, size});
+  if (it == pool().free_blocks.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  return ptr;
 }
 }  // namespace
 
@@ -50,23 +59,20 @@ void* allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   std::size_t size = rounded(bytes);
   int device = current_device();
-  {
-    std::lock_guard<std::mutex> lock(pool().mutex);
-    auto it = pool().free_blocks.find({device, size});
-    if (it != pool().free_blocks.end() && !it->second.empty()) {
-      void* ptr = it->second.back();
-      it->second.pop_back();
-      return ptr;
-    }
-  }
+  if (void* cached = take_cached(device, size)) return cached;
   void* ptr = nullptr;
   if (cudaMalloc(&ptr, size) != cudaSuccess) {
     cudaGetLastError();
     // Out of memory: give the cached blocks back to the driver and try once more.
     std::lock_guard<std::mutex> lock(pool().mutex);
-    for (auto& [key, blocks] : pool().free_blocks)
-      for (void* block : blocks) cudaFree(block);
-    pool().free_blocks.clear();
+    for (auto it = pool().free_blocks.begin(); it != pool().free_blocks.end();) {
+      if (it->first.first == kPinnedHost) {
+        ++it;
+        continue;
+      }
+      for (void* block : it->second) cudaFree(block);
+      it = pool().free_blocks.erase(it);
+    }
     COURSE_CUDA_CHECK(cudaMalloc(&ptr, size));
   }
   return ptr;
@@ -79,13 +85,18 @@ void release(void* ptr, std::size_t bytes) {
 }
 
 void* allocate_pinned(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  std::size_t size = rounded(bytes);
+  if (void* cached = take_cached(kPinnedHost, size)) return cached;
   void* ptr = nullptr;
-  if (bytes) COURSE_CUDA_CHECK(cudaMallocHost(&ptr, bytes));
+  COURSE_CUDA_CHECK(cudaMallocHost(&ptr, size));
   return ptr;
 }
 
-void release_pinned(void* ptr) {
-  if (ptr) cudaFreeHost(ptr);
+void release_pinned(void* ptr, std::size_t bytes) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  pool().free_blocks[{kPinnedHost, rounded(bytes)}].push_back(ptr);
 }
 
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {

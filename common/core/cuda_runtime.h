@@ -15,8 +15,9 @@ void synchronize();
 // blocks are kept for reuse instead of being returned (the idea behind PyTorch's caching allocator).
 void* allocate(std::size_t bytes);
 void release(void* ptr, std::size_t bytes);
-void* allocate_pinned(std::size_t bytes);  // page-locked host memory for staging transfers
-void release_pinned(void* ptr);
+// Page-locked host memory for staging transfers, pooled the same way: cudaFreeHost synchronises too.
+void* allocate_pinned(std::size_t bytes);
+void release_pinned(void* ptr, std::size_t bytes);
 
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);

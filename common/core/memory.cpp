@@ -92,6 +92,25 @@ void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory cate
   count(device, category, -static_cast<std::int64_t>(bytes));
 }
 
+void* allocate_pinned_bytes(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+#if COURSE_HAVE_CUDA
+  void* ptr = cuda::allocate_pinned(bytes);
+  count(Device::cpu, MemoryCategory::communication, static_cast<std::int64_t>(bytes));
+  return ptr;
+#else
+  throw std::runtime_error("pinned memory requested in a build without the CUDA backend");
+#endif
+}
+
+void free_pinned_bytes(void* ptr, std::size_t bytes) {
+  if (!ptr) return;
+#if COURSE_HAVE_CUDA
+  cuda::release_pinned(ptr, bytes);
+#endif
+  count(Device::cpu, MemoryCategory::communication, -static_cast<std::int64_t>(bytes));
+}
+
 std::string format_bytes(std::int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};
   double value = static_cast<double>(bytes);

@@ -46,6 +46,11 @@ MemoryCategory current_memory_category();
 void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category);
 void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory category);
 
+// Pinned (page-locked) host memory for staging CUDA tensors through MPI, counted on the CPU as
+// communication buffers. Only in builds with the CUDA backend.
+void* allocate_pinned_bytes(std::size_t bytes);
+void free_pinned_bytes(void* ptr, std::size_t bytes);
+
 // Human-readable size, e.g. "1.50 MiB".
 std::string format_bytes(std::int64_t bytes);
 
