@@ -9,6 +9,7 @@
 
 #include "common/cli/log.h"
 #include "common/comm/algorithms.h"
+#include "common/metrics/timer.h"
 
 namespace course::chapter03 {
 namespace {
@@ -147,6 +148,20 @@ AlphaBeta fit_alpha_beta(comm::Communicator& c, const BenchOptions& o, metrics::
   out.write({{"event", "alpha_beta"}, {"alpha_us", fit.alpha * 1e6}, {"beta_s_per_byte", fit.beta},
              {"bandwidth_gbps", fit.valid ? 1e-9 / fit.beta : 0.0}});
   return fit;
+}
+
+void report_device_bandwidth(const BenchOptions& o, Device device, metrics::MetricsWriter& out) {
+  if (device != Device::cuda) return;
+  Tensor source = Tensor::zeros({static_cast<std::int64_t>(o.max_bytes / 4)}, device);
+  Tensor target = source.clone();
+  metrics::Timer timer(device);
+  for (int i = 0; i < o.warmup; ++i) target.copy_from(source);
+  timer.start();
+  for (int i = 0; i < o.iters; ++i) target.copy_from(source);
+  double seconds = timer.stop_ms() / 1000.0 / o.iters;
+  double gbps = seconds > 0 ? 2.0 * static_cast<double>(o.max_bytes) / seconds / 1e9 : 0.0;
+  log("# device memory bandwidth (copy of %zu bytes, read + write): %.1f GB/s\n", o.max_bytes, gbps);
+  out.write({{"event", "device_bandwidth"}, {"bytes", o.max_bytes}, {"gbps", gbps}});
 }
 
 long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBeta& model, Device device,

@@ -23,6 +23,10 @@ struct AlphaBeta {
 };
 AlphaBeta fit_alpha_beta(comm::Communicator& comm, const BenchOptions& o, metrics::MetricsWriter& out);
 
+// On a GPU: the device's copy bandwidth (bytes read + written per second) at the largest size, the
+// ceiling that a collective on one GPU's memory can approach.
+void report_device_bandwidth(const BenchOptions& o, Device device, metrics::MetricsWriter& out);
+
 // Runs every collective and algorithm over the sizes; prints the table; returns the number of wrong elements.
 long run_benchmarks(comm::Communicator& comm, const BenchOptions& o, const AlphaBeta& model, Device device,
                     metrics::MetricsWriter& out);
