@@ -85,7 +85,7 @@ class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, int local_rank, int local_size)
       : Communicator(rank_in(comm), size_of(comm), local_rank, local_size), comm_(comm),
-        worker_([this] { run_worker(); }) {}
+        gpu_(creator_gpu()), worker_([this] { run_worker(); }) {}
 
   ~MpiCommunicator() override {
     {
@@ -141,7 +141,20 @@ class MpiCommunicator final : public Communicator {
     return future;
   }
 
+  // The GPU the creating thread uses, or -1. CUDA's current device is per thread, and the
+  // communication thread stages CUDA tensors: without this it would work on (and create a context
+  // on) GPU 0 in every rank.
+  static int creator_gpu() {
+#if COURSE_HAVE_CUDA
+    if (cuda_device_count() > 0) return cuda::current_device();
+#endif
+    return -1;
+  }
+
   void run_worker() {
+#if COURSE_HAVE_CUDA
+    if (gpu_ >= 0) cuda::set_device(gpu_);
+#endif
     for (;;) {
       std::function<void()> task;
       {
@@ -212,6 +225,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  int gpu_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> queue_;
