@@ -111,6 +111,8 @@ double max_over_ranks(comm::Communicator& c, double seconds) {
 
 }  // namespace
 
+const std::set<std::string> kBenchmarkOps = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"};
+
 AlphaBeta fit_alpha_beta(comm::Communicator& c, const BenchOptions& o, metrics::MetricsWriter& out) {
   AlphaBeta fit;
   if (c.size() < 2) return fit;
@@ -170,6 +172,7 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
   long total_wrong = 0;
   std::string current_op;
   for (Case& k : cases(c, o.root)) {
+    if (!o.ops.empty() && !o.ops.count(k.op)) continue;
     if (k.op != current_op) {
       current_op = k.op;
       log("\n# %s, %d ranks, %s backend, %s tensors%s\n", k.op.c_str(), n, c.backend_name().c_str(), device_name(device),

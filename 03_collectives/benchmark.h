@@ -2,6 +2,7 @@
 // count, its inputs, its closed-form answer and its bus-bandwidth factor; the harness times and checks.
 #pragma once
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,9 @@ struct BenchOptions {
   std::size_t min_bytes = 8, max_bytes = 4 << 20, factor = 8;
   int warmup = 2, iters = 5;
   int root = 0;
+  std::set<std::string> ops;  // which collectives to run; empty means all
 };
+extern const std::set<std::string> kBenchmarkOps;  // all_reduce, broadcast, reduce, all_gather, reduce_scatter
 
 // Latency alpha (s) and inverse bandwidth beta (s/byte), fitted to timed point-to-point transfers.
 struct AlphaBeta {

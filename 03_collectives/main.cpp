@@ -23,6 +23,7 @@ struct Options {
   std::string min_bytes = "8", max_bytes = "4M";
   std::size_t factor = 8;
   int iters = 5, warmup = 2, root = 0;
+  std::vector<std::string> ops;
 };
 
 // "64M" -> 67108864; sizes must be positive multiples of 4 bytes (one float).
@@ -138,9 +139,16 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", o.iters, "Timed iterations per row")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("-w,--warmup", o.warmup, "Untimed iterations per row")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--root", o.root, "Root rank of broadcast and reduce")->capture_default_str();
+  app.add_option("--ops", o.ops, "Collectives to benchmark (default all): all_reduce broadcast reduce all_gather reduce_scatter")
+      ->delimiter(',');
   return cli::run(app, argc, argv, [&] {
     chapter03::BenchOptions bench{parse_bytes(o.min_bytes, "-b"), parse_bytes(o.max_bytes, "-e"), o.factor,
                                   o.warmup, o.iters, o.root};
+    for (const auto& op : o.ops) {
+      if (!chapter03::kBenchmarkOps.count(op))
+        throw UsageError("--ops: unknown collective '" + op + "' (expected all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
+      bench.ops.insert(op);
+    }
     if (bench.min_bytes > bench.max_bytes) throw UsageError("-b: " + o.min_bytes + " is larger than -e " + o.max_bytes);
     if (o.root < 0 || o.root >= env.size())
       throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(env.size()) + " ranks");

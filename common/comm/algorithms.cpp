@@ -10,11 +10,11 @@
 namespace course::comm::algorithms {
 namespace {
 
-// dst = dst op src, elementwise, on the tensors' device.
-void combine(Tensor& dst, const Tensor& src, ReduceOp op) {
-  auto n = static_cast<std::size_t>(dst.numel());
-  kernels(dst.device()).binary(op == ReduceOp::max ? BinaryOp::max : BinaryOp::add, dst.data(), n, src.data(), n,
-                               dst.data(), n);
+// out = a op b, elementwise (out may be a or b).
+void reduce_into(Tensor& out, const Tensor& a, const Tensor& b, ReduceOp op) {
+  auto n = static_cast<std::size_t>(out.numel());
+  kernels(out.device()).binary(op == ReduceOp::max ? BinaryOp::max : BinaryOp::add, a.data(), n, b.data(), n,
+                               out.data(), n);
 }
 
 void finish_average(Communicator& comm, Tensor& t, ReduceOp op) {
@@ -62,7 +62,7 @@ void naive_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
   for (int peer = 0; peer < comm.size(); ++peer) {
     if (peer == root) continue;
     comm.recv(incoming, peer);
-    combine(t, incoming, op);
+    reduce_into(t, t, incoming, op);
   }
   finish_average(comm, t, op);
 }
@@ -94,7 +94,7 @@ void tree_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
     if (v + mask < n) {
       if (!incoming.defined()) incoming = scratch(t, static_cast<std::size_t>(t.numel()));
       comm.recv(incoming, (v + mask + root) % n);
-      combine(t, incoming, op);
+      reduce_into(t, t, incoming, op);
     }
   }
   finish_average(comm, t, op);
@@ -114,7 +114,7 @@ void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op) {
     Tensor in = incoming.flat_view(0, recv.size());
     comm.send_recv(slice(t, send), next, in, prev);
     Tensor target = slice(t, recv);
-    combine(target, in, op);
+    reduce_into(target, target, in, op);
   }
 }
 
@@ -149,15 +149,28 @@ void ring_all_gather(Communicator& comm, const Tensor& input, Tensor& output) {
   });
 }
 
+// The same ring without touching the input: the partial sum travelling round the ring is the only
+// state, so two chunk-sized buffers suffice. In step s, rank r sends its partial of block r-s-1
+// (its own block, unreduced, in step 0) and combines the arriving partial of block r-s-2 with its
+// own copy of that block; in the last step that block is r, and the result lands in `output`.
 void ring_reduce_scatter(Communicator& comm, const Tensor& input, Tensor& output, ReduceOp op) {
   const auto each = static_cast<std::size_t>(output.numel());
-  if (static_cast<std::size_t>(input.numel()) != each * static_cast<std::size_t>(comm.size()))
+  const int n = comm.size(), r = comm.rank();
+  if (static_cast<std::size_t>(input.numel()) != each * static_cast<std::size_t>(n))
     throw std::invalid_argument("ring_reduce_scatter: input must hold ranks x output elements");
-  // Equal chunks of `each`, so chunk_of over the whole input gives exactly the ranks' blocks.
-  Tensor work = scratch(input, static_cast<std::size_t>(input.numel()));
-  work.copy_from(input);
-  if (comm.size() > 1) ring_reduce_scatter_in_place(comm, work, op);
-  output.copy_from(work.flat_view(each * static_cast<std::size_t>(comm.rank()), each));
+  auto block = [&](int c) { return input.flat_view(each * static_cast<std::size_t>((c % n + n) % n), each); };
+  if (n == 1) {
+    output.copy_from(input);
+    return;
+  }
+  Tensor incoming = scratch(input, each), partial = scratch(input, each);
+  Tensor outgoing = block(r - 1);
+  for (int s = 0; s < n - 1; ++s) {
+    comm.send_recv(outgoing, (r + 1) % n, incoming, (r - 1 + n) % n);
+    Tensor& target = s == n - 2 ? output : partial;
+    reduce_into(target, block(r - s - 2), incoming, op);
+    outgoing = partial;
+  }
   finish_average(comm, output, op);
 }
 
