@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   return cli::run(app, argc, argv, [&] {
     chapter03::BenchOptions bench{parse_bytes(o.min_bytes, "-b"), parse_bytes(o.max_bytes, "-e"), o.factor,
-                                  o.warmup, o.iters, o.root};
+                                  o.warmup, o.iters, o.root, {}};
     for (const auto& op : o.ops) {
       if (!chapter03::kBenchmarkOps.count(op))
         throw UsageError("--ops: unknown collective '" + op + "' (expected all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
