@@ -4,6 +4,8 @@
 
 #include "common/core/device.h"
 #include "common/data/house_prices.h"
+#include <ostream>
+
 #include "support/process.h"
 
 namespace course::testing {
@@ -85,6 +87,7 @@ TEST(Chapter01, HelpWorks) {
 struct BadInput {
   std::string args, flag;
 };
+void PrintTo(const BadInput& b, std::ostream* out) { *out << b.args; }
 class Chapter01BadInput : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(Chapter01BadInput, OneLineNamingTheFlagAndExitCode2) {
