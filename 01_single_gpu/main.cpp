@@ -6,7 +6,8 @@
 
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
 #include "common/cli/cli.h"             // common flags, validators, exit codes
-#include "common/cli/log.h"             // log(): what rank 0 prints
+#include "common/cli/session.h"         // device and metrics, set up once
+#include "common/core/log.h"            // log(): what rank 0 prints
 #include "common/data/house_prices.h"   // the synthetic data with known true weights
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/metrics/timer.h"       // step timing
@@ -172,9 +173,8 @@ int main(int argc, char** argv) {
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
-    Device device = select_device(o.common.device);
-    metrics::MetricsWriter out(o.common.metrics);
-    if (o.model == "linear") worked_example(device, out);
-    return train(o, device, out);
+    cli::Session session = cli::start_session(o.common);
+    if (o.model == "linear") worked_example(session.device, session.metrics);
+    return train(o, session.device, session.metrics);
   });
 }

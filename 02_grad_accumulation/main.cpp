@@ -1,27 +1,27 @@
 // Chapter 02: gradient accumulation. k micro-batches of b samples, each loss scaled by its share of
 // the batch (1/k when all are full), give the same update as one batch of k*b samples with a mean
 // loss, while holding only one micro-batch of activations at a time. The program trains both ways
-// from the same start, compares the weights, and reports peak activation memory for each.
+// from the same start and reports peak activation memory for each; it checks, step by step from the
+// same weights, that the accumulated gradient equals the big batch's within its float32 bound, and
+// compares the final weights with the big batch's own rounding noise.
 #include <algorithm>
 #include <cmath>
 
 #include "common/cli/cli.h"             // common flags, validators, exit codes
-#include "common/cli/log.h"             // log(): what rank 0 prints
+#include "common/cli/session.h"         // device and metrics, set up once
+#include "common/core/log.h"            // log(): what rank 0 prints
 #include "common/core/memory.h"         // peak activation bytes from the device counters
 #include "common/data/house_prices.h"   // the wide house-price data and batching
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/nn/layers.h"           // make_mlp
 #include "common/ops/ops.h"             // mse_loss, scale
 #include "common/optim/optimizer.h"     // SGD
+#include "common/verify/compare.h"      // max_abs_diff, the noise floor
+#include "common/verify/lockstep.h"     // the step-by-step check against the big batch
 
 using namespace course;
 
 namespace {
-
-// The two runs sum the same per-sample gradients in a different order (k partial sums added
-// together versus one GEMM over the whole batch); float32 rounding differs by ~1e-7 relative per
-// step, and SGD carries it forward. 1e-5 bounds that drift for this chapter's default run.
-constexpr float kEquivalenceTolerance = 1e-5f;
 
 struct Options {
   cli::CommonOptions common;
@@ -42,9 +42,36 @@ struct RunResult {
   int optimizer_steps = 0;
 };
 
-// One run. With accum = 1 and micro_batch = k*b it is the big-batch reference.
-RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum) {
-  auto model = nn::make_mlp(dataset.features, o.hidden, o.layers, 1, nn::Activation::relu, device, o.common.seed);
+std::shared_ptr<nn::Sequential> make_model(const Options& o, const data::Dataset& dataset, Device device) {
+  return nn::make_mlp(dataset.features, o.hidden, o.layers, 1, nn::Activation::relu, device, o.common.seed);
+}
+
+Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
+                  Device device) {
+  data::Batch batch = data::make_batch(dataset, samples, device);
+  return mse_loss(model(batch.x), batch.y);
+}
+
+// One optimizer step's gradient: the global batch in micro-batches, each loss weighted by its share.
+float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& global,
+                           std::int64_t micro_batch, Device device) {
+  const auto global_size = static_cast<float>(global.size());
+  float total = 0;
+  for (auto& micro : data::split_batches(global, micro_batch)) {
+    // Mean over the micro-batch, weighted by its share of the global batch: the sum of these
+    // is the mean over the global batch. For k full micro-batches the weight is exactly 1/k.
+    Tensor loss = scale(batch_loss(model, dataset, micro, device), static_cast<float>(micro.size()) / global_size);
+    loss.backward();  // gradients accumulate (+=) across micro-batches
+    total += loss.item();
+  }
+  return total;
+}
+
+// One run. With accum = 1 and micro_batch = k*b it is the big-batch reference; `reversed` sums each
+// batch in reverse sample order, for the noise floor.
+RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum,
+              bool reversed = false) {
+  auto model = make_model(o, dataset, device);
   optim::SGD sgd(model->parameters(), o.lr);
   reset_peak_memory(device);
   RunResult result;
@@ -52,14 +79,8 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
     for (auto& global : data::split_batches(order, global_batch)) {  // the last one may be partial
-      const auto global_size = static_cast<float>(global.size());
-      for (auto& micro : data::split_batches(global, micro_batch)) {
-        data::Batch batch = data::make_batch(dataset, micro, device);
-        // Mean over the micro-batch, weighted by its share of the global batch: the sum of these
-        // is the mean over the global batch. For k full micro-batches the weight is exactly 1/k.
-        Tensor loss = scale(mse_loss((*model)(batch.x), batch.y), static_cast<float>(micro.size()) / global_size);
-        loss.backward();  // gradients accumulate (+=) across micro-batches
-      }
+      if (reversed) std::reverse(global.begin(), global.end());
+      accumulate_gradients(*model, dataset, global, micro_batch, device);
       sgd.step();
       sgd.zero_grad();
       ++result.optimizer_steps;
@@ -72,6 +93,33 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
   return result;
 }
 
+// From the same weights at every step, the accumulated gradient against the exact sum of its parts.
+verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
+  auto model = make_model(o, dataset, device);
+  optim::SGD sgd(model->parameters(), o.lr);
+  verify::LockstepVerifier verifier(make_model(o, dataset, device), nullptr);
+  std::int64_t step = 0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
+    for (auto& global : data::split_batches(order, o.micro_batch * o.accum)) {
+      verifier.begin_step(*model);
+      float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device);
+      // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
+      // accumulated .grad must be their sum, up to the rounding of the += additions.
+      auto micro = data::split_batches(global, o.micro_batch);
+      verifier.check(step++, *model, accumulated, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
+        Tensor loss = scale(batch_loss(reference, dataset, micro[m], device),
+                            static_cast<float>(micro[m].size()) / static_cast<float>(global.size()));
+        loss.backward();
+        return loss.item();
+      });
+      sgd.step();
+      sgd.zero_grad();
+    }
+  }
+  return verifier.finish();
+}
+
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
   const std::int64_t global_batch = o.micro_batch * o.accum;
@@ -80,11 +128,11 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
       static_cast<long long>(o.samples), o.epochs, device_name(device));
   RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum);
   RunResult big = run(o, dataset, device, global_batch, 1);
-
-  float max_diff = 0.0f;
-  for (std::size_t i = 0; i < big.weights.size(); ++i)
-    max_diff = std::max(max_diff, std::fabs(accumulated.weights[i] - big.weights[i]));
-  const bool passed = max_diff <= kEquivalenceTolerance && accumulated.optimizer_steps == big.optimizer_steps;
+  RunResult reordered = run(o, dataset, device, global_batch, 1, true);
+  verify::LockstepSummary check = lockstep(o, dataset, device);
+  const verify::Drift drift{verify::max_abs_diff(accumulated.weights, big.weights),
+                            verify::max_abs_diff(big.weights, reordered.weights)};
+  const bool passed = check.passed && accumulated.optimizer_steps == big.optimizer_steps;
 
   auto show = [](const char* name, const RunResult& r) {
     log("  %-22s steps %4d  loss %.6f  first weights:", name, r.optimizer_steps, r.final_loss);
@@ -93,7 +141,15 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   };
   show("accumulated (k x b):", accumulated);
   show("one big batch (k*b):", big);
-  log("  largest weight difference: %.3g (tolerance %.0e)\n", max_diff, kEquivalenceTolerance);
+  if (check.passed)
+    log("  lock-step check, %lld steps: every accumulated gradient within its float32 bound of the exact sum of "
+        "its micro-batches' (largest difference %.3g, %.3g of its bound)\n",
+        static_cast<long long>(check.steps), check.worst_gradient_diff, check.worst_gradient_ratio);
+  else
+    log("  lock-step check FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
+        check.first_failure.c_str());
+  log("  largest weight difference: %.3g; noise floor (the big batch summed in reverse order) %.3g; ratio %.3g\n",
+      drift.difference, drift.noise_floor, drift.ratio());
   log("  peak activation memory: accumulated %s, big batch %s (%.2fx less)\n",
       format_bytes(accumulated.peak_activation_bytes).c_str(), format_bytes(big.peak_activation_bytes).c_str(),
       static_cast<double>(big.peak_activation_bytes) / std::max<double>(1.0, static_cast<double>(accumulated.peak_activation_bytes)));
@@ -101,7 +157,9 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
              {"global_batch", global_batch}, {"samples", o.samples}, {"device", device_name(device)},
-             {"max_weight_diff", max_diff}, {"tolerance", kEquivalenceTolerance},
+             {"max_weight_diff", drift.difference}, {"noise_floor", drift.noise_floor}, {"drift_ratio", drift.ratio()},
+             {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
+             {"gradient_bound_ratio", check.worst_gradient_ratio},
              {"optimizer_steps", accumulated.optimizer_steps}, {"loss_accumulated", accumulated.final_loss},
              {"loss_big_batch", big.final_loss}, {"peak_activation_bytes_accumulated", accumulated.peak_activation_bytes},
              {"peak_activation_bytes_big_batch", big.peak_activation_bytes}, {"passed", passed}});
@@ -126,8 +184,7 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "Hidden width")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--layers", o.layers, "Hidden layers")->check(cli::PositiveInteger)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
-    Device device = select_device(o.common.device);
-    metrics::MetricsWriter out(o.common.metrics);
-    return compare(o, device, out);
+    cli::Session session = cli::start_session(o.common);
+    return compare(o, session.device, session.metrics);
   });
 }

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "common/cli/log.h"
+#include "common/core/log.h"
 #include "common/comm/algorithms.h"
 #include "common/metrics/timer.h"
 

@@ -7,9 +7,10 @@
 
 #include "benchmark.h"                   // the nccl-tests style harness and the alpha-beta fit
 #include "common/cli/cli.h"              // common flags, validators, exit codes
-#include "common/cli/log.h"              // rank 0 prints
+#include "common/cli/session.h"          // device, world and metrics, set up once
 #include "common/comm/algorithms.h"      // the hand-written collectives
-#include "common/comm/environment.h"     // MPI start-up and --backend
+#include "common/comm/environment.h"     // MPI start-up
+#include "common/core/log.h"             // rank 0 prints
 
 using namespace course;
 namespace algo = comm::algorithms;
@@ -25,22 +26,6 @@ struct Options {
   int iters = 5, warmup = 2, root = 0;
   std::vector<std::string> ops;
 };
-
-// "64M" -> 67108864; sizes must be positive multiples of 4 bytes (one float).
-std::size_t parse_bytes(const std::string& text, const std::string& flag) {
-  std::size_t used = 0, value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw UsageError(flag + ": '" + text + "' is not a size (use e.g. 8, 1K, 64M)");
-  }
-  std::string suffix = text.substr(used);
-  std::size_t scale = suffix.empty() ? 1 : suffix == "K" ? 1ul << 10 : suffix == "M" ? 1ul << 20 : suffix == "G" ? 1ul << 30 : 0;
-  if (scale == 0 || text[0] == '-') throw UsageError(flag + ": '" + text + "' is not a size (use e.g. 8, 1K, 64M)");
-  value *= scale;
-  if (value == 0 || value % 4 != 0) throw UsageError(flag + ": " + text + " must be a positive multiple of 4 bytes");
-  return value;
-}
 
 // Every rank's tensor, printed by rank 0 in rank order (gathered first, so lines do not interleave).
 void show(comm::Communicator& c, const char* when, const Tensor& t) {
@@ -142,20 +127,22 @@ int main(int argc, char** argv) {
   app.add_option("--ops", o.ops, "Collectives to benchmark (default all): all_reduce broadcast reduce all_gather reduce_scatter")
       ->delimiter(',');
   return cli::run(app, argc, argv, [&] {
-    chapter03::BenchOptions bench{parse_bytes(o.min_bytes, "-b"), parse_bytes(o.max_bytes, "-e"), o.factor,
-                                  o.warmup, o.iters, o.root, {}};
+    // One float per element; 4 GiB keeps every element count within one MPI call.
+    chapter03::BenchOptions bench{cli::parse_bytes(o.min_bytes, "-b", 4, std::size_t{1} << 32),
+                                  cli::parse_bytes(o.max_bytes, "-e", 4, std::size_t{1} << 32), o.factor, o.warmup,
+                                  o.iters, o.root, {}};
     for (const auto& op : o.ops) {
       if (!chapter03::kBenchmarkOps.count(op))
         throw UsageError("--ops: unknown collective '" + op + "' (expected all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
       bench.ops.insert(op);
     }
     if (bench.min_bytes > bench.max_bytes) throw UsageError("-b: " + o.min_bytes + " is larger than -e " + o.max_bytes);
-    if (o.root < 0 || o.root >= env.size())
-      throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(env.size()) + " ranks");
-    Device device = select_device(o.common.device, env.local_rank(), env.rank() == 0);
-    cli::configure_cpu_threads(env.local_size());
-    auto world = comm::make_world(env, o.distributed.backend, device, o.distributed.timeout);
-    metrics::MetricsWriter out(env.rank() == 0 ? o.common.metrics : std::string());
+    cli::Session session = cli::start_session(o.common, o.distributed);
+    comm::Communicator* world = &session.topology->world();
+    const Device device = session.device;
+    metrics::MetricsWriter& out = session.metrics;
+    if (o.root < 0 || o.root >= world->size())
+      throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(world->size()) + " ranks");
     log("Chapter 03 on %d ranks (%d on this machine), %s tensors\n", world->size(), world->local_size(), device_name(device));
 
     bool demo_ok = true;

@@ -1,6 +1,8 @@
 // Matmul and one MLP training step in GFLOP/s, beside OpenBLAS sgemm alone in the same run, to
 // show how much the library (tensor allocation, dispatch, autograd) adds on top of the BLAS call.
 //   ./build/release/benchmarks/bench_matmul [--device=cuda]   (GPU rows need a usable GPU)
+//   ./build/release/benchmarks/bench_matmul --benchmark_min_time=0.3 --benchmark_filter=Sgemm
+// (Debian's Google Benchmark 1.7 takes the minimum time as a plain number of seconds, without "s".)
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 

@@ -30,7 +30,8 @@ def summary(path):
         text = (f"{ddp['ranks']} ranks, {ddp['samples_per_s']:.0f} samples/s, step {ddp['step_ms']:.2f} ms "
                 f"(communication {ddp['comm_ms']:.2f})")
         if ddp["verified"]:
-            text += f", max diff vs 1 rank {ddp['max_diff']:.1e}"
+            text += (f", lock-step {ddp['gradient_bound_ratio']:.2f} of the fp32 bound, final drift "
+                     f"{ddp['drift_ratio']:.2f}x noise floor")
         return text
     bench = events(records, "bench")
     if bench:
@@ -44,7 +45,8 @@ def summary(path):
                      f" vs {lib['algorithm']} {lib['busbw_gbps']:.2f} GB/s")
         return text
     if acc:
-        return (f"max weight diff {acc['max_weight_diff']:.2e}, peak activations "
+        return (f"lock-step {acc['gradient_bound_ratio']:.2f} of the fp32 bound, final drift "
+                f"{acc['drift_ratio']:.2f}x noise floor, peak activations "
                 f"{acc['peak_activation_bytes_accumulated'] / 1024:.0f} KiB vs "
                 f"{acc['peak_activation_bytes_big_batch'] / 1024:.0f} KiB")
     if final and "weights" in final:

@@ -1,5 +1,8 @@
-// The backward engine: accumulation into .grad, zero_grad, no_grad, shared inputs, grad-ready hooks.
+// The backward engine: accumulation into .grad, zero_grad, no_grad, shared inputs, post-accumulate
+// hooks, end-of-backward callbacks, and backward from a non-scalar output with a given gradient.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "common/autograd/autograd.h"
 #include "common/nn/layers.h"
@@ -44,11 +47,11 @@ TEST(Autograd, GradReadyHookFiresOncePerPassWhenComplete) {
   Tensor v = Tensor::from_host({5, 5}, {2}).set_requires_grad(true);
   std::vector<std::string> fired;
   std::vector<float> seen;
-  w.register_grad_ready_hook([&](Tensor& g) {
+  w.register_post_accumulate_grad_hook([&](Tensor& p) {
     fired.push_back("w");
-    seen = g.to_host();
+    seen = p.grad().to_host();
   });
-  v.register_grad_ready_hook([&](Tensor&) { fired.push_back("v"); });
+  v.register_post_accumulate_grad_hook([&](Tensor&) { fired.push_back("v"); });
   Tensor loss = sum(add(mul(w, v), mul(w, w)));  // d/dw = v + 2w = (7, 9)
   loss.backward();
   EXPECT_EQ(std::count(fired.begin(), fired.end(), "w"), 1);
@@ -64,7 +67,7 @@ TEST(Autograd, HooksFireInReverseLayerOrderForAnMlp) {
   std::vector<std::string> order;
   for (auto& [name, p] : mlp->named_parameters()) {
     std::string n = name;
-    p.register_grad_ready_hook([&order, n](Tensor&) { order.push_back(n); });
+    p.register_post_accumulate_grad_hook([&order, n](Tensor&) { order.push_back(n); });
   }
   Tensor x = Tensor::randn({3, 4}, 2), y = Tensor::randn({3, 1}, 3);
   mse_loss((*mlp)(x), y).backward();
@@ -81,6 +84,39 @@ TEST(Autograd, GraphIsFreedAfterBackward) {
     loss.backward();
   }
   EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::activations), before);
+}
+
+TEST(Autograd, HookNamesTheParameterAndCallbacksRunWhenBackwardEnds) {
+  Tensor w = Tensor::from_host({1, 2}, {2}).set_requires_grad(true);
+  Tensor v = Tensor::from_host({3, 4}, {2}).set_requires_grad(true);
+  std::vector<std::string> events;
+  for (auto [name, t] : {std::pair<const char*, Tensor*>{"w", &w}, {"v", &v}}) {
+    std::string n = name;
+    TensorImpl* expected = t->impl();
+    t->register_post_accumulate_grad_hook([&events, n, expected](Tensor& p) {
+      EXPECT_EQ(p.impl(), expected);  // the hook is handed its own parameter
+      events.push_back("hook " + n);
+      if (n == "w") autograd::queue_callback([&events] { events.push_back("end"); });
+    });
+  }
+  sum(mul(w, v)).backward();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events.back(), "end");  // after every hook of the pass
+  EXPECT_EQ(std::count(events.begin(), events.end(), "end"), 1);
+  EXPECT_THROW(autograd::queue_callback([] {}), std::logic_error);  // no backward is running
+}
+
+TEST(Autograd, BackwardFromANonScalarOutputWithItsGradient) {
+  // A pipeline stage: y = x W^T arrives with dL/dy from the next stage; the result must equal
+  // backward of sum(y * g), whose gradient with respect to y is g.
+  Tensor w1 = Tensor::randn({3, 4}, 1).set_requires_grad(true), w2 = Tensor::randn({3, 4}, 1).set_requires_grad(true);
+  Tensor x = Tensor::randn({2, 4}, 2), g = Tensor::randn({2, 3}, 3);
+  matmul(x, w1, false, true).backward(g);
+  sum(mul(matmul(x, w2, false, true), g)).backward();
+  auto a = w1.grad().to_host(), b = w2.grad().to_host();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5f) << i;
+  EXPECT_THROW(matmul(x, w1, false, true).backward(Tensor::zeros({3, 2})), std::invalid_argument);
+  EXPECT_THROW(matmul(x, w1, false, true).backward(), std::invalid_argument);  // not a loss, no gradient given
 }
 
 }  // namespace

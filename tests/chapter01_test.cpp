@@ -5,6 +5,7 @@
 #include "common/core/device.h"
 #include "common/data/house_prices.h"
 #include <ostream>
+#include <sstream>
 
 #include "support/process.h"
 
@@ -75,6 +76,26 @@ TEST(Chapter01, RunsOnTheGpuWhenOneIsUsable) {
   auto final_record = events(read_metrics(metrics), "final").at(0);
   EXPECT_EQ(final_record["device"], "cuda");
   EXPECT_NEAR(final_record["weights"][0].get<double>(), data::kTrueBedroomWeight, kWeightTolerance);
+}
+
+TEST(Chapter01, ReadmeOutputIsWhatTheProgramPrints) {
+  // Every line of the README's expected-output block (except "...") must be printed by the run it documents.
+  std::istringstream readme(read_file(CHAPTER01_README));
+  std::vector<std::string> expected;
+  bool in_block = false, after_heading = false;
+  for (std::string line; std::getline(readme, line);) {
+    if (line.rfind("Expected output", 0) == 0) after_heading = true;
+    else if (after_heading && line.rfind("```", 0) == 0) {
+      if (in_block) break;
+      in_block = true;
+    } else if (in_block && line != "...") {
+      expected.push_back(line);
+    }
+  }
+  ASSERT_GE(expected.size(), 5u) << "no expected-output block found in the README";
+  auto r = run_process(kBinary + " --device cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& line : expected) EXPECT_NE(r.out.find(line + "\n"), std::string::npos) << "README line not printed: " << line;
 }
 
 TEST(Chapter01, HelpWorks) {

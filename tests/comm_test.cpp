@@ -155,6 +155,25 @@ TEST(Communicator, AsyncWorkRunsWhileTheCallerComputes) {
   for (auto& t : tensors) EXPECT_EQ(t.to_host()[14], static_cast<float>(ranks * (ranks + 1) / 2 * 2));
 }
 
+TEST(Communicator, AsyncPointToPointBothSidesSendFirst) {
+  // Every rank posts its send to the next rank before its receive from the previous one: with blocking
+  // sends of a large message this ring would deadlock; asynchronous ones let compute run meanwhile.
+  const int ranks = world().size(), me = world().rank();
+  if (ranks < 2) GTEST_SKIP() << "needs a peer";
+  Tensor out = Tensor::full({1 << 20}, static_cast<float>(me)), in = Tensor::zeros({1 << 20});
+  auto send = world().send_async(out, (me + 1) % ranks, 7);
+  auto recv = world().recv_async(in, (me - 1 + ranks) % ranks, 7);
+  bool done = false;
+  for (int tries = 0; tries < 4000 && !done; ++tries) {
+    done = recv->test();
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  recv->wait();
+  send->wait();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(in.to_host()[12345], static_cast<float>((me - 1 + ranks) % ranks));
+}
+
 TEST(Communicator, SplitMakesIndependentGroups) {
   const int me = world().rank();
   auto group = world().split(me % 2, me);

@@ -1,6 +1,8 @@
-// DistributedDataParallel under mpirun with 1, 2, 3 and 4 ranks: after K steps with R ranks each doing
-// global/R samples, the parameters equal a single-rank run with the global batch; also with no_sync
-// accumulation and a dataset that does not divide evenly; ranks seeded differently end identical.
+// DistributedDataParallel under mpirun with 1, 2, 3 and 4 ranks, checked in lock-step against one rank
+// with the global batch: every step's averaged gradient must equal the exact mean of the ranks' shares
+// recomputed on one rank, within the float32 bound (common/verify). Also with no_sync accumulation,
+// a dataset that does not divide evenly, and many steps; a deliberately wrong average must fail at
+// the step it starts; differently seeded ranks end identical.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,93 +13,109 @@
 #include "common/optim/optimizer.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/distributed_sampler.h"
+#include "common/verify/lockstep.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
 namespace {
 
-// The two computations add the same per-sample gradients in a different order (R partial sums and an
-// all-reduce, against one sum): float32 rounding of ~1e-7 relative per step, over a few steps.
-constexpr float kTolerance = 1e-5f;
-
 struct RunSetup {
   std::int64_t samples = 400, global_batch = 48;
   int steps = 6, accum = 1;
+  float lr = 0.05f;
+  int broken_from = -1;  // the step from which the gradient average is wrong, or -1
+  bool skip_share = false;  // how it is wrong: the last rank's share skipped, or divided twice
 };
 
 std::shared_ptr<nn::Sequential> mlp(std::uint64_t seed) {
   return nn::make_mlp(6, 16, 2, 1, nn::Activation::gelu, Device::cpu, seed);
 }
 
-// One rank trains the whole global batch: the reference.
-std::vector<float> single_rank(const RunSetup& s, const data::Dataset& d, int ranks) {
-  auto model = mlp(1);
-  optim::SGD sgd(model->parameters(), 0.05f, 0.9f);
-  parallel::DistributedSampler sampler(d.size, ranks, 0, 3);
-  const std::int64_t local = s.global_batch / ranks, per_epoch = (sampler.num_samples() + local - 1) / local;
-  for (int step = 0; step < s.steps; ++step) {
-    sampler.set_epoch(static_cast<std::uint64_t>(step / per_epoch));
-    auto order = sampler.global_order();
-    std::int64_t begin = (step % per_epoch) * local, end = std::min(sampler.num_samples(), begin + local);
-    std::vector<std::int64_t> batch(order.begin() + begin * ranks, order.begin() + end * ranks);
-    data::Batch b = data::make_batch(d, batch, Device::cpu);
-    mse_loss((*model)(b.x), b.y).backward();
-    sgd.step();
-    sgd.zero_grad();
-  }
-  return model->parameters_to_host();
+Tensor batch_loss(nn::Module& model, const data::Dataset& d, const std::vector<std::int64_t>& samples) {
+  data::Batch b = data::make_batch(d, samples, Device::cpu);
+  return mse_loss(model(b.x), b.y);
 }
 
-// Every rank trains its share with DDP.
-std::vector<float> data_parallel(const RunSetup& s, const data::Dataset& d, parallel::DistributedDataParallel& ddp) {
+// One rank's share in `accum` micro-batches, each weighted by its share; `backward(loss, last)`.
+template <class Backward>
+float accumulate(nn::Module& model, const data::Dataset& d, const std::vector<std::int64_t>& share, int accum,
+                 Backward backward) {
+  auto micro = data::split_batches(share, (static_cast<std::int64_t>(share.size()) + accum - 1) / accum);
+  float total = 0;
+  for (std::size_t i = 0; i < micro.size(); ++i) {
+    Tensor loss = scale(batch_loss(model, d, micro[i]), static_cast<float>(micro[i].size()) / static_cast<float>(share.size()));
+    backward(loss, i + 1 == micro.size());
+    total += loss.item();
+  }
+  return total;
+}
+
+// Every rank trains its share with DDP, checked in lock-step; returns the verdict.
+verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDataParallel& ddp, const data::Dataset& d) {
   const int ranks = world().size();
+  int step_now = 0;
+  if (s.broken_from >= 0)
+    ddp.register_comm_hook([&](comm::Communicator& group, Tensor& g) {
+      const bool broken = step_now >= s.broken_from;
+      if (broken && s.skip_share && group.rank() == group.size() - 1) g.fill_(0.0f);
+      group.all_reduce(g, comm::ReduceOp::average);
+      if (broken && !s.skip_share) g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));
+    });
   nn::Module& model = ddp.module();
-  optim::SGD sgd(model.parameters(), 0.05f, 0.9f);
-  parallel::DistributedSampler sampler(d.size, ranks, world().rank(), 3);
-  const std::int64_t local = s.global_batch / ranks, per_epoch = (sampler.num_samples() + local - 1) / local;
+  optim::SGD sgd(model.parameters(), s.lr, 0.9f);
+  parallel::DistributedSampler sampler(d.size, world(), 3);
+  const std::int64_t local = s.global_batch / ranks;
+  verify::LockstepVerifier lockstep(mlp(1), &world());
   for (int step = 0; step < s.steps; ++step) {
-    sampler.set_epoch(static_cast<std::uint64_t>(step / per_epoch));
-    auto mine = sampler.indices();
-    std::int64_t begin = (step % per_epoch) * local, end = std::min(sampler.num_samples(), begin + local);
-    std::vector<std::int64_t> share(mine.begin() + begin, mine.begin() + end);
-    auto micro = data::split_batches(share, (static_cast<std::int64_t>(share.size()) + s.accum - 1) / s.accum);
-    for (std::size_t i = 0; i < micro.size(); ++i) {
-      data::Batch b = data::make_batch(d, micro[i], Device::cpu);
-      Tensor loss = scale(mse_loss(ddp(b.x), b.y), static_cast<float>(micro[i].size()) / static_cast<float>(share.size()));
-      if (i + 1 < micro.size()) {
-        auto guard = ddp.no_sync();
+    step_now = step;
+    lockstep.begin_step(model);
+    float mine = accumulate(model, d, sampler.batch(step, local), s.accum, [&](Tensor& loss, bool last) {
+      if (last) {
         loss.backward();
       } else {
+        auto guard = ddp.no_sync();
         loss.backward();
       }
-    }
+    });
+    Tensor loss = Tensor::from_host({mine}, {1});
+    world().all_reduce(loss, comm::ReduceOp::average);
+    const auto global = sampler.global_batch(step, local);
+    lockstep.check(step, model, loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+                   [&](nn::Module& reference, std::size_t r) {
+                     std::vector<std::int64_t> theirs;
+                     for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks)) theirs.push_back(global[i]);
+                     return accumulate(reference, d, theirs, s.accum, [](Tensor& l, bool) { l.backward(); });
+                   });
     sgd.step();
     sgd.zero_grad();
   }
-  return model.parameters_to_host();
+  return lockstep.finish();
 }
 
-void expect_equivalent(const RunSetup& s) {
+verify::LockstepSummary run(const RunSetup& s) {
   data::Dataset d = data::make_house_prices_wide(s.samples, 6, 5);
   // Rank r starts from seed 1 + 100 r; DDP's broadcast gives everyone rank 0's weights (seed 1).
   parallel::DistributedDataParallel ddp(mlp(1 + 100 * static_cast<std::uint64_t>(world().rank())), world());
-  auto distributed = data_parallel(s, d, ddp);
-  auto reference = single_rank(s, d, world().size());
-  ASSERT_EQ(distributed.size(), reference.size());
-  float worst = 0;
-  for (std::size_t i = 0; i < reference.size(); ++i) worst = std::max(worst, std::fabs(distributed[i] - reference[i]));
-  EXPECT_LE(worst, kTolerance) << world().size() << " ranks";
+  auto summary = train_checked(s, ddp, d);
   EXPECT_TRUE(ddp.parameters_identical());
   EXPECT_EQ(ddp.synchronisations(), s.steps);  // once per step, never inside no_sync
+  return summary;
 }
 
-TEST(DistributedDataParallel, MatchesSingleRankWithTheGlobalBatch) { expect_equivalent(RunSetup{}); }
+void expect_passes(const RunSetup& s) {
+  auto summary = run(s);
+  EXPECT_TRUE(summary.passed) << world().size() << " ranks: " << summary.first_failure;
+  EXPECT_EQ(summary.steps, s.steps);
+  EXPECT_LE(summary.worst_gradient_ratio, 1.0);
+}
+
+TEST(DistributedDataParallel, MatchesSingleRankInLockStep) { expect_passes(RunSetup{}); }
 
 TEST(DistributedDataParallel, MatchesWithAccumulationUnderNoSync) {
   RunSetup s;
   s.accum = 3;
   s.global_batch = 72;
-  expect_equivalent(s);
+  expect_passes(s);
 }
 
 TEST(DistributedDataParallel, MatchesWhenTheDatasetDoesNotDivideEvenly) {
@@ -105,7 +123,30 @@ TEST(DistributedDataParallel, MatchesWhenTheDatasetDoesNotDivideEvenly) {
   s.samples = 101;  // prime: padded for every rank count > 1, and the last batch is partial
   s.global_batch = 24;
   s.steps = 12;     // more than one epoch
-  expect_equivalent(s);
+  expect_passes(s);
+}
+
+TEST(DistributedDataParallel, StaysInLockStepOverManySteps) {
+  RunSetup s;
+  s.steps = 300;  // long after free-running runs would have drifted apart
+  s.lr = 0.01f;   // 0.05 with momentum diverges over this many steps
+  expect_passes(s);
+}
+
+TEST(DistributedDataParallel, AWrongAverageFailsAtTheStepItStarts) {
+  RunSetup s;
+  s.broken_from = 3;
+  s.skip_share = true;  // the last rank's share never arrives (at one rank: no gradient at all)
+  auto summary = run(s);
+  EXPECT_FALSE(summary.passed);
+  EXPECT_EQ(summary.first_failed_step, 3);
+  if (world().size() > 1) {
+    s.skip_share = false;  // divided by the world size twice (the same as once on one rank)
+    summary = run(s);
+    EXPECT_FALSE(summary.passed);
+    EXPECT_EQ(summary.first_failed_step, 3);
+    if (world().rank() == 0) EXPECT_NE(summary.first_failure.find("gradient of"), std::string::npos) << summary.first_failure;
+  }
 }
 
 TEST(DistributedDataParallel, DifferentlySeededRanksStartIdentical) {
@@ -131,13 +172,39 @@ TEST(DistributedDataParallel, ChecksumDetectsADifferentRank) {
   EXPECT_EQ(ddp.parameters_identical(), world().size() == 1);
 }
 
-TEST(DistributedDataParallel, RejectsAParameterThatGotNoGradient) {
+TEST(DistributedDataParallel, NamesAParameterThatGotNoGradientWhenBackwardEnds) {
   auto model = mlp(2);
   parallel::DistributedDataParallel ddp(model, world());
-  // Backward through only the first layer's weight: the other parameters never become ready.
+  // Backward through only the first layer's weight: the end-of-backward callback finds the others missing.
   auto params = model->parameters();
-  sum(params[0]).backward();
-  EXPECT_THROW(ddp(Tensor::zeros({1, 6})), std::logic_error);
+  try {
+    sum(params[0]).backward();
+    FAIL() << "backward did not report the parameters without a gradient";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter '0.bias' received no gradient"), std::string::npos) << e.what();
+  }
+  // The reducer is ready for the next, complete pass: nothing is left over from the failed one.
+  Tensor x = Tensor::randn({4, 6}, 1);
+  EXPECT_NO_THROW(sum(ddp(x)).backward());
+}
+
+TEST(DistributedSampler, RanksBatchesMakeUpTheGlobalBatch) {
+  parallel::DistributedSampler sampler(101, world(), 7);
+  const std::int64_t local = 5;
+  for (std::int64_t step : {0, 1, 20, 21, 45}) {  // 21 steps an epoch: the last is partial, and epochs roll over
+    auto mine = sampler.batch(step, local);
+    auto global = sampler.global_batch(step, local);
+    ASSERT_EQ(global.size(), mine.size() * static_cast<std::size_t>(world().size()));
+    std::vector<float> as_float(mine.begin(), mine.end());
+    Tensor gathered = Tensor::zeros({static_cast<std::int64_t>(global.size())});
+    world().all_gather(Tensor::from_host(as_float, {static_cast<std::int64_t>(mine.size())}), gathered);
+    auto all = gathered.to_host();
+    // Rank r's i-th sample is the global batch's entry i*R + r.
+    for (int r = 0; r < world().size(); ++r)
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        EXPECT_EQ(static_cast<std::int64_t>(all[static_cast<std::size_t>(r) * mine.size() + i]),
+                  global[i * static_cast<std::size_t>(world().size()) + static_cast<std::size_t>(r)]);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,29 @@ namespace course::autograd {
 namespace {
 
 thread_local bool t_grad_enabled = true;
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;  // set while a backward runs
+
+// Makes the queue for one backward pass, and runs what was queued when the pass ends.
+class CallbackQueue {
+ public:
+  CallbackQueue() : previous_(t_callbacks) { t_callbacks = &queued_; }
+  ~CallbackQueue() { t_callbacks = previous_; }
+  CallbackQueue(const CallbackQueue&) = delete;
+  CallbackQueue& operator=(const CallbackQueue&) = delete;
+  void run() {
+    t_callbacks = previous_;  // a callback may itself run a backward pass
+    for (std::size_t i = 0; i < queued_.size(); ++i) queued_[i]();
+  }
+
+ private:
+  std::vector<std::function<void()>> queued_;
+  std::vector<std::function<void()>>* previous_;
+};
+
+void fire_hooks(const Tensor& leaf) {
+  Tensor parameter = leaf;
+  for (auto& hook : leaf.impl()->post_accumulate_grad_hooks) hook(parameter);
+}
 
 void accumulate(Tensor& target, const Tensor& contribution) {
   kernels(target.device()).binary(BinaryOp::add, target.data(), static_cast<std::size_t>(target.numel()),
@@ -57,11 +80,22 @@ Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, Backw
   return output;
 }
 
-void backward(const Tensor& root) {
-  if (!root.defined() || root.numel() != 1)
-    throw std::invalid_argument("backward() needs a one-element tensor (a loss)");
-  if (!root.requires_grad()) throw std::invalid_argument("backward(): the loss does not depend on any parameter");
+void queue_callback(std::function<void()> callback) {
+  if (!t_callbacks) throw std::logic_error("queue_callback: no backward pass is running");
+  t_callbacks->push_back(std::move(callback));
+}
+
+void backward(const Tensor& root, const Tensor& grad_output) {
+  if (!root.defined()) throw std::invalid_argument("backward(): the output is an undefined tensor");
+  if (!grad_output.defined() && root.numel() != 1)
+    throw std::invalid_argument("backward() without a gradient needs a one-element tensor (a loss), got shape " +
+                                shape_string(root.shape()));
+  if (grad_output.defined() && (grad_output.shape() != root.shape() || grad_output.device() != root.device()))
+    throw std::invalid_argument("backward(): the gradient has shape " + shape_string(grad_output.shape()) +
+                                " but the output has shape " + shape_string(root.shape()));
+  if (!root.requires_grad()) throw std::invalid_argument("backward(): the output does not depend on any parameter");
   NoGradGuard no_grad;
+  CallbackQueue callbacks;
 
   std::vector<TensorImpl*> order;
   if (root.impl()->grad_fn) topological_order(root.impl(), order);
@@ -83,13 +117,11 @@ void backward(const Tensor& root) {
   };
 
   std::unordered_map<TensorImpl*, Tensor> grads;
-  grads[root.impl()] = Tensor::ones(root.shape(), root.device());
+  grads[root.impl()] = grad_output.defined() ? grad_output : Tensor::ones(root.shape(), root.device());
   if (order.empty()) {  // the root is itself a leaf
     add_to_leaf(root, grads[root.impl()]);
-    for (auto& hook : root.impl()->grad_ready_hooks) {
-      Tensor grad(root.impl()->grad);
-      hook(grad);
-    }
+    fire_hooks(root);
+    callbacks.run();
     return;
   }
 
@@ -112,14 +144,12 @@ void backward(const Tensor& root) {
         else accumulate(found->second, g);
       } else {
         add_to_leaf(input, g);
-        if (--pending[input.impl()] == 0) {
-          Tensor leaf_grad(input.impl()->grad);
-          for (auto& hook : input.impl()->grad_ready_hooks) hook(leaf_grad);
-        }
+        if (--pending[input.impl()] == 0) fire_hooks(input);
       }
     }
   }
   for (TensorImpl* t : order) t->grad_fn.reset();  // free the graph and the tensors it saved
+  callbacks.run();
 }
 
 }  // namespace course::autograd

@@ -36,11 +36,18 @@ class NoGradGuard {
 // Gives `output` a node when grad mode is on and some input requires a gradient.
 Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, BackwardFn backward);
 
-// Backpropagates from a one-element tensor. Leaf gradients accumulate (+=) into .grad; each leaf's
-// grad-ready hooks fire as soon as its last contribution of this pass has been added, which is what
-// lets DDP start communicating a bucket while backward is still running (chapter 05).
-// The graph is freed afterwards.
-void backward(const Tensor& root);
+// Backpropagates from `root`. With no `grad_output` the root must be a one-element loss (its gradient
+// is 1); a pipeline stage instead passes the gradient of its output, received from the next stage.
+// Leaf gradients accumulate (+=) into .grad; each leaf's post-accumulate hooks fire as soon as its
+// last contribution of this pass has been added, which is what lets DDP start communicating a
+// bucket while backward is still running (chapter 05). The graph is freed afterwards, then the
+// callbacks queued during this pass run, in the order they were queued.
+void backward(const Tensor& root, const Tensor& grad_output = Tensor());
+
+// Queues `callback` to run once the backward pass in progress has finished (PyTorch's
+// Engine.queue_callback): how a hook learns that backward is over without counting gradients.
+// Callable only from inside backward (from a hook); throws std::logic_error elsewhere.
+void queue_callback(std::function<void()> callback);
 
 }  // namespace autograd
 }  // namespace course

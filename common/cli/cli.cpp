@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cctype>
 #include <cstdlib>
 
-#include "common/cli/log.h"
+#include <mpi.h>
+
+#include "common/core/log.h"
 #include "common/core/device.h"
 #include "common/kernels/kernels.h"
 
@@ -13,18 +16,18 @@ namespace course::cli {
 
 void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--device", o.device, "Where to run: auto (CUDA when a GPU is usable), cpu or cuda")
-      ->capture_default_str();
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--seed", o.seed, "Seed for data and initial weights")->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
 }
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o) {
   app.add_option("--backend", o.backend, "Communication: auto (NCCL when every rank has its own GPU), mpi or nccl")
-      ->capture_default_str();
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}))->capture_default_str();
   app.add_option("--timeout", o.timeout, "Seconds a collective may take before the watchdog aborts the job")
       ->check(PositiveFinite)->capture_default_str();
-  app.add_flag("--verbose", o.verbose, "Every rank logs (prefixed with its rank), not only rank 0")
-      ->each([&o](const std::string&) { set_log_rank(log_rank(), true); });
+  app.add_flag_callback("--verbose", [] { set_log_rank(log_rank(), true); },
+                        "Every rank logs (prefixed with its rank), not only rank 0");
 }
 
 namespace {
@@ -71,13 +74,42 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
   }
   try {
     return body();
+  } catch (const ReportedError& e) {
+    return e.code;
   } catch (const UsageError& e) {
     report(e.what());
     return 2;
   } catch (const std::exception& e) {
-    report(e.what());
+    int initialized = 0, finalized = 0, ranks = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    if (ranks == 1) {
+      report(e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "error: rank %d: %s\n", log_rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
+}
+
+std::size_t parse_bytes(const std::string& text, const std::string& flag, std::size_t multiple, std::size_t limit) {
+  const std::string usage = flag + ": '" + text + "' is not a size (use e.g. 8, 1K, 64M)";
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string suffix = text.substr(digits);
+  const std::size_t scale = suffix.empty() ? 1 : suffix == "K" ? 1ul << 10 : suffix == "M" ? 1ul << 20
+                                                : suffix == "G" ? 1ul << 30 : 0;
+  if (digits == 0 || digits > 15 || scale == 0) throw UsageError(usage);
+  const std::size_t value = std::stoull(text.substr(0, digits));  // at most 15 digits: no overflow
+  if (value == 0 || value > limit / scale)
+    throw UsageError(flag + ": " + text + " must be between 1 and " + std::to_string(limit) + " bytes");
+  const std::size_t bytes = value * scale;
+  if (bytes % multiple != 0)
+    throw UsageError(flag + ": " + text + " must be a multiple of " + std::to_string(multiple) + " bytes");
+  return bytes;
 }
 
 void configure_cpu_threads(int ranks_on_this_machine) {

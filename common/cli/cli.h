@@ -16,13 +16,22 @@ struct CommonOptions {
 };
 void add_common_options(CLI::App& app, CommonOptions& options);
 
-// The flags every multi-rank chapter adds.
+// The flags every multi-rank chapter adds; --verbose makes every rank log, not only rank 0.
 struct DistributedOptions {
   std::string backend = "auto";  // --backend auto|mpi|nccl
   double timeout = 300;          // --timeout: seconds before the watchdog aborts a stuck collective
-  bool verbose = false;          // --verbose: every rank logs, not only rank 0
 };
 void add_distributed_options(CLI::App& app, DistributedOptions& options);
+
+// Thrown once the error has been printed (by the rank that saw it): run() returns `code` quietly.
+struct ReportedError {
+  int code;
+};
+
+// "64M" -> 67108864: a byte count with an optional K, M or G suffix, positive, a multiple of
+// `multiple`, and at most `limit`; a UsageError naming `flag` otherwise.
+std::size_t parse_bytes(const std::string& text, const std::string& flag, std::size_t multiple = 1,
+                        std::size_t limit = std::size_t{1} << 40);
 
 // Validators whose messages name the rule that was broken.
 extern const CLI::Validator PositiveInteger;  // >= 1
@@ -30,7 +39,9 @@ extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite
 extern const CLI::Validator NonNegativeFinite;
 
 // Parses the flags and runs `body`. --help prints the help and returns 0; a parse error or a
-// UsageError prints "error: <message>" on one line and returns 2; any other exception returns 1.
+// UsageError prints "error: <message>" on one line (rank 0) and returns 2. Any other exception is
+// printed by the rank that raised it; under mpirun with several ranks that rank then aborts the
+// whole job (exit code 1), so the others never wait for it in a collective.
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 // OpenBLAS threads: one per rank when ranks share the machine, unless OPENBLAS_NUM_THREADS is set.

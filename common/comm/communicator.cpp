@@ -67,19 +67,47 @@ void check_count(const Tensor& big, const Tensor& small, int ranks, const char* 
 }  // namespace
 
 void Communicator::check_root(int root, const char* what) const {
-  if (root < 0 || root >= size_)
+  if (root < 0 || root >= size())
     throw std::invalid_argument(std::string(what) + ": root " + std::to_string(root) + " is out of range for " +
-                                std::to_string(size_) + " ranks");
+                                std::to_string(size()) + " ranks");
 }
 void Communicator::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= size_)
+  if (peer < 0 || peer >= size())
     throw std::invalid_argument(std::string(what) + ": peer " + std::to_string(peer) + " is out of range for " +
-                                std::to_string(size_) + " ranks");
+                                std::to_string(size()) + " ranks");
+}
+
+void Communicator::set_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0 || timeout.count() > static_cast<long>(kMaxTimeoutSeconds * 1000))
+    throw std::invalid_argument("collective timeout of " + std::to_string(timeout.count()) +
+                                " ms is outside (0, kMaxTimeoutSeconds]");
+  timeout_ = timeout;
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  std::unique_ptr<Communicator> group = split_group(color, key);
+  group->timeout_ = timeout_;
+  // Which machine each member is on, gathered across the new group (node ids are world ranks, exact
+  // in a float): the local rank counts the members on my machine before me.
+  Tensor mine = Tensor::from_host({static_cast<float>(placement_.node)}, {1});
+  Tensor nodes = Tensor::zeros({group->size()});
+  group->all_gather(mine, nodes);
+  auto all = nodes.to_host();
+  Placement& p = group->placement_;
+  p.node = placement_.node;
+  p.local_rank = 0;
+  p.local_size = 0;
+  for (int r = 0; r < group->size(); ++r) {
+    if (all[static_cast<std::size_t>(r)] != mine.item()) continue;
+    ++p.local_size;
+    if (r < p.rank) ++p.local_rank;
+  }
+  return group;
 }
 
 WorkHandle Communicator::submit(Collective c) {
   long sequence = ++sequence_;
-  std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank_, timeout_);
+  std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank(), timeout_);
   try {
     return std::make_shared<WatchedWork>(start(c), id);
   } catch (...) {
@@ -100,21 +128,21 @@ WorkHandle Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
   return submit({OpKind::all_reduce, t, t, 0, 0, 0, op});
 }
 WorkHandle Communicator::all_gather_async(const Tensor& input, Tensor& output) {
-  check_count(output, input, size_, "all_gather");
+  check_count(output, input, size(), "all_gather");
   return submit({OpKind::all_gather, input, output});
 }
 WorkHandle Communicator::reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) {
-  check_count(input, output, size_, "reduce_scatter");
+  check_count(input, output, size(), "reduce_scatter");
   return submit({OpKind::reduce_scatter, input, output, 0, 0, 0, op});
 }
 WorkHandle Communicator::scatter_async(const Tensor& input, Tensor& output, int root) {
   check_root(root, "scatter");
-  if (rank_ == root) check_count(input, output, size_, "scatter");
+  if (rank() == root) check_count(input, output, size(), "scatter");
   return submit({OpKind::scatter, input, output, root});
 }
 WorkHandle Communicator::gather_async(const Tensor& input, Tensor& output, int root) {
   check_root(root, "gather");
-  if (rank_ == root) check_count(output, input, size_, "gather");
+  if (rank() == root) check_count(output, input, size(), "gather");
   return submit({OpKind::gather, input, output, root});
 }
 WorkHandle Communicator::barrier_async() {
@@ -122,13 +150,13 @@ WorkHandle Communicator::barrier_async() {
   return submit(c);
 }
 
-void Communicator::send(const Tensor& t, int dst, int tag) {
+WorkHandle Communicator::send_async(const Tensor& t, int dst, int tag) {
   check_peer(dst, "send");
-  submit({OpKind::send, t, Tensor(), dst, 0, tag})->wait();
+  return submit({OpKind::send, t, Tensor(), dst, 0, tag});
 }
-void Communicator::recv(Tensor& t, int src, int tag) {
+WorkHandle Communicator::recv_async(Tensor& t, int src, int tag) {
   check_peer(src, "recv");
-  submit({OpKind::recv, Tensor(), t, 0, src, tag})->wait();
+  return submit({OpKind::recv, Tensor(), t, 0, src, tag});
 }
 void Communicator::send_recv(const Tensor& send, int dst, Tensor& recv, int src, int tag) {
   check_peer(dst, "send_recv");

@@ -1,7 +1,7 @@
 // The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors (either backend
 // takes either: MPI stages CUDA tensors through pinned host memory, NCCL stages CPU tensors through
-// device memory), each with an asynchronous form. Chapters program against this class and never see which backend (MPI or
-// NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
+// device memory), each with an asynchronous form. Chapters program against this class and never see
+// which backend (MPI or NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
 #pragma once
 #include <chrono>
 #include <memory>
@@ -10,6 +10,10 @@
 #include "common/tensor/tensor.h"
 
 namespace course::comm {
+
+// The longest a collective may be given before the watchdog acts: a week. It bounds --timeout so
+// that the deadline (now + timeout) can never overflow the clock.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
 
 enum class ReduceOp { sum, average, max };
 const char* reduce_op_name(ReduceOp op);
@@ -37,13 +41,22 @@ struct Collective {
   ReduceOp op = ReduceOp::sum;
 };
 
+// Where a process sits in a group: its rank and the group's size, the same counted among the group's
+// processes on its machine, and which machine (the world rank of that machine's first process).
+struct Placement {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int node = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
+  int rank() const { return placement_.rank; }
+  int size() const { return placement_.size; }
+  int local_rank() const { return placement_.local_rank; }  // rank among this group's processes on this machine
+  int local_size() const { return placement_.local_size; }
+  const Placement& placement() const { return placement_; }
   virtual std::string backend_name() const = 0;
 
   // Asynchronous forms. The tensors must stay alive and untouched until the work completes.
@@ -68,30 +81,38 @@ class Communicator {
   void gather(const Tensor& input, Tensor& output, int root) { gather_async(input, output, root)->wait(); }
   void barrier() { barrier_async()->wait(); }
 
-  // Point to point, blocking. send_recv sends to `dst` while receiving from `src` (no deadlock in a ring).
-  void send(const Tensor& tensor, int dst, int tag = 0);
-  void recv(Tensor& tensor, int src, int tag = 0);
+  // Point to point. The asynchronous forms let a pipeline stage compute while activations travel;
+  // on NCCL one communicator's point-to-point calls run in the order they were issued, so post them
+  // in matching order on both sides (or use send_recv). send_recv sends to `dst` while receiving
+  // from `src`, so a ring cannot deadlock.
+  WorkHandle send_async(const Tensor& tensor, int dst, int tag = 0);
+  WorkHandle recv_async(Tensor& tensor, int src, int tag = 0);
+  void send(const Tensor& tensor, int dst, int tag = 0) { send_async(tensor, dst, tag)->wait(); }
+  void recv(Tensor& tensor, int src, int tag = 0) { recv_async(tensor, src, tag)->wait(); }
   void send_recv(const Tensor& send, int dst, Tensor& recv, int src, int tag = 0);
 
-  // Ranks with the same colour form a new communicator, ordered by key (then by rank).
-  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Ranks with the same colour form a new communicator, ordered by key (then by rank). Collective
+  // over this communicator. The new group's local rank and size count its own members on each machine.
+  std::unique_ptr<Communicator> split(int color, int key);
 
-  // How long a collective may take before the watchdog aborts the job.
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // How long a collective may take before the watchdog aborts the job (at most kMaxTimeoutSeconds).
+  // Groups made by split() inherit it.
+  void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  protected:
-  Communicator(int rank, int size, int local_rank, int local_size)
-      : rank_(rank), size_(size), local_rank_(local_rank), local_size_(local_size) {}
-  // The backend's one entry point: start `c`, return its work.
+  explicit Communicator(const Placement& placement) : placement_(placement) {}
+  // The backend's entry points: start `c` and return its work; make the sub-group of a split
+  // (its rank and size set, its local fields still the parent's).
   virtual WorkHandle start(const Collective& c) = 0;
+  virtual std::unique_ptr<Communicator> split_group(int color, int key) = 0;
   std::chrono::milliseconds timeout_{std::chrono::seconds(300)};
 
  private:
   WorkHandle submit(Collective c);  // checks arguments, numbers the op, attaches the watchdog
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what) const;
-  int rank_, size_, local_rank_, local_size_;
+  Placement placement_;
   long sequence_ = 0;
 };
 

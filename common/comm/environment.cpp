@@ -1,4 +1,4 @@
-// MPI start-up, local ranks, and the backend choice.
+// MPI start-up, the world placement, and the backend choice.
 #include "common/comm/environment.h"
 
 #include <mpi.h>
@@ -6,13 +6,10 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "common/cli/log.h"
+#include "common/comm/backends.h"
+#include "common/core/log.h"
 
 namespace course::comm {
-
-#if COURSE_HAVE_NCCL
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int local_rank, int local_size);  // nccl_communicator.cpp
-#endif
 
 Environment::Environment(int& argc, char**& argv) {
   int provided = 0;
@@ -21,24 +18,37 @@ Environment::Environment(int& argc, char**& argv) {
     std::fprintf(stderr, "error: this MPI library does not support MPI_THREAD_MULTIPLE\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  // The processes that share memory are the ones on this machine: their order is the local rank.
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &local_rank_);
-  MPI_Comm_size(local, &local_size_);
-  MPI_Comm_free(&local);
-  set_log_rank(rank_);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_log_rank(rank);
 }
 
 Environment::~Environment() { MPI_Finalize(); }
 
-std::unique_ptr<Communicator> make_world(const Environment& env, const std::string& backend, Device device,
-                                         double timeout_seconds, bool announce) {
+Placement world_placement() {
+  Placement p;
+  MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p.size);
+  // The processes that share memory are the ones on this machine: their order is the local rank,
+  // and the world rank of the first of them names the machine.
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &p.local_rank);
+  MPI_Comm_size(local, &p.local_size);
+  p.node = p.rank;
+  MPI_Bcast(&p.node, 1, MPI_INT, 0, local);
+  MPI_Comm_free(&local);
+  return p;
+}
+
+std::unique_ptr<Communicator> make_world(const std::string& backend, Device device, double timeout_seconds,
+                                         bool announce) {
   if (backend != "auto" && backend != "mpi" && backend != "nccl")
-    throw UsageError("--backend: unknown backend '" + backend + "' (expected auto, mpi or nccl)");
-  if (!(timeout_seconds > 0)) throw UsageError("--timeout: must be a positive number of seconds");
+    throw UsageError("unknown backend '" + backend + "' (expected auto, mpi or nccl)");
+  if (!(timeout_seconds > 0) || timeout_seconds > kMaxTimeoutSeconds)
+    throw UsageError("timeout must be between 0 and " + std::to_string(static_cast<long>(kMaxTimeoutSeconds)) +
+                     " seconds");
+  const Placement placement = world_placement();
   // NCCL needs CUDA tensors and one GPU per rank (two ranks on one GPU: "Duplicate GPU detected").
   std::string why_not_nccl;
   int gpus = cuda_device_count();
@@ -46,18 +56,18 @@ std::unique_ptr<Communicator> make_world(const Environment& env, const std::stri
   why_not_nccl = "this build has no NCCL";
 #else
   if (device != Device::cuda) why_not_nccl = gpus == 0 ? "no usable GPU" : "the tensors are on the CPU (--device cpu)";
-  else if (env.local_size() > gpus)
-    why_not_nccl = std::to_string(env.local_size()) + " ranks on this machine share " + std::to_string(gpus) +
+  else if (placement.local_size > gpus)
+    why_not_nccl = std::to_string(placement.local_size) + " ranks on this machine share " + std::to_string(gpus) +
                    " GPU(s); NCCL needs one GPU per rank";
 #endif
-  if (backend == "nccl" && !why_not_nccl.empty())
-    throw UsageError("--backend nccl: " + why_not_nccl + " (use --backend mpi)");
+  (void)gpus;
+  if (backend == "nccl" && !why_not_nccl.empty()) throw UsageError("nccl: " + why_not_nccl + " (use mpi)");
   bool use_nccl = backend == "nccl" || (backend == "auto" && why_not_nccl.empty());
   std::unique_ptr<Communicator> world;
 #if COURSE_HAVE_NCCL
-  if (use_nccl) world = make_nccl_communicator(env.rank(), env.size(), env.local_rank(), env.local_size());
+  if (use_nccl) world = make_nccl_communicator(placement);
 #endif
-  if (!world) world = make_mpi_communicator(env.local_rank(), env.local_size());
+  if (!world) world = make_mpi_communicator(placement);
   world->set_timeout(std::chrono::milliseconds(static_cast<long>(timeout_seconds * 1000)));
   if (announce) {
     if (backend == "auto")

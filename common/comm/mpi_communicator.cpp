@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "common/comm/environment.h"
+#include "common/comm/backends.h"
 #include "common/core/cuda_runtime.h"
 #include "common/kernels/kernels.h"
 
@@ -81,11 +81,44 @@ class FutureWork final : public Work {
   std::shared_future<void> future_;
 };
 
+// A non-blocking point-to-point transfer: MPI_Isend/MPI_Irecv on a host buffer (pinned, for a CUDA
+// tensor), copied back to the device when a receive completes.
+class RequestWork final : public Work {
+ public:
+  RequestWork(const Tensor& tensor, bool receive) : buffer_(tensor, !receive), receive_(receive) {}
+  ~RequestWork() override {
+    if (!done_) MPI_Wait(&request_, MPI_STATUS_IGNORE);  // never free a buffer MPI still uses
+  }
+  void wait() override {
+    if (done_) return;
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    finish();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check_mpi(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) finish();
+    return done_;
+  }
+  float* host() const { return buffer_.get(); }
+  MPI_Request* request() { return &request_; }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (receive_) buffer_.copy_out();
+  }
+  HostBuffer buffer_;
+  bool receive_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int local_rank, int local_size)
-      : Communicator(rank_in(comm), size_of(comm), local_rank, local_size), comm_(comm),
-        gpu_(creator_gpu()), worker_([this] { run_worker(); }) {}
+  MpiCommunicator(MPI_Comm comm, const Placement& placement)
+      : Communicator(placement), comm_(comm), gpu_(creator_gpu()), worker_([this] { run_worker(); }) {}
 
   ~MpiCommunicator() override {
     {
@@ -99,17 +132,29 @@ class MpiCommunicator final : public Communicator {
 
   std::string backend_name() const override { return "mpi"; }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
+  std::unique_ptr<Communicator> split_group(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;
     enqueue([&] { check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split"); }).get();
-    return std::make_unique<MpiCommunicator>(sub, local_rank(), local_size());
+    Placement p = placement();
+    MPI_Comm_rank(sub, &p.rank);
+    MPI_Comm_size(sub, &p.size);
+    return std::make_unique<MpiCommunicator>(sub, p);
   }
 
  protected:
   WorkHandle start(const Collective& c) override {
-    if (c.kind == OpKind::send || c.kind == OpKind::recv || c.kind == OpKind::send_recv) {
-      // Point to point runs on the calling thread: its order is the caller's, and matching by
-      // (peer, tag) keeps it apart from the collectives on the communication thread.
+    // Point to point runs from the calling thread, in its order; matching by (peer, tag) keeps it
+    // apart from the collectives on the communication thread.
+    if (c.kind == OpKind::send || c.kind == OpKind::recv) {
+      const bool receive = c.kind == OpKind::recv;
+      auto work = std::make_shared<RequestWork>(receive ? c.output : c.input, receive);
+      if (receive)
+        check_mpi(MPI_Irecv(work->host(), count_of(c.output), MPI_FLOAT, c.peer, c.tag, comm_, work->request()), "MPI_Irecv");
+      else
+        check_mpi(MPI_Isend(work->host(), count_of(c.input), MPI_FLOAT, c.root, c.tag, comm_, work->request()), "MPI_Isend");
+      return work;
+    }
+    if (c.kind == OpKind::send_recv) {
       std::promise<void> done;
       run(c);
       done.set_value();
@@ -119,16 +164,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static int rank_in(MPI_Comm comm) {
-    int r = 0;
-    MPI_Comm_rank(comm, &r);
-    return r;
-  }
-  static int size_of(MPI_Comm comm) {
-    int s = 1;
-    MPI_Comm_size(comm, &s);
-    return s;
-  }
 
   std::shared_future<void> enqueue(std::function<void()> task) {
     auto packaged = std::make_shared<std::packaged_task<void()>>(std::move(task));
@@ -205,11 +240,8 @@ class MpiCommunicator final : public Communicator {
         check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
         break;
       case OpKind::send:
-        check_mpi(MPI_Send(inp, n_in, MPI_FLOAT, c.root, c.tag, comm_), "MPI_Send");
-        break;
       case OpKind::recv:
-        check_mpi(MPI_Recv(outp, n_out, MPI_FLOAT, c.peer, c.tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-        break;
+        break;  // non-blocking, see start()
       case OpKind::send_recv:
         check_mpi(MPI_Sendrecv(inp, n_in, MPI_FLOAT, c.root, c.tag, outp, n_out, MPI_FLOAT, c.peer, c.tag, comm_,
                                MPI_STATUS_IGNORE),
@@ -235,10 +267,10 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(int local_rank, int local_size) {
+std::unique_ptr<Communicator> make_mpi_communicator(const Placement& world) {
   MPI_Comm comm;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
-  return std::make_unique<MpiCommunicator>(comm, local_rank, local_size);
+  return std::make_unique<MpiCommunicator>(comm, world);
 }
 
 }  // namespace course::comm

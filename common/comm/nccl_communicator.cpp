@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/comm/communicator.h"
+#include "common/comm/backends.h"
 
 namespace course::comm {
 namespace {
@@ -42,8 +42,7 @@ class DoneWork final : public Work {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int local_rank, int local_size)
-      : Communicator(rank, size, local_rank, local_size), comm_(comm) {
+  NcclCommunicator(ncclComm_t comm, const Placement& placement) : Communicator(placement), comm_(comm) {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
   }
@@ -55,13 +54,13 @@ class NcclCommunicator final : public Communicator {
   }
   std::string backend_name() const override { return "nccl"; }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
+  std::unique_ptr<Communicator> split_group(int color, int key) override {
     ncclComm_t sub = nullptr;
     check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
-    int r = 0, n = 1;
-    check_nccl(ncclCommUserRank(sub, &r), "ncclCommUserRank");
-    check_nccl(ncclCommCount(sub, &n), "ncclCommCount");
-    return std::make_unique<NcclCommunicator>(sub, r, n, local_rank(), local_size());
+    Placement p = placement();
+    check_nccl(ncclCommUserRank(sub, &p.rank), "ncclCommUserRank");
+    check_nccl(ncclCommCount(sub, &p.size), "ncclCommCount");
+    return std::make_unique<NcclCommunicator>(sub, p);
   }
 
  protected:
@@ -159,13 +158,13 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 // Rank 0 makes the unique id and MPI broadcasts it; the GPU was chosen by select_device.
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, int local_rank, int local_size) {
+std::unique_ptr<Communicator> make_nccl_communicator(const Placement& world) {
   ncclUniqueId id;
-  if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  if (world.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t comm;
-  check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
-  return std::make_unique<NcclCommunicator>(comm, rank, size, local_rank, local_size);
+  check_nccl(ncclCommInitRank(&comm, world.size, id, world.rank), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(comm, world);
 }
 
 }  // namespace course::comm

@@ -32,11 +32,11 @@ bool cuda_usable(std::string* reason) {
 
 Device select_device(const std::string& choice, int local_rank, bool announce) {
   if (choice != "auto" && choice != "cpu" && choice != "cuda")
-    throw UsageError("--device: unknown device '" + choice + "' (expected auto, cpu or cuda)");
+    throw UsageError("unknown device '" + choice + "' (expected auto, cpu or cuda)");
   if (choice == "cpu") return Device::cpu;
   std::string reason;
   if (!cuda_usable(&reason)) {
-    if (choice == "cuda") throw UsageError("--device cuda: no usable GPU: " + reason);
+    if (choice == "cuda") throw UsageError("no usable GPU: " + reason);
     if (announce) std::printf("No usable GPU (%s); running on the CPU.\n", reason.c_str());
     return Device::cpu;
   }

@@ -1,4 +1,4 @@
-// Data generation, shuffling and batching.
+// Data generation and batching.
 #include "common/data/house_prices.h"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 namespace course::data {
 namespace {
 // Streams of the counter-based generator, so features, noise and weights never share numbers.
-constexpr std::uint64_t kFeatureStream = 1, kNoiseStream = 2, kWeightStream = 3, kShuffleStream = 4;
+constexpr std::uint64_t kFeatureStream = 1, kNoiseStream = 2, kWeightStream = 3;
 std::uint64_t stream(std::uint64_t seed, std::uint64_t which) { return random_bits(seed, which); }
 }  // namespace
 
@@ -58,17 +58,6 @@ Dataset make_house_prices_wide(std::int64_t size, std::int64_t features, std::ui
   return d;
 }
 
-std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t epoch) {
-  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
-  std::uint64_t s = random_bits(stream(seed, kShuffleStream), epoch);
-  for (std::int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<std::int64_t>(random_bits(s, static_cast<std::uint64_t>(i)) % static_cast<std::uint64_t>(i + 1));
-    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(j)]);
-  }
-  return order;
-}
-
 Batch make_batch(const Dataset& d, const std::vector<std::int64_t>& indices, Device device) {
   auto b = static_cast<std::int64_t>(indices.size());
   std::vector<float> x(static_cast<std::size_t>(b * d.features)), y(static_cast<std::size_t>(b));
@@ -80,16 +69,6 @@ Batch make_batch(const Dataset& d, const std::vector<std::int64_t>& indices, Dev
     y[static_cast<std::size_t>(r)] = d.y[static_cast<std::size_t>(i)];
   }
   return {Tensor::from_host(x, {b, d.features}, device), Tensor::from_host(y, {b, 1}, device)};
-}
-
-std::vector<std::vector<std::int64_t>> split_batches(const std::vector<std::int64_t>& order, std::int64_t batch_size) {
-  if (batch_size < 1) throw std::invalid_argument("batch size must be at least 1");
-  std::vector<std::vector<std::int64_t>> batches;
-  for (std::size_t start = 0; start < order.size(); start += static_cast<std::size_t>(batch_size)) {
-    std::size_t end = std::min(order.size(), start + static_cast<std::size_t>(batch_size));
-    batches.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(start), order.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return batches;
 }
 
 }  // namespace course::data

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/data/sampling.h"
 #include "common/tensor/tensor.h"
 
 namespace course::data {
@@ -27,16 +28,10 @@ Dataset make_house_prices(std::int64_t size, std::uint64_t seed, float noise = 0
 // interaction term (0.5 * x0 * x1) that a linear model cannot fit but an MLP can.
 Dataset make_house_prices_wide(std::int64_t size, std::int64_t features, std::uint64_t seed, float noise = 0.1f);
 
-// The indices 0..n-1 in an order that depends only on (seed, epoch): a Fisher-Yates shuffle
-// driven by the counter-based generator, so any rank can recompute any epoch's order.
-std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t epoch);
-
 struct Batch {
   Tensor x;  // [B, features]
   Tensor y;  // [B, 1]
 };
 Batch make_batch(const Dataset& dataset, const std::vector<std::int64_t>& indices, Device device);
-// Consecutive slices of `order` of at most `batch_size`; the last one may be shorter.
-std::vector<std::vector<std::int64_t>> split_batches(const std::vector<std::int64_t>& order, std::int64_t batch_size);
 
 }  // namespace course::data

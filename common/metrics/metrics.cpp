@@ -4,14 +4,14 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/core/device.h"
+#include "common/core/errors.h"
 
 namespace course::metrics {
 
-MetricsWriter::MetricsWriter(const std::string& path, const std::string& flag) {
+MetricsWriter::MetricsWriter(const std::string& path) {
   if (path.empty()) return;
   out_.open(path, std::ios::out | std::ios::trunc);
-  if (!out_) throw UsageError(flag + " " + path + ": cannot open for writing (" + std::strerror(errno) + ")");
+  if (!out_) throw UsageError(path + ": cannot open for writing (" + std::strerror(errno) + ")");
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {

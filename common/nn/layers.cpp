@@ -35,7 +35,7 @@ Tensor Sequential::forward(const Tensor& x) {
 Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::relu;
   if (name == "gelu") return Activation::gelu;
-  throw UsageError("--activation: unknown activation '" + name + "' (expected relu or gelu)");
+  throw UsageError("unknown activation '" + name + "' (expected relu or gelu)");
 }
 
 std::shared_ptr<Sequential> make_mlp(std::int64_t in, std::int64_t hidden, int hidden_layers, std::int64_t out,

@@ -9,7 +9,7 @@
 namespace course::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> params, float lr) : params_(std::move(params)), lr_(lr) {
-  if (!(lr > 0.0f) || !std::isfinite(lr)) throw UsageError("--lr: learning rate must be a positive finite number");
+  if (!(lr > 0.0f) || !std::isfinite(lr)) throw UsageError("learning rate " + std::to_string(lr) + " must be a positive finite number");
 }
 
 void Optimizer::zero_grad() {

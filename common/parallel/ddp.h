@@ -2,8 +2,8 @@
 //   1. At construction every parameter is broadcast from rank 0, so ranks start identical even when
 //      they were initialised with different seeds.
 //   2. Each rank runs forward and backward on its share.
-//   3. When backward has produced the last gradient, the gradients are all-reduced and divided by
-//      the world size. Averaging makes the update equal to single-rank training on the global batch
+//   3. When backward is over (an end-of-backward callback, queued by the first gradient-ready hook),
+//      the gradients are all-reduced and divided by the world size. Averaging makes the update equal to single-rank training on the global batch
 //      with a mean loss: the mean of R equal-sized shares' means is the mean of the whole.
 //   4. Every rank applies the same update to the same parameters, so they stay identical.
 // Inside no_sync() the all-reduce is skipped and gradients accumulate locally (gradient
@@ -12,6 +12,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
@@ -20,7 +22,8 @@ namespace course::parallel {
 
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& comm);
+  // `group` is the data-parallel group (Topology::dp_group()); under pure data parallelism, the world.
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& group);
 
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
@@ -40,28 +43,34 @@ class DistributedDataParallel {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  // A checksum of this rank's parameters, gathered from every rank: true when all are bit-identical.
+  // How a gradient is synchronised (PyTorch's register_comm_hook): the hook gets the group and one
+  // gradient, and must leave the group's average in it. The default all-reduces with ReduceOp::average.
+  // Chapter 05 hands hooks whole buckets; chapter 04 one gradient at a time.
+  using CommHook = std::function<void(comm::Communicator& group, Tensor& gradient)>;
+  void register_comm_hook(CommHook hook) { comm_hook_ = std::move(hook); }
+
+  // True when every rank of the group holds bit-identical parameters (parallel::parameters_identical).
   bool parameters_identical();
-  std::uint64_t parameter_checksum() const;
 
   // Wall time spent in gradient all-reduces since the last call (milliseconds), and their count.
   double take_communication_ms();
   long synchronisations() const { return synchronisations_; }
 
  private:
-  void on_gradient_ready();
+  void on_gradient_ready(std::size_t index);
+  void finish_backward();
   void synchronise_gradients();
 
   std::shared_ptr<nn::Module> module_;
   comm::Communicator& comm_;
   std::vector<Tensor> parameters_;
-  std::size_t ready_ = 0;      // gradients completed in the current backward pass
+  std::vector<std::string> names_;
+  std::vector<bool> ready_;    // which gradients are complete in the current backward pass
+  bool pass_started_ = false;  // a gradient became ready in this pass: the end-of-backward callback is queued
   bool sync_enabled_ = true;
+  CommHook comm_hook_;
   double communication_ms_ = 0;
   long synchronisations_ = 0;
 };
-
-// Runs `work` on rank 0 only (saving, statistics); with `wait`, the other ranks wait for it.
-void on_rank0(comm::Communicator& comm, const std::function<void()>& work, bool wait = false);
 
 }  // namespace course::parallel

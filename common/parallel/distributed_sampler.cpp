@@ -1,11 +1,12 @@
 // Index arithmetic of the distributed sampler.
 #include "common/parallel/distributed_sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
-#include "common/data/house_prices.h"
+#include "common/data/sampling.h"
 
 namespace course::parallel {
 
@@ -21,10 +22,12 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replic
   num_samples_ = drop_last ? dataset_size / num_replicas : (dataset_size + num_replicas - 1) / num_replicas;
 }
 
-std::vector<std::int64_t> DistributedSampler::global_order() const {
+std::vector<std::int64_t> DistributedSampler::global_order() const { return global_order(epoch_); }
+
+std::vector<std::int64_t> DistributedSampler::global_order(std::uint64_t epoch) const {
   std::vector<std::int64_t> order;
   if (shuffle_) {
-    order = data::shuffled_indices(dataset_size_, seed_, epoch_);
+    order = data::shuffled_indices(dataset_size_, seed_, epoch);
   } else {
     order.resize(static_cast<std::size_t>(dataset_size_));
     std::iota(order.begin(), order.end(), 0);
@@ -42,6 +45,33 @@ std::vector<std::int64_t> DistributedSampler::indices() const {
   for (std::size_t i = static_cast<std::size_t>(rank_); i < order.size(); i += static_cast<std::size_t>(num_replicas_))
     mine.push_back(order[i]);
   return mine;
+}
+
+std::int64_t DistributedSampler::steps_per_epoch(std::int64_t local_batch) const {
+  if (local_batch < 1) throw std::invalid_argument("DistributedSampler: local batch " + std::to_string(local_batch));
+  return (num_samples_ + local_batch - 1) / local_batch;
+}
+
+DistributedSampler::Slice DistributedSampler::slice(std::int64_t step, std::int64_t local_batch) const {
+  if (step < 0) throw std::invalid_argument("DistributedSampler: step " + std::to_string(step));
+  const std::int64_t per_epoch = steps_per_epoch(local_batch);
+  const std::int64_t begin = (step % per_epoch) * local_batch;
+  return {static_cast<std::uint64_t>(step / per_epoch), begin, std::min(num_samples_, begin + local_batch)};
+}
+
+std::vector<std::int64_t> DistributedSampler::batch(std::int64_t step, std::int64_t local_batch) const {
+  const Slice s = slice(step, local_batch);
+  const auto order = global_order(s.epoch);
+  std::vector<std::int64_t> mine;
+  for (std::int64_t p = s.begin; p < s.end; ++p)
+    mine.push_back(order[static_cast<std::size_t>(p * num_replicas_ + rank_)]);
+  return mine;
+}
+
+std::vector<std::int64_t> DistributedSampler::global_batch(std::int64_t step, std::int64_t local_batch) const {
+  const Slice s = slice(step, local_batch);
+  const auto order = global_order(s.epoch);
+  return {order.begin() + s.begin * num_replicas_, order.begin() + s.end * num_replicas_};
 }
 
 void DistributedSampler::load_state(const State& state) {

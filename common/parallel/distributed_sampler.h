@@ -3,9 +3,15 @@
 // wrapping around, or trimmed with drop_last, to a multiple of the rank count; rank r takes every
 // R-th index from position r. So the shares are disjoint (up to the padding), together cover the
 // dataset, and every rank gets the same number of samples and therefore of batches.
+//
+// Training is counted in steps: step s is batch s % steps_per_epoch() of epoch s / steps_per_epoch(),
+// and batch(s) is this rank's share of it, global_batch(s) the union of every rank's share (what a
+// single-rank run must see to compute the same step).
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "common/comm/communicator.h"
 
 namespace course::parallel {
 
@@ -13,6 +19,13 @@ class DistributedSampler {
  public:
   DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, std::uint64_t seed = 0,
                      bool shuffle = true, bool drop_last = false);
+  // One replica per rank of the data-parallel group (Topology::dp_group()).
+  DistributedSampler(std::int64_t dataset_size, const comm::Communicator& group, std::uint64_t seed = 0,
+                     bool shuffle = true, bool drop_last = false)
+      : DistributedSampler(dataset_size, group.size(), group.rank(), seed, shuffle, drop_last) {}
+
+  int num_replicas() const { return num_replicas_; }
+  int rank() const { return rank_; }
 
   void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
   std::uint64_t epoch() const { return epoch_; }
@@ -25,6 +38,14 @@ class DistributedSampler {
   // A single-rank run that takes batches of R*b consecutive positions of this order sees exactly
   // the union of the ranks' batches of b, which is what the DDP equivalence test relies on.
   std::vector<std::int64_t> global_order() const;
+
+  // Step-indexed batches of `local_batch` samples per rank; the last batch of an epoch may be shorter.
+  // They do not depend on set_epoch: the step says which epoch.
+  std::int64_t steps_per_epoch(std::int64_t local_batch) const;
+  std::vector<std::int64_t> batch(std::int64_t step, std::int64_t local_batch) const;
+  // Every rank's share of the step, as global positions [p*R, (p+b)*R) of the epoch's global order,
+  // so rank r's samples are the entries r, r+R, ... of it.
+  std::vector<std::int64_t> global_batch(std::int64_t step, std::int64_t local_batch) const;
 
   // What a checkpoint saves to resume mid-epoch (chapter 06): the epoch and how far this rank got.
   struct State {
@@ -43,6 +64,13 @@ class DistributedSampler {
   std::uint64_t epoch_ = 0;
   std::int64_t position_ = 0;
   std::int64_t num_samples_;
+
+  std::vector<std::int64_t> global_order(std::uint64_t epoch) const;
+  struct Slice {
+    std::uint64_t epoch;
+    std::int64_t begin, end;  // this step's positions in each rank's share
+  };
+  Slice slice(std::int64_t step, std::int64_t local_batch) const;
 };
 
 }  // namespace course::parallel

@@ -173,7 +173,10 @@ void Tensor::zero_grad() {
 }
 
 void Tensor::backward() const { autograd::backward(*this); }
+void Tensor::backward(const Tensor& grad_output) const { autograd::backward(*this, grad_output); }
 
-void Tensor::register_grad_ready_hook(GradHook hook) { impl_->grad_ready_hooks.push_back(std::move(hook)); }
+void Tensor::register_post_accumulate_grad_hook(GradHook hook) {
+  impl_->post_accumulate_grad_hooks.push_back(std::move(hook));
+}
 
 }  // namespace course

@@ -30,7 +30,7 @@ struct Storage {
 
 class Tensor;
 struct Node;  // autograd graph node, see common/autograd/autograd.h
-using GradHook = std::function<void(Tensor& grad)>;
+using GradHook = std::function<void(Tensor& parameter)>;  // the leaf whose .grad() is now complete
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -39,7 +39,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<Node> grad_fn;
-  std::vector<GradHook> grad_ready_hooks;
+  std::vector<GradHook> post_accumulate_grad_hooks;
 };
 
 class Tensor {
@@ -85,9 +85,11 @@ class Tensor {
   Tensor grad() const;
   void set_grad(const Tensor& grad);  // e.g. to make the gradient a view into a flat buffer
   void zero_grad();                   // fills the gradient with zeros, keeping its memory
-  void backward() const;              // this must be a one-element tensor
-  // Called once per backward pass, when this leaf's gradient for the pass is complete.
-  void register_grad_ready_hook(GradHook hook);
+  void backward() const;                             // this must be a one-element tensor (a loss)
+  void backward(const Tensor& grad_output) const;    // any shape: the gradient of the output arrives from outside
+  // Called with this leaf once per backward pass, when its gradient for the pass is complete
+  // (PyTorch's register_post_accumulate_grad_hook). DDP starts communicating from here.
+  void register_post_accumulate_grad_hook(GradHook hook);
 
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

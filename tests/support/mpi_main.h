@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "common/comm/backends.h"
 #include "common/comm/environment.h"
 
 namespace course::testing {
@@ -19,10 +20,11 @@ inline comm::Communicator& world() { return *world_slot(); }
     course::comm::Environment env(argc, argv);                                                    \
     ::testing::InitGoogleTest(&argc, argv);                                                       \
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                            \
-    if (env.rank() != 0) delete listeners.Release(listeners.default_result_printer());            \
+    const course::comm::Placement placement = course::comm::world_placement();                   \
+    if (placement.rank != 0) delete listeners.Release(listeners.default_result_printer());        \
     int failed = 0;                                                                               \
     {                                                                                             \
-      auto w = course::comm::make_mpi_communicator(env.local_rank(), env.local_size());           \
+      auto w = course::comm::make_mpi_communicator(placement);                                    \
       w->set_timeout(std::chrono::seconds(120));                                                  \
       course::testing::world_slot() = w.get();                                                    \
       failed = RUN_ALL_TESTS();                                                                   \

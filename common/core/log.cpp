@@ -1,5 +1,5 @@
 // Which rank logs.
-#include "common/cli/log.h"
+#include "common/core/log.h"
 
 namespace course {
 namespace {

@@ -1,4 +1,4 @@
-// Logging: rank 0 speaks, the other ranks stay quiet unless asked (--verbose, or log_all).
+// Logging: rank 0 speaks, the other ranks stay quiet unless asked (--verbose).
 #pragma once
 #include <cstdio>
 #include <utility>
@@ -15,15 +15,6 @@ template <class... Args>
 void log(const char* format, Args&&... args) {
   if (!is_log_rank()) return;
   if (all_ranks_log()) std::printf("[rank %d] ", log_rank());
-  if constexpr (sizeof...(Args) == 0) std::fputs(format, stdout);
-  else std::printf(format, std::forward<Args>(args)...);
-  std::fflush(stdout);
-}
-
-// Every rank prints, prefixed with its rank; for demonstrations that show each rank's data.
-template <class... Args>
-void log_all(const char* format, Args&&... args) {
-  std::printf("[rank %d] ", log_rank());
   if constexpr (sizeof...(Args) == 0) std::fputs(format, stdout);
   else std::printf(format, std::forward<Args>(args)...);
   std::fflush(stdout);

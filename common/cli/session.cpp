@@ -1,0 +1,64 @@
+// Chapter set-up, with errors translated into the flags they came from.
+#include "common/cli/session.h"
+
+#include <cstdio>
+#include <string>
+
+#include "common/comm/environment.h"
+#include "common/core/log.h"
+
+namespace course::cli {
+namespace {
+
+// Runs `step`, prefixing a UsageError's message with the flag it concerns.
+template <class F>
+auto naming(const std::string& flag, F&& step) {
+  try {
+    return step();
+  } catch (const UsageError& e) {
+    throw UsageError(flag + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+Session start_session(const CommonOptions& common) {
+  Session s;
+  s.device = naming("--device " + common.device, [&] { return select_device(common.device); });
+  s.metrics = naming("--metrics", [&] { return metrics::MetricsWriter(common.metrics); });
+  return s;
+}
+
+Session start_session(const CommonOptions& common, const DistributedOptions& distributed, parallel::GridShape shape) {
+  if (distributed.timeout > comm::kMaxTimeoutSeconds)
+    throw UsageError("--timeout: " + std::to_string(distributed.timeout) + " is more than a week (" +
+                     std::to_string(static_cast<long>(comm::kMaxTimeoutSeconds)) + " s)");
+  const comm::Placement placement = comm::world_placement();
+  Session s;
+  // These depend only on the flags and the machine, so every rank fails alike and rank 0 says why.
+  s.device = naming("--device " + common.device,
+                    [&] { return select_device(common.device, placement.local_rank, placement.rank == 0); });
+  configure_cpu_threads(placement.local_size);
+  auto world = naming("--backend " + distributed.backend,
+                      [&] { return comm::make_world(distributed.backend, s.device, distributed.timeout); });
+  s.topology = naming("--tp/--pp/--dp", [&] { return std::make_unique<parallel::Topology>(std::move(world), shape); });
+  // Only rank 0 opens the metrics file, so this can fail on one rank alone: the ranks agree on the
+  // outcome before anything else is communicated, and the first rank that failed reports.
+  std::string error;
+  try {
+    if (placement.rank == 0) s.metrics = naming("--metrics", [&] { return metrics::MetricsWriter(common.metrics); });
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  comm::Communicator& world_group = s.topology->world();
+  Tensor failed = Tensor::from_host({error.empty() ? 0.0f : static_cast<float>(placement.size - placement.rank)}, {1});
+  world_group.all_reduce(failed, comm::ReduceOp::max);
+  if (failed.item() > 0) {
+    const int reporter = placement.size - static_cast<int>(failed.item());
+    if (placement.rank == reporter) std::fprintf(stderr, "error: %s\n", error.c_str());
+    throw ReportedError{2};
+  }
+  return s;
+}
+
+}  // namespace course::cli

@@ -1,0 +1,31 @@
+// Rounding bounds and differences.
+#include "common/verify/compare.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace course::verify {
+
+double gamma(std::int64_t n) {
+  const double nu = static_cast<double>(n) * kUnitRoundoff;
+  return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
+}
+
+double summation_bound(double absolute_sum, std::int64_t roundings) {
+  return gamma(roundings) * absolute_sum + static_cast<double>(roundings) * kSmallestSubnormal;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size())
+    throw std::invalid_argument("max_abs_diff: " + std::to_string(a.size()) + " values against " +
+                                std::to_string(b.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    if (!(d <= worst)) worst = d;  // a NaN difference wins
+  }
+  return worst;
+}
+
+}  // namespace course::verify
