@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "common/core/log.h"
 #include "common/comm/algorithms.h"
+#include "common/core/log.h"
 #include "common/metrics/timer.h"
 
 namespace course::chapter03 {
@@ -17,90 +17,75 @@ namespace {
 namespace algo = comm::algorithms;
 using Clock = std::chrono::steady_clock;
 
-// Rank r's element i is (r + 1) * (i % 13 + 1): sums over any practical rank count stay exact.
+// Inputs are chosen so that every answer is known in closed form and exact in float32: rank r's
+// element i is (r + 1) * (i % 13 + 1), so sums over any practical rank count are small integers.
 float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1)); }
 float rank_sum(int ranks) { return static_cast<float>(ranks * (ranks + 1) / 2); }
 
+// How a collective's buffers relate to the row's size: one buffer of `count` elements (in place), or
+// an input of count / n gathered into count, or count scattered into count / n.
+enum class Layout { in_place, gather, scatter };
+
+// One row kind of the table, declared as nccl-tests declares a collective: its bandwidth factor, its
+// buffers, how it runs, and the alpha-beta model of its time (null: none, for the library's own call).
+using Model = std::function<double(double bytes, const AlphaBeta&)>;
 struct Case {
   std::string op, algorithm;
-  double bus_factor;                                      // busbw = algbw * factor (nccl-tests' definitions)
-  std::function<void(std::vector<float>&, std::vector<float>&, std::size_t)> init;  // input, output, count
-  std::function<void(Tensor&, Tensor&)> run;
-  std::function<float(std::size_t i, int rank)> expected;  // the closed-form output
-  std::function<std::size_t(std::size_t count)> out_count;
-  std::function<double(double bytes, const AlphaBeta&)> model;  // predicted seconds, or < 0 if none
-  bool root_only = false;                                  // only the root's output is defined
+  double bus_factor;  // busbw = algbw * factor (nccl-tests' definitions)
+  Layout layout;
+  std::function<void(Tensor& input, Tensor& output)> run;
+  Model model;
+  bool root_only = false;  // only the root's output is defined (reduce)
 };
 
-double log2_rounds(int n) { return std::ceil(std::log2(static_cast<double>(n))); }
-
-std::vector<Case> cases(comm::Communicator& c, int root) {
-  const int n = c.size(), me = c.rank();
-  const double steps = n - 1, ring = static_cast<double>(n - 1) / n, rounds = log2_rounds(n);
-  auto fill_rank = [me](std::vector<float>& in, std::vector<float>&, std::size_t count) {
-    in.resize(count);
-    for (std::size_t i = 0; i < count; ++i) in[i] = value(me, i);
-  };
-  auto same = [](std::size_t count) { return count; };
-  auto sum_of = [n](std::size_t i, int) { return rank_sum(n) * static_cast<float>(i % 13 + 1); };
-  auto root_value = [root](std::size_t i, int) { return value(root, i); };
-  auto none = [](double, const AlphaBeta&) { return -1.0; };
-  auto p2p = [](double bytes, const AlphaBeta& m) { return m.alpha + bytes * m.beta; };
-  std::vector<Case> out;
-  // all_reduce: busbw factor 2(n-1)/n.
-  const double ar = 2.0 * (n - 1) / n;
-  out.push_back({"all_reduce", "ring", ar, fill_rank, [&c](Tensor& t, Tensor&) { algo::ring_all_reduce(c, t); },
-                 sum_of, same, [=](double s, const AlphaBeta& m) { return 2 * steps * m.alpha + 2 * ring * s * m.beta; }});
-  out.push_back({"all_reduce", "tree", ar, fill_rank, [&c](Tensor& t, Tensor&) { algo::tree_reduce(c, t, 0); algo::tree_broadcast(c, t, 0); },
-                 sum_of, same, [=](double s, const AlphaBeta& m) { return 2 * rounds * p2p(s, m); }});
-  out.push_back({"all_reduce", "naive", ar, fill_rank, [&c](Tensor& t, Tensor&) { algo::naive_reduce(c, t, 0); algo::naive_broadcast(c, t, 0); },
-                 sum_of, same, [=](double s, const AlphaBeta& m) { return 2 * steps * p2p(s, m); }});
-  out.push_back({"all_reduce", c.backend_name(), ar, fill_rank, [&c](Tensor& t, Tensor&) { c.all_reduce(t); }, sum_of, same, none});
-  // broadcast and reduce: factor 1.
-  for (const char* name : {"naive", "tree"}) {
-    bool tree = std::string(name) == "tree";
-    out.push_back({"broadcast", name, 1.0, fill_rank,
-                   [&c, tree, root](Tensor& t, Tensor&) { tree ? algo::tree_broadcast(c, t, root) : algo::naive_broadcast(c, t, root); },
-                   root_value, same, [=](double s, const AlphaBeta& m) { return (tree ? rounds : steps) * p2p(s, m); }});
-  }
-  out.push_back({"broadcast", c.backend_name(), 1.0, fill_rank, [&c, root](Tensor& t, Tensor&) { c.broadcast(t, root); },
-                 root_value, same, none});
-  for (const char* name : {"naive", "tree"}) {
-    bool tree = std::string(name) == "tree";
-    out.push_back({"reduce", name, 1.0, fill_rank,
-                   [&c, tree, root](Tensor& t, Tensor&) { tree ? algo::tree_reduce(c, t, root) : algo::naive_reduce(c, t, root); },
-                   sum_of, same, [=](double s, const AlphaBeta& m) { return (tree ? rounds : steps) * p2p(s, m); }, true});
-  }
-  out.push_back({"reduce", c.backend_name(), 1.0, fill_rank, [&c, root](Tensor& t, Tensor&) { c.reduce(t, root); },
-                 sum_of, same, none, true});
-  // all_gather and reduce_scatter: factor (n-1)/n; the size is the whole (gathered / scattered) buffer.
-  auto gather_in = [me, n](std::vector<float>& in, std::vector<float>&, std::size_t count) {
-    in.assign(count / static_cast<std::size_t>(n), 0.0f);
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(me, i);
-  };
-  for (bool ring_algo : {true, false}) {
-    out.push_back({"all_gather", ring_algo ? "ring" : c.backend_name(), ring, gather_in,
-                   [&c, ring_algo](Tensor& in, Tensor& o) { ring_algo ? algo::ring_all_gather(c, in, o) : c.all_gather(in, o); },
-                   nullptr, [n](std::size_t count) { return count / static_cast<std::size_t>(n) * static_cast<std::size_t>(n); },
-                   ring_algo ? std::function<double(double, const AlphaBeta&)>([=](double s, const AlphaBeta& m) { return steps * m.alpha + ring * s * m.beta; }) : none});
-  }
-  for (bool ring_algo : {true, false}) {
-    out.push_back({"reduce_scatter", ring_algo ? "ring" : c.backend_name(), ring,
-                   [me, n](std::vector<float>& in, std::vector<float>&, std::size_t count) {
-                     in.resize(count / static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
-                     for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(me, i);
-                   },
-                   [&c, ring_algo](Tensor& in, Tensor& o) { ring_algo ? algo::ring_reduce_scatter(c, in, o) : c.reduce_scatter(in, o); },
-                   nullptr, [n](std::size_t count) { return count / static_cast<std::size_t>(n); },
-                   ring_algo ? std::function<double(double, const AlphaBeta&)>([=](double s, const AlphaBeta& m) { return steps * m.alpha + ring * s * m.beta; }) : none});
-  }
-  return out;
+// The closed-form output element i on rank `me`; `each` is the per-rank piece for gather and scatter.
+float expected(const Case& k, std::size_t i, int me, int n, int root, std::size_t each) {
+  if (k.op == "broadcast") return value(root, i);
+  if (k.op == "all_gather") return value(static_cast<int>(i / each), i % each);
+  if (k.op == "reduce_scatter")
+    return rank_sum(n) * static_cast<float>((static_cast<std::size_t>(me) * each + i) % 13 + 1);
+  return rank_sum(n) * static_cast<float>(i % 13 + 1);  // all_reduce, reduce
 }
 
-// The expected output element i on this rank for all_gather and reduce_scatter.
-float expected_gather(std::size_t i, std::size_t each) { return value(static_cast<int>(i / each), i % each); }
-float expected_scatter(std::size_t i, int me, std::size_t each, int n) {
-  return rank_sum(n) * static_cast<float>((static_cast<std::size_t>(me) * each + i) % 13 + 1);
+double rounds(int n) { return std::ceil(std::log2(static_cast<double>(n))); }
+
+std::vector<Case> cases(comm::Communicator& c, int root) {
+  const int n = c.size();
+  const double steps = n - 1, ring = static_cast<double>(n - 1) / n;
+  const std::string library = c.backend_name();
+  auto p2p = [](double bytes, const AlphaBeta& m) { return m.alpha + bytes * m.beta; };
+  // The models, from the README's table.
+  Model ring_all_reduce = [=](double s, const AlphaBeta& m) { return 2 * steps * m.alpha + 2 * ring * s * m.beta; };
+  Model ring_half = [=](double s, const AlphaBeta& m) { return steps * m.alpha + ring * s * m.beta; };
+  Model tree = [=](double s, const AlphaBeta& m) { return rounds(n) * p2p(s, m); };
+  Model naive = [=](double s, const AlphaBeta& m) { return steps * p2p(s, m); };
+  Model twice_tree = [=](double s, const AlphaBeta& m) { return 2 * tree(s, m); };
+  Model twice_naive = [=](double s, const AlphaBeta& m) { return 2 * naive(s, m); };
+  const double ar = 2.0 * (n - 1) / n;
+  using L = Layout;
+  return {
+      {"all_reduce", "ring", ar, L::in_place, [&c](Tensor& t, Tensor&) { algo::ring_all_reduce(c, t); },
+       ring_all_reduce},
+      {"all_reduce", "tree", ar, L::in_place,
+       [&c](Tensor& t, Tensor&) { algo::tree_reduce(c, t, 0), algo::tree_broadcast(c, t, 0); }, twice_tree},
+      {"all_reduce", "naive", ar, L::in_place,
+       [&c](Tensor& t, Tensor&) { algo::naive_reduce(c, t, 0), algo::naive_broadcast(c, t, 0); }, twice_naive},
+      {"all_reduce", library, ar, L::in_place, [&c](Tensor& t, Tensor&) { c.all_reduce(t); }, nullptr},
+      {"broadcast", "naive", 1, L::in_place, [&c, root](Tensor& t, Tensor&) { algo::naive_broadcast(c, t, root); },
+       naive},
+      {"broadcast", "tree", 1, L::in_place, [&c, root](Tensor& t, Tensor&) { algo::tree_broadcast(c, t, root); }, tree},
+      {"broadcast", library, 1, L::in_place, [&c, root](Tensor& t, Tensor&) { c.broadcast(t, root); }, nullptr},
+      {"reduce", "naive", 1, L::in_place, [&c, root](Tensor& t, Tensor&) { algo::naive_reduce(c, t, root); }, naive,
+       true},
+      {"reduce", "tree", 1, L::in_place, [&c, root](Tensor& t, Tensor&) { algo::tree_reduce(c, t, root); }, tree, true},
+      {"reduce", library, 1, L::in_place, [&c, root](Tensor& t, Tensor&) { c.reduce(t, root); }, nullptr, true},
+      {"all_gather", "ring", ring, L::gather, [&c](Tensor& i, Tensor& o) { algo::ring_all_gather(c, i, o); },
+       ring_half},
+      {"all_gather", library, ring, L::gather, [&c](Tensor& i, Tensor& o) { c.all_gather(i, o); }, nullptr},
+      {"reduce_scatter", "ring", ring, L::scatter, [&c](Tensor& i, Tensor& o) { algo::ring_reduce_scatter(c, i, o); },
+       ring_half},
+      {"reduce_scatter", library, ring, L::scatter, [&c](Tensor& i, Tensor& o) { c.reduce_scatter(i, o); }, nullptr},
+  };
 }
 
 double max_over_ranks(comm::Communicator& c, double seconds) {
@@ -145,9 +130,11 @@ AlphaBeta fit_alpha_beta(comm::Communicator& c, const BenchOptions& o, metrics::
   fit.beta = (n * sxy - sx * sy) / denominator;
   fit.alpha = std::max(0.0, (sy - fit.beta * sx) / n);
   fit.valid = fit.beta > 0;
-  log("# alpha-beta fit from ping-pong between ranks 0 and 1: alpha = %.2f us, 1/beta = %.2f GB/s\n",
-      fit.alpha * 1e6, fit.valid ? 1e-9 / fit.beta : 0.0);
-  out.write({{"event", "alpha_beta"}, {"alpha_us", fit.alpha * 1e6}, {"beta_s_per_byte", fit.beta},
+  log("# alpha-beta fit from ping-pong between ranks 0 and 1: alpha = %.2f us, 1/beta = %.2f GB/s\n", fit.alpha * 1e6,
+      fit.valid ? 1e-9 / fit.beta : 0.0);
+  out.write({{"event", "alpha_beta"},
+             {"alpha_us", fit.alpha * 1e6},
+             {"beta_s_per_byte", fit.beta},
              {"bandwidth_gbps", fit.valid ? 1e-9 / fit.beta : 0.0}});
   return fit;
 }
@@ -175,18 +162,25 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
     if (!o.ops.empty() && !o.ops.count(k.op)) continue;
     if (k.op != current_op) {
       current_op = k.op;
-      log("\n# %s, %d ranks, %s backend, %s tensors%s\n", k.op.c_str(), n, c.backend_name().c_str(), device_name(device),
+      log("\n# %s, %d ranks, %s backend, %s tensors%s\n", k.op.c_str(), n, c.backend_name().c_str(),
+          device_name(device),
           k.op == "broadcast" || k.op == "reduce" ? (", root " + std::to_string(o.root)).c_str() : "");
       log("# %12s %12s  %-6s %11s %11s %11s %11s %7s\n", "size(B)", "count", "algo", "time(us)", "model(us)",
           "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
     for (std::size_t bytes = o.min_bytes;; bytes *= o.factor) {
-      const std::size_t count = bytes / 4, out_n = k.out_count(count);
-      std::vector<float> in_host, unused;
-      k.init(in_host, unused, count);
-      Tensor input = Tensor::from_host(in_host, {static_cast<std::int64_t>(in_host.size())}, device);
-      const bool separate_output = k.op == "all_gather" || k.op == "reduce_scatter";
-      Tensor output = separate_output ? Tensor::zeros({static_cast<std::int64_t>(out_n)}, device) : input;
+      const std::size_t count = bytes / 4, ranks = static_cast<std::size_t>(n);
+      const std::size_t in_n = k.layout == Layout::gather    ? count / ranks
+                               : k.layout == Layout::scatter ? count / ranks * ranks
+                                                             : count;
+      const std::size_t out_n = k.layout == Layout::gather    ? count / ranks * ranks
+                                : k.layout == Layout::scatter ? count / ranks
+                                                              : count;
+      std::vector<float> in_host(in_n);
+      for (std::size_t i = 0; i < in_n; ++i) in_host[i] = value(me, i);
+      const Shape in_shape{static_cast<std::int64_t>(in_n)};
+      Tensor input = Tensor::from_host(in_host, in_shape, device);
+      Tensor output = k.layout == Layout::in_place ? input : Tensor::zeros({static_cast<std::int64_t>(out_n)}, device);
       double seconds = 0;
       for (int i = 0; i < o.warmup + o.iters; ++i) {
         c.barrier();
@@ -195,35 +189,39 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
         if (i >= o.warmup) seconds += std::chrono::duration<double>(Clock::now() - begin).count();
       }
       // Fresh inputs, one more run, and check every element against the closed form.
-      input.copy_from(Tensor::from_host(in_host, {static_cast<std::int64_t>(in_host.size())}));
+      input.copy_from(Tensor::from_host(in_host, in_shape));
       k.run(input, output);
       long wrong = 0;
       if (!k.root_only || me == o.root) {
         auto got = output.to_host();
-        const std::size_t each = in_host.size();
-        for (std::size_t i = 0; i < got.size(); ++i) {
-          float want = k.op == "all_gather"       ? expected_gather(i, each)
-                       : k.op == "reduce_scatter" ? expected_scatter(i, me, out_n, n)
-                                                  : k.expected(i, me);
-          wrong += got[i] != want;
-        }
+        const std::size_t each = k.layout == Layout::gather ? in_n : out_n;
+        for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != expected(k, i, me, n, o.root, each);
       }
       Tensor w = Tensor::from_host({static_cast<float>(wrong)}, {1});
       c.all_reduce(w);
       wrong = static_cast<long>(w.item());
       total_wrong += wrong;
       const double time = max_over_ranks(c, seconds / o.iters);
-      const double sized = static_cast<double>(std::max(in_host.size(), out_n) * 4);
+      const double sized = static_cast<double>(std::max(in_n, out_n) * 4);
       const double algbw = time > 0 ? sized / time / 1e9 : 0.0, busbw = algbw * k.bus_factor;
-      const double predicted = model.valid ? k.model(sized, model) : -1.0;
+      const double predicted = model.valid && k.model ? k.model(sized, model) : -1.0;
       char model_text[32] = "-";
       if (predicted >= 0) std::snprintf(model_text, sizeof model_text, "%.1f", predicted * 1e6);
       log("  %12zu %12zu  %-6s %11.1f %11s %11.3f %11.3f %7ld\n", static_cast<std::size_t>(sized),
-          std::max(in_host.size(), out_n), k.algorithm.c_str(), time * 1e6, model_text, algbw, busbw, wrong);
-      out.write({{"event", "bench"}, {"op", k.op}, {"algorithm", k.algorithm}, {"bytes", sized},
-                 {"count", std::max(in_host.size(), out_n)}, {"time_us", time * 1e6},
-                 {"model_us", predicted >= 0 ? predicted * 1e6 : -1.0}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw},
-                 {"wrong", wrong}, {"ranks", n}, {"backend", c.backend_name()}, {"device", device_name(device)}});
+          std::max(in_n, out_n), k.algorithm.c_str(), time * 1e6, model_text, algbw, busbw, wrong);
+      out.write({{"event", "bench"},
+                 {"op", k.op},
+                 {"algorithm", k.algorithm},
+                 {"bytes", sized},
+                 {"count", std::max(in_n, out_n)},
+                 {"time_us", time * 1e6},
+                 {"model_us", predicted >= 0 ? predicted * 1e6 : -1.0},
+                 {"algbw_gbps", algbw},
+                 {"busbw_gbps", busbw},
+                 {"wrong", wrong},
+                 {"ranks", n},
+                 {"backend", c.backend_name()},
+                 {"device", device_name(device)}});
       if (bytes > o.max_bytes / o.factor) break;
     }
   }

@@ -2,15 +2,20 @@
 // printing every rank's data before and after (rank r starts with r+1). Then a benchmark in the
 // layout of nccl-tests: every hand-written algorithm (naive, binomial tree, ring) beside the
 // library's own call, each result checked, with an alpha-beta model's prediction beside the time.
+//
+// The algorithms are the lesson; read them beside this file, in common/comm/algorithms.cpp (one
+// copy, which later chapters reuse): naive_broadcast and naive_reduce (the root talks to every peer
+// in turn), tree_broadcast and tree_reduce (a binomial tree: ceil(log2 n) rounds), and the ring:
+// ring_reduce_scatter, ring_all_gather, and ring_all_reduce, which is the first followed by the second.
 #include <cstdlib>
 #include <sstream>
 
-#include "benchmark.h"                   // the nccl-tests style harness and the alpha-beta fit
-#include "common/cli/cli.h"              // common flags, validators, exit codes
-#include "common/cli/session.h"          // device, world and metrics, set up once
-#include "common/comm/algorithms.h"      // the hand-written collectives
-#include "common/comm/environment.h"     // MPI start-up
-#include "common/core/log.h"             // rank 0 prints
+#include "benchmark.h"                // the nccl-tests style harness and the alpha-beta fit
+#include "common/cli/cli.h"           // common flags, validators, exit codes
+#include "common/cli/session.h"       // device, world and metrics, set up once
+#include "common/comm/algorithms.h"   // the hand-written collectives
+#include "common/comm/environment.h"  // MPI start-up
+#include "common/core/log.h"          // rank 0 prints
 
 using namespace course;
 namespace algo = comm::algorithms;
@@ -34,7 +39,8 @@ void show(comm::Communicator& c, const char* when, const Tensor& t) {
   auto v = all.to_host();
   for (int r = 0; r < c.size(); ++r) {
     std::ostringstream line;
-    for (std::int64_t i = 0; i < t.numel(); ++i) line << (i ? " " : "") << v[static_cast<std::size_t>(r * t.numel() + i)];
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      line << (i ? " " : "") << v[static_cast<std::size_t>(r * t.numel() + i)];
     log("    %-6s rank %d: [%s]\n", when, r, line.str().c_str());
   }
 }
@@ -64,7 +70,8 @@ bool demonstrate(comm::Communicator& c, Device device) {
   t = mine(4);
   show(c, "before", t);
   algo::tree_reduce(c, t, 0);
-  if (me == 0) log("    after  rank 0: [%g %g %g %g]\n", t.to_host()[0], t.to_host()[1], t.to_host()[2], t.to_host()[3]);
+  if (me == 0)
+    log("    after  rank 0: [%g %g %g %g]\n", t.to_host()[0], t.to_host()[1], t.to_host()[2], t.to_host()[3]);
   Tensor root_total = t.clone();
   c.broadcast(root_total, 0);
   check("reduce", root_total, std::vector<float>(4, total));
@@ -116,24 +123,35 @@ int main(int argc, char** argv) {
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
-  app.add_option("--mode", o.mode, "demo, bench or all")->check(CLI::IsMember({"demo", "bench", "all"}))->capture_default_str();
+  app.add_option("--mode", o.mode, "demo, bench or all")
+      ->check(CLI::IsMember({"demo", "bench", "all"}))
+      ->capture_default_str();
   app.add_option("-b,--minbytes", o.min_bytes, "Smallest message (bytes; K, M, G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_bytes, "Largest message")->capture_default_str();
   app.add_option("-f,--stepfactor", o.factor, "Size multiplier between rows (at least 2)")
-      ->check(CLI::Range(std::size_t{2}, std::size_t{1024}))->capture_default_str();
+      ->check(CLI::Range(std::size_t{2}, std::size_t{1024}))
+      ->capture_default_str();
   app.add_option("-n,--iters", o.iters, "Timed iterations per row")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("-w,--warmup", o.warmup, "Untimed iterations per row")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("-w,--warmup", o.warmup, "Untimed iterations per row")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--root", o.root, "Root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("--ops", o.ops, "Collectives to benchmark (default all): all_reduce broadcast reduce all_gather reduce_scatter")
+  app.add_option("--ops", o.ops,
+                 "Collectives to benchmark (default all): all_reduce broadcast reduce all_gather reduce_scatter")
       ->delimiter(',');
   return cli::run(app, argc, argv, [&] {
     // One float per element; 4 GiB keeps every element count within one MPI call.
     chapter03::BenchOptions bench{cli::parse_bytes(o.min_bytes, "-b", 4, std::size_t{1} << 32),
-                                  cli::parse_bytes(o.max_bytes, "-e", 4, std::size_t{1} << 32), o.factor, o.warmup,
-                                  o.iters, o.root, {}};
+                                  cli::parse_bytes(o.max_bytes, "-e", 4, std::size_t{1} << 32),
+                                  o.factor,
+                                  o.warmup,
+                                  o.iters,
+                                  o.root,
+                                  {}};
     for (const auto& op : o.ops) {
       if (!chapter03::kBenchmarkOps.count(op))
-        throw UsageError("--ops: unknown collective '" + op + "' (expected all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
+        throw UsageError("--ops: unknown collective '" + op +
+                         "' (expected all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
       bench.ops.insert(op);
     }
     if (bench.min_bytes > bench.max_bytes) throw UsageError("-b: " + o.min_bytes + " is larger than -e " + o.max_bytes);
@@ -142,8 +160,10 @@ int main(int argc, char** argv) {
     const Device device = session.device;
     metrics::MetricsWriter& out = session.metrics;
     if (o.root < 0 || o.root >= world->size())
-      throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(world->size()) + " ranks");
-    log("Chapter 03 on %d ranks (%d on this machine), %s tensors\n", world->size(), world->local_size(), device_name(device));
+      throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(world->size()) +
+                       " ranks");
+    log("Chapter 03 on %d ranks (%d on this machine), %s tensors\n", world->size(), world->local_size(),
+        device_name(device));
 
     bool demo_ok = true;
     long wrong = 0;
@@ -156,7 +176,10 @@ int main(int argc, char** argv) {
       log("\n# total #wrong: %ld\n", wrong);
     }
     bool passed = demo_ok && wrong == 0;
-    out.write({{"event", "summary"}, {"passed", passed}, {"wrong", wrong}, {"ranks", world->size()},
+    out.write({{"event", "summary"},
+               {"passed", passed},
+               {"wrong", wrong},
+               {"ranks", world->size()},
                {"backend", world->backend_name()}});
     log("%s\n", passed ? "PASSED" : "FAILED");
     return passed ? 0 : 1;

@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/core/errors.h"
+
 namespace course::cli {
 
 struct CommonOptions {
