@@ -55,7 +55,7 @@ std::unique_ptr<Communicator> make_world(const std::string& backend, Device devi
 #if !COURSE_HAVE_NCCL
   why_not_nccl = "this build has no NCCL";
 #else
-  if (device != Device::cuda) why_not_nccl = gpus == 0 ? "no usable GPU" : "the tensors are on the CPU (--device cpu)";
+  if (device != Device::cuda) why_not_nccl = gpus == 0 ? "no usable GPU" : "the tensors are on the CPU";
   else if (placement.local_size > gpus)
     why_not_nccl = std::to_string(placement.local_size) + " ranks on this machine share " + std::to_string(gpus) +
                    " GPU(s); NCCL needs one GPU per rank";

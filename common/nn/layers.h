@@ -35,7 +35,7 @@ class Sequential : public Module {
 };
 
 enum class Activation { relu, gelu };
-Activation parse_activation(const std::string& name);  // throws UsageError naming --activation
+Activation parse_activation(const std::string& name);  // throws UsageError for an unknown name
 
 // in -> hidden -> ... -> hidden -> out, with `hidden_layers` hidden layers and an activation between.
 std::shared_ptr<Sequential> make_mlp(std::int64_t in_features, std::int64_t hidden, int hidden_layers,
