@@ -6,6 +6,7 @@
 
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
 #include "common/cli/cli.h"             // common flags, validators, exit codes
+#include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
 #include "common/core/log.h"            // log(): what rank 0 prints
 #include "common/data/house_prices.h"   // the synthetic data with known true weights
@@ -173,6 +174,11 @@ int main(int argc, char** argv) {
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
+    const bool mlp = o.model == "mlp";
+    cli::check_memory(cli::mlp_training_bytes(o.samples, mlp ? o.features : 2, mlp ? o.hidden : 0, mlp ? o.layers : 0,
+                                              o.batch_size),
+                      "--samples " + std::to_string(o.samples) + ", --batch-size " + std::to_string(o.batch_size) +
+                          (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
     if (o.model == "linear") worked_example(session.device, session.metrics);
     return train(o, session.device, session.metrics);

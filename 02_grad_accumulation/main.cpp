@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/cli/cli.h"             // common flags, validators, exit codes
+#include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
 #include "common/core/log.h"            // log(): what rank 0 prints
 #include "common/core/memory.h"         // peak activation bytes from the device counters
@@ -184,6 +185,12 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden, "Hidden width")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--layers", o.layers, "Hidden layers")->check(cli::PositiveInteger)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
+    if (o.micro_batch > o.samples / o.accum)
+      throw UsageError("--micro-batch: " + std::to_string(o.micro_batch) + " x --accum " + std::to_string(o.accum) +
+                       " is more than the " + std::to_string(o.samples) + " samples (--samples)");
+    cli::check_memory(cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.micro_batch * o.accum),
+                      "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
+                          ", --layers and --micro-batch x --accum");
     cli::Session session = cli::start_session(o.common);
     return compare(o, session.device, session.metrics);
   });

@@ -12,6 +12,7 @@
 
 #include "benchmark.h"                // the nccl-tests style harness and the alpha-beta fit
 #include "common/cli/cli.h"           // common flags, validators, exit codes
+#include "common/cli/limits.h"        // refuse what cannot fit in memory
 #include "common/cli/session.h"       // device, world and metrics, set up once
 #include "common/comm/algorithms.h"   // the hand-written collectives
 #include "common/comm/environment.h"  // MPI start-up
@@ -159,6 +160,8 @@ int main(int argc, char** argv) {
     comm::Communicator* world = &session.topology->world();
     const Device device = session.device;
     metrics::MetricsWriter& out = session.metrics;
+    // The benchmark holds an input, an output and the algorithms' scratch of the largest size at once.
+    cli::check_memory(3.0 * static_cast<double>(bench.max_bytes), "-e " + o.max_bytes, world->local_size());
     if (o.root < 0 || o.root >= world->size())
       throw UsageError("--root: " + std::to_string(o.root) + " is out of range for " + std::to_string(world->size()) +
                        " ranks");

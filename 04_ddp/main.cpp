@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
+#include "common/cli/limits.h"                   // refuse what cannot fit in memory
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/core/log.h"                     // rank 0 prints
@@ -126,6 +127,14 @@ int run(const Options& o, cli::Session& session) {
   comm::Communicator& group = topology.dp_group();  // pure data parallelism: every rank
   const Device device = session.device;
   const int ranks = group.size();
+  if (o.global_batch > o.samples)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the " +
+                     std::to_string(o.samples) + " samples of the dataset (--samples)");
+  // The verification's reference holds a second model and the whole global batch.
+  cli::check_memory((o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.global_batch),
+                    "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
+                        ", --layers and --global-batch",
+                    group.local_size());
   if (o.global_batch % (static_cast<std::int64_t>(ranks) * o.accum) != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by ranks x --accum (" +
                      std::to_string(ranks) + " x " + std::to_string(o.accum) + ")");
@@ -157,6 +166,7 @@ int run(const Options& o, cli::Session& session) {
   bool diverged = false;
   for (std::int64_t step = 0; step < total_steps; ++step) {
     auto share = sampler.batch(step, local_batch);
+    cli::fail_here_if_asked("train", step, topology.rank());
     if (lockstep) lockstep->begin_step(*model);
 
     ddp.take_communication_ms();
@@ -185,7 +195,7 @@ int run(const Options& o, cli::Session& session) {
     sgd.zero_grad();
     step_ms += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
 
-    if (step > 0) {  // the first step warms up allocators and caches
+    if (step > 0 || total_steps == 1) {  // the first step warms up allocators and caches
       total_ms += step_ms;
       comm_ms += step_comm;
       compute_ms += step_ms - step_comm;

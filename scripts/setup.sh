@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the course needs (through apt when root; otherwise prints the exact packages to
 # ask for), then configures and builds in Release: CUDA when nvcc is found, CPU only otherwise.
+#   scripts/setup.sh                  packages, then the Release build
+#   scripts/setup.sh --packages-only  packages alone
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -22,6 +24,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+[ "${1:-}" = "--packages-only" ] && exit 0
 
 # nvcc often lives outside PATH; CMake finds it there too.
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"

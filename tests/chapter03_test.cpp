@@ -65,7 +65,7 @@ TEST(Chapter03, HelpAndBadInput) {
       {"-b 0", "-b"},           {"-b 7", "-b"},          {"-b 1X", "-b"},           {"-b 1M -e 1K", "-b"},
       {"-f 1", "--stepfactor"}, {"--root 5", "--root"},  {"--root -1", "--root"},   {"--backend gloo", "--backend"},
       {"--timeout 0", "--timeout"}, {"--mode fast", "--mode"}, {"--ops all_reduce,alltoall", "--ops"},
-      {"-e 99999999999G", "-e"},   {"-e 64G", "-e"},         {"-e ''", "-e"},           {"--timeout 1e30", "--timeout"}};
+      {"-e 99999999999G", "-e"},   {"-e 64G", "-e"},         {"-e ''", "--maxbytes"},           {"--timeout 1e30", "--timeout"}};
   if (!cuda_usable()) cases.push_back({"--backend nccl", "--backend nccl"});
   // Without mpirun the program is a world of one, so --root 5 is out of range there too.
   for (auto& [args, flag] : cases) {

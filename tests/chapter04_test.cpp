@@ -4,6 +4,8 @@
 // compute/communication split; a diverged run fails; bad input exits 2 with one line.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "support/process.h"
 
 namespace course::testing {
@@ -121,6 +123,22 @@ TEST(Chapter04, HelpAndBadInput) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("error: --global-batch: 100 is not divisible by ranks x --accum (3 x 1)"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("error:"), r.err.rfind("error:")) << "only rank 0 reports: " << r.err;
+}
+
+TEST(Chapter04, AnErrorOnOneRankEndsTheWholeJobWithinSeconds) {
+  // During set-up and during training, on rank 0 alone and on rank 1 alone (COURSE_FAIL injects it).
+  for (const std::string fault : {"setup:0:0", "setup:0:1", "train:3:0", "train:3:1"}) {
+    const auto begin = std::chrono::steady_clock::now();
+    auto r = run_process("COURSE_FAIL=" + fault + " timeout 120 " + std::string(MPIRUN_NP2) + " " + kBinary +
+                         " --device cpu --steps 10 --timeout 300");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    EXPECT_NE(r.exit_code, 0) << fault;
+    EXPECT_NE(r.exit_code, 124) << fault << ": the job hung";
+    EXPECT_LT(seconds, 30.0) << fault << ": the other rank waited for the watchdog";
+    EXPECT_NE(r.err.find("error: rank " + fault.substr(fault.size() - 1) + ": injected failure"), std::string::npos)
+        << fault << ": " << r.err;
+    EXPECT_EQ(r.out.find("PASSED"), std::string::npos) << fault;
+  }
 }
 
 TEST(Chapter04, ASetUpErrorOnRankZeroAloneEndsEveryRank) {

@@ -145,7 +145,9 @@ TEST(DistributedDataParallel, AWrongAverageFailsAtTheStepItStarts) {
     summary = run(s);
     EXPECT_FALSE(summary.passed);
     EXPECT_EQ(summary.first_failed_step, 3);
-    if (world().rank() == 0) EXPECT_NE(summary.first_failure.find("gradient of"), std::string::npos) << summary.first_failure;
+    if (world().rank() == 0) {
+      EXPECT_NE(summary.first_failure.find("gradient of"), std::string::npos) << summary.first_failure;
+    }
   }
 }
 

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cctype>
 #include <cstdlib>
+#include <new>
+#include <string>
 
 #include <mpi.h>
 
@@ -53,14 +55,20 @@ const CLI::Validator PositiveFinite = number_rule("a positive finite number", fa
 const CLI::Validator NonNegativeFinite = number_rule("a non-negative finite number", false, true);
 
 namespace {
-// Every rank reads the same flags and fails alike; rank 0 alone says so.
+// Every rank reads the same flags and fails alike; rank 0 alone says so (even with --verbose).
 void report(const char* message) {
-  if (is_log_rank()) std::fprintf(stderr, "error: %s\n", message);
+  if (log_rank() == 0) std::fprintf(stderr, "error: %s\n", message);
 }
+
+// An empty value ("--seed ''") is never what a user meant: CLI11 would read it as 0 or as "none".
+const CLI::Validator NotEmpty(
+    [](std::string& input) -> std::string { return input.empty() ? "must not be empty" : std::string(); }, "", "");
 }  // namespace
 
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
+    for (CLI::Option* option : app.get_options())
+      if (option->get_items_expected_min() > 0) option->check(NotEmpty);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     if (is_log_rank()) std::printf("%s", app.help().c_str());
@@ -79,16 +87,18 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
   } catch (const UsageError& e) {
     report(e.what());
     return 2;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& caught) {
+    const bool memory = dynamic_cast<const std::bad_alloc*>(&caught) != nullptr;
+    const std::string message = memory ? "out of memory (a size flag may be too large for this machine)" : caught.what();
     int initialized = 0, finalized = 0, ranks = 1;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     if (ranks == 1) {
-      report(e.what());
+      report(message.c_str());
       return 1;
     }
-    std::fprintf(stderr, "error: rank %d: %s\n", log_rank(), e.what());
+    std::fprintf(stderr, "error: rank %d: %s\n", log_rank(), message.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;

@@ -2,6 +2,8 @@
 #include "common/cli/session.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "common/comm/environment.h"
@@ -21,6 +23,14 @@ auto naming(const std::string& flag, F&& step) {
 }
 
 }  // namespace
+
+void fail_here_if_asked(const char* phase, std::int64_t step, int rank) {
+  const char* spec = std::getenv("COURSE_FAIL");
+  if (!spec) return;
+  const std::string wanted = std::string(phase) + ":" + std::to_string(step) + ":" + std::to_string(rank);
+  if (wanted == spec)
+    throw std::runtime_error("injected failure (COURSE_FAIL=" + wanted + ") on rank " + std::to_string(rank));
+}
 
 Session start_session(const CommonOptions& common) {
   Session s;
@@ -42,6 +52,7 @@ Session start_session(const CommonOptions& common, const DistributedOptions& dis
   auto world = naming("--backend " + distributed.backend,
                       [&] { return comm::make_world(distributed.backend, s.device, distributed.timeout); });
   s.topology = naming("--tp/--pp/--dp", [&] { return std::make_unique<parallel::Topology>(std::move(world), shape); });
+  fail_here_if_asked("setup", 0, placement.rank);
   // Only rank 0 opens the metrics file, so this can fail on one rank alone: the ranks agree on the
   // outcome before anything else is communicated, and the first rank that failed reports.
   std::string error;

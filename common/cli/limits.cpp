@@ -1,0 +1,35 @@
+// Memory estimates and the check against the machine.
+#include "common/cli/limits.h"
+
+#include <unistd.h>
+
+#include "common/core/errors.h"
+#include "common/core/memory.h"
+
+namespace course::cli {
+
+double mlp_training_bytes(std::int64_t samples, std::int64_t features, std::int64_t hidden, std::int64_t layers,
+                          std::int64_t batch) {
+  const double f = static_cast<double>(features), h = static_cast<double>(hidden), l = static_cast<double>(layers);
+  const double data = 2.0 * static_cast<double>(samples) * (f + 1);            // floats, two copies
+  const double parameters = f * h + (l - 1) * h * h + 2 * h * l + 1;          // weights and biases
+  const double activations = static_cast<double>(batch) * (f + 2 * h * l + 1);  // kept for backward
+  return 4.0 * (data + 4 * parameters + 4 * activations);  // parameters x (value, grad, state, temporaries)
+}
+
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 8.0 * (1ull << 30);
+}
+
+void check_memory(double bytes, const std::string& flags, int ranks_here) {
+  const double available = physical_memory_bytes() / (ranks_here > 0 ? ranks_here : 1);
+  if (bytes <= available) return;
+  auto human = [](double b) {
+    return b >= 1e15 ? format_bytes(static_cast<std::int64_t>(1e15)) + "+" : format_bytes(static_cast<std::int64_t>(b));
+  };
+  throw UsageError(flags + " need about " + human(bytes) + ", more than the " + human(available) +
+                   " of memory this rank can use");
+}
+
+}  // namespace course::cli

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test suite built with AddressSanitizer and UndefinedBehaviorSanitizer (Debug, CPU only; the
+# asan preset): a memory error or undefined behaviour anywhere fails the test that hit it. The
+# table-driven flag tests (label flags) run only in the Release suite: they start hundreds of
+# processes, which the sanitizers slow several-fold. Extra arguments go to ctest.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$COURSE_ROOT/scripts/setup.sh" --packages-only
+cd "$COURSE_ROOT"
+mkdir -p build
+cmake --preset asan >build/asan.configure.log 2>&1 || { cat build/asan.configure.log; exit 1; }
+echo "sanitizers: building in build/asan (log: build/asan.build.log)"
+cmake --build --preset asan -j "$COURSE_CORES" >build/asan.build.log 2>&1 \
+  || { tail -n 60 build/asan.build.log; echo "sanitizers: build failed" >&2; exit 1; }
+ctest --preset asan -j "$COURSE_CORES" -LE flags "$@"

@@ -1,0 +1,135 @@
+// Every flag of every chapter, tried as a new user would: read from the chapter's --help, each numeric
+// and text flag is given 0, a negative number, NaN, infinity, 1e30, 99999999999, letters, an empty
+// string and no value at all; flags without a value are given one. Each run must either end within
+// seconds with exit code 2 and one line naming the flag (from one rank only), or run to its verdict
+// (PASSED with 0, FAILED with 1). Never a crash, a hang, another exit code or a silent wrong answer.
+// Flags added to later chapters are covered without new code.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+// A run longer than this hangs, as far as a user is concerned: the time limit of every try.
+constexpr int kSecondsPerRun = 60;
+
+struct Chapter {
+  std::string binary;
+  std::map<std::string, std::string> base;  // flags that keep a valid run short
+  bool distributed;
+  std::map<std::string, std::string> excludes = {};  // a flag that may not be given with another
+};
+
+struct Flag {
+  std::vector<std::string> names;  // e.g. -b and --minbytes
+  bool takes_value;
+};
+
+// The options listed by --help: "  -b,--minbytes TEXT=8   ..." takes a value, "  --verify   ..." does not.
+std::vector<Flag> flags_of(const std::string& binary) {
+  auto help = run_process(binary + " --help");
+  EXPECT_EQ(help.exit_code, 0) << binary;
+  std::vector<Flag> out;
+  std::istringstream lines(help.out);
+  const std::regex option(R"(^  ((?:-[A-Za-z0-9],)?--[a-z0-9-]+)( [A-Z]+)?)");
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, option)) continue;
+    Flag f{{}, m[2].matched};
+    std::stringstream names(m[1].str());
+    for (std::string name; std::getline(names, name, ',');) f.names.push_back(name);
+    if (f.names.back() != "--help") out.push_back(f);
+  }
+  return out;
+}
+
+std::string command(const Chapter& c, const Flag& f, const std::string& value, const std::string& launcher) {
+  std::string args;
+  for (const auto& [flag, v] : c.base) {
+    const bool same = std::find(f.names.begin(), f.names.end(), flag) != f.names.end();
+    auto excluded = c.excludes.find(f.names.back());
+    if (!same && !(excluded != c.excludes.end() && excluded->second == flag)) args += " " + flag + " " + v;
+  }
+  return "timeout " + std::to_string(kSecondsPerRun) + " " + launcher + " " + c.binary + args + " " + f.names.back() +
+         value;
+}
+
+int error_lines(const std::string& err) {
+  int n = 0;
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) n += line.rfind("error:", 0) == 0;
+  return n;
+}
+
+// One try: either a usage error naming the flag, or a run that reaches its verdict.
+void expect_handled(const Chapter& c, const Flag& f, const std::string& value, const std::string& launcher) {
+  const std::string cmd = command(c, f, value, launcher);
+  auto r = run_process(cmd);
+  SCOPED_TRACE(cmd + "\nstdout: " + r.out.substr(0, 2000) + "\nstderr: " + r.err.substr(0, 2000));
+  if (r.exit_code == 2) {
+    EXPECT_EQ(error_lines(r.err), 1) << "one line, from one rank";
+    bool named = false;
+    for (const auto& name : f.names) named = named || r.err.find(name) != std::string::npos;
+    EXPECT_TRUE(named) << "the error must name the flag";
+    if (launcher.empty()) {
+      EXPECT_EQ(count_lines(r.err), 1);
+    }
+  } else {
+    ASSERT_NE(r.exit_code, 124) << "hung";
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << "exit code " << r.exit_code;
+    EXPECT_NE(r.out.find(r.exit_code == 0 ? "PASSED" : "FAILED"), std::string::npos) << "no verdict";
+    EXPECT_EQ(error_lines(r.err), 0);
+  }
+}
+
+const std::vector<std::string> kValues = {" 0",   " -1",          " nan",
+                                          " inf", " 1e30",        " 99999999999",
+                                          " 99999999999999999999", " abc", " ''",
+                                          ""};
+
+void try_every_flag(const Chapter& c) {
+  // Runs write their metrics (and any file a flag names) into a scratch folder.
+  auto scratch = std::filesystem::temp_directory_path() / ("course_flags_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  std::filesystem::current_path(scratch);
+  auto flags = flags_of(c.binary);
+  ASSERT_GE(flags.size(), 5u) << "could not read the flags from --help";
+  for (const auto& f : flags) {
+    if (!f.takes_value) {
+      expect_handled(c, f, "=abc", "");
+      continue;
+    }
+    for (const auto& value : kValues) expect_handled(c, f, value, "");
+    if (c.distributed)  // every rank fails alike, and one reports
+      for (const auto& value : {std::string(" abc"), std::string(" 0")}) expect_handled(c, f, value, MPIRUN_NP2);
+  }
+  auto unknown = run_process(c.binary + " --no-such-flag 3");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
+  std::filesystem::remove_all(scratch);
+}
+
+TEST(Flags, Chapter01) {
+  try_every_flag({CHAPTER01_BINARY, {{"--device", "cpu"}, {"--epochs", "1"}, {"--samples", "64"}}, false});
+}
+TEST(Flags, Chapter02) {
+  try_every_flag({CHAPTER02_BINARY, {{"--device", "cpu"}, {"--epochs", "1"}, {"--samples", "64"}}, false});
+}
+TEST(Flags, Chapter03) {
+  try_every_flag({CHAPTER03_BINARY, {{"--device", "cpu"}, {"-e", "64"}, {"-n", "1"}, {"-w", "0"}}, true});
+}
+TEST(Flags, Chapter04) {
+  try_every_flag({CHAPTER04_BINARY,
+                  {{"--device", "cpu"}, {"--steps", "2"}, {"--samples", "64"}, {"--global-batch", "8"}, {"--hidden", "8"}},
+                  true,
+                  {{"--epochs", "--steps"}}});
+}
+
+}  // namespace
+}  // namespace course::testing
