@@ -98,11 +98,12 @@ void install_fault(parallel::DistributedDataParallel& ddp, const std::string& fa
     ddp.register_comm_hook([](comm::Communicator& group, Tensor& g) {
       group.all_reduce(g, comm::ReduceOp::average);
       g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));  // divided by the world size twice
+      return comm::completed_work();
     });
   if (fault == "skip-rank-share")
     ddp.register_comm_hook([](comm::Communicator& group, Tensor& g) {
       if (group.rank() == group.size() - 1) g.fill_(0.0f);  // the last rank's share never arrives
-      group.all_reduce(g, comm::ReduceOp::average);
+      return group.all_reduce_async(g, comm::ReduceOp::average);
     });
 }
 
@@ -142,7 +143,10 @@ int run(const Options& o, cli::Session& session) {
   // Each rank initialises with its own seed on purpose: the broadcast in DDP's constructor is what
   // makes them start identical.
   auto model = make_model(o, device, o.common.seed + static_cast<std::uint64_t>(topology.rank()));
-  parallel::DistributedDataParallel ddp(model, group);
+  // This chapter's lesson: one all-reduce per gradient, after backward (chapter 05 adds buckets and overlap).
+  parallel::ReducerOptions one_by_one;
+  one_by_one.per_parameter = true;
+  parallel::DistributedDataParallel ddp(model, group, one_by_one);
   install_fault(ddp, o.fault);
   optim::SGD sgd(model->parameters(), o.lr);
   parallel::DistributedSampler sampler(dataset.size, group, o.common.seed);

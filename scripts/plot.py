@@ -3,6 +3,10 @@
 
   plot.py summary METRICS              the key figure of a run, in one line
   plot.py loss METRICS OUT.png         loss per epoch (or per step)
+  plot.py overlap METRICS OUT_PREFIX   chapter 05: OUT_PREFIX_modes.png (step time by mode) and, after
+                                       --sweep-buckets, OUT_PREFIX_buckets.png (step time by bucket cap)
+  plot.py timeline TRACE.json OUT.png  a Chrome trace (chapter 05's trace.json) as a picture: one row per
+                                       rank and lane
   plot.py speedup OUT.png --strong M1 M2 M4 [--weak W1 W2 W4]
                                        speedup against ideal and parallel efficiency, from runs of
                                        chapter 04 at several rank counts (strong: fixed global batch;
@@ -26,6 +30,12 @@ def summary(path):
     final = (events(records, "final") or [None])[-1]
     acc = (events(records, "accumulation") or [None])[-1]
     ddp = (events(records, "ddp_summary") or [None])[-1]
+    overlap = (events(records, "overlap_summary") or [None])[-1]
+    if overlap:
+        modes = {r["mode"]: r for r in events(records, "mode")}
+        text = ", ".join(f"{m} {r['step_ms']:.1f} ms" for m, r in modes.items())
+        text += f"; overlap leaves {overlap['exposed_fraction']:.2f} of the communication exposed"
+        return text + (" (simulated network)" if overlap.get("simulated_network") else "")
     if ddp:
         text = (f"{ddp['ranks']} ranks, {ddp['samples_per_s']:.0f} samples/s, step {ddp['step_ms']:.2f} ms "
                 f"(communication {ddp['comm_ms']:.2f})")
@@ -79,6 +89,71 @@ def loss_chart(path, out):
     fig.savefig(out, dpi=120)
 
 
+def plt_module():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def overlap_charts(path, prefix):
+    plt = plt_module()
+    records = read(path)
+    modes = events(records, "mode")
+    if modes:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [r["mode"] for r in modes]
+        compute = [r["compute_ms"] for r in modes]
+        exposed = [r["exposed_ms"] for r in modes]
+        ax.bar(names, compute, label="compute")
+        ax.bar(names, exposed, bottom=compute, label="exposed communication")
+        simulated = modes[0].get("simulated_network", "")
+        ax.set(ylabel="ms per step", title=f"Step time by mode, {modes[0]['ranks']} ranks{simulated}")
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(f"{prefix}_modes.png", dpi=120)
+    sweep = events(records, "bucket_sweep")
+    if sweep:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([r["bucket_mb"] for r in sweep], [r["step_ms"] for r in sweep], marker="o", label="step")
+        ax.plot([r["bucket_mb"] for r in sweep], [r["exposed_ms"] for r in sweep], marker="o", label="exposed communication")
+        ax.set_xscale("log")
+        ax.set(xlabel="bucket cap (MB)", ylabel="ms per step",
+               title="Bucket size: too small pays alpha per bucket, too large starts late" +
+               sweep[0].get("simulated_network", ""))
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(f"{prefix}_buckets.png", dpi=120)
+
+
+def timeline_chart(trace_path, out):
+    plt = plt_module()
+    with open(trace_path) as f:
+        doc = json.load(f)
+    spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    lanes = sorted({(e["pid"], e["tid"]) for e in spans})
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(lanes)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, lane in enumerate(lanes):
+        for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
+            ax.broken_barh([(e["ts"] / 1000, max(e["dur"], 1) / 1000)], (row - 0.4, 0.8),
+                           facecolors=colors[i % len(colors)], edgecolor="black", linewidth=0.3)
+            ax.text(e["ts"] / 1000 + e["dur"] / 2000, row, e["name"].replace("layer ", "L").replace("bucket ", "b"),
+                    ha="center", va="center", fontsize=6)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"rank {p}: {names.get((p, t), t)}" for p, t in lanes], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the first gradient of the step")
+    ax.set_title("One step: backward compute and bucket all-reduces " + doc.get("metadata", {}).get("label", ""))
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def scaling_points(paths):
     """(ranks, samples/s, oversubscribed) per run, sorted by ranks."""
     points = []
@@ -126,13 +201,17 @@ def speedup_chart(out, modes):
 
 
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup"):
+    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[1] == "summary":
         print(summary(argv[2]))
     elif argv[1] == "loss":
         loss_chart(argv[2], argv[3])
+    elif argv[1] == "overlap":
+        overlap_charts(argv[2], argv[3])
+    elif argv[1] == "timeline":
+        timeline_chart(argv[2], argv[3])
     elif argv[1] == "speedup":
         modes, current = {}, None
         for arg in argv[3:]:

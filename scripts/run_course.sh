@@ -32,6 +32,18 @@ run_chapter 01_single_gpu 1
 run_chapter 02_grad_accumulation 1
 run_chapter 03_collectives 4
 run_chapter 04_ddp 4 --verify
+run_chapter 05_bucketing_overlap 2 --verify --trace "$RUNS/05_bucketing_overlap/trace.json"
+if [ -f "$RUNS/05_bucketing_overlap/metrics.jsonl" ]; then
+  # The same chapter on a simulated 10 GbE network, with the bucket sweep; then the charts.
+  dir="$RUNS/05_bucketing_overlap"
+  course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" --sim-network 10,1.25 --sweep-buckets \
+    --bucket-mb 2 --metrics "$dir/simulated.jsonl" --trace "$dir/trace_simulated.json" >"$dir/simulated.txt" 2>&1 || failed=1
+  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/metrics.jsonl" "$dir/overlap" >/dev/null 2>&1 || failed=1
+  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/simulated.jsonl" "$dir/simulated" >/dev/null 2>&1 || failed=1
+  "$PY" "$COURSE_ROOT/scripts/plot.py" timeline "$dir/trace_simulated.json" "$dir/timeline.png" >/dev/null 2>&1 || failed=1
+  printf '%-24s %-7s %s\n' "05 simulated 10 GbE" "written" \
+    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/simulated.jsonl" 2>/dev/null)   (charts in ${dir#$COURSE_ROOT/})"
+fi
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"

@@ -60,6 +60,7 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
       if (broken && s.skip_share && group.rank() == group.size() - 1) g.fill_(0.0f);
       group.all_reduce(g, comm::ReduceOp::average);
       if (broken && !s.skip_share) g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));
+      return comm::completed_work();
     });
   nn::Module& model = ddp.module();
   optim::SGD sgd(model.parameters(), s.lr, 0.9f);

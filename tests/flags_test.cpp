@@ -6,10 +6,13 @@
 // Flags added to later chapters are covered without new code.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
+#include <set>
 
 #include "support/process.h"
 
@@ -18,6 +21,7 @@ namespace {
 
 // A run longer than this hangs, as far as a user is concerned: the time limit of every try.
 constexpr int kSecondsPerRun = 60;
+constexpr int kConcurrentTries = 4;
 
 struct Chapter {
   std::string binary;
@@ -67,11 +71,18 @@ int error_lines(const std::string& err) {
   return n;
 }
 
+struct Try {
+  Flag flag;
+  std::string launcher, command;
+  ProcessResult result;
+};
+
 // One try: either a usage error naming the flag, or a run that reaches its verdict.
-void expect_handled(const Chapter& c, const Flag& f, const std::string& value, const std::string& launcher) {
-  const std::string cmd = command(c, f, value, launcher);
-  auto r = run_process(cmd);
-  SCOPED_TRACE(cmd + "\nstdout: " + r.out.substr(0, 2000) + "\nstderr: " + r.err.substr(0, 2000));
+void expect_handled(const Try& t) {
+  const Flag& f = t.flag;
+  const std::string& launcher = t.launcher;
+  const ProcessResult& r = t.result;
+  SCOPED_TRACE(t.command + "\nstdout: " + r.out.substr(0, 2000) + "\nstderr: " + r.err.substr(0, 2000));
   if (r.exit_code == 2) {
     EXPECT_EQ(error_lines(r.err), 1) << "one line, from one rank";
     bool named = false;
@@ -88,10 +99,8 @@ void expect_handled(const Chapter& c, const Flag& f, const std::string& value, c
   }
 }
 
-const std::vector<std::string> kValues = {" 0",   " -1",          " nan",
-                                          " inf", " 1e30",        " 99999999999",
-                                          " 99999999999999999999", " abc", " ''",
-                                          ""};
+const std::vector<std::string> kValues = {
+    " 0", " -1", " nan", " inf", " 1e30", " 99999999999", " 99999999999999999999", " abc", " ''", ""};
 
 void try_every_flag(const Chapter& c) {
   // Runs write their metrics (and any file a flag names) into a scratch folder.
@@ -100,15 +109,29 @@ void try_every_flag(const Chapter& c) {
   std::filesystem::current_path(scratch);
   auto flags = flags_of(c.binary);
   ASSERT_GE(flags.size(), 5u) << "could not read the flags from --help";
+  std::vector<Try> tries;
+  auto add = [&](const Flag& f, const std::string& value, const std::string& launcher) {
+    tries.push_back({f, launcher, command(c, f, value, launcher), {}});
+  };
   for (const auto& f : flags) {
     if (!f.takes_value) {
-      expect_handled(c, f, "=abc", "");
+      add(f, "=abc", "");
+      if (c.distributed) add(f, "=abc", MPIRUN_NP2);
       continue;
     }
-    for (const auto& value : kValues) expect_handled(c, f, value, "");
+    for (const auto& value : kValues) add(f, value, "");
     if (c.distributed)  // every rank fails alike, and one reports
-      for (const auto& value : {std::string(" abc"), std::string(" 0")}) expect_handled(c, f, value, MPIRUN_NP2);
+      for (const auto& value : {std::string(" abc"), std::string(" 0")}) add(f, value, MPIRUN_NP2);
   }
+  // The tries run a few at a time: most of each is process start-up, which leaves the cores idle.
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kConcurrentTries; ++w)
+    workers.emplace_back([&] {
+      for (std::size_t i = next++; i < tries.size(); i = next++) tries[i].result = run_process(tries[i].command);
+    });
+  for (auto& worker : workers) worker.join();
+  for (const auto& t : tries) expect_handled(t);
   auto unknown = run_process(c.binary + " --no-such-flag 3");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
@@ -125,10 +148,23 @@ TEST(Flags, Chapter03) {
   try_every_flag({CHAPTER03_BINARY, {{"--device", "cpu"}, {"-e", "64"}, {"-n", "1"}, {"-w", "0"}}, true});
 }
 TEST(Flags, Chapter04) {
-  try_every_flag({CHAPTER04_BINARY,
-                  {{"--device", "cpu"}, {"--steps", "2"}, {"--samples", "64"}, {"--global-batch", "8"}, {"--hidden", "8"}},
-                  true,
-                  {{"--epochs", "--steps"}}});
+  try_every_flag(
+      {CHAPTER04_BINARY,
+       {{"--device", "cpu"}, {"--steps", "2"}, {"--samples", "64"}, {"--global-batch", "8"}, {"--hidden", "8"}},
+       true,
+       {{"--epochs", "--steps"}}});
+}
+
+TEST(Flags, Chapter05) {
+  try_every_flag({CHAPTER05_BINARY,
+                  {{"--device", "cpu"},
+                   {"--steps", "2"},
+                   {"--depth", "2"},
+                   {"--width", "16"},
+                   {"--features", "4"},
+                   {"--samples", "64"},
+                   {"--global-batch", "8"}},
+                  true});
 }
 
 }  // namespace

@@ -60,7 +60,9 @@ TEST(Topology, PipelineTimesDataParallelTwoByTwo) {
   EXPECT_EQ(t->previous_stage(), r % 2 == 0 ? -1 : 0);
   EXPECT_EQ(t->next_stage(), r % 2 == 0 ? 1 : -1);
   // The neighbour found through the coordinates is the same rank the group talks to.
-  if (t->next_stage() >= 0) EXPECT_EQ(t->world_rank({0, t->next_stage(), t->dp_rank()}), r + 1);
+  if (t->next_stage() >= 0) {
+    EXPECT_EQ(t->world_rank({0, t->next_stage(), t->dp_rank()}), r + 1);
+  }
 }
 
 TEST(Topology, OneByFourPipeline) {

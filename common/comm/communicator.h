@@ -26,6 +26,7 @@ class Work {
   virtual bool test() = 0;
 };
 using WorkHandle = std::shared_ptr<Work>;
+WorkHandle completed_work();  // a work that is already done: for hooks that finish synchronously
 
 // What to run: one description per call, so each backend implements one dispatch.
 enum class OpKind { broadcast, reduce, all_reduce, all_gather, reduce_scatter, scatter, gather, barrier, send, recv,

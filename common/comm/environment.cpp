@@ -61,6 +61,7 @@ std::unique_ptr<Communicator> make_world(const std::string& backend, Device devi
                    " GPU(s); NCCL needs one GPU per rank";
 #endif
   (void)gpus;
+  (void)device;
   if (backend == "nccl" && !why_not_nccl.empty()) throw UsageError("nccl: " + why_not_nccl + " (use mpi)");
   bool use_nccl = backend == "nccl" || (backend == "auto" && why_not_nccl.empty());
   std::unique_ptr<Communicator> world;

@@ -1,4 +1,4 @@
-// DistributedDataParallel: broadcast at start, gradient averaging when backward completes.
+// DistributedDataParallel: broadcast at start, gradient averaging (through the Reducer) as backward runs.
 #include "common/parallel/ddp.h"
 
 #include <chrono>
@@ -9,17 +9,13 @@
 
 namespace course::parallel {
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& group)
-    : module_(std::move(module)), comm_(group) {
-  for (auto& [name, p] : module_->named_parameters()) {
-    names_.push_back(name);
-    parameters_.push_back(p);
-  }
-  ready_.assign(parameters_.size(), false);
-  comm_hook_ = [](comm::Communicator& g, Tensor& gradient) { g.all_reduce(gradient, comm::ReduceOp::average); };
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& group,
+                                                 ReducerOptions options)
+    : module_(std::move(module)), comm_(group), parameters_(module_->parameters()),
+      reducer_(module_->named_parameters(), group, options) {
   // Step 1: everyone starts from rank 0's parameters, in registration order.
   for (auto& p : parameters_) comm_.broadcast(p, 0);
-  // Step 3 is triggered from the gradient-ready hooks, which name the parameter that is ready.
+  // Step 3 is driven by the gradient-ready hooks, which name the parameter that is ready.
   for (std::size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { on_gradient_ready(i); });
 }
@@ -27,32 +23,17 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 Tensor DistributedDataParallel::forward(const Tensor& x) { return (*module_)(x); }
 
 void DistributedDataParallel::on_gradient_ready(std::size_t index) {
-  ready_[index] = true;
+  reducer_.mark_ready(index, sync_enabled_);
   if (pass_started_) return;
   pass_started_ = true;
   autograd::queue_callback([this] { finish_backward(); });
 }
 
 void DistributedDataParallel::finish_backward() {
-  std::vector<bool> ready(parameters_.size(), false);
-  ready.swap(ready_);
   pass_started_ = false;
-  for (std::size_t i = 0; i < ready.size(); ++i)
-    if (!ready[i])
-      // Every rank must all-reduce the same gradients in the same order, so a parameter that took no
-      // part in this loss would leave the ranks disagreeing about the next collective.
-      throw std::logic_error("DistributedDataParallel: parameter '" + names_[i] +
-                             "' received no gradient in this backward pass; every parameter must take part "
-                             "in the loss");
-  if (sync_enabled_) synchronise_gradients();
-}
-
-void DistributedDataParallel::synchronise_gradients() {
   auto begin = std::chrono::steady_clock::now();
-  for (auto& p : parameters_) {
-    Tensor g = p.grad();
-    comm_hook_(comm_, g);
-  }
+  reducer_.finalize(sync_enabled_);
+  if (!sync_enabled_) return;
   communication_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
   ++synchronisations_;
 }

@@ -17,13 +17,15 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
+#include "common/parallel/reducer.h"
 
 namespace course::parallel {
 
 class DistributedDataParallel {
  public:
   // `group` is the data-parallel group (Topology::dp_group()); under pure data parallelism, the world.
-  DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& group);
+  // The options choose how gradients travel (reducer.h): by default in overlapped buckets, as PyTorch.
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, comm::Communicator& group, ReducerOptions options = {});
 
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
@@ -43,11 +45,10 @@ class DistributedDataParallel {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  // How a gradient is synchronised (PyTorch's register_comm_hook): the hook gets the group and one
-  // gradient, and must leave the group's average in it. The default all-reduces with ReduceOp::average.
-  // Chapter 05 hands hooks whole buckets; chapter 04 one gradient at a time.
-  using CommHook = std::function<void(comm::Communicator& group, Tensor& gradient)>;
-  void register_comm_hook(CommHook hook) { comm_hook_ = std::move(hook); }
+  // How a bucket of gradients is synchronised (PyTorch's register_comm_hook), see reducer.h. With
+  // per_parameter (chapter 04) each bucket is one gradient.
+  void register_comm_hook(CommHook hook) { reducer_.register_comm_hook(std::move(hook)); }
+  Reducer& reducer() { return reducer_; }
 
   // True when every rank of the group holds bit-identical parameters (parallel::parameters_identical).
   bool parameters_identical();
@@ -59,16 +60,13 @@ class DistributedDataParallel {
  private:
   void on_gradient_ready(std::size_t index);
   void finish_backward();
-  void synchronise_gradients();
 
   std::shared_ptr<nn::Module> module_;
   comm::Communicator& comm_;
   std::vector<Tensor> parameters_;
-  std::vector<std::string> names_;
-  std::vector<bool> ready_;    // which gradients are complete in the current backward pass
+  Reducer reducer_;
   bool pass_started_ = false;  // a gradient became ready in this pass: the end-of-backward callback is queued
   bool sync_enabled_ = true;
-  CommHook comm_hook_;
   double communication_ms_ = 0;
   long synchronisations_ = 0;
 };

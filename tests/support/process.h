@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -28,8 +29,12 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// A fresh path in the temporary folder: unique per process and per call, so threads may run processes.
 inline std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
+  static std::atomic<long> counter{0};
+  return (std::filesystem::temp_directory_path() /
+          (name + "." + std::to_string(::getpid()) + "." + std::to_string(counter++)))
+      .string();
 }
 
 inline ProcessResult run_process(const std::string& command) {

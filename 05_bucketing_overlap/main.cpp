@@ -1,0 +1,303 @@
+// Chapter 05: gradient buckets and overlap. The same deep MLP, data and steps in four ways of
+// synchronising gradients: one all-reduce per gradient after backward (chapter 04), one flat
+// all-reduce after backward, buckets after backward, and buckets launched while backward is still
+// running. Each mode prints its step time split into compute and exposed communication, and is
+// checked in lock-step against one rank. A timeline of one step is written as Chrome trace JSON.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/cli/cli.h"                       // common flags, validators, exit codes
+#include "common/cli/limits.h"                    // refuse what cannot fit in memory
+#include "common/cli/session.h"                   // device, topology and metrics, set up once
+#include "common/comm/environment.h"              // MPI start-up
+#include "common/comm/simulated_network.h"        // --sim-network: an alpha-beta delay per message
+#include "common/core/log.h"                      // rank 0 prints
+#include "common/data/house_prices.h"             // the wide house-price data
+#include "common/metrics/trace.h"                 // the timeline as Chrome trace JSON
+#include "common/nn/layers.h"                     // make_mlp
+#include "common/ops/ops.h"                       // mse_loss
+#include "common/optim/optimizer.h"               // SGD
+#include "common/parallel/ddp.h"                  // DistributedDataParallel over the Reducer's buckets
+#include "common/parallel/distributed_sampler.h"  // each rank's share of the data
+#include "common/parallel/replicas.h"             // on_rank0
+#include "common/verify/compare.h"                // max_abs_diff
+#include "common/verify/lockstep.h"               // the step-by-step check against one rank
+
+using namespace course;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  cli::CommonOptions common;
+  cli::DistributedOptions distributed;
+  int depth = 8;
+  std::int64_t width = 1024, features = 64, samples = 4096, global_batch = 128;
+  int steps = 8;
+  float lr = 0.001f;
+  double bucket_mb = 25, first_bucket_mb = 1;
+  std::string sim_network, trace = "trace.json";
+  bool sweep_buckets = false, verify = false;
+};
+
+struct Mode {
+  std::string name;
+  parallel::ReducerOptions options;
+};
+
+std::vector<Mode> modes(const Options& o) {
+  parallel::ReducerOptions per_parameter, flat, buckets, overlap;
+  per_parameter.per_parameter = true;
+  per_parameter.overlap = false;
+  flat.bucket_cap_mb = flat.first_bucket_mb = 1e9;  // one bucket holds everything
+  flat.overlap = false;
+  buckets.bucket_cap_mb = overlap.bucket_cap_mb = o.bucket_mb;
+  buckets.first_bucket_mb = overlap.first_bucket_mb = o.first_bucket_mb;
+  buckets.overlap = false;
+  overlap.record_timeline = true;
+  return {{"per-parameter", per_parameter}, {"flat", flat}, {"buckets", buckets}, {"buckets+overlap", overlap}};
+}
+
+Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
+                  Device device) {
+  data::Batch batch = data::make_batch(dataset, samples, device);
+  return mse_loss(model(batch.x), batch.y);
+}
+
+struct ModeResult {
+  double step_ms = 0, exposed_ms = 0;  // per step, mean over the timed steps
+  std::size_t buckets = 0;
+  std::int64_t bytes_per_step = 0;
+  std::vector<float> parameters;
+  verify::LockstepSummary check;
+  parallel::Timeline timeline;  // the last step (overlap mode)
+};
+
+ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, const data::Dataset& dataset,
+                 Device device, int steps) {
+  const int ranks = group.size();
+  auto model = nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device,
+                            o.common.seed + static_cast<std::uint64_t>(group.rank()));
+  parallel::DistributedDataParallel ddp(model, group, mode.options);
+  optim::SGD sgd(model->parameters(), o.lr);
+  parallel::DistributedSampler sampler(dataset.size, group, o.common.seed);
+  const std::int64_t local = o.global_batch / ranks;
+  std::unique_ptr<verify::LockstepVerifier> lockstep;
+  if (o.verify)
+    lockstep = std::make_unique<verify::LockstepVerifier>(
+        nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device, o.common.seed), &group);
+  ModeResult result;
+  std::int64_t bytes_before = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (lockstep) lockstep->begin_step(*model);
+    const auto share = sampler.batch(step, local);
+    if (step == 1) bytes_before = ddp.reducer().bytes_communicated();
+    group.barrier();  // every rank starts the step together, so the times compare
+    const auto begin = Clock::now();
+    Tensor loss = batch_loss(ddp.module(), dataset, share, device);
+    loss.backward();  // the buckets' all-reduces run inside, overlapped or after it
+    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+    if (step > 0) {  // the first step allocates and rebuilds the buckets
+      result.step_ms += step_ms / (steps - 1);
+      result.exposed_ms += ddp.reducer().exposed_ms() / (steps - 1);
+    }
+    if (lockstep) {
+      Tensor global_loss = Tensor::from_host({loss.item()}, {1});
+      group.all_reduce(global_loss, comm::ReduceOp::average);
+      const auto global = sampler.global_batch(step, local);
+      lockstep->check(step, *model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+                      [&](nn::Module& reference, std::size_t r) {
+                        std::vector<std::int64_t> theirs;
+                        for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks))
+                          theirs.push_back(global[i]);
+                        Tensor l = batch_loss(reference, dataset, theirs, device);
+                        l.backward();
+                        return l.item();
+                      });
+    }
+    sgd.step();
+    sgd.zero_grad();
+  }
+  result.buckets = ddp.reducer().buckets().size();
+  result.bytes_per_step = (ddp.reducer().bytes_communicated() - bytes_before) / std::max(1, steps - 1);
+  result.timeline = ddp.reducer().last_timeline();
+  result.parameters = model->parameters_to_host();
+  if (lockstep) result.check = lockstep->finish();
+  return result;
+}
+
+// Every rank's timeline of the last overlapped step, gathered to rank 0 as numbers.
+void write_trace(const Options& o, comm::Communicator& group, const parallel::Timeline& mine,
+                 const std::string& label) {
+  std::vector<float> packed;
+  for (const auto& i : mine.compute)
+    packed.insert(packed.end(), {static_cast<float>(i.begin_ms), static_cast<float>(i.end_ms)});
+  for (const auto& i : mine.communication)
+    packed.insert(packed.end(), {static_cast<float>(i.begin_ms), static_cast<float>(i.end_ms)});
+  Tensor local = Tensor::from_host(packed, {static_cast<std::int64_t>(packed.size())});
+  Tensor all = Tensor::zeros({static_cast<std::int64_t>(packed.size()) * group.size()});
+  group.all_gather(local, all);  // every rank's timeline has the same shape: the same layers and buckets
+  if (group.rank() != 0 || o.trace.empty()) return;
+  auto values = all.to_host();
+  metrics::ChromeTrace trace;
+  trace.label(label);
+  for (int r = 0; r < group.size(); ++r) {
+    std::size_t at = static_cast<std::size_t>(r) * packed.size();
+    for (const auto& i : mine.compute) {
+      trace.add(r, "backward compute", "layer " + i.name, values[at], values[at + 1]);
+      at += 2;
+    }
+    for (const auto& i : mine.communication) {
+      trace.add(r, "all-reduce" + label, i.name, values[at], values[at + 1]);
+      at += 2;
+    }
+  }
+  trace.write(o.trace);
+  log("timeline of the last overlapped step written to %s (open it in ui.perfetto.dev)\n", o.trace.c_str());
+}
+
+int run(const Options& o, cli::Session& session) {
+  parallel::Topology& topology = *session.topology;
+  comm::Communicator& world = topology.dp_group();
+  const Device device = session.device;
+  const int ranks = world.size();
+  if (o.global_batch % ranks != 0)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by " +
+                     std::to_string(ranks) + " ranks");
+  if (o.global_batch > o.samples)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than --samples " +
+                     std::to_string(o.samples));
+  cli::check_memory(
+      (o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.width, o.depth, o.global_batch),
+      "--samples, --width " + std::to_string(o.width) + " and --depth " + std::to_string(o.depth), world.local_size());
+  std::unique_ptr<comm::Communicator> simulated;
+  std::string label;
+  if (!o.sim_network.empty()) {
+    auto model = comm::parse_network(o.sim_network);
+    simulated = comm::simulate_network(world.split(0, world.rank()), model);
+    char text[96];
+    std::snprintf(text, sizeof text, " (simulated network: alpha %g us, %g GB/s)", model.alpha_us, model.gbps);
+    label = text;
+  }
+  comm::Communicator& group = simulated ? *simulated : world;
+  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
+  log("Chapter 05: %d ranks, MLP of %d layers of width %lld, global batch %lld, %d steps%s\n", ranks, o.depth,
+      static_cast<long long>(o.width), static_cast<long long>(o.global_batch), o.steps, label.c_str());
+  log("%-16s %8s %10s %10s %10s %12s  %s\n", "mode", "buckets", "step(ms)", "compute", "exposed", "MB/step", "check");
+
+  bool passed = true;
+  std::vector<float> reference;
+  ModeResult no_overlap, overlapped;
+  for (const Mode& mode : modes(o)) {
+    ModeResult r = train(o, mode, group, dataset, device, o.steps);
+    const double diff = reference.empty() ? 0.0 : verify::max_abs_diff(r.parameters, reference);
+    if (reference.empty()) reference = r.parameters;
+    const bool ok = r.check.passed;
+    passed = passed && ok;
+    std::string check = !o.verify ? "(--verify to check)"
+                        : ok      ? "PASSED"
+                                  : "FAILED at step " + std::to_string(r.check.first_failed_step);
+    log("%-16s %8zu %10.2f %10.2f %10.2f %12.2f  %s%s\n", mode.name.c_str(), r.buckets, r.step_ms,
+        r.step_ms - r.exposed_ms, r.exposed_ms, static_cast<double>(r.bytes_per_step) / 1e6, check.c_str(),
+        reference.size() && diff > 0 ? ("; differs from per-parameter by " + std::to_string(diff)).c_str() : "");
+    if (o.verify && !ok) log("  %s\n", r.check.first_failure.c_str());
+    session.metrics.write({{"event", "mode"},
+                           {"mode", mode.name},
+                           {"buckets", r.buckets},
+                           {"step_ms", r.step_ms},
+                           {"compute_ms", r.step_ms - r.exposed_ms},
+                           {"exposed_ms", r.exposed_ms},
+                           {"bytes_per_step", r.bytes_per_step},
+                           {"verified", o.verify},
+                           {"passed", ok},
+                           {"gradient_bound_ratio", r.check.worst_gradient_ratio},
+                           {"diff_vs_per_parameter", diff},
+                           {"ranks", ranks},
+                           {"simulated_network", label}});
+    if (mode.name == "buckets") no_overlap = r;
+    if (mode.name == "buckets+overlap") overlapped = r;
+  }
+  const double hidden = no_overlap.exposed_ms > 0 ? overlapped.exposed_ms / no_overlap.exposed_ms : 0.0;
+  log("overlap leaves %.2f of the bucketed communication exposed (%.2f ms of %.2f ms)%s\n", hidden,
+      overlapped.exposed_ms, no_overlap.exposed_ms, label.c_str());
+  write_trace(o, group, overlapped.timeline, label);
+
+  if (o.sweep_buckets) {
+    log("\nstep time against the bucket cap (buckets+overlap)%s:\n%10s %8s %10s %10s\n", label.c_str(), "cap(MB)",
+        "buckets", "step(ms)", "exposed");
+    for (double cap : {0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0}) {
+      Mode m{"sweep", {}};
+      m.options.bucket_cap_mb = cap;
+      m.options.first_bucket_mb = std::min(cap, o.first_bucket_mb);
+      Options quick = o;
+      quick.verify = false;
+      ModeResult r = train(quick, m, group, dataset, device, std::min(o.steps, 5));
+      log("%10.2f %8zu %10.2f %10.2f\n", cap, r.buckets, r.step_ms, r.exposed_ms);
+      session.metrics.write({{"event", "bucket_sweep"},
+                             {"bucket_mb", cap},
+                             {"buckets", r.buckets},
+                             {"step_ms", r.step_ms},
+                             {"exposed_ms", r.exposed_ms},
+                             {"simulated_network", label}});
+    }
+  }
+  session.metrics.write({{"event", "overlap_summary"},
+                         {"exposed_fraction", hidden},
+                         {"passed", passed},
+                         {"verified", o.verify},
+                         {"ranks", ranks},
+                         {"simulated_network", label}});
+  log("%s\n", passed ? "PASSED" : "FAILED");
+  return passed ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::Environment env(argc, argv);
+  CLI::App app{"Chapter 05: gradient buckets and overlap of communication with backward"};
+  Options o;
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  app.add_option("--depth", o.depth, "Hidden layers of the MLP")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--width", o.width, "Hidden width")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))
+      ->capture_default_str();
+  app.add_option("--features", o.features, "Input features")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{4096}))
+      ->capture_default_str();
+  app.add_option("--samples", o.samples, "Dataset size")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Samples per step over all ranks")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Steps per mode (the first is not timed)")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb)")
+      ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MB")
+      ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--sim-network", o.sim_network,
+                 "Delay every message as on a network of ALPHA_US,GBPS (10,1.25 is 10 GbE)");
+  app.add_option("--trace", o.trace, "Write the timeline of the last overlapped step here (Chrome trace JSON)")
+      ->capture_default_str();
+  app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
+  app.add_flag("--verify", o.verify, "Check every mode, every step, against one rank (lock-step)");
+  return cli::run(app, argc, argv, [&] {
+    if (!o.sim_network.empty()) {
+      try {
+        comm::parse_network(o.sim_network);
+      } catch (const UsageError& e) {
+        throw UsageError(std::string("--sim-network: ") + e.what());
+      }
+    }
+    cli::Session session = cli::start_session(o.common, o.distributed);
+    return run(o, session);
+  });
+}

@@ -1,0 +1,31 @@
+// A simulated network: a Communicator decorator that makes every operation take at least the time
+// an alpha-beta model gives for it on a slower network, to show what overlap buys on a real cluster
+// (10 GbE, 100 Gb/s) from a single machine. The real operation runs underneath; its work completes
+// no earlier than the model's time. The link carries one message at a time, so operations queue:
+//     finish_i = max(start_i, finish_{i-1}) + time_i
+// Waiting sleeps rather than spins, so the CPU stays free for the backward pass. Output from a run
+// with this decorator is always labelled "simulated network".
+#pragma once
+#include <chrono>
+#include <memory>
+#include <mutex>
+
+#include "common/comm/communicator.h"
+
+namespace course::comm {
+
+struct NetworkModel {
+  double alpha_us = 0;  // latency per message, microseconds
+  double gbps = 0;      // bandwidth, GB/s (1e9 bytes per second)
+  // The modelled seconds of `kind` on `bytes` over `ranks` ranks: a ring all-reduce sends
+  // 2(n-1)/n of the data in 2(n-1) messages; all-gather and reduce-scatter half that; a broadcast,
+  // reduce or point-to-point transfer the whole once.
+  double seconds(OpKind kind, double bytes, int ranks) const;
+};
+
+// Parses "ALPHA_US,GBPS" (for example "10,1.25" for 10 GbE); throws UsageError otherwise.
+NetworkModel parse_network(const std::string& text);
+
+std::unique_ptr<Communicator> simulate_network(std::unique_ptr<Communicator> inner, NetworkModel model);
+
+}  // namespace course::comm

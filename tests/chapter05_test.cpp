@@ -1,0 +1,77 @@
+// Chapter 05 graded from the outside: at 2, 3 and 4 ranks every mode passes the lock-step check;
+// the metrics report each mode's time split and bytes; the timeline is valid Chrome trace JSON with a
+// compute and a communication lane per rank; a simulated network is labelled; the bucket sweep runs;
+// bad input exits 2 with one line naming the flag.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+const std::string kBinary = CHAPTER05_BINARY;
+const std::string kSmall = " --device cpu --depth 4 --width 128 --features 16 --samples 512 --global-batch 48 --steps 4";
+
+TEST(Chapter05, EveryModePassesAtTwoThreeAndFourRanks) {
+  for (const std::string& mpirun : {std::string(MPIRUN_NP2), std::string(MPIRUN_NP3), std::string(MPIRUN_NP4)}) {
+    std::string metrics = temp_path("ch05.jsonl"), trace = temp_path("ch05_trace.json");
+    auto r = run_process(mpirun + " " + kBinary + kSmall + " --verify --bucket-mb 0.05 --first-bucket-mb 0.01" +
+                         " --metrics " + metrics + " --trace " + trace);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto records = read_metrics(metrics);
+    auto modes = events(records, "mode");
+    ASSERT_EQ(modes.size(), 4u);
+    std::vector<std::string> names;
+    for (auto& m : modes) {
+      names.push_back(m["mode"]);
+      EXPECT_TRUE(m["passed"].get<bool>()) << m.dump();
+      EXPECT_LE(m["gradient_bound_ratio"].get<double>(), 1.0) << m.dump();
+      EXPECT_NEAR(m["step_ms"].get<double>(), m["compute_ms"].get<double>() + m["exposed_ms"].get<double>(), 1e-6);
+      EXPECT_EQ(m["bytes_per_step"], modes[0]["bytes_per_step"]) << "every mode sends the whole gradient once";
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"per-parameter", "flat", "buckets", "buckets+overlap"}));
+    EXPECT_EQ(modes[1]["buckets"].get<int>(), 1);
+    EXPECT_GT(modes[3]["buckets"].get<int>(), 2);
+    // The trace: complete events on a compute and a communication lane for every rank.
+    auto doc = nlohmann::json::parse(read_file(trace));
+    std::set<std::pair<int, int>> lanes;
+    for (auto& e : doc["traceEvents"])
+      if (e["ph"] == "X") {
+        EXPECT_GE(e["dur"].get<double>(), 0.0);
+        lanes.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+      }
+    const int ranks = events(records, "overlap_summary").at(0)["ranks"];
+    EXPECT_EQ(static_cast<int>(lanes.size()), 2 * ranks);
+  }
+}
+
+TEST(Chapter05, SimulatedNetworkIsLabelledAndTheSweepRuns) {
+  std::string metrics = temp_path("ch05_sim.jsonl"), trace = temp_path("ch05_sim.json");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --sim-network 10,1.25 --sweep-buckets" +
+                       " --metrics " + metrics + " --trace " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(simulated network: alpha 10 us, 1.25 GB/s)"), std::string::npos) << r.out;
+  auto records = read_metrics(metrics);
+  EXPECT_EQ(events(records, "bucket_sweep").size(), 9u);
+  for (auto& m : events(records, "mode")) EXPECT_NE(m["simulated_network"].get<std::string>(), "");
+  EXPECT_NE(read_file(trace).find("simulated network"), std::string::npos);
+}
+
+TEST(Chapter05, BadInput) {
+  for (auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--bucket-mb 0", "--bucket-mb"},          {"--bucket-mb -1", "--bucket-mb"},
+           {"--bucket-mb nan", "--bucket-mb"},        {"--first-bucket-mb 0", "--first-bucket-mb"},
+           {"--sim-network 1,0", "--sim-network"},    {"--sim-network fast", "--sim-network"},
+           {"--sim-network 10,nan", "--sim-network"}, {"--steps 1", "--steps"},
+           {"--global-batch 8192", "--global-batch"}, {"--width 0", "--width"}}) {
+    auto r = run_process(kBinary + " --device cpu " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace course::testing

@@ -1,0 +1,202 @@
+// The Reducer under mpirun with 2, 3 and 4 ranks: bucket assignment (reverse order, caps, every
+// parameter once, gradients as views into the bucket buffer), every synchronisation mode checked in
+// lock-step against one rank (caps smaller than any parameter and larger than the model, overlap, and
+// after the rebuild), no_sync accumulation in buckets, unused parameters, and the simulated network's
+// delays against the alpha-beta formula.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+
+#include "common/comm/simulated_network.h"
+#include "common/data/house_prices.h"
+#include "common/nn/layers.h"
+#include "common/ops/ops.h"
+#include "common/optim/optimizer.h"
+#include "common/parallel/ddp.h"
+#include "common/parallel/distributed_sampler.h"
+#include "common/verify/lockstep.h"
+#include "support/mpi_main.h"
+
+namespace course::testing {
+namespace {
+
+constexpr double kKiB = 1.0 / 1024.0;  // in MB, for caps
+
+std::shared_ptr<nn::Sequential> mlp(std::uint64_t seed) {
+  return nn::make_mlp(6, 64, 3, 1, nn::Activation::relu, Device::cpu, seed);  // weights of 1.5, 16 and 16 KiB
+}
+
+Tensor batch_loss(nn::Module& model, const data::Dataset& d, const std::vector<std::int64_t>& samples) {
+  data::Batch b = data::make_batch(d, samples, Device::cpu);
+  return mse_loss(model(b.x), b.y);
+}
+
+// Trains with DDP under `options` for `steps` steps in `accum` micro-batches, checked in lock-step.
+verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps, int accum = 1) {
+  const int ranks = world().size();
+  data::Dataset d = data::make_house_prices_wide(300, 6, 5);
+  parallel::DistributedDataParallel ddp(mlp(1 + static_cast<std::uint64_t>(world().rank())), world(), options);
+  optim::SGD sgd(ddp.module().parameters(), 0.02f, 0.9f);
+  parallel::DistributedSampler sampler(d.size, world(), 3);
+  const std::int64_t local = 12;
+  verify::LockstepVerifier lockstep(mlp(1), &world());
+  for (int step = 0; step < steps; ++step) {
+    lockstep.begin_step(ddp.module());
+    auto share = sampler.batch(step, local);
+    auto micro = data::split_batches(share, (local + accum - 1) / accum);
+    float loss_sum = 0;
+    for (std::size_t i = 0; i < micro.size(); ++i) {
+      Tensor loss = scale(batch_loss(ddp.module(), d, micro[i]), static_cast<float>(micro[i].size()) / local);
+      if (i + 1 < micro.size()) {
+        auto guard = ddp.no_sync();
+        loss.backward();
+      } else {
+        loss.backward();
+      }
+      loss_sum += loss.item();
+    }
+    Tensor loss = Tensor::from_host({loss_sum}, {1});
+    world().all_reduce(loss, comm::ReduceOp::average);
+    const auto global = sampler.global_batch(step, local);
+    lockstep.check(step, ddp.module(), loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+                   [&](nn::Module& reference, std::size_t r) {
+                     std::vector<std::int64_t> theirs;
+                     for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks)) theirs.push_back(global[i]);
+                     auto pieces = data::split_batches(theirs, (local + accum - 1) / accum);
+                     float total = 0;
+                     for (auto& piece : pieces) {
+                       Tensor l = scale(batch_loss(reference, d, piece), static_cast<float>(piece.size()) / local);
+                       l.backward();
+                       total += l.item();
+                     }
+                     return total;
+                   });
+    sgd.step();
+    sgd.zero_grad();
+  }
+  EXPECT_TRUE(ddp.parameters_identical());
+  EXPECT_EQ(ddp.reducer().rebuilt(), options.rebuild_buckets && !options.per_parameter && steps > 0);
+  return lockstep.finish();
+}
+
+TEST(Reducer, BucketsInReverseOrderWithinTheirCaps) {
+  auto model = mlp(1);
+  auto named = model->named_parameters();
+  parallel::ReducerOptions options;
+  options.first_bucket_mb = 2 * kKiB;  // the output layer (65 floats) and one more small tensor
+  options.bucket_cap_mb = 20 * kKiB;   // one 16 KiB weight and its bias at most
+  parallel::Reducer reducer(named, world(), options);
+  std::vector<std::size_t> seen;
+  for (std::size_t b = 0; b < reducer.buckets().size(); ++b) {
+    const auto& bucket = reducer.buckets()[b];
+    const double cap = (b == 0 ? options.first_bucket_mb : options.bucket_cap_mb) * 1024 * 1024;
+    std::size_t bytes = 0;
+    for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+      const Tensor& p = named[bucket.parameters[k]].second;
+      bytes += p.nbytes();
+      // The gradient is a view into the bucket's buffer, at its offset.
+      EXPECT_EQ(p.grad().data(), bucket.buffer.data() + bucket.offsets[k]) << named[bucket.parameters[k]].first;
+      seen.push_back(bucket.parameters[k]);
+    }
+    EXPECT_TRUE(bytes <= cap || bucket.parameters.size() == 1) << "bucket " << b << " holds " << bytes;
+  }
+  // Every parameter exactly once, in reverse registration order.
+  ASSERT_EQ(seen.size(), named.size());
+  for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], named.size() - 1 - i);
+  EXPECT_GE(reducer.buckets().size(), 3u);
+}
+
+TEST(Reducer, EveryModeMatchesOneRankInLockStep) {
+  parallel::ReducerOptions per_parameter, flat, buckets, overlap, tiny, huge, no_rebuild;
+  per_parameter.per_parameter = true;
+  flat.bucket_cap_mb = flat.first_bucket_mb = 1e6;
+  flat.overlap = false;
+  buckets.bucket_cap_mb = 20 * kKiB;
+  buckets.overlap = false;
+  overlap.bucket_cap_mb = 20 * kKiB;
+  overlap.first_bucket_mb = 2 * kKiB;
+  tiny.bucket_cap_mb = tiny.first_bucket_mb = 1e-6;  // smaller than the smallest parameter
+  huge.bucket_cap_mb = huge.first_bucket_mb = 1e6;   // larger than the whole model
+  no_rebuild.rebuild_buckets = false;
+  for (const auto& options : {per_parameter, flat, buckets, overlap, tiny, huge, no_rebuild}) {
+    auto summary = train(options, 6);  // the rebuild happens after step 0
+    EXPECT_TRUE(summary.passed) << summary.first_failure;
+    EXPECT_EQ(summary.steps, 6);
+  }
+}
+
+TEST(Reducer, NoSyncAccumulatesInTheBuckets) {
+  parallel::ReducerOptions overlap;
+  overlap.bucket_cap_mb = 20 * kKiB;
+  auto summary = train(overlap, 4, 3);
+  EXPECT_TRUE(summary.passed) << summary.first_failure;
+}
+
+// Two layers, of which forward uses only the first when `skip_second` is set.
+struct PartlyUsed : nn::Module {
+  PartlyUsed() {
+    first = register_module("first", std::make_shared<nn::Linear>(4, 1, Device::cpu, 1));
+    second = register_module("second", std::make_shared<nn::Linear>(4, 1, Device::cpu, 2));
+  }
+  Tensor forward(const Tensor& x) override { return skip_second ? (*first)(x) : add((*first)(x), (*second)(x)); }
+  std::shared_ptr<nn::Linear> first, second;
+  bool skip_second = true;
+};
+
+TEST(Reducer, AnUnusedParameterIsAnErrorOrZero) {
+  Tensor x = Tensor::randn({3, 4}, 7);
+  {
+    auto model = std::make_shared<PartlyUsed>();
+    parallel::DistributedDataParallel ddp(model, world());
+    try {
+      sum(ddp(x)).backward();
+      ADD_FAILURE() << "an unused parameter was not reported";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("'second.weight'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("find_unused_parameters"), std::string::npos) << e.what();
+    }
+  }
+  parallel::ReducerOptions options;
+  options.find_unused_parameters = true;
+  auto model = std::make_shared<PartlyUsed>();
+  parallel::DistributedDataParallel ddp(model, world(), options);
+  for (int step = 0; step < 3; ++step) {  // before and after the rebuild
+    model->zero_grad();
+    Tensor input = Tensor::full({3, 4}, static_cast<float>(world().rank() + 1));
+    sum(ddp(input)).backward();
+    // d/dW of sum(x W^T + b) is the column sums of x: 3 * (r + 1) on rank r, averaged over the ranks.
+    const float expected = 3.0f * static_cast<float>(world().size() + 1) / 2.0f;
+    EXPECT_EQ(model->first->weight.grad().to_host(), std::vector<float>(4, expected));
+    EXPECT_EQ(model->second->weight.grad().to_host(), std::vector<float>(4, 0.0f));
+  }
+}
+
+TEST(SimulatedNetwork, DelaysMatchTheAlphaBetaModel) {
+  // What sleeping and the real transfer may add to the model's time: the real shared-memory
+  // all-reduce of 4 MiB takes a few milliseconds, and a sleep overshoots by at most about one.
+  constexpr double kSlackSeconds = 0.05;
+  const comm::NetworkModel network{100, 0.5};  // 100 us, 0.5 GB/s
+  auto simulated = comm::simulate_network(world().split(0, world().rank()), network);
+  Tensor t = Tensor::ones({1 << 20});
+  simulated->barrier();
+  const auto begin = std::chrono::steady_clock::now();
+  simulated->all_reduce(t);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const double model = network.seconds(comm::OpKind::all_reduce, 4.0 * (1 << 20), world().size());
+  if (world().size() > 1) {
+    EXPECT_NEAR(model, 2 * (world().size() - 1) * 100e-6 + 2.0 * (world().size() - 1) / world().size() * 4.0 * (1 << 20) / 0.5e9, 1e-12);
+  }
+  EXPECT_GE(seconds, model);
+  EXPECT_LE(seconds, model + kSlackSeconds);
+  EXPECT_EQ(t.to_host()[5], static_cast<float>(world().size()));  // and the real result
+  EXPECT_THROW(comm::parse_network("1,0"), UsageError);
+  EXPECT_THROW(comm::parse_network("nan,1"), UsageError);
+  EXPECT_THROW(comm::parse_network("10"), UsageError);
+  EXPECT_EQ(comm::parse_network("10,1.25").gbps, 1.25);
+}
+
+}  // namespace
+}  // namespace course::testing
+
+COURSE_MPI_TEST_MAIN()
