@@ -18,6 +18,7 @@
 #include "common/nn/layers.h"                     // make_mlp
 #include "common/ops/ops.h"                       // mse_loss
 #include "common/optim/optimizer.h"               // SGD
+#include "common/parallel/comm_hooks.h"           // --comm-hook: fp16 and bf16 compression
 #include "common/parallel/ddp.h"                  // DistributedDataParallel over the Reducer's buckets
 #include "common/parallel/distributed_sampler.h"  // each rank's share of the data
 #include "common/parallel/replicas.h"             // on_rank0
@@ -37,7 +38,7 @@ struct Options {
   int steps = 8;
   float lr = 0.001f;
   double bucket_mb = 25, first_bucket_mb = 1;
-  std::string sim_network, trace = "trace.json";
+  std::string sim_network, trace = "trace.json", comm_hook = "none";
   bool sweep_buckets = false, verify = false;
 };
 
@@ -80,13 +81,18 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
   auto model = nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device,
                             o.common.seed + static_cast<std::uint64_t>(group.rank()));
   parallel::DistributedDataParallel ddp(model, group, mode.options);
+  ddp.register_comm_hook(parallel::comm_hook_named(o.comm_hook));
   optim::SGD sgd(model->parameters(), o.lr);
   parallel::DistributedSampler sampler(dataset.size, group, o.common.seed);
   const std::int64_t local = o.global_batch / ranks;
   std::unique_ptr<verify::LockstepVerifier> lockstep;
-  if (o.verify)
+  if (o.verify) {
     lockstep = std::make_unique<verify::LockstepVerifier>(
         nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device, o.common.seed), &group);
+    // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
+    if (o.comm_hook == "fp16") lockstep->set_rounding(verify::kFloat16Rounding);
+    if (o.comm_hook == "bf16") lockstep->set_rounding(verify::kBfloat16Rounding);
+  }
   ModeResult result;
   std::int64_t bytes_before = 0;
   for (int step = 0; step < steps; ++step) {
@@ -182,8 +188,9 @@ int run(const Options& o, cli::Session& session) {
   }
   comm::Communicator& group = simulated ? *simulated : world;
   data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
-  log("Chapter 05: %d ranks, MLP of %d layers of width %lld, global batch %lld, %d steps%s\n", ranks, o.depth,
-      static_cast<long long>(o.width), static_cast<long long>(o.global_batch), o.steps, label.c_str());
+  log("Chapter 05: %d ranks, MLP of %d layers of width %lld, global batch %lld, %d steps, comm hook %s%s\n", ranks,
+      o.depth, static_cast<long long>(o.width), static_cast<long long>(o.global_batch), o.steps, o.comm_hook.c_str(),
+      label.c_str());
   log("%-16s %8s %10s %10s %10s %12s  %s\n", "mode", "buckets", "step(ms)", "compute", "exposed", "MB/step", "check");
 
   bool passed = true;
@@ -214,7 +221,8 @@ int run(const Options& o, cli::Session& session) {
                            {"gradient_bound_ratio", r.check.worst_gradient_ratio},
                            {"diff_vs_per_parameter", diff},
                            {"ranks", ranks},
-                           {"simulated_network", label}});
+                           {"simulated_network", label},
+                           {"comm_hook", o.comm_hook}});
     if (mode.name == "buckets") no_overlap = r;
     if (mode.name == "buckets+overlap") overlapped = r;
   }
@@ -286,6 +294,9 @@ int main(int argc, char** argv) {
   app.add_option("--sim-network", o.sim_network,
                  "Delay every message as on a network of ALPHA_US,GBPS (10,1.25 is 10 GbE)");
   app.add_option("--trace", o.trace, "Write the timeline of the last overlapped step here (Chrome trace JSON)")
+      ->capture_default_str();
+  app.add_option("--comm-hook", o.comm_hook, "How buckets travel: none (float32), fp16 or bf16 (half the bytes)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();
   app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
   app.add_flag("--verify", o.verify, "Check every mode, every step, against one rank (lock-step)");

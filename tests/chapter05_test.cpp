@@ -4,6 +4,7 @@
 // bad input exits 2 with one line naming the flag.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "support/process.h"
@@ -59,13 +60,31 @@ TEST(Chapter05, SimulatedNetworkIsLabelledAndTheSweepRuns) {
   EXPECT_NE(read_file(trace).find("simulated network"), std::string::npos);
 }
 
+TEST(Chapter05, SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes) {
+  std::map<std::string, double> bytes;
+  for (const std::string hook : {"none", "fp16", "bf16"}) {
+    std::string metrics = temp_path("ch05_hook.jsonl"), trace = temp_path("ch05_hook.json");
+    auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --verify --comm-hook " + hook +
+                         " --metrics " + metrics + " --trace " + trace);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    for (auto& m : events(read_metrics(metrics), "mode")) {
+      EXPECT_TRUE(m["passed"].get<bool>()) << hook << " " << m.dump();
+      EXPECT_EQ(m["comm_hook"], hook);
+      bytes[hook] = m["bytes_per_step"].get<double>();
+    }
+  }
+  EXPECT_NEAR(bytes["fp16"], bytes["none"] / 2, 16);
+  EXPECT_NEAR(bytes["bf16"], bytes["none"] / 2, 16);
+}
+
 TEST(Chapter05, BadInput) {
   for (auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--bucket-mb 0", "--bucket-mb"},          {"--bucket-mb -1", "--bucket-mb"},
            {"--bucket-mb nan", "--bucket-mb"},        {"--first-bucket-mb 0", "--first-bucket-mb"},
            {"--sim-network 1,0", "--sim-network"},    {"--sim-network fast", "--sim-network"},
            {"--sim-network 10,nan", "--sim-network"}, {"--steps 1", "--steps"},
-           {"--global-batch 8192", "--global-batch"}, {"--width 0", "--width"}}) {
+           {"--global-batch 8192", "--global-batch"}, {"--width 0", "--width"},
+           {"--comm-hook xyz", "--comm-hook"}}) {
     auto r = run_process(kBinary + " --device cpu " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;

@@ -13,6 +13,7 @@
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
+#include "common/parallel/comm_hooks.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/distributed_sampler.h"
 #include "common/verify/lockstep.h"
@@ -33,14 +34,18 @@ Tensor batch_loss(nn::Module& model, const data::Dataset& d, const std::vector<s
 }
 
 // Trains with DDP under `options` for `steps` steps in `accum` micro-batches, checked in lock-step.
-verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps, int accum = 1) {
+verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps, int accum = 1,
+                              const std::string& hook = "none", verify::Rounding rounding = verify::kFloat32Rounding,
+                              std::int64_t* bytes = nullptr) {
   const int ranks = world().size();
   data::Dataset d = data::make_house_prices_wide(300, 6, 5);
   parallel::DistributedDataParallel ddp(mlp(1 + static_cast<std::uint64_t>(world().rank())), world(), options);
+  ddp.register_comm_hook(parallel::comm_hook_named(hook));
   optim::SGD sgd(ddp.module().parameters(), 0.02f, 0.9f);
   parallel::DistributedSampler sampler(d.size, world(), 3);
   const std::int64_t local = 12;
   verify::LockstepVerifier lockstep(mlp(1), &world());
+  lockstep.set_rounding(rounding);
   for (int step = 0; step < steps; ++step) {
     lockstep.begin_step(ddp.module());
     auto share = sampler.batch(step, local);
@@ -75,6 +80,7 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
     sgd.step();
     sgd.zero_grad();
   }
+  if (bytes) *bytes = ddp.reducer().bytes_communicated();
   EXPECT_TRUE(ddp.parameters_identical());
   EXPECT_EQ(ddp.reducer().rebuilt(), options.rebuild_buckets && !options.per_parameter && steps > 0);
   return lockstep.finish();
@@ -131,6 +137,25 @@ TEST(Reducer, NoSyncAccumulatesInTheBuckets) {
   overlap.bucket_cap_mb = 20 * kKiB;
   auto summary = train(overlap, 4, 3);
   EXPECT_TRUE(summary.passed) << summary.first_failure;
+}
+
+TEST(Reducer, SixteenBitHooksHalveTheBytesWithinTheirBound) {
+  parallel::ReducerOptions overlap;
+  overlap.bucket_cap_mb = 20 * kKiB;
+  std::int64_t full = 0, fp16 = 0, bf16 = 0;
+  EXPECT_TRUE(train(overlap, 4, 1, "none", verify::kFloat32Rounding, &full).passed);
+  auto summary = train(overlap, 4, 1, "fp16", verify::kFloat16Rounding, &fp16);
+  EXPECT_TRUE(summary.passed) << summary.first_failure;
+  summary = train(overlap, 4, 1, "bf16", verify::kBfloat16Rounding, &bf16);
+  EXPECT_TRUE(summary.passed) << summary.first_failure;
+  // Half the bytes, up to one padding value per odd-sized bucket.
+  EXPECT_LE(fp16, full / 2 + 64);
+  EXPECT_GE(fp16, full / 2);
+  EXPECT_EQ(bf16, fp16);
+  // The compression really happened: the result is outside float32's bound.
+  if (world().size() > 1) {
+    EXPECT_FALSE(train(overlap, 2, 1, "bf16").passed);
+  }
 }
 
 // Two layers, of which forward uses only the first when `skip_second` is set.

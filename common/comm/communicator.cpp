@@ -116,6 +116,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
 }
 
 WorkHandle Communicator::submit(Collective c) {
+  if (c.kind != OpKind::recv && c.input.defined()) bytes_sent_ += static_cast<std::int64_t>(c.input.nbytes());
   long sequence = ++sequence_;
   std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank(), timeout_);
   try {
@@ -136,6 +137,11 @@ WorkHandle Communicator::reduce_async(Tensor& t, int root, ReduceOp op) {
 }
 WorkHandle Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
   return submit({OpKind::all_reduce, t, t, 0, 0, 0, op});
+}
+WorkHandle Communicator::all_reduce_async(Tensor& packed, ReduceOp op, Element element) {
+  if (element != Element::float32 && op != ReduceOp::sum)
+    throw std::invalid_argument("all_reduce: 16-bit buffers support the sum only");
+  return submit({OpKind::all_reduce, packed, packed, 0, 0, 0, op, element});
 }
 WorkHandle Communicator::all_gather_async(const Tensor& input, Tensor& output) {
   check_count(output, input, size(), "all_gather");

@@ -28,6 +28,10 @@ class Work {
 using WorkHandle = std::shared_ptr<Work>;
 WorkHandle completed_work();  // a work that is already done: for hooks that finish synchronously
 
+// What a buffer holds: float32 values, or 16-bit values packed two to each float32 slot (the
+// compression hooks of chapter 05; 16-bit buffers support ReduceOp::sum only).
+enum class Element { float32, float16, bfloat16 };
+
 // What to run: one description per call, so each backend implements one dispatch.
 enum class OpKind { broadcast, reduce, all_reduce, all_gather, reduce_scatter, scatter, gather, barrier, send, recv,
                     send_recv };
@@ -40,6 +44,7 @@ struct Collective {
   int peer = 0;    // source peer for recv and send_recv
   int tag = 0;
   ReduceOp op = ReduceOp::sum;
+  Element element = Element::float32;
 };
 
 // Where a process sits in a group: its rank and the group's size, the same counted among the group's
@@ -64,6 +69,7 @@ class Communicator {
   WorkHandle broadcast_async(Tensor& tensor, int root);
   WorkHandle reduce_async(Tensor& tensor, int root, ReduceOp op = ReduceOp::sum);  // result on root
   WorkHandle all_reduce_async(Tensor& tensor, ReduceOp op = ReduceOp::sum);
+  WorkHandle all_reduce_async(Tensor& packed, ReduceOp op, Element element);  // 16-bit: sum only
   WorkHandle all_gather_async(const Tensor& input, Tensor& output);         // output: size() x input
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);  // input: size() x output
   WorkHandle scatter_async(const Tensor& input, Tensor& output, int root);  // root's input: size() x output
@@ -96,6 +102,9 @@ class Communicator {
   // over this communicator. The new group's local rank and size count its own members on each machine.
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // Bytes of payload this rank has handed to collectives and sends so far (what crosses its link).
+  std::int64_t bytes_sent() const { return bytes_sent_; }
+
   // How long a collective may take before the watchdog aborts the job (at most kMaxTimeoutSeconds).
   // Groups made by split() inherit it.
   void set_timeout(std::chrono::milliseconds timeout);
@@ -115,6 +124,7 @@ class Communicator {
   void check_peer(int peer, const char* what) const;
   Placement placement_;
   long sequence_ = 0;
+  std::int64_t bytes_sent_ = 0;
 };
 
 }  // namespace course::comm

@@ -9,11 +9,13 @@
 #include <functional>
 #include <limits>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
 #include "common/comm/backends.h"
 #include "common/core/cuda_runtime.h"
+#include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 
 namespace course::comm {
@@ -66,6 +68,29 @@ class HostBuffer {
 };
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
+
+// MPI has no 16-bit float type: sums of packed fp16 or bf16 travel as MPI_UINT16_T with these
+// operations, which add in float32 and round each partial sum back to 16 bits, as a 16-bit
+// all-reduce on the wire does.
+template <HalfFormat format>
+void add_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    if constexpr (format == HalfFormat::float16) b[i] = half::to_float16(half::from_float16(a[i]) + half::from_float16(b[i]));
+    else b[i] = half::to_bfloat16(half::from_bfloat16(a[i]) + half::from_bfloat16(b[i]));
+  }
+}
+
+MPI_Op sum_16bit(Element element) {
+  static MPI_Op fp16 = MPI_OP_NULL, bf16 = MPI_OP_NULL;
+  static std::once_flag created;
+  std::call_once(created, [] {
+    MPI_Op_create(&add_16bit<HalfFormat::float16>, 1, &fp16);
+    MPI_Op_create(&add_16bit<HalfFormat::bfloat16>, 1, &bf16);
+  });
+  return element == Element::float16 ? fp16 : bf16;
+}
 
 class FutureWork final : public Work {
  public:
@@ -220,6 +245,11 @@ class MpiCommunicator final : public Communicator {
         if (c.op == ReduceOp::average && rank() == c.root) average(inp, n_in);
         break;
       case OpKind::all_reduce:
+        if (c.element != Element::float32) {
+          if (n_in > std::numeric_limits<int>::max() / 2) throw std::invalid_argument("tensor too large for one MPI call");
+          check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, 2 * n_in, MPI_UINT16_T, sum_16bit(c.element), comm_), "MPI_Allreduce");
+          break;
+        }
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, n_in, MPI_FLOAT, mpi_op(c.op), comm_), "MPI_Allreduce");
         if (c.op == ReduceOp::average) average(inp, n_in);
         break;

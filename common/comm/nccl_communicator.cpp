@@ -93,6 +93,12 @@ class NcclCommunicator final : public Communicator {
         check_nccl(ncclReduce(in, out, n_in, ncclFloat, nccl_op(c.op), c.root, comm_, stream_), "ncclReduce");
         break;
       case OpKind::all_reduce:
+        if (c.element != Element::float32) {  // packed 16-bit values, two per float slot
+          check_nccl(ncclAllReduce(in, out, 2 * n_in, c.element == Element::float16 ? ncclFloat16 : ncclBfloat16,
+                                   ncclSum, comm_, stream_),
+                     "ncclAllReduce");
+          break;
+        }
         check_nccl(ncclAllReduce(in, out, n_in, ncclFloat, nccl_op(c.op), comm_, stream_), "ncclAllReduce");
         break;
       case OpKind::all_gather:

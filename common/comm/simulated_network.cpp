@@ -60,7 +60,7 @@ class SimulatedNetwork final : public Communicator {
     switch (c.kind) {
       case OpKind::broadcast: return inner_->broadcast_async(out, c.root);
       case OpKind::reduce: return inner_->reduce_async(out, c.root, c.op);
-      case OpKind::all_reduce: return inner_->all_reduce_async(out, c.op);
+      case OpKind::all_reduce: return inner_->all_reduce_async(out, c.op, c.element);
       case OpKind::all_gather: return inner_->all_gather_async(in, out);
       case OpKind::reduce_scatter: return inner_->reduce_scatter_async(in, out, c.op);
       case OpKind::scatter: return inner_->scatter_async(in, out, c.root);

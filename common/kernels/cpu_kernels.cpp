@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/kernels/kernels.h"
+#include "common/kernels/half.h"
 #include "common/kernels/math.h"
 
 namespace course {
@@ -44,6 +45,14 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = format == HalfFormat::float16 ? half::to_float16(in[i]) : half::to_bfloat16(in[i]);
+  }
+  void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = format == HalfFormat::float16 ? half::from_float16(in[i]) : half::from_bfloat16(in[i]);
+  }
   void scale(const float* in, float factor, float* out, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * factor;
   }

@@ -7,6 +7,7 @@
 
 #include "common/core/cuda_check.h"
 #include "common/kernels/kernels.h"
+#include "common/kernels/half.h"
 #include "common/kernels/math.h"
 
 namespace course {
@@ -19,6 +20,16 @@ constexpr int kReduceThreads = 1024;
 
 __global__ void fill_kernel(float* out, std::size_t n, float value) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
+}
+
+__global__ void to_half_kernel(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = format == HalfFormat::float16 ? half::to_float16(in[i]) : half::to_bfloat16(in[i]);
+}
+
+__global__ void from_half_kernel(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = format == HalfFormat::float16 ? half::from_float16(in[i]) : half::from_bfloat16(in[i]);
 }
 
 __global__ void binary_kernel(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn,
@@ -174,6 +185,16 @@ class CudaKernels final : public Kernels {
   void scale(const float* in, float factor, float* out, std::size_t n) override {
     if (!n) return;
     scale_kernel<<<blocks_for(n), kThreads>>>(in, factor, out, n);
+    check_launch();
+  }
+  void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) override {
+    if (!n) return;
+    to_half_kernel<<<blocks_for(n), kThreads>>>(format, in, out, n);
+    check_launch();
+  }
+  void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) override {
+    if (!n) return;
+    from_half_kernel<<<blocks_for(n), kThreads>>>(format, in, out, n);
     check_launch();
   }
   void sum(const float* in, std::size_t n, float* out) override {

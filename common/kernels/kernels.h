@@ -11,6 +11,7 @@ namespace course {
 
 enum class BinaryOp { add, sub, mul, max };
 enum class UnaryOp { relu, gelu };
+enum class HalfFormat { float16, bfloat16 };  // 16-bit storage (common/kernels/half.h)
 
 struct SgdParams {
   float lr, momentum, weight_decay;
@@ -33,6 +34,9 @@ class Kernels {
   virtual void binary(BinaryOp op, const float* a, std::size_t a_n, const float* b, std::size_t b_n, float* out,
                       std::size_t n) = 0;
   virtual void scale(const float* in, float factor, float* out, std::size_t n) = 0;
+  // float32 to 16 bits (round to nearest even) and back; chapter 05's compression hooks.
+  virtual void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) = 0;
+  virtual void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) = 0;
   // Deterministic reductions: a fixed summation order, so repeated runs give identical bits.
   virtual void sum(const float* in, std::size_t n, float* out) = 0;
   virtual void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) = 0;  // over rows

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/core/memory.h"
+#include "common/parallel/comm_hooks.h"
 
 namespace course::parallel {
 namespace {
@@ -26,7 +27,7 @@ Reducer::Reducer(std::vector<nn::NamedTensor> parameters, comm::Communicator& gr
     throw std::invalid_argument("Reducer: bucket caps must be positive (bucket_cap_mb " +
                                 std::to_string(options_.bucket_cap_mb) + ", first_bucket_mb " +
                                 std::to_string(options_.first_bucket_mb) + ")");
-  hook_ = [](comm::Communicator& g, Tensor& bucket) { return g.all_reduce_async(bucket, comm::ReduceOp::average); };
+  hook_ = allreduce_hook();
   std::vector<std::size_t> reverse(parameters_.size());
   for (std::size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
   build(reverse);
@@ -104,8 +105,9 @@ void Reducer::launch_ready_buckets(bool all) {
   while (next_launch_ < buckets_.size() && (all || buckets_[next_launch_].pending == 0)) {
     Bucket& bucket = buckets_[next_launch_];
     launched_ms_[next_launch_] = now_ms();
+    const std::int64_t before = group_.bytes_sent();
     bucket.work = hook_(group_, bucket.buffer);
-    bytes_ += static_cast<std::int64_t>(bucket.buffer.nbytes());
+    bytes_ += group_.bytes_sent() - before;  // what the hook put on the wire (half, when compressed)
     ++next_launch_;
   }
 }

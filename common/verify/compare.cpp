@@ -7,13 +7,13 @@
 
 namespace course::verify {
 
-double gamma(std::int64_t n) {
-  const double nu = static_cast<double>(n) * kUnitRoundoff;
+double gamma(std::int64_t n, double unit_roundoff) {
+  const double nu = static_cast<double>(n) * unit_roundoff;
   return nu < 1.0 ? nu / (1.0 - nu) : std::numeric_limits<double>::infinity();
 }
 
-double summation_bound(double absolute_sum, std::int64_t roundings) {
-  return gamma(roundings) * absolute_sum + static_cast<double>(roundings) * kSmallestSubnormal;
+double summation_bound(double absolute_sum, std::int64_t roundings, Rounding rounding) {
+  return gamma(roundings, rounding.unit_roundoff) * absolute_sum + static_cast<double>(roundings) * rounding.subnormal;
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

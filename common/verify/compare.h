@@ -9,6 +9,9 @@
 // all-reduce or by += accumulation, then scaled. If a reference computes every g_r exactly as the
 // run did and adds them exactly (in double), the two differ by at most
 //     gamma(R + 1) * sum_r |c g_r|        elementwise.
+// A 16-bit compression hook scales each part, rounds it to 16 bits and adds in 16 bits: R + 1
+// roundings with the 16-bit unit roundoff (2^-11 for fp16, 2^-8 for bf16), plus half the smallest
+// 16-bit subnormal for each, since small gradients fall into fp16's subnormal range.
 // What cannot be bounded this way is one batch against the same samples in several pieces: a GEMM
 // rounds each row differently for different row counts, and a ReLU whose input is within that
 // rounding of zero flips, so the per-sample terms themselves differ. That comparison (chapter 02's
@@ -20,17 +23,25 @@
 
 namespace course::verify {
 
-constexpr double kUnitRoundoff = 0x1p-24;  // float32, round to nearest
-// The smallest positive float32 (subnormal): each rounding in the subnormal range may be off by
-// this much absolutely, which a relative bound does not cover.
-constexpr double kSmallestSubnormal = 0x1p-149;
+// How a format rounds: the relative error of one rounding to nearest (the unit roundoff u), and the
+// absolute error of one rounding in the subnormal range (half the smallest subnormal), which a
+// relative bound does not cover.
+struct Rounding {
+  double unit_roundoff, subnormal;
+};
+constexpr Rounding kFloat32Rounding{0x1p-24, 0x1p-150};
+// The 16-bit formats of chapter 05's compression hooks: fp16 has 11 significant bits and subnormals
+// from 2^-24; bf16 has 8 significant bits and float32's exponent range.
+constexpr Rounding kFloat16Rounding{0x1p-11, 0x1p-25};
+constexpr Rounding kBfloat16Rounding{0x1p-8, 0x1p-134};
+constexpr double kUnitRoundoff = kFloat32Rounding.unit_roundoff;
 
 // gamma(n) = n u / (1 - n u); infinite when n u >= 1 (no bound).
-double gamma(std::int64_t n);
+double gamma(std::int64_t n, double unit_roundoff = kUnitRoundoff);
 
-// The bound on |computed - exact| for a float32 sum whose terms have absolute values adding up to
-// `absolute_sum`, with at most `roundings` roundings along the way (plus the subnormal range).
-double summation_bound(double absolute_sum, std::int64_t roundings);
+// The bound on |computed - exact| for a sum whose terms have absolute values adding up to
+// `absolute_sum`, with at most `roundings` roundings in `rounding`'s format along the way.
+double summation_bound(double absolute_sum, std::int64_t roundings, Rounding rounding = kFloat32Rounding);
 
 // The largest |a[i] - b[i]|; throws std::invalid_argument when the sizes differ.
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);

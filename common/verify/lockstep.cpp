@@ -66,7 +66,10 @@ void LockstepVerifier::check(std::int64_t step, const nn::Module& trained, float
       magnitude[i] += std::fabs(scale * g[i]);
     }
   }
-  const auto roundings = static_cast<std::int64_t>(parts) + 1;
+  // R parts: R-1 additions and the scaling (and in 16 bits, each part's conversion before the sum).
+  const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
+  const auto roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
+  const auto loss_roundings = static_cast<std::int64_t>(parts) + 1;  // the loss is averaged in float32
   auto record = [&](const char* text) {
     if (!summary_.passed) return;
     summary_.passed = false;
@@ -76,7 +79,7 @@ void LockstepVerifier::check(std::int64_t step, const nn::Module& trained, float
   const auto got = gradients_to_host(trained);
   for (std::size_t i = 0; i < count; ++i) {
     const double diff = std::fabs(static_cast<double>(got[i]) - exact[i]);
-    const double bound = summation_bound(magnitude[i], roundings);
+    const double bound = summation_bound(magnitude[i], roundings, rounding_);
     summary_.worst_gradient_diff = std::max(summary_.worst_gradient_diff, diff);
     summary_.worst_gradient_ratio = std::max(summary_.worst_gradient_ratio, ratio_of(diff, bound));
     if (!(diff <= bound)) {
@@ -87,7 +90,7 @@ void LockstepVerifier::check(std::int64_t step, const nn::Module& trained, float
     }
   }
   const double diff = std::fabs(static_cast<double>(loss) - exact_loss);
-  const double bound = summation_bound(loss_magnitude, roundings);
+  const double bound = summation_bound(loss_magnitude, loss_roundings);
   summary_.worst_loss_diff = std::max(summary_.worst_loss_diff, diff);
   summary_.worst_loss_ratio = std::max(summary_.worst_loss_ratio, ratio_of(diff, bound));
   if (!(diff <= bound)) {

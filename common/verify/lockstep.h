@@ -22,6 +22,7 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
+#include "common/verify/compare.h"
 
 namespace course::verify {
 
@@ -46,6 +47,10 @@ class LockstepVerifier {
 
   void begin_step(const nn::Module& trained);
 
+  // The format the run adds its parts in: float32 (the default), or a 16-bit format when a
+  // compression hook sums the gradients in 16 bits. The bound grows with its unit roundoff.
+  void set_rounding(Rounding rounding) { rounding_ = rounding; }
+
   // `trained`'s gradients and `loss` are what the run is about to apply: scale * the sum of `parts`
   // parts, each computed by `part`.
   void check(std::int64_t step, const nn::Module& trained, float loss, std::size_t parts, double scale,
@@ -57,6 +62,7 @@ class LockstepVerifier {
  private:
   std::shared_ptr<nn::Module> reference_;
   comm::Communicator* group_;
+  Rounding rounding_ = kFloat32Rounding;
   LockstepSummary summary_;
 };
 

@@ -1,0 +1,20 @@
+// Communication hooks for DDP's buckets (PyTorch's register_comm_hook and its default hooks):
+//   allreduce        all-reduce the float32 bucket, average (the default)
+//   fp16, bf16       Horovod's compression (Sergeev & Del Balso, 2018): divide by the world size,
+//                    convert the bucket to 16 bits, all-reduce that (half the bytes on the wire),
+//                    convert back. The sum is rounded to 16 bits at every addition.
+// Dividing first keeps the sum in range: fp16 overflows above 65504.
+#pragma once
+#include <string>
+
+#include "common/kernels/kernels.h"
+#include "common/parallel/reducer.h"
+
+namespace course::parallel {
+
+CommHook allreduce_hook();
+CommHook compress_hook(HalfFormat format);
+// "none" (the default all-reduce), "fp16" or "bf16"; throws UsageError otherwise.
+CommHook comm_hook_named(const std::string& name);
+
+}  // namespace course::parallel

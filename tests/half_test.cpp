@@ -1,0 +1,103 @@
+// 16-bit conversions against independent references: every fp16 and bf16 bit pattern decoded with
+// ldexp, every finite one round-tripped, and float32 values rounded to the nearest 16-bit value
+// (ties to even) found by search in double precision; the CUDA kernels against the CPU's, bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/core/device.h"
+#include "common/kernels/half.h"
+#include "common/kernels/kernels.h"
+#include "common/tensor/random.h"
+#include "common/tensor/tensor.h"
+
+namespace course {
+namespace {
+
+// fp16 by its definition: (-1)^s * 2^(e-15) * 1.m, or 2^-14 * 0.m when e = 0.
+double decode_fp16(std::uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double sign = s ? -1.0 : 1.0;
+  if (e == 31) return m ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(m, -24);
+  return sign * std::ldexp(1024 + m, e - 25);
+}
+
+TEST(Half, DecodesEveryFloat16AndBfloat16Pattern) {
+  for (std::uint32_t h = 0; h <= 0xFFFF; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const double want = decode_fp16(bits);
+    const float got = half::from_float16(bits);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << h;
+    } else {
+      EXPECT_EQ(static_cast<double>(got), want) << h;
+      EXPECT_EQ(half::to_float16(got), bits) << "round trip " << h;
+    }
+    // bf16 is float32's upper half.
+    const float b = half::from_bfloat16(bits);
+    std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    float expected;
+    std::memcpy(&expected, &u, sizeof expected);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(b));
+    } else {
+      EXPECT_EQ(b, expected) << h;
+      EXPECT_EQ(half::to_bfloat16(b), bits) << "round trip " << h;
+    }
+  }
+}
+
+// The nearest fp16 to x by search over all finite patterns of its sign, ties to the even pattern.
+std::uint16_t nearest_fp16(float x) {
+  std::uint16_t best = 0;
+  double best_error = INFINITY;
+  const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  for (std::uint16_t m = 0; m < 0x7C00; ++m) {
+    const auto h = static_cast<std::uint16_t>(sign | m);
+    const double error = std::fabs(decode_fp16(h) - static_cast<double>(x));
+    if (error < best_error || (error == best_error && (h & 1) == 0)) best = h, best_error = error;
+  }
+  // Beyond the largest half by half an ulp or more: infinity (IEEE round to nearest).
+  if (std::fabs(static_cast<double>(x)) >= 65520.0) best = static_cast<std::uint16_t>(sign | 0x7C00);
+  return best;
+}
+
+TEST(Half, RoundsFloat32ToTheNearestFloat16) {
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.9f, 65520.0f, 1e-8f, 2.9802322e-08f /* 2^-25 */,
+                           5.96e-8f, 6.1035e-5f, 0.1f, -3.14159f, 1.0009765625f /* a tie */};
+  for (std::uint64_t i = 0; i < 300; ++i) {
+    const double u = random_uniform(17, i);
+    xs.push_back(static_cast<float>(std::ldexp(u, static_cast<int>(i % 50) - 30) * (i % 2 ? -1 : 1)));
+  }
+  for (float x : xs) EXPECT_EQ(half::to_float16(x), nearest_fp16(x)) << x;
+  EXPECT_TRUE(std::isnan(half::from_float16(half::to_float16(NAN))));
+  EXPECT_EQ(half::to_bfloat16(1.00390625f), 0x3F80) << "1 + 2^-8 is a tie: to even";
+  EXPECT_EQ(half::to_bfloat16(1.01171875f), 0x3F82) << "1 + 3 * 2^-8 is a tie: to even, upwards";
+}
+
+TEST(Half, CudaKernelsMatchTheCpu) {
+  std::string reason;
+  if (!cuda_usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
+  Tensor x = Tensor::randn({4097}, 5, Device::cpu, 0.0f, 100.0f);
+  for (HalfFormat format : {HalfFormat::float16, HalfFormat::bfloat16}) {
+    std::vector<std::uint16_t> cpu(4097), gpu(4097);
+    kernels(Device::cpu).to_half(format, x.data(), cpu.data(), 4097);
+    Tensor on_gpu = x.to(Device::cuda), packed = Tensor::zeros({2049}, Device::cuda);
+    kernels(Device::cuda).to_half(format, on_gpu.data(), reinterpret_cast<std::uint16_t*>(packed.data()), 4097);
+    auto host = packed.to_host();
+    std::memcpy(gpu.data(), host.data(), 4097 * sizeof(std::uint16_t));
+    EXPECT_EQ(cpu, gpu);
+    Tensor back = Tensor::zeros({4097}, Device::cuda);
+    kernels(Device::cuda).from_half(format, reinterpret_cast<const std::uint16_t*>(packed.data()), back.data(), 4097);
+    std::vector<float> expected(4097);
+    kernels(Device::cpu).from_half(format, cpu.data(), expected.data(), 4097);
+    EXPECT_EQ(back.to_host(), expected);
+  }
+}
+
+}  // namespace
+}  // namespace course
