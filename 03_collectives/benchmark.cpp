@@ -66,6 +66,9 @@ std::vector<Case> cases(comm::Communicator& c, int root) {
   return {
       {"all_reduce", "ring", ar, L::in_place, [&c](Tensor& t, Tensor&) { algo::ring_all_reduce(c, t); },
        ring_all_reduce},
+      {"all_reduce", "pipe", ar, L::in_place,
+       [&c](Tensor& t, Tensor&) { algo::ring_all_reduce(c, t, comm::ReduceOp::sum, algo::kRingSegment); },
+       ring_all_reduce},
       {"all_reduce", "tree", ar, L::in_place,
        [&c](Tensor& t, Tensor&) { algo::tree_reduce(c, t, 0), algo::tree_broadcast(c, t, 0); }, twice_tree},
       {"all_reduce", "naive", ar, L::in_place,

@@ -44,6 +44,19 @@ TEST(RingAllReduce, MatchesLibraryAllReduce) {
     }
 }
 
+TEST(RingAllReduce, PipelinedSegmentsMatchLibraryAllReduce) {
+  for (std::size_t segment : {std::size_t{1}, std::size_t{7}, algo::kRingSegment})
+    for (std::size_t n : sizes()) {
+      if (n > kLargestForEveryAlgorithm || (segment < 8 && n > 100000)) continue;  // one message per element is slow
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+        Tensor mine = rank_tensor(n, world().rank()), reference = mine.clone();
+        algo::ring_all_reduce(world(), mine, op, segment);
+        world().all_reduce(reference, op);
+        ASSERT_EQ(mine.to_host(), reference.to_host()) << "n=" << n << " segment=" << segment;
+      }
+    }
+}
+
 TEST(RingAllReduce, SumIsTheClosedForm) {
   const int ranks = world().size();
   Tensor t = rank_tensor(1000, world().rank());

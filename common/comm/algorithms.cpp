@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <vector>
 #include <stdexcept>
 
 #include "common/kernels/kernels.h"
@@ -103,7 +104,11 @@ void tree_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
 namespace {
 // After n-1 steps rank r holds chunk r fully reduced. In step s it sends chunk r-s-1 (which it has
 // reduced s+1 ways) to r+1, and adds chunk r-s-2 from r-1 into its own.
-void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op) {
+//
+// With `segment` > 0 the chunks travel as segments of that many elements, all posted at once: each
+// segment is added as soon as it has arrived, while the later ones are still on their way, and it
+// is added while it is still in cache. Production rings (NCCL's) do the same.
+void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op, std::size_t segment) {
   const int n = comm.size(), r = comm.rank();
   const auto count = static_cast<std::size_t>(t.numel());
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
@@ -112,9 +117,28 @@ void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op) {
     Chunk send = chunk_of(count, n, ((r - s - 1) % n + n) % n);
     Chunk recv = chunk_of(count, n, ((r - s - 2) % n + n) % n);
     Tensor in = incoming.flat_view(0, recv.size());
-    comm.send_recv(slice(t, send), next, in, prev);
     Tensor target = slice(t, recv);
-    reduce_into(target, target, in, op);
+    if (segment == 0) {
+      comm.send_recv(slice(t, send), next, in, prev);
+      reduce_into(target, target, in, op);
+      continue;
+    }
+    // Segment k is message k (its tag); the peer computes the same segments of the same chunk.
+    std::vector<WorkHandle> sends, recvs;
+    for (std::size_t at = 0, k = 0; at < recv.size(); at += segment, ++k) {
+      Tensor piece = in.flat_view(at, std::min(segment, recv.size() - at));
+      recvs.push_back(comm.recv_async(piece, prev, static_cast<int>(k)));
+    }
+    for (std::size_t at = 0, k = 0; at < send.size(); at += segment, ++k)
+      sends.push_back(comm.send_async(slice(t, {send.begin + at, send.begin + std::min(send.size(), at + segment)}),
+                                      next, static_cast<int>(k)));
+    for (std::size_t k = 0; k < recvs.size(); ++k) {
+      recvs[k]->wait();
+      const std::size_t at = k * segment, size = std::min(segment, recv.size() - at);
+      Tensor part = target.flat_view(at, size);
+      reduce_into(part, part, in.flat_view(at, size), op);
+    }
+    for (auto& w : sends) w->wait();
   }
 }
 
@@ -130,9 +154,9 @@ void ring_all_gather_in_place(Communicator& comm, Tensor& t, const std::function
 }
 }  // namespace
 
-void ring_all_reduce(Communicator& comm, Tensor& t, ReduceOp op) {
+void ring_all_reduce(Communicator& comm, Tensor& t, ReduceOp op, std::size_t segment) {
   if (comm.size() == 1) return;
-  ring_reduce_scatter_in_place(comm, t, op);
+  ring_reduce_scatter_in_place(comm, t, op, segment);
   const auto count = static_cast<std::size_t>(t.numel());
   ring_all_gather_in_place(comm, t, [&](int c) { return chunk_of(count, comm.size(), c); });
   finish_average(comm, t, op);

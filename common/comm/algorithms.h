@@ -18,7 +18,10 @@ void tree_reduce(Communicator& comm, Tensor& tensor, int root, ReduceOp op = Red
 
 // Ring (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
 // 2009): reduce-scatter then all-gather around the ring, each rank sending 2(n-1)/n of the data.
-void ring_all_reduce(Communicator& comm, Tensor& tensor, ReduceOp op = ReduceOp::sum);
+// `segment` > 0 pipelines the reduce-scatter: chunks travel in segments of that many elements, and
+// each is added while the next ones arrive (kRingSegment is the benchmark's choice).
+constexpr std::size_t kRingSegment = 64 * 1024;  // 256 KiB of floats: fits in a core's L2 cache
+void ring_all_reduce(Communicator& comm, Tensor& tensor, ReduceOp op = ReduceOp::sum, std::size_t segment = 0);
 void ring_all_gather(Communicator& comm, const Tensor& input, Tensor& output);                    // output: n x input
 void ring_reduce_scatter(Communicator& comm, const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);  // input: n x output
 
