@@ -155,7 +155,7 @@ void write_trace(const Options& o, comm::Communicator& group, const parallel::Ti
       at += 2;
     }
     for (const auto& i : mine.communication) {
-      trace.add(r, "all-reduce" + label, i.name, values[at], values[at + 1]);
+      trace.add(r, label.empty() ? "all-reduce" : "all-reduce (simulated)", i.name, values[at], values[at + 1]);
       at += 2;
     }
   }

@@ -109,7 +109,9 @@ def overlap_charts(path, prefix):
         ax.bar(names, compute, label="compute")
         ax.bar(names, exposed, bottom=compute, label="exposed communication")
         simulated = modes[0].get("simulated_network", "")
-        ax.set(ylabel="ms per step", title=f"Step time by mode, {modes[0]['ranks']} ranks{simulated}")
+        ax.set_title(f"Step time by mode, {modes[0]['ranks']} ranks" + (f"\n{simulated.strip()}" if simulated else ""),
+                     fontsize=10)
+        ax.set(ylabel="ms per step")
         ax.legend()
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
@@ -120,9 +122,10 @@ def overlap_charts(path, prefix):
         ax.plot([r["bucket_mb"] for r in sweep], [r["step_ms"] for r in sweep], marker="o", label="step")
         ax.plot([r["bucket_mb"] for r in sweep], [r["exposed_ms"] for r in sweep], marker="o", label="exposed communication")
         ax.set_xscale("log")
-        ax.set(xlabel="bucket cap (MB)", ylabel="ms per step",
-               title="Bucket size: too small pays alpha per bucket, too large starts late" +
-               sweep[0].get("simulated_network", ""))
+        ax.set(xlabel="bucket cap (MB)", ylabel="ms per step")
+        label = sweep[0].get("simulated_network", "").strip()
+        ax.set_title("Bucket size: too small pays alpha per bucket, too large starts late" +
+                     (f"\n{label}" if label else ""), fontsize=10)
         ax.legend()
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
@@ -149,7 +152,8 @@ def timeline_chart(trace_path, out):
     ax.set_yticklabels([f"rank {p}: {names.get((p, t), t)}" for p, t in lanes], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first gradient of the step")
-    ax.set_title("One step: backward compute and bucket all-reduces " + doc.get("metadata", {}).get("label", ""))
+    label = doc.get("metadata", {}).get("label", "").strip()
+    ax.set_title("One step: backward compute and bucket all-reduces" + (f"\n{label}" if label else ""), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
