@@ -188,8 +188,7 @@ int run(const Options& o, cli::Session& session) {
       const auto global = sampler.global_batch(step, local_batch);
       lockstep->check(step, *model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                       [&](nn::Module& reference, std::size_t r) {
-                        std::vector<std::int64_t> theirs;
-                        for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks)) theirs.push_back(global[i]);
+                        const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                         return accumulate(reference, dataset, theirs, o.accum, device,
                                           [](Tensor& loss, bool) { loss.backward(); });
                       });

@@ -114,9 +114,7 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
       const auto global = sampler.global_batch(step, local);
       lockstep->check(step, *model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                       [&](nn::Module& reference, std::size_t r) {
-                        std::vector<std::int64_t> theirs;
-                        for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks))
-                          theirs.push_back(global[i]);
+                        const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                         Tensor l = batch_loss(reference, dataset, theirs, device);
                         l.backward();
                         return l.item();

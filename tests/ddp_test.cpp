@@ -83,8 +83,7 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
     const auto global = sampler.global_batch(step, local);
     lockstep.check(step, model, loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                    [&](nn::Module& reference, std::size_t r) {
-                     std::vector<std::int64_t> theirs;
-                     for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks)) theirs.push_back(global[i]);
+                     const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                      return accumulate(reference, d, theirs, s.accum, [](Tensor& l, bool) { l.backward(); });
                    });
     sgd.step();
@@ -197,6 +196,7 @@ TEST(DistributedSampler, RanksBatchesMakeUpTheGlobalBatch) {
   for (std::int64_t step : {0, 1, 20, 21, 45}) {  // 21 steps an epoch: the last is partial, and epochs roll over
     auto mine = sampler.batch(step, local);
     auto global = sampler.global_batch(step, local);
+    EXPECT_EQ(mine, parallel::DistributedSampler::share_of(global, world().rank(), world().size()));
     ASSERT_EQ(global.size(), mine.size() * static_cast<std::size_t>(world().size()));
     std::vector<float> as_float(mine.begin(), mine.end());
     Tensor gathered = Tensor::zeros({static_cast<std::int64_t>(global.size())});

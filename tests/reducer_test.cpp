@@ -66,8 +66,7 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
     const auto global = sampler.global_batch(step, local);
     lockstep.check(step, ddp.module(), loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                    [&](nn::Module& reference, std::size_t r) {
-                     std::vector<std::int64_t> theirs;
-                     for (std::size_t i = r; i < global.size(); i += static_cast<std::size_t>(ranks)) theirs.push_back(global[i]);
+                     const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                      auto pieces = data::split_batches(theirs, (local + accum - 1) / accum);
                      float total = 0;
                      for (auto& piece : pieces) {

@@ -74,6 +74,14 @@ std::vector<std::int64_t> DistributedSampler::global_batch(std::int64_t step, st
   return {order.begin() + s.begin * num_replicas_, order.begin() + s.end * num_replicas_};
 }
 
+std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::int64_t>& global_batch, int rank,
+                                                      int ranks) {
+  std::vector<std::int64_t> share;
+  for (std::size_t i = static_cast<std::size_t>(rank); i < global_batch.size(); i += static_cast<std::size_t>(ranks))
+    share.push_back(global_batch[i]);
+  return share;
+}
+
 void DistributedSampler::load_state(const State& state) {
   if (state.position < 0 || state.position > num_samples_)
     throw std::invalid_argument("DistributedSampler: position " + std::to_string(state.position) + " outside the epoch");

@@ -46,6 +46,8 @@ class DistributedSampler {
   // Every rank's share of the step, as global positions [p*R, (p+b)*R) of the epoch's global order,
   // so rank r's samples are the entries r, r+R, ... of it.
   std::vector<std::int64_t> global_batch(std::int64_t step, std::int64_t local_batch) const;
+  // Rank r's samples within a global batch: its entries r, r+R, r+2R, ... (what batch() gives rank r).
+  static std::vector<std::int64_t> share_of(const std::vector<std::int64_t>& global_batch, int rank, int ranks);
 
   // What a checkpoint saves to resume mid-epoch (chapter 06): the epoch and how far this rank got.
   struct State {
