@@ -19,7 +19,7 @@ namespace course::cli {
 void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--device", o.device, "Where to run: auto (CUDA when a GPU is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed for data and initial weights")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed for data and initial weights")->check(Seed)->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
 }
 
@@ -51,6 +51,15 @@ CLI::Validator number_rule(const std::string& description, bool integer, bool al
 }  // namespace
 
 const CLI::Validator PositiveInteger = number_rule("a positive integer", true, false);
+// Digits only, and at most 2^64 - 1: CLI11 would wrap "-1" and saturate "99999999999999999999".
+const CLI::Validator Seed(
+    [](std::string& input) -> std::string {
+      const bool digits = !input.empty() && input.size() <= 20 &&
+                          input.find_first_not_of("0123456789") == std::string::npos;
+      if (digits && (input.size() < 20 || input <= "18446744073709551615")) return {};
+      return "must be a whole number from 0 to 18446744073709551615, got '" + input + "'";
+    },
+    "a whole number from 0 to 2^64-1", "");
 const CLI::Validator PositiveFinite = number_rule("a positive finite number", false, false);
 const CLI::Validator NonNegativeFinite = number_rule("a non-negative finite number", false, true);
 

@@ -39,6 +39,7 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 extern const CLI::Validator PositiveInteger;  // >= 1
 extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite
 extern const CLI::Validator NonNegativeFinite;
+extern const CLI::Validator Seed;             // 0 .. 2^64-1, digits only
 
 // Parses the flags and runs `body`. --help prints the help and returns 0; a parse error or a
 // UsageError prints "error: <message>" on one line (rank 0) and returns 2. Any other exception is
