@@ -1,0 +1,44 @@
+// Checkpoints in the safetensors format (huggingface/safetensors), so a user can open them from Python
+// with `safetensors`, `torch` or twenty lines of the standard library:
+//   8 bytes   the header's length N, little-endian unsigned
+//   N bytes   JSON: {"__metadata__": {string: string}, "name": {"dtype": "F32", "shape": [...],
+//             "data_offsets": [begin, end]}, ...}, padded with spaces
+//   the rest  the tensors' bytes, little-endian, each at its offsets (relative to the data section)
+// The course adds "checksum" (FNV-1a of the header's content and the data section) to the metadata,
+// so a flipped byte is found. Writing is atomic: a temporary file in the same folder, fsync, rename, fsync of the folder, so a
+// crash at any moment leaves either the old file or the new one, never half of one.
+#pragma once
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tensor/tensor.h"
+
+namespace course::checkpoint {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using Metadata = std::map<std::string, std::string>;
+
+// A file that is not a valid checkpoint: the message names the file and what is wrong with it.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Writes `tensors` (float32, any device) and `metadata` to `path` atomically. Throws CheckpointError.
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
+
+struct Loaded {
+  NamedTensors tensors;  // on the CPU, in the file's order of offsets
+  Metadata metadata;
+};
+// Reads and validates `path`: the header length within the file, valid JSON, known dtypes, shapes that
+// match their byte ranges, offsets inside the data section that neither overlap nor leave holes, and the
+// checksum when present (files from other writers have none). Throws CheckpointError on the first problem; never returns a partial load.
+Loaded load_safetensors(const std::string& path);
+
+// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+}  // namespace course::checkpoint

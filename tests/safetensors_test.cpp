@@ -1,0 +1,112 @@
+// Checkpoints in safetensors: a round trip keeps names, shapes, values and metadata bit for bit, the
+// write replaces the file atomically, and every kind of damage is found and named, never loaded.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/checkpoint/safetensors.h"
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+using checkpoint::CheckpointError;
+
+checkpoint::NamedTensors sample() {
+  return {{"layer.weight", Tensor::randn({3, 4}, 1)}, {"layer.bias", Tensor::randn({4}, 2)},
+          {"scalar", Tensor::from_host({7.5f}, {1})}, {"empty", Tensor::zeros({0})}};
+}
+
+TEST(Safetensors, RoundTripKeepsEverything) {
+  const std::string path = temp_path("ckpt.safetensors");
+  auto tensors = sample();
+  checkpoint::save_safetensors(path, tensors, {{"step", "12"}, {"world_size", "4"}});
+  auto loaded = checkpoint::load_safetensors(path);
+  ASSERT_EQ(loaded.tensors.size(), tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    EXPECT_EQ(loaded.tensors[i].first, tensors[i].first);
+    EXPECT_EQ(loaded.tensors[i].second.shape(), tensors[i].second.shape());
+    EXPECT_EQ(loaded.tensors[i].second.to_host(), tensors[i].second.to_host());
+  }
+  EXPECT_EQ(loaded.metadata.at("step"), "12");
+  EXPECT_EQ(loaded.metadata.at("world_size"), "4");
+  EXPECT_EQ(loaded.metadata.count("checksum"), 0u);  // checked and consumed by the loader
+  EXPECT_NE(read_file(path).find("\"checksum\":\""), std::string::npos);
+  // The header is 8-byte aligned and no temporary file is left behind.
+  std::string bytes = read_file(path);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+  for (auto& entry : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    EXPECT_EQ(entry.path().filename().string().find(std::filesystem::path(path).filename().string() + ".tmp"),
+              std::string::npos);
+  std::remove(path.c_str());
+}
+
+// Writes a file, applies `damage` to its bytes, and expects the load to fail naming `reason`.
+void expect_rejected(const std::function<void(std::string&)>& damage, const std::string& reason) {
+  const std::string path = temp_path("damaged.safetensors");
+  checkpoint::save_safetensors(path, sample(), {{"step", "12"}});
+  std::string bytes = read_file(path);
+  damage(bytes);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    checkpoint::load_safetensors(path);
+    ADD_FAILURE() << "a damaged file was loaded; expected: " << reason;
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(path, 0), 0u) << "the message names the file: " << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+std::uint64_t header_length(const std::string& bytes) {
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  return n;
+}
+
+// Replaces the first occurrence of `from` in the header with `to` of the same length.
+std::function<void(std::string&)> edit_header(const std::string& from, const std::string& to) {
+  return [from, to](std::string& bytes) {
+    const auto at = bytes.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    ASSERT_LT(at, 8 + header_length(bytes));
+    bytes.replace(at, from.size(), to);
+  };
+}
+
+TEST(Safetensors, EveryKindOfDamageIsNamed) {
+  expect_rejected([](std::string& b) { b.resize(5); }, "truncated");
+  expect_rejected([](std::string& b) { b.resize(b.size() - 4); }, "outside the data section");
+  expect_rejected([](std::string& b) { b[0] = '\xff'; b[1] = '\xff'; b[2] = '\x7f'; }, "runs past the end");
+  expect_rejected([](std::string& b) { b[8] = '['; }, "not valid JSON");
+  expect_rejected([](std::string& b) { b[b.size() - 1] ^= 0x10; }, "checksum mismatch");  // a flipped data byte
+  expect_rejected(edit_header("\"F32\"", "\"I64\""), "dtype");                          // an unknown dtype
+  expect_rejected(edit_header("[3,4]", "[4,3]"), "checksum mismatch");  // a flipped header byte that still parses
+  expect_rejected(edit_header("[3,4]", "[3,5]"), "but 48 bytes");                        // a different shape
+  expect_rejected(edit_header("\"data_offsets\":[48,64]", "\"data_offsets\":[44,60]"), "overlaps");
+  expect_rejected(edit_header("\"data_offsets\":[0,48]", "\"data_offsets\":[0,99]"), "outside the data section");
+  expect_rejected(edit_header("\"step\":\"12\"", "\"step\":\"13\""), "checksum mismatch");
+}
+
+TEST(Safetensors, MissingFileAndFolderAreNamed) {
+  EXPECT_THROW(checkpoint::load_safetensors("/nonexistent/x.safetensors"), CheckpointError);
+  EXPECT_THROW(checkpoint::save_safetensors("/nonexistent/folder/x.safetensors", sample()), CheckpointError);
+}
+
+TEST(Safetensors, PythonStandardLibraryReadsIt) {
+  const std::string path = temp_path("python.safetensors");
+  checkpoint::save_safetensors(path, {{"w", Tensor::from_host({1.5f, -2.0f, 3.25f, 0.0f, 8.0f, 1e-3f}, {2, 3})}},
+                               {{"step", "3"}});
+  auto r = run_process("python3 " + std::string(READ_SAFETENSORS_PY) + " " + path);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("w F32 [2, 3] [1.5, -2.0, 3.25, 0.0, 8.0, 0.0010000000474974513]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 3"), std::string::npos) << r.out;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace course::testing
