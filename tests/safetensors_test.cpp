@@ -1,12 +1,13 @@
 // Checkpoints in safetensors: a round trip keeps names, shapes, values and metadata bit for bit, the
 // write replaces the file atomically, and every kind of damage is found and named, never loaded.
+#include "common/checkpoint/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
-#include "common/checkpoint/safetensors.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -15,8 +16,10 @@ namespace {
 using checkpoint::CheckpointError;
 
 checkpoint::NamedTensors sample() {
-  return {{"layer.weight", Tensor::randn({3, 4}, 1)}, {"layer.bias", Tensor::randn({4}, 2)},
-          {"scalar", Tensor::from_host({7.5f}, {1})}, {"empty", Tensor::zeros({0})}};
+  return {{"layer.weight", Tensor::randn({3, 4}, 1)},
+          {"layer.bias", Tensor::randn({4}, 2)},
+          {"scalar", Tensor::from_host({7.5f}, {1})},
+          {"empty", Tensor::zeros({0})}};
 }
 
 TEST(Safetensors, RoundTripKeepsEverything) {
@@ -81,12 +84,18 @@ std::function<void(std::string&)> edit_header(const std::string& from, const std
 TEST(Safetensors, EveryKindOfDamageIsNamed) {
   expect_rejected([](std::string& b) { b.resize(5); }, "truncated");
   expect_rejected([](std::string& b) { b.resize(b.size() - 4); }, "outside the data section");
-  expect_rejected([](std::string& b) { b[0] = '\xff'; b[1] = '\xff'; b[2] = '\x7f'; }, "runs past the end");
+  expect_rejected(
+      [](std::string& b) {
+        b[0] = '\xff';
+        b[1] = '\xff';
+        b[2] = '\x7f';
+      },
+      "runs past the end");
   expect_rejected([](std::string& b) { b[8] = '['; }, "not valid JSON");
   expect_rejected([](std::string& b) { b[b.size() - 1] ^= 0x10; }, "checksum mismatch");  // a flipped data byte
-  expect_rejected(edit_header("\"F32\"", "\"I64\""), "dtype");                          // an unknown dtype
+  expect_rejected(edit_header("\"F32\"", "\"I64\""), "dtype");                            // an unknown dtype
   expect_rejected(edit_header("[3,4]", "[4,3]"), "checksum mismatch");  // a flipped header byte that still parses
-  expect_rejected(edit_header("[3,4]", "[3,5]"), "but 48 bytes");                        // a different shape
+  expect_rejected(edit_header("[3,4]", "[3,5]"), "but 48 bytes");       // a different shape
   expect_rejected(edit_header("\"data_offsets\":[48,64]", "\"data_offsets\":[44,60]"), "overlaps");
   expect_rejected(edit_header("\"data_offsets\":[0,48]", "\"data_offsets\":[0,99]"), "outside the data section");
   expect_rejected(edit_header("\"step\":\"12\"", "\"step\":\"13\""), "checksum mismatch");

@@ -10,9 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace course::checkpoint {
 namespace {
@@ -33,9 +32,7 @@ std::string checksum_of(nlohmann::json header, const char* data, std::size_t n) 
   return text;
 }
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw CheckpointError(path + ": " + what);
-}
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
 
 void fsync_or_fail(int fd, const std::string& path) {
   if (::fsync(fd) != 0) fail(path, std::string("fsync failed (") + std::strerror(errno) + ")");
@@ -84,7 +81,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   std::string data;
   nlohmann::json header = nlohmann::json::object();
   for (const auto& [name, tensor] : tensors) {
-    if (name == "__metadata__" || header.contains(name)) fail(path, "tensor name '" + name + "' is reserved or repeated");
+    if (name == "__metadata__" || header.contains(name))
+      fail(path, "tensor name '" + name + "' is reserved or repeated");
     auto values = tensor.to_host();
     const std::size_t begin = data.size();
     data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));  // x86: little-endian
@@ -108,7 +106,8 @@ Loaded load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot be opened (missing or unreadable)");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (file.size() < 8) fail(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
+  if (file.size() < 8)
+    fail(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
   if (n > kMaxHeaderBytes || n > file.size() - 8)
@@ -150,7 +149,8 @@ Loaded load_safetensors(const std::string& path) {
     Shape shape;
     std::uint64_t count = 1;
     for (const auto& d : shape_json) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40)) fail(path, "tensor '" + name + "' has a bad dimension");
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40))
+        fail(path, "tensor '" + name + "' has a bad dimension");
       shape.push_back(d.get<std::int64_t>());
       count *= d.get<std::uint64_t>();
       if (count > (1ull << 40)) fail(path, "tensor '" + name + "' is implausibly large");
@@ -160,7 +160,8 @@ Loaded load_safetensors(const std::string& path) {
       fail(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                      "] outside the data section of " + std::to_string(data_size) + " bytes");
     if (end - begin != count * sizeof(float))
-      fail(path, "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
+      fail(path,
+           "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
     ranges.push_back({begin, end, name});
     std::vector<float> values(count);
     if (count) std::memcpy(values.data(), data + begin, count * sizeof(float));
@@ -174,7 +175,8 @@ Loaded load_safetensors(const std::string& path) {
     if (r.begin > at) fail(path, "the data section has a hole before tensor '" + r.name + "'");
     at = r.end;
   }
-  if (at != data_size) fail(path, "the data section has " + std::to_string(data_size - at) + " bytes that no tensor owns");
+  if (at != data_size)
+    fail(path, "the data section has " + std::to_string(data_size - at) + " bytes that no tensor owns");
   std::sort(loaded.tensors.begin(), loaded.tensors.end(), [&](const auto& a, const auto& b) {
     auto pos = [&](const std::string& name) {
       return std::find_if(ranges.begin(), ranges.end(), [&](const Range& r) { return r.name == name; })->begin;
