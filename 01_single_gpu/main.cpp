@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
+#include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
 #include "common/cli/cli.h"             // common flags, validators, exit codes
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
@@ -35,6 +36,7 @@ struct Options {
   std::int64_t hidden = 256;
   int layers = 3;
   std::string activation = "relu";
+  std::string save;
 };
 
 // The worked example: start from w = (1, 1), b = 0 and take two SGD steps at lr = 1e-3 on
@@ -150,6 +152,10 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
   }
   final_record["passed"] = passed;
   out.write(final_record);
+  if (!o.save.empty()) {
+    checkpoint::save_parameters(o.save, *model, {{"chapter", "01_single_gpu"}, {"model", o.model}});
+    log("parameters saved to %s\n", o.save.c_str());
+  }
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }
@@ -160,6 +166,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 01: train the house-price model on one device (forward, backward, step, zero_grad)"};
   Options o;
   cli::add_common_options(app, o.common);
+  cli::add_save_option(app, o.save);
   app.add_option("--model", o.model, "linear (the house-price model) or mlp (wider data, timed)")
       ->check(CLI::IsMember({"linear", "mlp"}))->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
 #include "common/cli/cli.h"             // common flags, validators, exit codes
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
@@ -34,6 +35,7 @@ struct Options {
   std::int64_t features = 16;
   std::int64_t hidden = 128;
   int layers = 2;
+  std::string save;
 };
 
 struct RunResult {
@@ -41,6 +43,7 @@ struct RunResult {
   float final_loss = 0.0f;
   std::int64_t peak_activation_bytes = 0;
   int optimizer_steps = 0;
+  std::shared_ptr<nn::Module> model;
 };
 
 std::shared_ptr<nn::Sequential> make_model(const Options& o, const data::Dataset& dataset, Device device) {
@@ -89,6 +92,7 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
   }
   result.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations);
   result.weights = model->parameters_to_host();
+  result.model = model;
   data::Batch all = data::make_batch(dataset, data::shuffled_indices(dataset.size, 0, 0), device);
   result.final_loss = mse_loss((*model)(all.x), all.y).item();
   return result;
@@ -154,6 +158,10 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   log("  peak activation memory: accumulated %s, big batch %s (%.2fx less)\n",
       format_bytes(accumulated.peak_activation_bytes).c_str(), format_bytes(big.peak_activation_bytes).c_str(),
       static_cast<double>(big.peak_activation_bytes) / std::max<double>(1.0, static_cast<double>(accumulated.peak_activation_bytes)));
+  if (!o.save.empty()) {
+    checkpoint::save_parameters(o.save, *accumulated.model, {{"chapter", "02_grad_accumulation"}});
+    log("parameters of the accumulated run saved to %s\n", o.save.c_str());
+  }
   log("%s\n", passed ? "PASSED" : "FAILED");
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
@@ -173,6 +181,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Chapter 02: gradient accumulation, checked against one big batch"};
   Options o;
   cli::add_common_options(app, o.common);
+  cli::add_save_option(app, o.save);
   app.add_option("--micro-batch", o.micro_batch, "Samples per micro-batch (b)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/checkpoint/parameters.h"        // --save: the final parameters as safetensors
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/limits.h"                   // refuse what cannot fit in memory
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
@@ -43,6 +44,7 @@ struct Options {
   int log_every = 10;
   bool verify = false;
   std::string fault = "none";
+  std::string save;
 };
 
 // The most steps a run may take: a bound that keeps every step count exact in the metrics and
@@ -245,6 +247,12 @@ int run(const Options& o, cli::Session& session) {
         "each batch summed in reverse order) %.3g; ratio %.3g\n", drift.difference, drift.noise_floor, drift.ratio());
   }
   const bool passed = identical && check.passed && !diverged;
+  if (!o.save.empty())
+    parallel::on_rank0(group, [&] {  // the ranks hold the same parameters: rank 0 writes them
+      checkpoint::save_parameters(o.save, *model, {{"chapter", "04_ddp"}, {"ranks", std::to_string(ranks)},
+                                                   {"steps", std::to_string(total_steps)}});
+      log("parameters saved to %s\n", o.save.c_str());
+    });
   session.metrics.write({{"event", "ddp_summary"}, {"ranks", ranks}, {"global_batch", o.global_batch},
                          {"per_rank_batch", local_batch}, {"accum", o.accum}, {"steps", total_steps},
                          {"samples_per_s", samples_per_s}, {"step_ms", total_ms / timed_steps},
@@ -268,6 +276,7 @@ int main(int argc, char** argv) {
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
   app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per step on each rank (gradient accumulation)")

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "common/checkpoint/safetensors.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -81,6 +82,22 @@ TEST(Chapter04, VerifyPassesWithAccumulationAndAnUnevenDataset) {
   EXPECT_EQ(s["accum"].get<int>(), 3);
   s = run_verified(MPIRUN_NP3, "--samples 1001 --epochs 2 --global-batch 60");
   EXPECT_EQ(s["steps"].get<int>(), 2 * 17);  // 1001 padded to 1002: 334 per rank = 16 steps of 20 and one of 14
+}
+
+TEST(Chapter04, SavesTheFinalParametersAsSafetensors) {
+  std::string saved = temp_path("ch04.safetensors"), metrics = temp_path("ch04_save.jsonl");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 3 --save " + saved +
+                       " --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto loaded = checkpoint::load_safetensors(saved);
+  std::int64_t count = 0;
+  for (auto& [name, tensor] : loaded.tensors) count += tensor.numel();
+  EXPECT_EQ(count, events(read_metrics(metrics), "ddp_summary").at(0)["parameters"].get<std::int64_t>());
+  EXPECT_EQ(loaded.tensors.front().first, "0.weight");
+  EXPECT_EQ(loaded.metadata.at("ranks"), "2");
+  auto bad = run_process(kBinary + " --save /nonexistent/folder/x.safetensors");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--save"), std::string::npos) << bad.err;
 }
 
 TEST(Chapter04, LossFalls) {

@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include "common/checkpoint/parameters.h"
 #include "common/core/log.h"
 #include "common/core/device.h"
 #include "common/kernels/kernels.h"
@@ -21,6 +22,20 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--seed", o.seed, "Seed for data and initial weights")->check(Seed)->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
+}
+
+void add_save_option(CLI::App& app, std::string& path) {
+  app.add_option("--save", path, "Write the final parameters to this file (safetensors)")
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            try {
+              checkpoint::check_writable(input);
+            } catch (const UsageError& e) {
+              return e.what();
+            }
+            return {};
+          },
+          "FILE", ""));
 }
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o) {

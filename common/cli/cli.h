@@ -18,6 +18,10 @@ struct CommonOptions {
 };
 void add_common_options(CLI::App& app, CommonOptions& options);
 
+// --save FILE: the training chapters write their final parameters there (safetensors). The path is
+// checked when the flags are read.
+void add_save_option(CLI::App& app, std::string& path);
+
 // The flags every multi-rank chapter adds; --verbose makes every rank log, not only rank 0.
 struct DistributedOptions {
   std::string backend = "auto";  // --backend auto|mpi|nccl
