@@ -40,7 +40,11 @@ void fsync_or_fail(int fd, const std::string& path) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::string& bytes) {
+bool is_partial_write(const std::string& file_name) {
+  return file_name.size() > 1 && file_name[0] == '.' && file_name.find(".tmp.") != std::string::npos;
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes, const WriteProgress& progress) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -50,9 +54,11 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string temporary = (folder / hidden).string();
   int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
+  // Large writes in chunks: progress is reported between them, and the kernel streams them to disk.
+  const std::size_t chunk = std::clamp<std::size_t>(bytes.size() / 8, 4096, std::size_t{8} << 20);
   std::size_t written = 0;
   while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    const ssize_t n = ::write(fd, bytes.data() + written, std::min(chunk, bytes.size() - written));
     if (n < 0) {
       if (errno == EINTR) continue;
       const std::string why = std::strerror(errno);
@@ -61,6 +67,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
       fail(path, "write failed (" + why + ")");
     }
     written += static_cast<std::size_t>(n);
+    if (progress) progress(written, bytes.size());
   }
   fsync_or_fail(fd, temporary);
   ::close(fd);
@@ -77,7 +84,8 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   }
 }
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
+                      const WriteProgress& progress) {
   std::string data;
   nlohmann::json header = nlohmann::json::object();
   for (const auto& [name, tensor] : tensors) {
@@ -99,7 +107,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
   file += text;
   file += data;
-  write_file_atomically(path, file);
+  write_file_atomically(path, file, progress);
 }
 
 Loaded load_safetensors(const std::string& path) {

@@ -8,6 +8,7 @@
 // so a flipped byte is found. Writing is atomic: a temporary file in the same folder, fsync, rename, fsync of the
 // folder, so a crash at any moment leaves either the old file or the new one, never half of one.
 #pragma once
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -26,8 +27,13 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Called as the bytes go out (written so far, total): for progress, and for chapter 06's
+// --fail-during-save, which kills the writer halfway to show that the previous checkpoint survives.
+using WriteProgress = std::function<void(std::size_t written, std::size_t total)>;
+
 // Writes `tensors` (float32, any device) and `metadata` to `path` atomically. Throws CheckpointError.
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {},
+                      const WriteProgress& progress = {});
 
 struct Loaded {
   NamedTensors tensors;  // on the CPU, in the file's order of offsets
@@ -40,6 +46,10 @@ struct Loaded {
 Loaded load_safetensors(const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
-void write_file_atomically(const std::string& path, const std::string& bytes);
+void write_file_atomically(const std::string& path, const std::string& bytes, const WriteProgress& progress = {});
+
+// Whether a file name is one of write_file_atomically's temporary files (".name.tmp.PID"): what a
+// writer that died left behind.
+bool is_partial_write(const std::string& file_name);
 
 }  // namespace course::checkpoint

@@ -33,4 +33,23 @@ std::vector<std::vector<std::int64_t>> split_batches(const std::vector<std::int6
   return batches;
 }
 
+SampleStream::SampleStream(std::int64_t dataset_size, std::uint64_t seed) : size_(dataset_size), seed_(seed) {
+  if (dataset_size < 1) throw std::invalid_argument("SampleStream: empty dataset");
+}
+
+std::vector<std::int64_t> SampleStream::take(std::int64_t position, std::int64_t count) const {
+  if (position < 0 || count < 0) throw std::invalid_argument("SampleStream: negative position or count");
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(count));
+  for (std::int64_t p = position; p < position + count; ++p) {
+    const std::int64_t epoch = p / size_;
+    if (epoch != cached_epoch_) {
+      cached_order_ = shuffled_indices(size_, seed_, static_cast<std::uint64_t>(epoch));
+      cached_epoch_ = epoch;
+    }
+    out.push_back(cached_order_[static_cast<std::size_t>(p % size_)]);
+  }
+  return out;
+}
+
 }  // namespace course::data

@@ -9,6 +9,26 @@ namespace course::data {
 // driven by the counter-based generator, so any rank can recompute any epoch's order.
 std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t epoch);
 
+// The endless stream of samples, epoch after epoch, each epoch a shuffle (seed, epoch): position p is
+// sample p % n of epoch p / n. A run that counts how far it got as a global sample position resumes
+// the exact data order at any world size (chapter 06); DistributedSampler's padding, by contrast,
+// depends on the rank count.
+class SampleStream {
+ public:
+  SampleStream(std::int64_t dataset_size, std::uint64_t seed);
+  // The samples at positions [position, position + count), crossing into the next epoch if needed.
+  std::vector<std::int64_t> take(std::int64_t position, std::int64_t count) const;
+  std::int64_t epoch_of(std::int64_t position) const { return position / size_; }
+  std::int64_t size() const { return size_; }
+  std::uint64_t seed() const { return seed_; }
+
+ private:
+  std::int64_t size_;
+  std::uint64_t seed_;
+  mutable std::int64_t cached_epoch_ = -1;  // the last epoch's order: one shuffle per epoch, not per step
+  mutable std::vector<std::int64_t> cached_order_;
+};
+
 // Consecutive slices of `order` of at most `batch_size`; the last one may be shorter.
 std::vector<std::vector<std::int64_t>> split_batches(const std::vector<std::int64_t>& order, std::int64_t batch_size);
 

@@ -19,11 +19,37 @@ void Optimizer::zero_grad() {
 SGD::SGD(std::vector<Tensor> params, float lr, float momentum, float weight_decay)
     : Optimizer(std::move(params), lr), momentum_(momentum), weight_decay_(weight_decay) {}
 
-void SGD::step() {
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state, long steps) {
+  if (steps < 0) throw std::invalid_argument("optimizer state: negative step count " + std::to_string(steps));
+  if (steps == 0 && state.empty()) return;  // saved before the first step: nothing to restore
+  auto mine = allocate_state();
+  if (state.size() != mine.size())
+    throw std::invalid_argument("optimizer state: " + std::to_string(state.size()) + " tensors, this optimizer has " +
+                                std::to_string(mine.size()));
+  std::vector<const Tensor*> source(mine.size(), nullptr);  // matched by name, in any order
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    for (const auto& [name, saved] : state)
+      if (name == mine[i].first) source[i] = &saved;
+    if (!source[i]) throw std::invalid_argument("optimizer state: '" + mine[i].first + "' is missing");
+    if (source[i]->shape() != mine[i].second.shape())
+      throw std::invalid_argument("optimizer state: '" + mine[i].first + "' has shape " +
+                                  shape_string(source[i]->shape()) + ", this optimizer's has " +
+                                  shape_string(mine[i].second.shape()));
+  }
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i].second.copy_from(*source[i]);
+  steps_ = steps;
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::allocate_state() {
   if (momentum_ != 0.0f && momentum_buffers_.empty()) {
     MemoryCategoryScope scope(MemoryCategory::optimizer_state);
     for (auto& p : params_) momentum_buffers_.push_back(Tensor::zeros(p.shape(), p.device()));
   }
+  return state();
+}
+
+void SGD::step() {
+  allocate_state();
   SgdParams s{lr_, momentum_, weight_decay_};
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
@@ -47,7 +73,7 @@ Adam::Adam(std::vector<Tensor> params, float lr, float beta1, float beta2, float
     : Optimizer(std::move(params), lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay),
       decoupled_(decoupled) {}
 
-void Adam::step() {
+std::vector<std::pair<std::string, Tensor>> Adam::allocate_state() {
   if (exp_avg_.empty()) {
     MemoryCategoryScope scope(MemoryCategory::optimizer_state);
     for (auto& p : params_) {
@@ -55,6 +81,11 @@ void Adam::step() {
       exp_avg_sq_.push_back(Tensor::zeros(p.shape(), p.device()));
     }
   }
+  return state();
+}
+
+void Adam::step() {
+  allocate_state();
   ++steps_;
   AdamParams a{lr_, beta1_, beta2_, eps_, weight_decay_, decoupled_,
                static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),

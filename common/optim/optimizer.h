@@ -13,27 +13,38 @@ class Optimizer {
   explicit Optimizer(std::vector<Tensor> params, float lr);
   virtual ~Optimizer() = default;
   virtual void step() = 0;  // parameters without a gradient are left alone
+  virtual std::string name() const = 0;  // "sgd", "adam", "adamw": what a checkpoint records
   void zero_grad();
   float lr() const { return lr_; }
   void set_lr(float lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
   // The state a checkpoint saves, as named tensors ("0.momentum", "0.exp_avg", ...), plus the step count.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // Restores what state() returned and the step count, so the next step() is exactly the one the
+  // saved run would have taken (Adam's bias correction depends on the count). Throws
+  // std::invalid_argument naming the first entry that is missing, unexpected or of another shape.
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, long steps);
   long steps_taken() const { return steps_; }
 
  protected:
   std::vector<Tensor> params_;
   float lr_;
   long steps_ = 0;
+
+ private:
+  // The buffers state() names, allocated (zeros) if the optimizer has not stepped yet.
+  virtual std::vector<std::pair<std::string, Tensor>> allocate_state() = 0;
 };
 
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, float lr, float momentum = 0.0f, float weight_decay = 0.0f);
   void step() override;
+  std::string name() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
 
  private:
+  std::vector<std::pair<std::string, Tensor>> allocate_state() override;
   float momentum_, weight_decay_;
   std::vector<Tensor> momentum_buffers_;  // allocated on the first step, only with momentum
 };
@@ -44,9 +55,11 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, float lr, float beta1 = 0.9f, float beta2 = 0.999f, float eps = 1e-8f,
        float weight_decay = 0.0f, bool decoupled_weight_decay = false);
   void step() override;
+  std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
 
  private:
+  std::vector<std::pair<std::string, Tensor>> allocate_state() override;
   float beta1_, beta2_, eps_, weight_decay_;
   bool decoupled_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;

@@ -1,0 +1,366 @@
+// Chapter 06: checkpoints and failover. Data-parallel training (chapter 04's MLP, chapter 05's
+// buckets) with Adam, saving a checkpoint every --ckpt-every steps: the parameters, Adam's moments and
+// where training stands (step, global sample position, world size). A job that dies resumes from the
+// newest good checkpoint and, because everything that decides the next step was saved, continues to
+// exactly the result it would have reached without the failure: bit for bit at the same world size.
+// scripts/failover.py restarts the job after a failure, as torchrun --max-restarts does.
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "common/checkpoint/folder.h"          // step_N.safetensors, `latest`, --keep
+#include "common/checkpoint/parameters.h"      // --save: the final parameters as safetensors
+#include "common/checkpoint/resume.h"          // rank 0 reads, validates and broadcasts
+#include "common/checkpoint/training_state.h"  // what a checkpoint holds, and the checks before loading
+#include "common/cli/cli.h"                    // common flags, validators, exit codes
+#include "common/cli/session.h"                // device, topology and metrics, set up once
+#include "common/comm/environment.h"           // MPI start-up
+#include "common/core/log.h"                   // rank 0 prints
+#include "common/data/house_prices.h"          // the wide house-price data
+#include "common/data/sampling.h"              // SampleStream: a data order that survives a change of world size
+#include "common/nn/layers.h"                  // make_mlp
+#include "common/ops/ops.h"                    // mse_loss
+#include "common/optim/optimizer.h"            // Adam
+#include "common/parallel/ddp.h"               // DistributedDataParallel
+#include "common/parallel/distributed_sampler.h" // share_of: each rank's part of the global batch
+#include "common/parallel/replicas.h"          // checksums, on_rank0
+#include "common/verify/compare.h"             // max_abs_diff
+
+using namespace course;
+
+namespace {
+
+struct Options {
+  cli::CommonOptions common;
+  cli::DistributedOptions distributed;
+  std::string ckpt_dir;
+  std::int64_t ckpt_every = 20;
+  int keep = 3;
+  bool resume = false;
+  std::int64_t steps = 200;
+  std::int64_t global_batch = 240;  // divisible by 1, 2, 3, 4, 5, 6 and 8 ranks
+  float lr = 1e-3f;
+  std::int64_t samples = 8192;
+  std::int64_t features = 16;
+  std::int64_t hidden = 256;
+  int layers = 2;
+  int log_every = 20;
+  std::int64_t fail_at_step = -1;
+  int fail_rank = 0;
+  bool fail_during_save = false;
+  bool verify = false;
+  std::string fault = "none";
+  std::string save;
+};
+
+constexpr std::int64_t kMaxSteps = 10'000'000;
+// A run whose world size changed cannot match the uninterrupted run bit for bit (its sums were added
+// in another order for part of the way), so it is judged like chapter 02: against the noise floor
+// (the same run with each rank's share summed in reverse). Rounding-level differences grow alike
+// whatever their source; a lost optimizer state or a replayed batch moves the weights by orders of
+// magnitude more.
+constexpr double kElasticDriftFactor = 100;
+
+// The attempt number, set by the launcher (scripts/failover.py) as torchrun sets
+// TORCHELASTIC_RESTART_COUNT: the injected faults fire on the first attempt only.
+int restart_count() {
+  const char* text = std::getenv("COURSE_RESTART_COUNT");
+  return text ? std::atoi(text) : 0;
+}
+
+std::string model_config(const Options& o) {
+  std::ostringstream s;
+  s << R"({"model":"mlp","features":)" << o.features << R"(,"hidden":)" << o.hidden << R"(,"layers":)" << o.layers
+    << R"(,"outputs":1,"activation":"relu"})";
+  return s.str();
+}
+
+// One training run's state: the model under DDP and its optimizer. Each rank initialises with its own
+// seed; DDP's broadcast makes them identical (chapter 04).
+struct Trainer {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  std::unique_ptr<optim::Adam> adam;
+
+  Trainer(const Options& o, Device device, comm::Communicator& group) {
+    model = nn::make_mlp(o.features, o.hidden, o.layers, 1, nn::Activation::relu, device,
+                         o.common.seed + static_cast<std::uint64_t>(group.rank()));
+    ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
+    adam = std::make_unique<optim::Adam>(model->parameters(), o.lr);
+  }
+
+  // One step on the global batch at `position` of the sample stream; this rank takes its share.
+  // With `reversed`, the share is summed in reverse order (the noise floor of --verify).
+  float step(const data::Dataset& dataset, const data::SampleStream& stream, std::int64_t position,
+             std::int64_t global_batch, comm::Communicator& group, Device device, bool reversed = false) {
+    auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
+    if (reversed) std::reverse(share.begin(), share.end());
+    data::Batch batch = data::make_batch(dataset, share, device);
+    Tensor loss = mse_loss((*model)(batch.x), batch.y);
+    loss.backward();  // DDP averages the gradients across ranks
+    adam->step();
+    adam->zero_grad();
+    Tensor global = Tensor::from_host({loss.item()}, {1});
+    group.all_reduce(global, comm::ReduceOp::average);
+    return global.item();
+  }
+
+  std::vector<float> optimizer_state_to_host() const {
+    std::vector<float> all;
+    for (const auto& [name, t] : adam->state()) {
+      auto v = t.to_host();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  }
+};
+
+// Rank 0 alone looks at the folder (other ranks may not even see it); every rank learns the outcome,
+// so they fail together with the same line.
+void agree_on(comm::Communicator& group, const std::function<std::string()>& rank0_check) {
+  std::string error;
+  if (group.rank() == 0) error = rank0_check();
+  checkpoint::broadcast_string(group, error, 0);
+  if (!error.empty()) throw UsageError(error);
+}
+
+int run(const Options& o, cli::Session& session) {
+  comm::Communicator& group = session.topology->dp_group();
+  const Device device = session.device;
+  const int ranks = group.size();
+  if (o.global_batch % ranks != 0)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by the " +
+                     std::to_string(ranks) + " ranks");
+  if (o.fail_at_step >= 0 && o.fail_rank >= ranks)
+    throw UsageError("--fail-rank: " + std::to_string(o.fail_rank) + " is outside the world of " +
+                     std::to_string(ranks) + " ranks");
+  if (o.fail_at_step >= o.steps)
+    throw UsageError("--fail-at-step: " + std::to_string(o.fail_at_step) + " is never reached in --steps " +
+                     std::to_string(o.steps));
+  if (o.fail_during_save && (o.fail_at_step < 1 || (o.fail_at_step % o.ckpt_every != 0)))
+    throw UsageError("--fail-during-save: --fail-at-step must name a step that writes a checkpoint (a multiple of "
+                     "--ckpt-every " + std::to_string(o.ckpt_every) + ")");
+  if (o.fail_during_save && o.fail_rank != 0)
+    throw UsageError("--fail-during-save: rank 0 writes the checkpoints, so --fail-rank must be 0");
+
+  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
+  data::SampleStream stream(dataset.size, o.common.seed);
+  Trainer trainer(o, device, group);
+  const std::string config = model_config(o);
+  checkpoint::CheckpointFolder folder(o.ckpt_dir, o.keep);
+  const bool first_attempt = restart_count() == 0;
+  log("checkpoint failover: %d ranks, MLP %lld params, Adam lr %g, %lld steps of %lld samples; checkpoint every %lld "
+      "steps into %s (keeping %d)%s\n",
+      ranks, static_cast<long long>(trainer.model->parameter_count()), o.lr, static_cast<long long>(o.steps),
+      static_cast<long long>(o.global_batch), static_cast<long long>(o.ckpt_every), o.ckpt_dir.c_str(), o.keep,
+      restart_count() ? (", restart " + std::to_string(restart_count())).c_str() : "");
+
+  // ---- where to start: fresh, or from the newest good checkpoint -------------------------------------
+  checkpoint::TrainingState state;
+  state.seed = o.common.seed;
+  state.global_batch = o.global_batch;
+  std::string resumed_from;
+  int rejected = 0;
+  if (!o.resume) {
+    agree_on(group, [&]() -> std::string {
+      if (folder.has_checkpoints())
+        return "--ckpt-dir: " + o.ckpt_dir + " already holds checkpoints; pass --resume to continue from them, or "
+               "choose another folder";
+      std::error_code error;
+      std::filesystem::create_directories(o.ckpt_dir, error);
+      if (error || !std::filesystem::is_directory(o.ckpt_dir))
+        return "--ckpt-dir: " + o.ckpt_dir + " cannot be created (" + error.message() + ")";
+      return "";
+    });
+    state.world_history = std::to_string(ranks) + "@0";
+  } else {
+    agree_on(group, [&]() -> std::string {
+      if (!std::filesystem::is_directory(o.ckpt_dir)) return "--resume: the folder " + o.ckpt_dir + " does not exist";
+      for (const auto& name : folder.remove_partial_writes())
+        log("removed %s: a checkpoint whose writer died before finishing it\n", name.c_str());
+      return "";
+    });
+    std::string why;
+    auto found = checkpoint::load_latest_good(
+        group, folder,
+        [&](const std::string& path, const checkpoint::Loaded& loaded) {
+          checkpoint::check_training_checkpoint(path, loaded, *trainer.model, config, *trainer.adam);
+        },
+        [&](const std::string& line) {
+          ++rejected;
+          log("rejected %s\n", line.c_str());
+        },
+        &why);
+    if (!found) throw UsageError("--resume: " + why);
+    state = checkpoint::check_training_checkpoint(found->path, found->loaded, *trainer.model, config, *trainer.adam);
+    if (state.global_batch != o.global_batch)
+      throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " differs from the checkpoint's " +
+                       std::to_string(state.global_batch) + "; the steps would no longer be the same steps");
+    if (state.seed != o.common.seed)
+      throw UsageError("--seed: " + std::to_string(o.common.seed) + " differs from the checkpoint's " +
+                       std::to_string(state.seed) + "; the data order would not continue");
+    if (state.step > o.steps)
+      throw UsageError("--steps: " + std::to_string(o.steps) + " is fewer than the checkpoint's " +
+                       std::to_string(state.step));
+    checkpoint::restore(found->loaded, *trainer.model, *trainer.adam);
+    if (o.fault == "lose-optimizer-state") trainer.adam = std::make_unique<optim::Adam>(trainer.model->parameters(), o.lr);
+    if (o.fault == "repeat-batch" && state.samples_seen >= o.global_batch) state.samples_seen -= o.global_batch;
+    if (state.world_size != ranks) state.world_history += " " + std::to_string(ranks) + "@" + std::to_string(state.step);
+    resumed_from = found->path;
+    log("resumed from step %lld (%s, saved at %d ranks; sample position %lld, epoch %lld)\n",
+        static_cast<long long>(state.step), found->path.c_str(), state.world_size,
+        static_cast<long long>(state.samples_seen), static_cast<long long>(state.epoch));
+    session.metrics.write({{"event", "resume"}, {"step", state.step}, {"path", found->path},
+                           {"saved_world_size", state.world_size}, {"world_size", ranks}, {"rejected", rejected}});
+  }
+  const std::int64_t start_step = state.step;
+  state.world_size = ranks;
+  if (first_attempt && o.fail_at_step >= 0)
+    log("fault injection: rank %d will be killed (SIGKILL) %s step %lld, on this first attempt only\n", o.fail_rank,
+        o.fail_during_save ? "halfway through writing the checkpoint of" : "at the start of",
+        static_cast<long long>(o.fail_at_step));
+
+  // ---- training, with a checkpoint every --ckpt-every steps and at the end ---------------------------
+  double write_ms = 0, written_mb = 0;
+  int checkpoints = 0;
+  for (std::int64_t step = start_step; step < o.steps; ++step) {
+    if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
+      std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
+    const float loss = trainer.step(dataset, stream, state.samples_seen, o.global_batch, group, device);
+    state.samples_seen += o.global_batch;
+    state.step = step + 1;
+    state.epoch = stream.epoch_of(state.samples_seen);
+    if (!std::isfinite(loss)) throw std::runtime_error("step " + std::to_string(step) + ": the loss is not finite");
+    if (step % o.log_every == 0 || step + 1 == o.steps) {
+      log("step %4lld  loss %.6f\n", static_cast<long long>(step), loss);
+      session.metrics.write({{"event", "step"}, {"step", step}, {"loss", loss}});
+    }
+    if (state.step % o.ckpt_every != 0 && state.step != o.steps) continue;
+    parallel::on_rank0(group, [&] {  // the ranks hold the same state: one writer, one copy
+      checkpoint::WriteProgress die_halfway;
+      if (first_attempt && o.fail_during_save && state.step == o.fail_at_step)
+        die_halfway = [](std::size_t written, std::size_t total) {
+          if (2 * written >= total) std::raise(SIGKILL);
+        };
+      const auto begin = std::chrono::steady_clock::now();
+      const std::size_t bytes =
+          folder.save(state.step, checkpoint::training_tensors(*trainer.model, *trainer.adam),
+                      checkpoint::training_metadata(state, config, *trainer.adam), die_halfway);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+      write_ms += ms;
+      written_mb += static_cast<double>(bytes) / 1e6;
+      ++checkpoints;
+      log("checkpoint of step %lld: %s, %.2f MB in %.1f ms (%.0f MB/s)\n", static_cast<long long>(state.step),
+          folder.path_for(state.step).c_str(), static_cast<double>(bytes) / 1e6, ms,
+          static_cast<double>(bytes) / 1e3 / std::max(ms, 1e-3));
+      session.metrics.write({{"event", "checkpoint"}, {"step", state.step}, {"bytes", bytes}, {"write_ms", ms}});
+    });
+  }
+
+  // ---- the result: checksums, and with --verify the uninterrupted run ---------------------------------
+  const bool identical = trainer.ddp->parameters_identical();
+  const std::uint64_t checksum = parallel::parameter_checksum(trainer.model->parameters());
+  std::vector<Tensor> moments;
+  for (const auto& [name, t] : trainer.adam->state()) moments.push_back(t);
+  const std::uint64_t optimizer_checksum = parallel::parameter_checksum(moments);
+  log("final parameter checksum %016llx, optimizer state checksum %016llx (step %lld); ranks identical: %s\n",
+      static_cast<unsigned long long>(checksum), static_cast<unsigned long long>(optimizer_checksum),
+      static_cast<long long>(state.step), identical ? "yes" : "NO");
+  const bool same_world = state.world_history.find(' ') == std::string::npos;
+  double difference = 0, optimizer_difference = 0, noise_floor = 0;
+  bool passed = identical;
+  if (o.verify) {
+    // The run without interruption, at this world size, in this job: the same seeds, the same data.
+    Trainer reference(o, device, group);
+    for (std::int64_t step = 0; step < o.steps; ++step)
+      reference.step(dataset, stream, step * o.global_batch, o.global_batch, group, device);
+    difference = verify::max_abs_diff(trainer.model->parameters_to_host(), reference.model->parameters_to_host());
+    optimizer_difference = verify::max_abs_diff(trainer.optimizer_state_to_host(), reference.optimizer_state_to_host());
+    if (same_world) {
+      const bool bit_identical = checksum == parallel::parameter_checksum(reference.model->parameters()) &&
+                                 difference == 0 && optimizer_difference == 0 &&
+                                 trainer.adam->steps_taken() == reference.adam->steps_taken();
+      log("verify: against the uninterrupted run at %d ranks: parameters and optimizer state %s (largest differences "
+          "%.3g and %.3g)\n", ranks, bit_identical ? "bit-identical" : "DIFFER", difference, optimizer_difference);
+      passed = passed && bit_identical;
+    } else {
+      Trainer reordered(o, device, group);
+      for (std::int64_t step = 0; step < o.steps; ++step)
+        reordered.step(dataset, stream, step * o.global_batch, o.global_batch, group, device, true);
+      noise_floor = verify::max_abs_diff(reference.model->parameters_to_host(), reordered.model->parameters_to_host());
+      const double ratio = noise_floor > 0 ? difference / noise_floor : (difference == 0 ? 0.0 : INFINITY);
+      log("verify: world sizes %s; against the uninterrupted run at %d ranks the largest parameter difference is %.3g, "
+          "%.3g x its noise floor %.3g (limit %g x)\n", state.world_history.c_str(), ranks, difference, ratio,
+          noise_floor, kElasticDriftFactor);
+      passed = passed && ratio <= kElasticDriftFactor;
+    }
+  }
+  if (!o.save.empty())
+    parallel::on_rank0(group, [&] {
+      checkpoint::save_parameters(o.save, *trainer.model, {{"chapter", "06_checkpoint_failover"},
+                                                           {"steps", std::to_string(state.step)}});
+      log("parameters saved to %s\n", o.save.c_str());
+    });
+  session.metrics.write({{"event", "failover_summary"}, {"ranks", ranks}, {"steps", state.step},
+                         {"start_step", start_step}, {"resumed_from", resumed_from}, {"rejected", rejected},
+                         {"restart_count", restart_count()}, {"world_history", state.world_history},
+                         {"checksum", checksum}, {"optimizer_checksum", optimizer_checksum},
+                         {"identical", identical}, {"checkpoints", checkpoints},
+                         {"write_mb_per_s", write_ms > 0 ? written_mb / (write_ms / 1000.0) : 0.0},
+                         {"verified", o.verify}, {"same_world", same_world}, {"max_diff", difference},
+                         {"optimizer_max_diff", optimizer_difference}, {"noise_floor", noise_floor},
+                         {"fault", o.fault}, {"passed", passed}});
+  log("%s\n", passed ? "PASSED" : "FAILED");
+  return passed ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::Environment env(argc, argv);
+  CLI::App app{"Chapter 06: checkpoints, exact resume, and surviving a dead rank"};
+  Options o;
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
+  app.add_option("--ckpt-dir", o.ckpt_dir, "Folder of the checkpoints (rank 0 writes it)")
+      ->required();
+  app.add_option("--ckpt-every", o.ckpt_every, "Write a checkpoint every N steps (and at the end)")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, kMaxSteps))->capture_default_str();
+  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(cli::PositiveInteger & CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the newest good checkpoint in --ckpt-dir");
+  app.add_option("--steps", o.steps, "Optimizer steps in all")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, kMaxSteps))->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
+  app.add_option("--lr", o.lr, "Adam learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--samples", o.samples, "Dataset size")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
+  app.add_option("--features", o.features, "Input features")->check(CLI::Range(2, 1 << 16))->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Hidden width")->check(CLI::Range(1, 1 << 14))->capture_default_str();
+  app.add_option("--layers", o.layers, "Hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)
+      ->capture_default_str();
+  app.add_option("--fail-at-step", o.fail_at_step, "Fault injection: kill --fail-rank with SIGKILL at the start of "
+                                                   "step K (first attempt only)")
+      ->check(CLI::Range(std::int64_t{0}, kMaxSteps));
+  app.add_option("--fail-rank", o.fail_rank, "The rank --fail-at-step kills")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--fail-during-save", o.fail_during_save,
+               "With --fail-at-step K: kill rank 0 halfway through writing the checkpoint of step K instead");
+  app.add_flag("--verify", o.verify, "Compare with the uninterrupted run: bit-identical at an unchanged world size, "
+                                     "within the noise floor after a change");
+  app.add_option("--fault", o.fault, "Break the resume on purpose, to see --verify catch it: none, "
+                                     "lose-optimizer-state or repeat-batch")
+      ->check(CLI::IsMember({"none", "lose-optimizer-state", "repeat-batch"}))->capture_default_str();
+  return cli::run(app, argc, argv, [&] {
+    if (o.fail_during_save && o.fail_at_step < 0)
+      throw UsageError("--fail-during-save: needs --fail-at-step K, the checkpoint step to fail in");
+    cli::Session session = cli::start_session(o.common, o.distributed);
+    return run(o, session);
+  });
+}

@@ -1,0 +1,82 @@
+// Finding and broadcasting the checkpoint to resume from.
+#include "common/checkpoint/resume.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace course::checkpoint {
+
+void broadcast_string(comm::Communicator& group, std::string& text, int root) {
+  // The length first (64 bits in two float slots), then the bytes, four to a float. Broadcasts copy
+  // bits and never compute with them, so any pattern (even a NaN's) arrives unchanged.
+  std::vector<float> length(2, 0.0f);
+  const std::uint64_t n = text.size();
+  std::memcpy(length.data(), &n, sizeof n);
+  Tensor length_tensor = Tensor::from_host(length, {2});
+  group.broadcast(length_tensor, root);
+  std::uint64_t received = 0;
+  const auto length_values = length_tensor.to_host();
+  std::memcpy(&received, length_values.data(), sizeof received);
+  std::vector<float> packed((received + 3) / 4, 0.0f);
+  if (group.rank() == root && received) std::memcpy(packed.data(), text.data(), received);
+  if (packed.empty()) {
+    text.clear();
+    return;
+  }
+  Tensor bytes = Tensor::from_host(packed, {static_cast<std::int64_t>(packed.size())});
+  group.broadcast(bytes, root);
+  const auto values = bytes.to_host();
+  text.assign(reinterpret_cast<const char*>(values.data()), received);
+}
+
+std::optional<Resumed> load_latest_good(comm::Communicator& group, const CheckpointFolder& folder,
+                                        const std::function<void(const std::string&, const Loaded&)>& check,
+                                        const std::function<void(const std::string&)>& report, std::string* why) {
+  std::optional<Resumed> found;
+  std::string summary;  // rank 0: what it found, as JSON for the others
+  if (group.rank() == 0) {
+    std::vector<std::string> problems;
+    const auto candidates = folder.candidates(&problems);
+    for (const auto& p : problems) report(p);
+    for (const auto& path : candidates) {
+      try {
+        Loaded loaded = load_safetensors(path);
+        check(path, loaded);
+        found = Resumed{path, std::move(loaded)};
+        break;
+      } catch (const CheckpointError& e) {
+        report(std::string(e.what()) + "; trying an older one");
+        problems.push_back(e.what());
+      }
+    }
+    nlohmann::json s = {{"ok", found.has_value()}};
+    if (found) {
+      s["path"] = found->path;
+      s["metadata"] = found->loaded.metadata;
+      for (const auto& [name, t] : found->loaded.tensors) s["tensors"].push_back({name, t.shape()});
+    } else {
+      s["why"] = candidates.empty() && problems.empty()
+                     ? "no checkpoint in " + folder.dir()
+                     : "no good checkpoint in " + folder.dir() + " (" + std::to_string(problems.size()) + " rejected)";
+    }
+    summary = s.dump();
+  }
+  broadcast_string(group, summary, 0);
+  const auto s = nlohmann::json::parse(summary);
+  if (!s["ok"].get<bool>()) {
+    if (why) *why = s["why"].get<std::string>();
+    return std::nullopt;
+  }
+  if (group.rank() != 0) {
+    Resumed r;
+    r.path = s["path"].get<std::string>();
+    r.loaded.metadata = s["metadata"].get<Metadata>();
+    for (const auto& entry : s["tensors"])
+      r.loaded.tensors.emplace_back(entry[0].get<std::string>(), Tensor::zeros(entry[1].get<Shape>()));
+    found = std::move(r);
+  }
+  for (auto& [name, t] : found->loaded.tensors) group.broadcast(t, 0);
+  return found;
+}
+
+}  // namespace course::checkpoint

@@ -1,0 +1,29 @@
+// Resuming: rank 0 finds the newest good checkpoint and broadcasts it, so ranks on machines without
+// shared storage resume too, and a damaged file is named and skipped, never loaded.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "common/checkpoint/folder.h"
+#include "common/comm/communicator.h"
+
+namespace course::checkpoint {
+
+struct Resumed {
+  std::string path;  // the file it came from (as rank 0 saw it)
+  Loaded loaded;     // on the CPU, on every rank
+};
+
+// Rank 0 reads the folder's candidates best first (CheckpointFolder::candidates), validating each
+// with load_safetensors and then `check` (which throws CheckpointError to reject one); each rejection
+// goes to `report` as one line. The first good checkpoint is broadcast over `group`. Returns nullopt
+// on every rank when none is good, with `why` saying what was found. Collective over `group`.
+std::optional<Resumed> load_latest_good(comm::Communicator& group, const CheckpointFolder& folder,
+                                        const std::function<void(const std::string&, const Loaded&)>& check,
+                                        const std::function<void(const std::string&)>& report, std::string* why);
+
+// Sends `text` from `root` to every rank of `group` (any bytes; floats carry them bit for bit).
+void broadcast_string(comm::Communicator& group, std::string& text, int root);
+
+}  // namespace course::checkpoint

@@ -1,0 +1,137 @@
+// Training checkpoints: what is saved, and the checks before anything is loaded.
+#include "common/checkpoint/training_state.h"
+
+#include <cstdio>
+#include <map>
+
+namespace course::checkpoint {
+namespace {
+
+constexpr const char* kFormat = "course-training-checkpoint-1";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
+
+std::int64_t integer(const std::string& path, const Metadata& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) fail(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
+  const std::string& text = it->second;
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < 0)
+    fail(path, "metadata '" + key + "' is '" + text + "', not a non-negative integer");
+  return value;
+}
+
+const std::string& text(const std::string& path, const Metadata& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) fail(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
+  return it->second;
+}
+
+}  // namespace
+
+std::string config_hash(const std::string& model_config) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (char c : model_config) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
+
+NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& optimizer) {
+  NamedTensors tensors;
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace_back(name, p);
+  for (const auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
+  return tensors;
+}
+
+Metadata training_metadata(const TrainingState& s, const std::string& model_config, const optim::Optimizer& optimizer) {
+  return {{"format", kFormat},
+          {"step", std::to_string(s.step)},
+          {"samples_seen", std::to_string(s.samples_seen)},
+          {"epoch", std::to_string(s.epoch)},
+          {"seed", std::to_string(s.seed)},
+          {"global_batch", std::to_string(s.global_batch)},
+          {"world_size", std::to_string(s.world_size)},
+          {"world_history", s.world_history},
+          {"model_config", model_config},
+          {"model_config_hash", config_hash(model_config)},
+          {"optimizer", optimizer.name()},
+          {"optimizer_step", std::to_string(optimizer.steps_taken())},
+          {"lr", std::to_string(optimizer.lr())}};
+}
+
+TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
+                                        const std::string& model_config, const optim::Optimizer& optimizer) {
+  const Metadata& m = loaded.metadata;
+  if (text(path, m, "format") != kFormat) fail(path, "format '" + m.at("format") + "' is not " + kFormat);
+  // The hash covers the configuration text, so a damaged configuration is caught as well as another model.
+  if (text(path, m, "model_config_hash") != config_hash(text(path, m, "model_config")))
+    fail(path, "model_config does not match its hash");
+  if (m.at("model_config_hash") != config_hash(model_config))
+    fail(path, "was saved for another model: " + m.at("model_config") + "; this run's is " + model_config);
+  if (text(path, m, "optimizer") != optimizer.name())
+    fail(path, "holds " + m.at("optimizer") + " state; this run uses " + optimizer.name());
+  TrainingState s;
+  s.step = integer(path, m, "step");
+  s.samples_seen = integer(path, m, "samples_seen");
+  s.epoch = integer(path, m, "epoch");
+  s.seed = static_cast<std::uint64_t>(integer(path, m, "seed"));
+  s.global_batch = integer(path, m, "global_batch");
+  s.world_size = static_cast<int>(integer(path, m, "world_size"));
+  s.world_history = text(path, m, "world_history");
+  if (integer(path, m, "optimizer_step") != s.step)
+    fail(path, "optimizer_step " + m.at("optimizer_step") + " differs from step " + m.at("step"));
+  if (s.world_size < 1) fail(path, "world_size is 0");
+
+  std::map<std::string, Shape> saved;
+  for (const auto& [name, t] : loaded.tensors) saved[name] = t.shape();
+  std::size_t expected = 0;
+  auto expect = [&](const std::string& name, const Shape& shape) {
+    ++expected;
+    auto it = saved.find(name);
+    if (it == saved.end()) fail(path, "lacks tensor '" + name + "'");
+    if (it->second != shape)
+      fail(path,
+           "tensor '" + name + "' has shape " + shape_string(it->second) + "; this model's is " + shape_string(shape));
+  };
+  for (const auto& [name, p] : model.named_parameters()) expect(name, p.shape());
+  // The optimizer's buffers have their parameters' shapes; before its first step it has none yet.
+  if (s.step > 0) {
+    const auto params = optimizer.params();
+    for (const auto& [name, t] : loaded.tensors) {
+      if (name.rfind(kOptimizerPrefix, 0) != 0) continue;
+      const std::string rest = name.substr(std::string(kOptimizerPrefix).size());
+      const std::size_t dot = rest.find('.');
+      std::size_t index = params.size();
+      try {
+        index = std::stoul(rest.substr(0, dot));
+      } catch (const std::exception&) {
+      }
+      if (dot == std::string::npos || index >= params.size()) fail(path, "unexpected optimizer tensor '" + name + "'");
+      expect(name, params[index].shape());
+    }
+  }
+  if (expected != loaded.tensors.size())
+    fail(path, std::to_string(loaded.tensors.size() - expected) + " tensors that this model does not have");
+  return s;
+}
+
+void restore(const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : loaded.tensors) by_name[name] = &t;
+  for (auto& [name, p] : model.named_parameters()) p.copy_from(*by_name.at(name));
+  std::vector<std::pair<std::string, Tensor>> state;
+  const std::string prefix = kOptimizerPrefix;
+  for (const auto& [name, t] : loaded.tensors)
+    if (name.rfind(prefix, 0) == 0) state.emplace_back(name.substr(prefix.size()), t);
+  optimizer.load_state(state, std::stol(loaded.metadata.at("optimizer_step")));
+}
+
+}  // namespace course::checkpoint

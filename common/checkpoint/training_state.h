@@ -1,0 +1,43 @@
+// A training checkpoint: everything a run needs to continue exactly where it stopped. The tensors are
+// the model's parameters under their own names ("0.weight", ..., so any framework can load them) and
+// the optimizer's state under "optimizer." ("optimizer.0.exp_avg", ...). The metadata (strings, as
+// safetensors requires) holds the training state below, the optimizer's step count, and the model's
+// configuration with its hash, so a checkpoint is never loaded into another model.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "common/checkpoint/safetensors.h"
+#include "common/nn/module.h"
+#include "common/optim/optimizer.h"
+
+namespace course::checkpoint {
+
+struct TrainingState {
+  std::int64_t step = 0;          // optimizer steps completed
+  std::int64_t samples_seen = 0;  // the global sample position (data::SampleStream): valid at any world size
+  std::int64_t epoch = 0;         // samples_seen / dataset size, for people reading the file
+  std::uint64_t seed = 0;         // the sample order's generator is counter-based: (seed, epoch) is its whole state
+  std::int64_t global_batch = 0;
+  int world_size = 1;         // at save time
+  std::string world_history;  // each world size and the step it started at: "4@0 2@40"
+};
+
+// What a checkpoint records of the model: its configuration as JSON text, and a hash of it.
+std::string config_hash(const std::string& model_config);
+
+NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& optimizer);
+Metadata training_metadata(const TrainingState& state, const std::string& model_config,
+                           const optim::Optimizer& optimizer);
+
+// Checks a loaded checkpoint against this run: the training metadata is complete and well-formed,
+// the model configuration's hash matches, and every parameter and optimizer tensor is present with
+// this model's shape. Returns the training state, or throws CheckpointError naming `path` and the
+// first problem.
+TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
+                                        const std::string& model_config, const optim::Optimizer& optimizer);
+
+// Copies a checked checkpoint's parameters and optimizer state (and step count) into the run.
+void restore(const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer);
+
+}  // namespace course::checkpoint
