@@ -134,7 +134,8 @@ int run(const Options& o, cli::Session& session) {
   if (o.global_batch % ranks != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by the " +
                      std::to_string(ranks) + " ranks");
-  if (o.fail_at_step >= 0 && o.fail_rank >= ranks)
+  const bool first_attempt = restart_count() == 0;  // the faults fire on the first attempt only
+  if (first_attempt && o.fail_at_step >= 0 && o.fail_rank >= ranks)
     throw UsageError("--fail-rank: " + std::to_string(o.fail_rank) + " is outside the world of " +
                      std::to_string(ranks) + " ranks");
   if (o.fail_at_step >= o.steps)
@@ -151,7 +152,6 @@ int run(const Options& o, cli::Session& session) {
   Trainer trainer(o, device, group);
   const std::string config = model_config(o);
   checkpoint::CheckpointFolder folder(o.ckpt_dir, o.keep);
-  const bool first_attempt = restart_count() == 0;
   log("checkpoint failover: %d ranks, MLP %lld params, Adam lr %g, %lld steps of %lld samples; checkpoint every %lld "
       "steps into %s (keeping %d)%s\n",
       ranks, static_cast<long long>(trainer.model->parameter_count()), o.lr, static_cast<long long>(o.steps),
@@ -226,6 +226,7 @@ int run(const Options& o, cli::Session& session) {
   // ---- training, with a checkpoint every --ckpt-every steps and at the end ---------------------------
   double write_ms = 0, written_mb = 0;
   int checkpoints = 0;
+  bool diverged = false;
   for (std::int64_t step = start_step; step < o.steps; ++step) {
     if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
       std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
@@ -233,7 +234,12 @@ int run(const Options& o, cli::Session& session) {
     state.samples_seen += o.global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
-    if (!std::isfinite(loss)) throw std::runtime_error("step " + std::to_string(step) + ": the loss is not finite");
+    if (!std::isfinite(loss)) {  // nothing diverged is ever saved: the last checkpoint stays the newest
+      log("step %4lld  loss %g: training diverged; lower the learning rate (--lr %g)\n", static_cast<long long>(step),
+          loss, o.lr);
+      diverged = true;
+      break;
+    }
     if (step % o.log_every == 0 || step + 1 == o.steps) {
       log("step %4lld  loss %.6f\n", static_cast<long long>(step), loss);
       session.metrics.write({{"event", "step"}, {"step", step}, {"loss", loss}});
@@ -271,8 +277,8 @@ int run(const Options& o, cli::Session& session) {
       static_cast<long long>(state.step), identical ? "yes" : "NO");
   const bool same_world = state.world_history.find(' ') == std::string::npos;
   double difference = 0, optimizer_difference = 0, noise_floor = 0;
-  bool passed = identical;
-  if (o.verify) {
+  bool passed = identical && !diverged;
+  if (o.verify && !diverged) {
     // The run without interruption, at this world size, in this job: the same seeds, the same data.
     Trainer reference(o, device, group);
     for (std::int64_t step = 0; step < o.steps; ++step)
@@ -312,7 +318,7 @@ int run(const Options& o, cli::Session& session) {
                          {"write_mb_per_s", write_ms > 0 ? written_mb / (write_ms / 1000.0) : 0.0},
                          {"verified", o.verify}, {"same_world", same_world}, {"max_diff", difference},
                          {"optimizer_max_diff", optimizer_difference}, {"noise_floor", noise_floor},
-                         {"fault", o.fault}, {"passed", passed}});
+                         {"fault", o.fault}, {"diverged", diverged}, {"passed", passed}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }

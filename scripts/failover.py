@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Runs an mpirun job and restarts it after a failure, as torchrun --max-restarts does.
+
+    scripts/failover.py --np 4 --max-restarts 3 [--min-ranks 2] -- PROGRAM [ARGS...]
+
+Each attempt runs `mpirun -np N PROGRAM ARGS` with COURSE_RESTART_COUNT set to the attempt number
+(0 first; chapter 06 injects its faults on attempt 0 only). After a failure the job is started again,
+with --resume when its --ckpt-dir holds a checkpoint, so it continues from the newest good one. With
+--min-ranks below --np the restart is elastic: it assumes the failed rank's machine is gone and
+restarts with one rank fewer each time, never fewer than --min-ranks. A usage error (exit code 2)
+is not retried: the same flags would fail again. Standard library only.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+RESUMED = re.compile(r"resumed from step (\d+)")
+
+
+def say(text):
+    print(f"failover: {text}", flush=True)
+
+
+def mpirun_command(mpirun, ranks, program):
+    command = [mpirun, "-np", str(ranks), "-x", "COURSE_RESTART_COUNT"]
+    if os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    if ranks > (os.cpu_count() or 1):
+        command.append("--oversubscribe")
+    return command + program
+
+
+def checkpoint_folder(program):
+    """The job's --ckpt-dir, if it names one."""
+    for i, arg in enumerate(program):
+        if arg == "--ckpt-dir" and i + 1 < len(program):
+            return program[i + 1]
+        if arg.startswith("--ckpt-dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def has_checkpoint(folder):
+    if not folder or not os.path.isdir(folder):
+        return False
+    return any(name == "latest" or (name.startswith("step_") and name.endswith(".safetensors"))
+               for name in os.listdir(folder))
+
+
+def describe_exit(code):
+    if code < 0:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"exit code {code}: a rank was killed by signal {code - 128} ({signal.Signals(code - 128).name})"
+    return f"exit code {code}"
+
+
+def run_attempt(command, attempt):
+    """Runs one attempt, passing its output through; returns (exit code, step resumed from or None)."""
+    env = dict(os.environ, COURSE_RESTART_COUNT=str(attempt))
+    resumed = None
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                          bufsize=1) as job:
+        for line in job.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            match = RESUMED.search(line)
+            if match:
+                resumed = int(match.group(1))
+    return job.returncode, resumed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s --np N [--max-restarts R] [--min-ranks M] -- PROGRAM [ARGS...]")
+    parser.add_argument("--np", type=int, required=True, help="ranks of the first attempt")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts after failures (default 3)")
+    parser.add_argument("--min-ranks", type=int, help="restart with fewer ranks, never below M (default: --np)")
+    parser.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun", help="the launcher to run")
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+    args = parser.parse_args()
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    min_ranks = args.np if args.min_ranks is None else args.min_ranks
+    if not program:
+        parser.error("no program: give it after --")
+    if args.np < 1:
+        parser.error(f"--np: {args.np} must be at least 1")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts: {args.max_restarts} must be 0 or more")
+    if not 1 <= min_ranks <= args.np:
+        parser.error(f"--min-ranks: {min_ranks} must be between 1 and --np {args.np}")
+
+    ranks, folder = args.np, checkpoint_folder(program)
+    history = []
+    for attempt in range(args.max_restarts + 1):
+        command = program
+        if attempt > 0 and has_checkpoint(folder) and "--resume" not in program:
+            command = program + ["--resume"]
+        say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {ranks} ranks: {' '.join(command)}")
+        code, resumed = run_attempt(mpirun_command(args.mpirun, ranks, command), attempt)
+        if resumed is not None:
+            say(f"attempt {attempt + 1} resumed from step {resumed}")
+            history.append(f"attempt {attempt + 1} resumed from step {resumed} at {ranks} ranks")
+        if code == 0:
+            restarts = f"{attempt} restart{'s' if attempt != 1 else ''}"
+            say(f"finished after {restarts}" + (f" ({'; '.join(history)})" if history else ""))
+            return 0
+        if code == 2:
+            say("the job rejected its flags (exit code 2); restarting would not help")
+            return 2
+        say(f"attempt {attempt + 1} failed: {describe_exit(code)}")
+        if attempt == args.max_restarts:
+            break
+        if ranks > min_ranks:
+            ranks -= 1
+            say(f"restarting with {ranks} ranks (elastic: the failed rank's machine is assumed lost; "
+                f"--min-ranks {min_ranks})")
+        else:
+            say(f"restarting with {ranks} ranks, from the newest good checkpoint" if has_checkpoint(folder)
+                else f"restarting with {ranks} ranks, from the start (no checkpoint yet)")
+    say(f"gave up after {args.max_restarts} restarts")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

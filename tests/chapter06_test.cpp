@@ -1,0 +1,384 @@
+// Chapter 06 graded from the outside: a stopped and resumed run, a run whose rank is killed and
+// restarted by the launcher, and a run killed while writing a checkpoint all finish bit-identical to the
+// uninterrupted run; a checkpoint saved at 4 ranks resumes at 2 (and the reverse) within the noise
+// floor; every kind of damaged checkpoint is named and skipped, never loaded; a checkpoint is readable
+// from Python's standard library; bad input exits 2 with one line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/checkpoint/safetensors.h"
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kBinary = CHAPTER06_BINARY;
+// A small run: 48 samples a step over 512 (a test's 40 steps are almost four epochs), a checkpoint
+// every 10 steps. A test's own value of one of these flags replaces it.
+const std::vector<std::pair<std::string, std::string>> kSmall = {{"--device", "cpu"},      {"--samples", "512"},
+                                                                 {"--global-batch", "48"}, {"--hidden", "32"},
+                                                                 {"--ckpt-every", "10"},   {"--keep", "5"}};
+
+std::string with_defaults(const std::string& args) {
+  std::string all;
+  for (const auto& [flag, value] : kSmall)
+    if (args.find(flag + " ") == std::string::npos) all += " " + flag + " " + value;
+  return all + " " + args;
+}
+
+struct Outcome {
+  ProcessResult process;
+  nlohmann::json summary;  // the failover_summary record, or null
+};
+
+Outcome run(const std::string& launcher, const std::string& args) {
+  const std::string metrics = temp_path("ch06.jsonl");
+  Outcome r;
+  r.process = run_process(launcher + " " + kBinary + with_defaults(args) + " --metrics " + metrics);
+  auto summary = events(read_metrics(metrics), "failover_summary");
+  if (!summary.empty()) r.summary = summary.back();
+  std::remove(metrics.c_str());
+  return r;
+}
+
+std::string fresh_folder() {
+  const std::string dir = temp_path("ch06_ckpt");
+  fs::remove_all(dir);
+  return dir;
+}
+
+void expect_passed(const Outcome& r) {
+  EXPECT_EQ(r.process.exit_code, 0) << r.process.out << r.process.err;
+  EXPECT_NE(r.process.out.find("PASSED"), std::string::npos) << r.process.out;
+  ASSERT_FALSE(r.summary.is_null()) << r.process.out << r.process.err;
+  EXPECT_TRUE(r.summary["passed"].get<bool>());
+  EXPECT_TRUE(r.summary["identical"].get<bool>());
+}
+
+// The checksums of the uninterrupted run of `steps` at `launcher`'s world size.
+nlohmann::json uninterrupted(const std::string& launcher, int steps) {
+  Outcome r = run(launcher, "--ckpt-dir " + fresh_folder() + " --steps " + std::to_string(steps));
+  expect_passed(r);
+  return r.summary;
+}
+
+void expect_same_result(const nlohmann::json& a, const nlohmann::json& b) {
+  EXPECT_EQ(a["checksum"].get<std::uint64_t>(), b["checksum"].get<std::uint64_t>());
+  EXPECT_EQ(a["optimizer_checksum"].get<std::uint64_t>(), b["optimizer_checksum"].get<std::uint64_t>());
+  EXPECT_EQ(a["steps"].get<int>(), b["steps"].get<int>());
+}
+
+// Every tensor and the training position of two checkpoint files, bit for bit.
+void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  auto x = checkpoint::load_safetensors(a), y = checkpoint::load_safetensors(b);
+  ASSERT_EQ(x.tensors.size(), y.tensors.size());
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    EXPECT_EQ(x.tensors[i].first, y.tensors[i].first);
+    EXPECT_EQ(x.tensors[i].second.to_host(), y.tensors[i].second.to_host()) << x.tensors[i].first;
+  }
+  for (const char* key : {"step", "samples_seen", "optimizer_step", "model_config_hash"})
+    EXPECT_EQ(x.metadata.at(key), y.metadata.at(key)) << key;
+}
+
+TEST(Chapter06, StopAndResumeIsBitIdentical) {
+  const auto reference = uninterrupted(MPIRUN_NP2, 40);
+  const std::string whole = fresh_folder(), halves = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + whole + " --steps 40"));
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + halves + " --steps 20"));
+  Outcome second = run(MPIRUN_NP2, "--ckpt-dir " + halves + " --steps 40 --resume --verify");
+  expect_passed(second);
+  EXPECT_NE(second.process.out.find("resumed from step 20"), std::string::npos) << second.process.out;
+  EXPECT_NE(second.process.out.find("bit-identical"), std::string::npos) << second.process.out;
+  EXPECT_EQ(second.summary["max_diff"].get<double>(), 0.0);
+  EXPECT_EQ(second.summary["optimizer_max_diff"].get<double>(), 0.0);
+  expect_same_result(second.summary, reference);
+  // The final checkpoints hold the same parameters, Adam moments and position, bit for bit.
+  expect_same_checkpoint(whole + "/step_00000040.safetensors", halves + "/step_00000040.safetensors");
+  // --keep 5 of the 4 written: all there, and `latest` names the newest.
+  EXPECT_EQ(read_file(halves + "/latest"), "step_00000040.safetensors\n");
+}
+
+TEST(Chapter06, KeepDeletesTheOldest) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --keep 2"));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000030.safetensors", "step_00000040.safetensors"}));
+}
+
+TEST(Chapter06, TheLauncherRecoversFromAKilledRank) {
+  const auto reference = uninterrupted(MPIRUN_NP2, 40);
+  const std::string dir = fresh_folder(), metrics = temp_path("ch06_failover.jsonl");
+  auto r = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 2 -- " + kBinary +
+                       with_defaults("--ckpt-dir " + dir + " --steps 40 --fail-at-step 25 --fail-rank 1 --verify") +
+                       " --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("failover: attempt 1 failed: exit code 137: a rank was killed by signal 9"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("failover: attempt 2 resumed from step 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("failover: finished after 1 restart"), std::string::npos) << r.out;
+  auto summary = events(read_metrics(metrics), "failover_summary");
+  ASSERT_EQ(summary.size(), 1u);  // the killed attempt never got to its summary
+  EXPECT_TRUE(summary[0]["passed"].get<bool>());
+  EXPECT_EQ(summary[0]["start_step"].get<int>(), 20);
+  EXPECT_EQ(summary[0]["restart_count"].get<int>(), 1);
+  expect_same_result(summary[0], reference);
+}
+
+TEST(Chapter06, AKillDuringASaveLeavesThePreviousCheckpoint) {
+  const auto reference = uninterrupted(MPIRUN_NP2, 40);
+  const std::string dir = fresh_folder();
+  Outcome killed = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --fail-at-step 20 --fail-during-save");
+  EXPECT_NE(killed.process.exit_code, 0);
+  EXPECT_TRUE(killed.summary.is_null());
+  // The step-20 file never appeared; its half-written temporary did, and `latest` still names step 10.
+  EXPECT_FALSE(fs::exists(dir + "/step_00000020.safetensors"));
+  EXPECT_EQ(read_file(dir + "/latest"), "step_00000010.safetensors\n");
+  int partial = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    partial += checkpoint::is_partial_write(e.path().filename().string());
+  EXPECT_EQ(partial, 1);
+  EXPECT_NO_THROW(checkpoint::load_safetensors(dir + "/step_00000010.safetensors"));
+
+  Outcome resumed = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --resume --verify");
+  expect_passed(resumed);
+  EXPECT_NE(resumed.process.out.find("a checkpoint whose writer died"), std::string::npos) << resumed.process.out;
+  EXPECT_NE(resumed.process.out.find("resumed from step 10"), std::string::npos) << resumed.process.out;
+  expect_same_result(resumed.summary, reference);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_FALSE(checkpoint::is_partial_write(e.path().filename().string()));
+}
+
+TEST(Chapter06, ElasticResumeMatchesWithinTheNoiseFloor) {
+  for (const auto& [before, after] : {std::pair{MPIRUN_NP4, MPIRUN_NP2}, std::pair{MPIRUN_NP2, MPIRUN_NP4}}) {
+    const std::string dir = fresh_folder();
+    expect_passed(run(before, "--ckpt-dir " + dir + " --steps 20"));
+    Outcome resumed = run(after, "--ckpt-dir " + dir + " --steps 40 --resume --verify");
+    expect_passed(resumed);
+    EXPECT_FALSE(resumed.summary["same_world"].get<bool>());
+    const double floor = resumed.summary["noise_floor"].get<double>();
+    EXPECT_GT(floor, 0.0);  // the reference's own rounding noise was measured
+    EXPECT_NE(resumed.process.out.find("verify: world sizes "), std::string::npos) << resumed.process.out;
+  }
+}
+
+TEST(Chapter06, VerifyCatchesABrokenResume) {
+  // A resume that forgets Adam's moments, or replays a batch, must fail at either world size.
+  for (const std::string fault : {"lose-optimizer-state", "repeat-batch"})
+    for (const char* before : {MPIRUN_NP2, MPIRUN_NP4}) {
+      const std::string dir = fresh_folder();
+      expect_passed(run(before, "--ckpt-dir " + dir + " --steps 20"));
+      Outcome broken = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --resume --verify --fault " + fault);
+      EXPECT_EQ(broken.process.exit_code, 1) << fault << broken.process.out;
+      EXPECT_NE(broken.process.out.find("FAILED"), std::string::npos) << broken.process.out;
+      ASSERT_FALSE(broken.summary.is_null());
+      EXPECT_FALSE(broken.summary["passed"].get<bool>());
+    }
+}
+
+// ---- damaged checkpoints ------------------------------------------------------------------------------
+
+std::string read_bytes(const std::string& path) { return read_file(path); }
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The file's JSON header, edited by `edit`, written back with its new length before the same data.
+void edit_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  std::string file = read_bytes(path);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
+  auto header = nlohmann::json::parse(file.substr(8, n));
+  edit(header);
+  std::string text = header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xFF);
+  write_bytes(path, out + text + file.substr(8 + n));
+}
+
+struct Damage {
+  std::string name;
+  std::function<void(const std::string& path)> apply;
+  std::string reason;  // what the rejection line must say
+};
+
+const std::vector<Damage>& damages() {
+  static const std::vector<Damage> all = {
+      {"truncated", [](const std::string& p) { fs::resize_file(p, fs::file_size(p) / 2); }, "outside the data section"},
+      {"cut to 5 bytes", [](const std::string& p) { fs::resize_file(p, 5); }, "is truncated"},
+      {"header length past the end",
+       [](const std::string& p) {
+         std::string f = read_bytes(p);
+         f[5] = '\x7f';
+         write_bytes(p, f);
+       },
+       "runs past the end of the file"},
+      {"invalid JSON",
+       [](const std::string& p) {
+         std::string f = read_bytes(p);
+         f[8] = '[';
+         write_bytes(p, f);
+       },
+       "header is not valid JSON"},
+      {"flipped data byte",
+       [](const std::string& p) {
+         std::string f = read_bytes(p);
+         f[f.size() - 3] ^= 0x10;
+         write_bytes(p, f);
+       },
+       "checksum mismatch"},
+      {"flipped header byte",  // a digit of the step in the metadata: still valid JSON
+       [](const std::string& p) {
+         std::string f = read_bytes(p);
+         const auto at = f.find("\"step\":\"20\"");
+         ASSERT_NE(at, std::string::npos);
+         f[at + 9] = '1';
+         write_bytes(p, f);
+       },
+       "checksum mismatch"},
+      {"offsets out of range",
+       [](const std::string& p) {
+         edit_header(p, [](nlohmann::json& h) { h["0.weight"]["data_offsets"][1] = 1u << 30; });
+       },
+       "outside the data section"},
+      {"unknown dtype",
+       [](const std::string& p) { edit_header(p, [](nlohmann::json& h) { h["0.weight"]["dtype"] = "F33"; }); },
+       "has dtype \"F33\""},
+  };
+  return all;
+}
+
+TEST(Chapter06, EveryDamagedCheckpointIsNamedAndSkipped) {
+  const auto reference = uninterrupted(MPIRUN_NP2, 30);
+  const std::string pristine = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + pristine + " --steps 20"));
+  for (const auto& damage : damages()) {
+    SCOPED_TRACE(damage.name);
+    const std::string dir = fresh_folder();
+    fs::copy(pristine, dir);
+    const std::string newest = dir + "/step_00000020.safetensors";
+    damage.apply(newest);
+    EXPECT_THROW(checkpoint::load_safetensors(newest), checkpoint::CheckpointError);
+    Outcome r = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --verify");
+    expect_passed(r);
+    EXPECT_NE(r.process.out.find("rejected " + newest + ": "), std::string::npos) << r.process.out;
+    EXPECT_NE(r.process.out.find(damage.reason), std::string::npos) << r.process.out;
+    EXPECT_NE(r.process.out.find("resumed from step 10"), std::string::npos) << r.process.out;
+    expect_same_result(r.summary, reference);  // the fallback still ends where the uninterrupted run does
+  }
+}
+
+TEST(Chapter06, ALatestPointerToAMissingFileFallsBackToTheNewest) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20"));
+  write_bytes(dir + "/latest", "step_00000099.safetensors\n");
+  Outcome r = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --verify");
+  expect_passed(r);
+  EXPECT_NE(r.process.out.find("names step_00000099.safetensors, which is missing"), std::string::npos)
+      << r.process.out;
+  EXPECT_NE(r.process.out.find("resumed from step 20"), std::string::npos) << r.process.out;
+}
+
+// Exit code 2 and one "error:" line, from one rank (mpirun adds its own notice after it).
+void expect_usage_error(const ProcessResult& r, const std::string& message) {
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  int errors = 0;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) errors += line.rfind("error:", 0) == 0;
+  EXPECT_EQ(errors, 1) << r.err;
+  EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+}
+
+TEST(Chapter06, NothingGoodToResumeFromFailsCleanly) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20"));
+  // Another model: every checkpoint is rejected, each named, and nothing is loaded.
+  Outcome other = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --hidden 16");
+  expect_usage_error(other.process, "--resume: no good checkpoint in " + dir);
+  EXPECT_NE(other.process.out.find("was saved for another model"), std::string::npos) << other.process.out;
+  EXPECT_TRUE(other.summary.is_null());
+  // Every checkpoint damaged.
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") fs::resize_file(e.path(), 100);
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume").process,
+                     "--resume: no good checkpoint in " + dir);
+  // An empty folder, a missing one.
+  const std::string empty = fresh_folder();
+  fs::create_directories(empty);
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + empty + " --resume").process,
+                     "--resume: no checkpoint in " + empty);
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + empty + "/missing --resume").process, "does not exist");
+}
+
+TEST(Chapter06, PythonReadsACheckpointWithTheStandardLibrary) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10"));
+  const std::string path = dir + "/step_00000010.safetensors";
+  auto r = run_process(std::string("python3 ") + READ_SAFETENSORS_PY + " " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto loaded = checkpoint::load_safetensors(path);
+  // Each tensor's line: name, dtype, shape and the values, which must be ours to the last bit
+  // (Python prints the shortest repr that reads back to the same float).
+  std::map<std::string, std::string> lines;  // name -> the rest of its line
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);) lines[line.substr(0, line.find(' '))] = line;
+  for (const auto& [name, tensor] : loaded.tensors) {
+    ASSERT_TRUE(lines.count(name)) << name;
+    const std::string& line = lines[name];
+    const auto shape_begin = line.find('['), shape_end = line.find(']');
+    ASSERT_EQ(line.substr(0, shape_begin), name + " F32 ");
+    std::string shape;
+    for (std::size_t i = 0; i < tensor.shape().size(); ++i)
+      shape += (i ? ", " : "") + std::to_string(tensor.shape()[i]);
+    EXPECT_EQ(line.substr(shape_begin + 1, shape_end - shape_begin - 1), shape) << name;
+    const auto values_begin = line.find('[', shape_end);
+    std::stringstream values(line.substr(values_begin + 1, line.rfind(']') - values_begin - 1));
+    const auto ours = tensor.to_host();
+    std::size_t i = 0;
+    for (std::string v; std::getline(values, v, ','); ++i) {
+      ASSERT_LT(i, ours.size()) << name;
+      EXPECT_EQ(std::stof(v), ours[i]) << name << "[" << i << "]";
+    }
+    EXPECT_EQ(i, ours.size()) << name;
+  }
+  EXPECT_NE(r.out.find("optimizer.0.exp_avg F32"), std::string::npos);
+  EXPECT_NE(r.out.find("\nstep 10\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nworld_size 2\n"), std::string::npos) << r.out;
+}
+
+TEST(Chapter06, BadInputIsOneLineAndExitCodeTwo) {
+  const std::string dir = fresh_folder();
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --ckpt-every 0").process, "--ckpt-every");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --keep 0").process, "--keep");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --fail-at-step 5 --fail-rank 2").process,
+                     "--fail-rank: 2 is outside the world of 2 ranks");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --fail-at-step 5 --fail-during-save").process,
+                     "--fail-during-save");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10 --fail-at-step 10").process,
+                     "--fail-at-step: 10 is never reached");
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10"));
+  // A fresh run never overwrites another run's checkpoints.
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10").process, "already holds checkpoints");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 5 --resume").process,
+                     "--steps: 5 is fewer than the checkpoint's 10");
+  expect_usage_error(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --resume --global-batch 24").process,
+                     "--global-batch: 24 differs from the checkpoint's 48");
+  // The launcher does not retry a usage error, and gives up after --max-restarts.
+  auto usage = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
+                           with_defaults("--ckpt-dir " + dir + " --keep 0"));
+  EXPECT_EQ(usage.exit_code, 2) << usage.out;
+  EXPECT_NE(usage.out.find("restarting would not help"), std::string::npos) << usage.out;
+  auto gave_up = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 0 -- " + kBinary +
+                             with_defaults("--ckpt-dir " + fresh_folder() + " --steps 20 --fail-at-step 5"));
+  EXPECT_EQ(gave_up.exit_code, 1) << gave_up.out;
+  EXPECT_NE(gave_up.out.find("failover: gave up after 0 restarts"), std::string::npos) << gave_up.out;
+}
+
+}  // namespace
+}  // namespace course::testing
