@@ -101,6 +101,29 @@ TEST(Safetensors, EveryKindOfDamageIsNamed) {
   expect_rejected(edit_header("\"step\":\"12\"", "\"step\":\"13\""), "checksum mismatch");
 }
 
+TEST(Safetensors, AFlippedBitInAnyDataByteIsFound) {
+  // Tensors of 12, 20 and 4 bytes: the writer hashes them piece by piece, words straddling the pieces,
+  // and the reader the data section whole; the two must agree, and every byte must count.
+  const std::string path = temp_path("flip.safetensors");
+  checkpoint::save_safetensors(path, {{"a", Tensor::randn({3}, 3)}, {"b", Tensor::randn({5}, 4)},
+                                      {"c", Tensor::from_host({1.0f}, {1})}});
+  ASSERT_NO_THROW(checkpoint::load_safetensors(path));
+  const std::string pristine = read_file(path);
+  const std::size_t data_begin = pristine.size() - 36;
+  for (std::size_t i = data_begin; i < pristine.size(); ++i) {
+    std::string damaged = pristine;
+    damaged[i] = static_cast<char>(damaged[i] ^ 0x01);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
+    try {
+      checkpoint::load_safetensors(path);
+      ADD_FAILURE() << "byte " << i - data_begin << " of the data section flipped, and the file loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    }
+  }
+  std::remove(path.c_str());
+}
+
 TEST(Safetensors, MissingFileAndFolderAreNamed) {
   EXPECT_THROW(checkpoint::load_safetensors("/nonexistent/x.safetensors"), CheckpointError);
   EXPECT_THROW(checkpoint::save_safetensors("/nonexistent/folder/x.safetensors", sample()), CheckpointError);

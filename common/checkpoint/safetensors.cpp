@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,17 +20,59 @@ namespace {
 // The header is JSON, so it cannot be larger than this without being something else.
 constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
 
-// FNV-1a over the header's content (every entry and metadata value but the checksum itself, as
-// canonical JSON) and the data section: a flipped byte anywhere that still parses is caught.
-std::string checksum_of(nlohmann::json header, const char* data, std::size_t n) {
+// FNV-1a, eight bytes at a time (little-endian words of the whole stream, the tail zero-padded): each
+// step is a bijection of the state, so any single changed word changes the result, at memory speed
+// rather than a multiply per byte. The stream may arrive in pieces of any length.
+class Hash {
+ public:
+  void add(const char* bytes, std::size_t n) {
+    while (n > 0 && pending_size_ > 0) {  // complete the word the last piece left open
+      pending_[pending_size_++] = *bytes++;
+      --n;
+      if (pending_size_ == 8) mix_pending();
+    }
+    for (; n >= 8; bytes += 8, n -= 8) {
+      std::uint64_t word;
+      std::memcpy(&word, bytes, 8);
+      mix(word);
+    }
+    for (; n > 0; --n) pending_[pending_size_++] = *bytes++;
+  }
+  std::uint64_t finish() {
+    if (pending_size_ > 0) {
+      std::fill(pending_ + pending_size_, pending_ + 8, '\0');
+      mix_pending();
+    }
+    return state_;
+  }
+
+ private:
+  void mix(std::uint64_t word) { state_ = (state_ ^ word) * 0x100000001b3ULL; }
+  void mix_pending() {
+    std::uint64_t word;
+    std::memcpy(&word, pending_, 8);
+    mix(word);
+    pending_size_ = 0;
+  }
+  std::uint64_t state_ = 0xcbf29ce484222325ULL;
+  char pending_[8] = {};
+  std::size_t pending_size_ = 0;
+};
+
+// The checksum covers the header's content (every entry and metadata value but the checksum itself,
+// as canonical JSON) and each tensor's bytes: a flipped byte anywhere that still parses is caught.
+std::string checksum_text(std::uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+std::string checksum_of(nlohmann::json header, const std::vector<std::string_view>& data) {
   if (header.contains("__metadata__")) header["__metadata__"].erase("checksum");
   const std::string canonical = header.dump();
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (char c : canonical) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  for (std::size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ULL;
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
-  return text;
+  Hash hash;
+  hash.add(canonical.data(), canonical.size());
+  for (const auto& piece : data) hash.add(piece.data(), piece.size());
+  return checksum_text(hash.finish());
 }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
@@ -45,6 +88,14 @@ bool is_partial_write(const std::string& file_name) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes, const WriteProgress& progress) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes}, progress);
+}
+
+namespace {
+// With `final_first`, the first piece is a placeholder of the right length: once the others are
+// written, final_first() gives its real bytes (for the header, whose checksum is computed meanwhile).
+void write_atomically(const std::string& path, const std::vector<std::string_view>& pieces,
+                      const WriteProgress& progress, const std::function<std::string()>& final_first) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -54,20 +105,37 @@ void write_file_atomically(const std::string& path, const std::string& bytes, co
   const std::string temporary = (folder / hidden).string();
   int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
-  // Large writes in chunks: progress is reported between them, and the kernel streams them to disk.
-  const std::size_t chunk = std::clamp<std::size_t>(bytes.size() / 8, 4096, std::size_t{8} << 20);
+  // Straight from each piece's memory, in chunks: progress is reported between them, and the
+  // kernel streams them to disk meanwhile.
+  std::size_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  const std::size_t chunk = std::clamp<std::size_t>(total / 8, 4096, std::size_t{8} << 20);
   std::size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, std::min(chunk, bytes.size() - written));
-    if (n < 0) {
-      if (errno == EINTR) continue;
+  for (const auto& piece : pieces) {
+    std::size_t at = 0;
+    while (at < piece.size()) {
+      const ssize_t n = ::write(fd, piece.data() + at, std::min(chunk, piece.size() - at));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        ::unlink(temporary.c_str());
+        fail(path, "write failed (" + why + ")");
+      }
+      at += static_cast<std::size_t>(n);
+      written += static_cast<std::size_t>(n);
+      if (progress) progress(written, total);
+    }
+  }
+  if (final_first) {
+    const std::string first = final_first();
+    if (first.size() != pieces.front().size() ||
+        ::pwrite(fd, first.data(), first.size(), 0) != static_cast<ssize_t>(first.size())) {
       const std::string why = std::strerror(errno);
       ::close(fd);
       ::unlink(temporary.c_str());
-      fail(path, "write failed (" + why + ")");
+      fail(path, "write of the header failed (" + why + ")");
     }
-    written += static_cast<std::size_t>(n);
-    if (progress) progress(written, bytes.size());
   }
   fsync_or_fail(fd, temporary);
   ::close(fd);
@@ -84,36 +152,68 @@ void write_file_atomically(const std::string& path, const std::string& bytes, co
   }
 }
 
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces,
+                           const WriteProgress& progress) {
+  write_atomically(path, pieces, progress, {});
+}
+
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
                       const WriteProgress& progress) {
-  std::string data;
+  // The bytes go from each tensor's memory to the file: no copy on the CPU, one to the host for CUDA.
+  std::vector<std::vector<float>> staged;  // CUDA tensors' values, kept alive until written
+  std::vector<std::string_view> data;
   nlohmann::json header = nlohmann::json::object();
+  std::size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || header.contains(name))
       fail(path, "tensor name '" + name + "' is reserved or repeated");
-    auto values = tensor.to_host();
-    const std::size_t begin = data.size();
-    data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));  // x86: little-endian
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {begin, data.size()}}};
+    const float* values = nullptr;
+    if (tensor.device() == Device::cpu) {
+      values = tensor.data();
+    } else {
+      staged.push_back(tensor.to_host());
+      values = staged.back().data();
+    }
+    const std::size_t bytes = static_cast<std::size_t>(tensor.numel()) * sizeof(float);  // x86: little-endian
+    data.emplace_back(reinterpret_cast<const char*>(values), bytes);
+    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   nlohmann::json meta = nlohmann::json::object();
   for (const auto& [key, value] : metadata) meta[key] = value;
   header["__metadata__"] = meta;
-  header["__metadata__"]["checksum"] = checksum_of(header, data.data(), data.size());
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-  std::string file(8, '\0');
-  const std::uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  file += text;
-  file += data;
-  write_file_atomically(path, file, progress);
+  // The checksum is computed on another thread while the data goes out, and the header is written
+  // last, over a placeholder of the same length: hashing costs no time next to the disk.
+  auto checksum = std::async(std::launch::async, [&] { return checksum_of(header, data); });
+  auto header_bytes = [&](const std::string& sum) {
+    nlohmann::json full = header;
+    full["__metadata__"]["checksum"] = sum;
+    std::string text = full.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    std::string prefix(8, '\0');
+    const std::uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) prefix[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+    return prefix + text;
+  };
+  const std::string placeholder = header_bytes(std::string(16, '0'));  // a checksum is 16 hex digits
+  std::vector<std::string_view> pieces{placeholder};
+  pieces.insert(pieces.end(), data.begin(), data.end());
+  try {
+    write_atomically(path, pieces, progress, [&] { return header_bytes(checksum.get()); });
+  } catch (...) {
+    if (checksum.valid()) checksum.wait();  // the thread reads `header` and `data`: let it finish first
+    throw;
+  }
 }
 
 Loaded load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "cannot be opened (missing or unreadable)");
-  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string file(static_cast<std::size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  if (!in.read(file.data(), static_cast<std::streamsize>(file.size()))) fail(path, "could not be read");
   if (file.size() < 8)
     fail(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
   std::uint64_t n = 0;
@@ -171,9 +271,9 @@ Loaded load_safetensors(const std::string& path) {
       fail(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
     ranges.push_back({begin, end, name});
-    std::vector<float> values(count);
-    if (count) std::memcpy(values.data(), data + begin, count * sizeof(float));
-    loaded.tensors.emplace_back(name, Tensor::from_host(values, shape));
+    Tensor tensor = Tensor::empty(shape);
+    if (count) std::memcpy(tensor.data(), data + begin, count * sizeof(float));
+    loaded.tensors.emplace_back(name, tensor);
   }
   // The data section must be covered exactly: no overlaps, no holes (the format's own rule).
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
@@ -192,7 +292,8 @@ Loaded load_safetensors(const std::string& path) {
     return pos(a.first) < pos(b.first);
   });
   auto checksum = loaded.metadata.find("checksum");
-  if (checksum != loaded.metadata.end() && checksum->second != checksum_of(header, data, data_size))
+  if (checksum != loaded.metadata.end() &&
+      checksum->second != checksum_of(header, {std::string_view(data, static_cast<std::size_t>(data_size))}))
     fail(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
   loaded.metadata.erase("checksum");
   return loaded;

@@ -4,7 +4,7 @@
 //   N bytes   JSON: {"__metadata__": {string: string}, "name": {"dtype": "F32", "shape": [...],
 //             "data_offsets": [begin, end]}, ...}, padded with spaces
 //   the rest  the tensors' bytes, little-endian, each at its offsets (relative to the data section)
-// The course adds "checksum" (FNV-1a of the header's content and the data section) to the metadata,
+// The course adds "checksum" (FNV-1a, by 8-byte words, of the header's content and the data section) to the metadata,
 // so a flipped byte is found. Writing is atomic: a temporary file in the same folder, fsync, rename, fsync of the
 // folder, so a crash at any moment leaves either the old file or the new one, never half of one.
 #pragma once
@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,9 @@ Loaded load_safetensors(const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
 void write_file_atomically(const std::string& path, const std::string& bytes, const WriteProgress& progress = {});
+// The same for bytes in several places, written one after the other.
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces,
+                           const WriteProgress& progress = {});
 
 // Whether a file name is one of write_file_atomically's temporary files (".name.tmp.PID"): what a
 // writer that died left behind.
