@@ -54,6 +54,7 @@ struct Options {
   bool verify = false;
   std::string fault = "none";
   std::string save;
+  double mtbf_hours = 24;
 };
 
 constexpr std::int64_t kMaxSteps = 10'000'000;
@@ -227,10 +228,17 @@ int run(const Options& o, cli::Session& session) {
   double write_ms = 0, written_mb = 0;
   int checkpoints = 0;
   bool diverged = false;
+  double step_ms = 0;
+  std::int64_t timed_steps = 0;
   for (std::int64_t step = start_step; step < o.steps; ++step) {
     if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
       std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
+    const auto step_begin = std::chrono::steady_clock::now();
     const float loss = trainer.step(dataset, stream, state.samples_seen, o.global_batch, group, device);
+    if (step > start_step) {  // the first step warms up allocators and caches
+      step_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_begin).count();
+      ++timed_steps;
+    }
     state.samples_seen += o.global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
@@ -264,6 +272,21 @@ int run(const Options& o, cli::Session& session) {
           static_cast<double>(bytes) / 1e3 / std::max(ms, 1e-3));
       session.metrics.write({{"event", "checkpoint"}, {"step", state.step}, {"bytes", bytes}, {"write_ms", ms}});
     });
+  }
+
+  // ---- how often to checkpoint: Young's approximation ------------------------------------------------
+  // J. W. Young, "A first order approximation to the optimum checkpoint interval" (CACM 1974): with a
+  // checkpoint costing C seconds and a mean time between failures M, lose the least time by writing
+  // one every sqrt(2 C M) seconds. Rank 0 measured C; every rank measured its step time.
+  if (checkpoints > 0 && timed_steps > 0) {
+    const double cost_s = write_ms / checkpoints / 1000.0, mtbf_s = o.mtbf_hours * 3600.0;
+    const double interval_s = std::sqrt(2.0 * cost_s * mtbf_s);
+    const double per_step_s = step_ms / static_cast<double>(timed_steps) / 1000.0;
+    log("how often to checkpoint (Young 1974): sqrt(2 x checkpoint cost %.1f ms x MTBF %g h) = %.1f s, about every "
+        "%.0f steps of %.2f ms\n", 1000 * cost_s, o.mtbf_hours, interval_s, interval_s / per_step_s, 1000 * per_step_s);
+    session.metrics.write({{"event", "young"}, {"checkpoint_ms", 1000 * cost_s}, {"mtbf_hours", o.mtbf_hours},
+                           {"interval_s", interval_s}, {"step_ms", 1000 * per_step_s},
+                           {"interval_steps", interval_s / per_step_s}});
   }
 
   // ---- the result: checksums, and with --verify the uninterrupted run ---------------------------------
@@ -358,6 +381,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--fail-during-save", o.fail_during_save,
                "With --fail-at-step K: kill rank 0 halfway through writing the checkpoint of step K instead");
+  app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
+                                               "(Young's approximation)")
+      ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();
   app.add_flag("--verify", o.verify, "Compare with the uninterrupted run: bit-identical at an unchanged world size, "
                                      "within the noise floor after a change");
   app.add_option("--fault", o.fault, "Break the resume on purpose, to see --verify catch it: none, "

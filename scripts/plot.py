@@ -31,6 +31,17 @@ def summary(path):
     acc = (events(records, "accumulation") or [None])[-1]
     ddp = (events(records, "ddp_summary") or [None])[-1]
     overlap = (events(records, "overlap_summary") or [None])[-1]
+    failover = (events(records, "failover_summary") or [None])[-1]
+    if failover:
+        text = f"{failover['ranks']} ranks, {failover['steps']} steps"
+        if failover["resumed_from"]:
+            text += f", resumed from step {failover['start_step']} after restart {failover['restart_count']}"
+        text += f", {failover['checkpoints']} checkpoints at {failover['write_mb_per_s']:.0f} MB/s"
+        if failover["verified"]:
+            text += (", bit-identical to the uninterrupted run" if failover["same_world"] and failover["passed"] else
+                     f", {failover['max_diff'] / max(failover['noise_floor'], 1e-300):.2f}x noise floor "
+                     f"(world sizes {failover['world_history']})")
+        return text
     if overlap:
         modes = {r["mode"]: r for r in events(records, "mode")}
         text = ", ".join(f"{m} {r['step_ms']:.1f} ms" for m, r in modes.items())

@@ -44,6 +44,22 @@ if [ -f "$RUNS/05_bucketing_overlap/metrics.jsonl" ]; then
   printf '%-24s %-7s %s\n' "05 simulated 10 GbE" "written" \
     "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/simulated.jsonl" 2>/dev/null)   (charts in ${dir#$COURSE_ROOT/})"
 fi
+if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
+  # Chapter 06 under the restarting launcher, with rank 1 killed at step 50: the job fails once,
+  # resumes from its step-40 checkpoint and must finish bit-identical to the uninterrupted run.
+  dir="$RUNS/06_checkpoint_failover"
+  rm -rf "$dir"; mkdir -p "$dir"
+  if "$PY" "$COURSE_ROOT/scripts/failover.py" --np 2 --max-restarts 2 -- \
+      "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" --ckpt-dir "$dir/checkpoints" \
+      --fail-at-step 50 --fail-rank 1 --verify --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
+    status=PASSED
+  else
+    status=FAILED; failed=1
+  fi
+  printf '%-24s %-7s %s   (%s)\n' 06_checkpoint_failover "$status" \
+    "$(grep -c '^failover: attempt [0-9]* failed' "$dir/output.txt") failure(s), $("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" \
+    "${dir#$COURSE_ROOT/}"
+fi
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"

@@ -38,14 +38,14 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
     std::vector<std::string> problems;
     const auto candidates = folder.candidates(&problems);
     for (const auto& p : problems) report(p);
-    for (const auto& path : candidates) {
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
       try {
-        Loaded loaded = load_safetensors(path);
-        check(path, loaded);
-        found = Resumed{path, std::move(loaded)};
+        Loaded loaded = load_safetensors(candidates[i]);
+        check(candidates[i], loaded);
+        found = Resumed{candidates[i], std::move(loaded)};
         break;
       } catch (const CheckpointError& e) {
-        report(std::string(e.what()) + "; trying an older one");
+        report(std::string(e.what()) + (i + 1 < candidates.size() ? "; trying an older one" : ""));
         problems.push_back(e.what());
       }
     }

@@ -266,7 +266,8 @@ Loaded load_safetensors(const std::string& path) {
     const std::uint64_t begin = offsets[0], end = offsets[1];
     if (begin > end || end > data_size)
       fail(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                     "] outside the data section of " + std::to_string(data_size) + " bytes");
+                     "] outside the data section of " + std::to_string(data_size) +
+                     " bytes (a truncated file, or wrong offsets)");
     if (end - begin != count * sizeof(float))
       fail(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
