@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/checkpoint/parameters.h"         // --save: the final parameters as safetensors
 #include "common/cli/cli.h"                       // common flags, validators, exit codes
 #include "common/cli/limits.h"                    // refuse what cannot fit in memory
 #include "common/cli/session.h"                   // device, topology and metrics, set up once
@@ -39,6 +40,7 @@ struct Options {
   float lr = 0.001f;
   double bucket_mb = 25, first_bucket_mb = 1;
   std::string sim_network, trace = "trace.json", comm_hook = "none";
+  std::string save;
   bool sweep_buckets = false, verify = true;  // the lesson is only worth its speed-up if every mode is right
 };
 
@@ -71,6 +73,7 @@ struct ModeResult {
   std::size_t buckets = 0;
   std::int64_t bytes_per_step = 0;
   std::vector<float> parameters;
+  std::shared_ptr<nn::Sequential> model;  // the trained model (--save writes the overlapped mode's)
   verify::LockstepSummary check;
   parallel::Timeline timeline;  // the last step (overlap mode)
 };
@@ -127,6 +130,7 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
   result.bytes_per_step = (ddp.reducer().bytes_communicated() - bytes_before) / std::max(1, steps - 1);
   result.timeline = ddp.reducer().last_timeline();
   result.parameters = model->parameters_to_host();
+  result.model = model;
   if (lockstep) result.check = lockstep->finish();
   return result;
 }
@@ -250,6 +254,13 @@ int run(const Options& o, cli::Session& session) {
                              {"simulated_network", label}});
     }
   }
+  if (!o.save.empty())
+    parallel::on_rank0(group, [&] {  // the ranks hold the same parameters: rank 0 writes them
+      checkpoint::save_parameters(o.save, *overlapped.model, {{"chapter", "05_bucketing_overlap"},
+                                                              {"mode", "buckets+overlap"},
+                                                              {"steps", std::to_string(o.steps)}});
+      log("parameters (buckets+overlap) saved to %s\n", o.save.c_str());
+    });
   session.metrics.write({{"event", "overlap_summary"},
                          {"exposed_fraction", hidden},
                          {"passed", passed},
@@ -268,6 +279,7 @@ int main(int argc, char** argv) {
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
   app.add_option("--depth", o.depth, "Hidden layers of the MLP")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--width", o.width, "Hidden width")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "common/checkpoint/safetensors.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -75,6 +76,22 @@ TEST(Chapter05, SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes) {
   }
   EXPECT_NEAR(bytes["fp16"], bytes["none"] / 2, 16);
   EXPECT_NEAR(bytes["bf16"], bytes["none"] / 2, 16);
+}
+
+TEST(Chapter05, SavesTheFinalParametersAsSafetensors) {
+  std::string saved = temp_path("ch05.safetensors");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --save " + saved);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto loaded = checkpoint::load_safetensors(saved);
+  // --depth 4 --width 128 --features 16: five linear layers, a weight and a bias each.
+  ASSERT_EQ(loaded.tensors.size(), 10u);
+  EXPECT_EQ(loaded.tensors.front().first, "0.weight");
+  EXPECT_EQ(loaded.tensors.front().second.shape(), (Shape{128, 16}));  // PyTorch's Linear: [out, in]
+  EXPECT_EQ(loaded.metadata.at("mode"), "buckets+overlap");
+  std::remove(saved.c_str());
+  auto bad = run_process(kBinary + " --save /nonexistent/folder/x.safetensors");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--save"), std::string::npos) << bad.err;
 }
 
 TEST(Chapter05, BadInput) {
