@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/data/house_prices.h"
+#include "common/data/sampling.h"
 
 namespace course::data {
 namespace {
@@ -38,6 +39,24 @@ TEST(Data, ShuffleIsAPermutationThatDependsOnTheEpoch) {
   std::vector<std::int64_t> all(1000);
   std::iota(all.begin(), all.end(), 0);
   EXPECT_EQ(a, all);
+}
+
+TEST(Data, SampleStreamContinuesAcrossEpochsAndChunks) {
+  SampleStream stream(10, 7);
+  // Position p is sample p % 10 of epoch p / 10's shuffle.
+  auto epoch0 = shuffled_indices(10, 7, 0), epoch1 = shuffled_indices(10, 7, 1);
+  std::vector<std::int64_t> expected(epoch0.begin() + 6, epoch0.end());
+  expected.insert(expected.end(), epoch1.begin(), epoch1.begin() + 5);
+  EXPECT_EQ(stream.take(6, 9), expected);
+  EXPECT_EQ(stream.epoch_of(16), 1);
+  // However it is cut into batches (any world size, any resume point), the stream is the same.
+  auto whole = stream.take(3, 25);
+  auto first = stream.take(3, 11), second = stream.take(14, 14);
+  first.insert(first.end(), second.begin(), second.end());
+  EXPECT_EQ(first, whole);
+  EXPECT_EQ(SampleStream(10, 7).take(23, 5), stream.take(23, 5));  // a fresh stream: no hidden state
+  EXPECT_THROW(SampleStream(0, 1), std::invalid_argument);
+  EXPECT_THROW(stream.take(-1, 2), std::invalid_argument);
 }
 
 TEST(Data, BatchesKeepThePartialLastOne) {
