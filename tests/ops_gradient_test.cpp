@@ -77,6 +77,64 @@ TEST(OpErrors, ShapesThatDoNotBroadcastAreRejected) {
   EXPECT_THROW(matmul(Tensor::zeros({2, 3}), Tensor::zeros({2, 3})), std::invalid_argument);
   EXPECT_THROW(mse_loss(Tensor::zeros({4, 1}), Tensor::zeros({4})), std::invalid_argument);
   EXPECT_THROW(cross_entropy(Tensor::zeros({2, 3}), Tensor::from_host({0, 3}, {2})), std::invalid_argument);
+  EXPECT_THROW(embedding(Tensor::from_host({0, 5}, {2}), Tensor::zeros({5, 3})), std::invalid_argument);
+  EXPECT_THROW(embedding(Tensor::from_host({1.5f}, {1}), Tensor::zeros({5, 3})), std::invalid_argument);
+  EXPECT_THROW(layer_norm(Tensor::zeros({2, 4}), Tensor::ones({3}), Tensor::zeros({3})), std::invalid_argument);
+}
+
+TEST(Broadcasting, ResultShapesFollowNumPy) {
+  for (const auto& c : numpy_broadcast_cases()) {
+    EXPECT_EQ(add(Tensor::zeros(c.a), Tensor::zeros(c.b)).shape(), c.result) << shape_string(c.a) << shape_string(c.b);
+    EXPECT_EQ(mul(Tensor::zeros(c.b), Tensor::zeros(c.a)).shape(), c.result) << shape_string(c.b) << shape_string(c.a);
+  }
+}
+
+TEST(Broadcasting, IncompatibleShapesAreNamedInTheError) {
+  for (const auto& [a, b] : numpy_incompatible_cases()) {
+    try {
+      add(Tensor::zeros(a), Tensor::zeros(b));
+      ADD_FAILURE() << shape_string(a) << " + " << shape_string(b) << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(shape_string(a)), std::string::npos) << what;
+      EXPECT_NE(what.find(shape_string(b)), std::string::npos) << what;
+      EXPECT_NE(what.find("do not broadcast"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(Broadcasting, GradientsKeepEachOperandsShape) {
+  // [1, 1, 5] + [4, 5]: the first operand's gradient sums over the 4 rows it was stretched across.
+  Tensor a = Tensor::ones({1, 1, 5}).set_requires_grad(true), b = Tensor::ones({4, 5}).set_requires_grad(true);
+  sum(add(a, b)).backward();
+  EXPECT_EQ(a.grad().shape(), (Shape{1, 1, 5}));
+  EXPECT_EQ(a.grad().to_host(), std::vector<float>(5, 4.0f));
+  EXPECT_EQ(b.grad().shape(), (Shape{4, 5}));
+  EXPECT_EQ(b.grad().to_host(), std::vector<float>(20, 1.0f));
+}
+
+TEST(Dropout, DropsAboutPAndIsRepeatable) {
+  Tensor x = Tensor::ones({100, 100});
+  auto y = dropout(x, 0.25f, 9).to_host();
+  EXPECT_EQ(y, dropout(x, 0.25f, 9).to_host());  // the same seed, the same mask
+  EXPECT_NE(y, dropout(x, 0.25f, 10).to_host());
+  std::size_t dropped = 0;
+  for (float v : y) {
+    EXPECT_TRUE(v == 0.0f || v == 1.0f / 0.75f) << v;
+    dropped += v == 0.0f;
+  }
+  // 10000 draws at p = 0.25: the count's standard deviation is about 43, so 2500 +- 250 is six of them.
+  EXPECT_NEAR(static_cast<double>(dropped), 2500.0, 250.0);
+  EXPECT_EQ(dropout(x, 0.0f, 9).to_host(), x.to_host());
+  EXPECT_THROW(dropout(x, 1.0f, 9), std::invalid_argument);
+  EXPECT_THROW(dropout(x, -0.1f, 9), std::invalid_argument);
+}
+
+TEST(Gelu, ExactByDefaultAndTanhOnRequest) {
+  // PyTorch: F.gelu(torch.tensor(1.0)) = 0.8413447 (exact); approximate="tanh" gives 0.8411920.
+  Tensor x = Tensor::from_host({1.0f}, {1});
+  EXPECT_NEAR(gelu(x).item(), 0.8413447, 1e-6);
+  EXPECT_NEAR(gelu(x, GeluApproximate::tanh).item(), 0.8411920, 1e-6);
 }
 
 }  // namespace

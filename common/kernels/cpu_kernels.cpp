@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
@@ -28,6 +29,12 @@ class CpuKernels final : public Kernels {
                 ta ? m : k, b, tb ? k : n, beta, c, n);
   }
 
+  void gemm_batched(bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    const float* a, std::int64_t sa, const float* b, std::int64_t sb, float beta, float* c,
+                    std::int64_t sc) override {
+    for (std::int64_t i = 0; i < batch; ++i) gemm(ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, beta, c + i * sc);
+  }
+
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
     if (an == n && bn == n) {  // the common case, kept free of modulo so it vectorises
@@ -39,10 +46,47 @@ class CpuKernels final : public Kernels {
       }
       return;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      float x = a[i % an], y = b[i % bn];
-      out[i] = op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : std::max(x, y);
+    for (std::size_t i = 0; i < n; ++i) out[i] = math::binary(op, a[i % an], b[i % bn]);
+  }
+
+  // Walks the output in row-major order, moving each operand's offset by its stride: when the last
+  // dimension rolls over, the offsets step back by what it advanced.
+  void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out, const BroadcastIndex& ix) override {
+    std::int64_t n = 1;
+    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+    std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = math::binary(op, a[ao], b[bo]);
+      for (int d = ix.rank - 1; d >= 0; --d) {
+        if (++idx[d] < ix.dims[d]) {
+          ao += ix.a_strides[d];
+          bo += ix.b_strides[d];
+          break;
+        }
+        ao -= ix.a_strides[d] * (ix.dims[d] - 1);
+        bo -= ix.b_strides[d] * (ix.dims[d] - 1);
+        idx[d] = 0;
+      }
     }
+  }
+
+  void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {
+    std::vector<double> total(out_n, 0.0);
+    std::int64_t n = 1;
+    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+    std::int64_t idx[kMaxDims] = {}, o = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      total[static_cast<std::size_t>(o)] += in[i];
+      for (int d = ix.rank - 1; d >= 0; --d) {
+        if (++idx[d] < ix.dims[d]) {
+          o += ix.a_strides[d];
+          break;
+        }
+        o -= ix.a_strides[d] * (ix.dims[d] - 1);
+        idx[d] = 0;
+      }
+    }
+    for (std::size_t j = 0; j < out_n; ++j) out[j] = static_cast<float>(total[j]);
   }
 
   void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) override {
@@ -72,17 +116,90 @@ class CpuKernels final : public Kernels {
   }
 
   void unary(UnaryOp op, const float* in, float* out, std::size_t n) override {
-    if (op == UnaryOp::relu)
-      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
-    else
-      for (std::size_t i = 0; i < n; ++i) out[i] = math::gelu(in[i]);
+    for (std::size_t i = 0; i < n; ++i) out[i] = math::unary(op, in[i]);
   }
 
   void unary_backward(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) override {
-    if (op == UnaryOp::relu)
-      for (std::size_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? g[i] : 0.0f;
-    else
-      for (std::size_t i = 0; i < n; ++i) out[i] = g[i] * math::gelu_grad(in[i]);
+    for (std::size_t i = 0; i < n; ++i) out[i] = math::unary_backward(op, in[i], g[i]);
+  }
+
+  void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
+                  float* out, float* mean, float* rstd) override {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float* row = x + r * cols;
+      double total = 0.0, squares = 0.0;
+      for (std::size_t c = 0; c < cols; ++c) total += row[c];
+      const double mu = total / static_cast<double>(cols);
+      for (std::size_t c = 0; c < cols; ++c) squares += (row[c] - mu) * (row[c] - mu);
+      const double inv = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps);
+      mean[r] = static_cast<float>(mu);
+      rstd[r] = static_cast<float>(inv);
+      for (std::size_t c = 0; c < cols; ++c)
+        out[r * cols + c] = static_cast<float>((row[c] - mu) * inv * w[c] + b[c]);
+    }
+  }
+
+  void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
+                           std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
+    for (std::size_t r = 0; r < rows; ++r) {
+      // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), with dxhat = g w.
+      double sum_d = 0.0, sum_dx = 0.0;
+      for (std::size_t c = 0; c < cols; ++c) {
+        const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
+        const double d = static_cast<double>(g[r * cols + c]) * w[c];
+        sum_d += d;
+        sum_dx += d * xhat;
+      }
+      const double n = static_cast<double>(cols);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
+        const double d = static_cast<double>(g[r * cols + c]) * w[c];
+        dx[r * cols + c] = static_cast<float>(rstd[r] * (d - sum_d / n - xhat * sum_dx / n));
+      }
+    }
+    for (std::size_t c = 0; c < cols; ++c) {
+      double gw = 0.0, gb = 0.0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        gw += static_cast<double>(g[r * cols + c]) * ((x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]));
+        gb += g[r * cols + c];
+      }
+      dw[c] = static_cast<float>(gw);
+      db[c] = static_cast<float>(gb);
+    }
+  }
+
+  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
+    for (std::size_t i = 0; i < n; ++i) std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
+  }
+
+  void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
+                          float* dw) override {
+    std::fill(dw, dw + vocab * dim, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+      float* row = dw + static_cast<std::size_t>(ids[i]) * dim;
+      for (std::size_t d = 0; d < dim; ++d) row[d] += g[i * dim + d];
+    }
+  }
+
+  void softmax(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) override {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t visible = causal ? r % cols + 1 : cols;  // query i sees keys 0..i
+      const float* row = in + r * cols;
+      float top = *std::max_element(row, row + visible);
+      double total = 0.0;
+      for (std::size_t c = 0; c < visible; ++c) total += std::exp(static_cast<double>(row[c] - top));
+      for (std::size_t c = 0; c < cols; ++c)
+        out[r * cols + c] = c < visible ? static_cast<float>(std::exp(static_cast<double>(row[c] - top)) / total) : 0.0f;
+    }
+  }
+
+  void softmax_backward(const float* y, const float* g, std::size_t rows, std::size_t cols, float* dx) override {
+    for (std::size_t r = 0; r < rows; ++r) {
+      double dot = 0.0;
+      for (std::size_t c = 0; c < cols; ++c) dot += static_cast<double>(g[r * cols + c]) * y[r * cols + c];
+      for (std::size_t c = 0; c < cols; ++c)
+        dx[r * cols + c] = static_cast<float>(y[r * cols + c] * (g[r * cols + c] - dot));
+    }
   }
 
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,

@@ -70,12 +70,61 @@ __global__ void sum_rows_kernel(const float* in, std::size_t rows, std::size_t c
 
 __global__ void unary_kernel(UnaryOp op, const float* in, float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    out[i] = op == UnaryOp::relu ? fmaxf(in[i], 0.0f) : math::gelu(in[i]);
+    out[i] = math::unary(op, in[i]);
 }
 
 __global__ void unary_backward_kernel(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    out[i] = op == UnaryOp::relu ? (in[i] > 0.0f ? g[i] : 0.0f) : g[i] * math::gelu_grad(in[i]);
+    out[i] = math::unary_backward(op, in[i], g[i]);
+}
+
+// One thread per output element: its multi-index gives each operand's offset.
+__global__ void binary_broadcast_kernel(BinaryOp op, const float* a, const float* b, float* out, BroadcastIndex ix,
+                                        std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    std::int64_t rest = i, ao = 0, bo = 0;
+    for (int d = ix.rank - 1; d >= 0; --d) {
+      const std::int64_t k = rest % ix.dims[d];
+      rest /= ix.dims[d];
+      ao += k * ix.a_strides[d];
+      bo += k * ix.b_strides[d];
+    }
+    out[i] = math::binary(op, a[ao], b[bo]);
+  }
+}
+
+// One thread per output element j: its kept dimensions come from j, and the reduced ones (stride 0)
+// are walked in row-major order, so the in elements arrive in increasing index, in double, as on the CPU.
+__global__ void sum_to_kernel(const float* in, float* out, std::size_t out_n, BroadcastIndex ix) {
+  const std::size_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= out_n) return;
+  std::int64_t in_strides[kMaxDims], reduced_count = 1, base = 0;
+  std::int64_t stride = 1;
+  for (int d = ix.rank - 1; d >= 0; --d) {
+    in_strides[d] = stride;
+    stride *= ix.dims[d];
+  }
+  std::int64_t rest = static_cast<std::int64_t>(j);
+  for (int d = ix.rank - 1; d >= 0; --d) {
+    if (ix.a_strides[d] == 0) {
+      reduced_count *= ix.dims[d];
+      continue;
+    }
+    const std::int64_t k = rest % ix.dims[d];
+    rest /= ix.dims[d];
+    base += k * in_strides[d];
+  }
+  double total = 0.0;
+  for (std::int64_t r = 0; r < reduced_count; ++r) {
+    std::int64_t left = r, offset = base;
+    for (int d = ix.rank - 1; d >= 0; --d) {
+      if (ix.a_strides[d] != 0) continue;
+      offset += (left % ix.dims[d]) * in_strides[d];
+      left /= ix.dims[d];
+    }
+    total += in[offset];
+  }
+  out[j] = static_cast<float>(total);
 }
 
 __device__ double row_exp_sum(const float* row, std::size_t cols, float top) {
@@ -111,6 +160,93 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
     double softmax = exp(static_cast<double>(row[c] - top)) / total;
     out[r * cols + c] = static_cast<float>((softmax - (c == target ? 1.0 : 0.0)) * g[r]);
   }
+}
+
+// One thread per row, the CPU reference's arithmetic (exp and sums in double).
+__global__ void softmax_kernel(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) {
+  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const std::size_t visible = causal ? r % cols + 1 : cols;
+  const float* row = in + r * cols;
+  float top = row[0];
+  for (std::size_t c = 1; c < visible; ++c) top = fmaxf(top, row[c]);
+  double total = 0.0;
+  for (std::size_t c = 0; c < visible; ++c) total += exp(static_cast<double>(row[c] - top));
+  for (std::size_t c = 0; c < cols; ++c)
+    out[r * cols + c] = c < visible ? static_cast<float>(exp(static_cast<double>(row[c] - top)) / total) : 0.0f;
+}
+
+__global__ void softmax_backward_kernel(const float* y, const float* g, std::size_t rows, std::size_t cols, float* dx) {
+  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  double dot = 0.0;
+  for (std::size_t c = 0; c < cols; ++c) dot += static_cast<double>(g[r * cols + c]) * y[r * cols + c];
+  for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = static_cast<float>(y[r * cols + c] * (g[r * cols + c] - dot));
+}
+
+// One thread per row: the same double arithmetic as the CPU reference, row by row.
+__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols,
+                                  float eps, float* out, float* mean, float* rstd) {
+  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* row = x + r * cols;
+  double total = 0.0, squares = 0.0;
+  for (std::size_t c = 0; c < cols; ++c) total += row[c];
+  const double mu = total / static_cast<double>(cols);
+  for (std::size_t c = 0; c < cols; ++c) squares += (row[c] - mu) * (row[c] - mu);
+  const double inv = 1.0 / sqrt(squares / static_cast<double>(cols) + eps);
+  mean[r] = static_cast<float>(mu);
+  rstd[r] = static_cast<float>(inv);
+  for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = static_cast<float>((row[c] - mu) * inv * w[c] + b[c]);
+}
+
+__global__ void layer_norm_backward_x_kernel(const float* x, const float* w, const float* mean, const float* rstd,
+                                             const float* g, std::size_t rows, std::size_t cols, float* dx) {
+  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  double sum_d = 0.0, sum_dx = 0.0;
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
+    const double d = static_cast<double>(g[r * cols + c]) * w[c];
+    sum_d += d;
+    sum_dx += d * xhat;
+  }
+  const double n = static_cast<double>(cols);
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
+    const double d = static_cast<double>(g[r * cols + c]) * w[c];
+    dx[r * cols + c] = static_cast<float>(rstd[r] * (d - sum_d / n - xhat * sum_dx / n));
+  }
+}
+
+// One thread per column, rows in order.
+__global__ void layer_norm_backward_params_kernel(const float* x, const float* mean, const float* rstd, const float* g,
+                                                  std::size_t rows, std::size_t cols, float* dw, float* db) {
+  const std::size_t c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double gw = 0.0, gb = 0.0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    gw += static_cast<double>(g[r * cols + c]) * ((x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]));
+    gb += g[r * cols + c];
+  }
+  dw[c] = static_cast<float>(gw);
+  db[c] = static_cast<float>(gb);
+}
+
+__global__ void embedding_kernel(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) {
+  for (std::size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n * dim; k += gridDim.x * blockDim.x) {
+    const std::size_t i = k / dim, d = k % dim;
+    out[k] = weight[static_cast<std::size_t>(ids[i]) * dim + d];
+  }
+}
+
+// One thread per column d walks the positions in order, so each sum is added in increasing i, as on
+// the CPU, with no atomics: deterministic.
+__global__ void embedding_backward_kernel(const float* ids, const float* g, std::size_t n, std::size_t dim,
+                                          float* dw) {
+  const std::size_t d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= dim) return;
+  for (std::size_t i = 0; i < n; ++i) dw[static_cast<std::size_t>(ids[i]) * dim + d] += g[i * dim + d];
 }
 
 __global__ void sgd_kernel(float* p, const float* g, float* buf, std::size_t n, SgdParams s) {
@@ -176,10 +312,36 @@ class CudaKernels final : public Kernels {
                                     static_cast<int>(n)));
   }
 
+  void gemm_batched(bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    const float* a, std::int64_t sa, const float* b, std::int64_t sb, float beta, float* c,
+                    std::int64_t sc) override {
+    if (batch == 0 || m == 0 || n == 0) return;
+    if (k == 0) {
+      for (std::int64_t i = 0; i < batch; ++i) gemm(ta, tb, m, n, k, alpha, a, b, beta, c + i * sc);
+      return;
+    }
+    // Column-major, as in gemm: each C^T = op(B)^T op(A)^T.
+    COURSE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        cublas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(tb ? k : n), sb, a,
+        static_cast<int>(ta ? m : k), sa, &beta, c, static_cast<int>(n), sc, static_cast<int>(batch)));
+  }
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
     if (!n) return;
     binary_kernel<<<blocks_for(n), kThreads>>>(op, a, an, b, bn, out, n);
+    check_launch();
+  }
+  void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out, const BroadcastIndex& ix) override {
+    std::int64_t n = 1;
+    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+    if (!n) return;
+    binary_broadcast_kernel<<<blocks_for(static_cast<std::size_t>(n)), kThreads>>>(op, a, b, out, ix, n);
+    check_launch();
+  }
+  void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {
+    if (!out_n) return;
+    sum_to_kernel<<<blocks_for(out_n), kThreads>>>(in, out, out_n, ix);
     check_launch();
   }
   void scale(const float* in, float factor, float* out, std::size_t n) override {
@@ -214,6 +376,45 @@ class CudaKernels final : public Kernels {
   void unary_backward(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) override {
     if (!n) return;
     unary_backward_kernel<<<blocks_for(n), kThreads>>>(op, in, g, out, n);
+    check_launch();
+  }
+  void softmax(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) override {
+    if (!rows || !cols) return;
+    softmax_kernel<<<blocks_for(rows), kThreads>>>(in, rows, cols, causal, out);
+    check_launch();
+  }
+  void softmax_backward(const float* y, const float* g, std::size_t rows, std::size_t cols, float* dx) override {
+    if (!rows || !cols) return;
+    softmax_backward_kernel<<<blocks_for(rows), kThreads>>>(y, g, rows, cols, dx);
+    check_launch();
+  }
+  void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
+                  float* out, float* mean, float* rstd) override {
+    if (!rows) return;
+    layer_norm_kernel<<<blocks_for(rows), kThreads>>>(x, w, b, rows, cols, eps, out, mean, rstd);
+    check_launch();
+  }
+  void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
+                           std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
+    if (rows) {
+      layer_norm_backward_x_kernel<<<blocks_for(rows), kThreads>>>(x, w, mean, rstd, g, rows, cols, dx);
+      check_launch();
+    }
+    if (cols) {
+      layer_norm_backward_params_kernel<<<blocks_for(cols), kThreads>>>(x, mean, rstd, g, rows, cols, dw, db);
+      check_launch();
+    }
+  }
+  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
+    if (!n || !dim) return;
+    embedding_kernel<<<blocks_for(n * dim), kThreads>>>(ids, weight, n, dim, out);
+    check_launch();
+  }
+  void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
+                          float* dw) override {
+    fill(dw, vocab * dim, 0.0f);
+    if (!n || !dim) return;
+    embedding_backward_kernel<<<blocks_for(dim), kThreads>>>(ids, g, n, dim, dw);
     check_launch();
   }
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,

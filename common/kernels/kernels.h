@@ -10,7 +10,9 @@
 namespace course {
 
 enum class BinaryOp { add, sub, mul, max };
-enum class UnaryOp { relu, gelu };
+// gelu is the exact form, 0.5 x (1 + erf(x / sqrt 2)), PyTorch's default; gelu_tanh its tanh
+// approximation (PyTorch's approximate="tanh", the one GPT-2 uses).
+enum class UnaryOp { relu, gelu, gelu_tanh };
 enum class HalfFormat { float16, bfloat16 };  // 16-bit storage (common/kernels/half.h)
 
 struct SgdParams {
@@ -22,6 +24,16 @@ struct AdamParams {
   float bias_correction1, bias_correction2;  // 1 - beta^t, computed by the optimizer
 };
 
+// Broadcasting by the full NumPy rule, for the kernels: the output's shape (at most kMaxDims) and each
+// operand's element strides along it, 0 where the operand is repeated. common/ops computes them.
+constexpr int kMaxDims = 8;
+struct BroadcastIndex {
+  int rank = 0;
+  std::int64_t dims[kMaxDims] = {};
+  std::int64_t a_strides[kMaxDims] = {};
+  std::int64_t b_strides[kMaxDims] = {};
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -30,9 +42,20 @@ class Kernels {
   // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, with op(X) = X or X^T.
   virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                     const float* a, const float* b, float beta, float* c) = 0;
+  // `batch` independent GEMMs: matrix i of A, B and C starts i * stride_a, i * stride_b, i * stride_c in.
+  virtual void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
+                            std::int64_t k, float alpha, const float* a, std::int64_t stride_a, const float* b,
+                            std::int64_t stride_b, float beta, float* c, std::int64_t stride_c) = 0;
   // out[i] = a[i % a_n] op b[i % b_n] for i < n: same shapes, or one operand repeated (broadcast).
   virtual void binary(BinaryOp op, const float* a, std::size_t a_n, const float* b, std::size_t b_n, float* out,
                       std::size_t n) = 0;
+  // The general case: out (shape index.dims, row-major) [i] = a[a offset of i] op b[b offset of i].
+  virtual void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out,
+                                const BroadcastIndex& index) = 0;
+  // Its gradient's reduction: `in` has shape index.dims; out[j] (out_n elements, contiguous) is the sum of
+  // every in[i] whose a offset is j, added in increasing i, in double (deterministic, the same bits on
+  // both devices).
+  virtual void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& index) = 0;
   virtual void scale(const float* in, float factor, float* out, std::size_t n) = 0;
   // float32 to 16 bits (round to nearest even) and back; chapter 05's compression hooks.
   virtual void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) = 0;
@@ -43,11 +66,31 @@ class Kernels {
   virtual void unary(UnaryOp op, const float* in, float* out, std::size_t n) = 0;
   virtual void unary_backward(UnaryOp op, const float* in, const float* grad_out, float* grad_in,
                               std::size_t n) = 0;
+  // Softmax of each row of `cols`. With `causal`, row r is query r % cols of a square score matrix and
+  // may not look ahead: columns after it get probability 0 (the GPT's causal mask).
+  virtual void softmax(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) = 0;
+  // grad_in = y (grad_out - sum_j grad_out_j y_j), row by row, from the softmax's output y.
+  virtual void softmax_backward(const float* y, const float* grad_out, std::size_t rows, std::size_t cols,
+                                float* grad_in) = 0;
   // Per-row softmax cross-entropy; targets hold class indices as floats.
   virtual void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                              float* losses) = 0;
   virtual void cross_entropy_backward(const float* logits, const float* targets, const float* grad_losses,
                                       std::size_t rows, std::size_t cols, float* grad_logits) = 0;
+  // Layer normalisation over each row of `cols` (Ba et al., 2016), as nn.LayerNorm: the biased variance,
+  // eps inside the square root. Forward keeps each row's mean and 1/sqrt(var + eps) for backward.
+  virtual void layer_norm(const float* x, const float* weight, const float* bias, std::size_t rows, std::size_t cols,
+                          float eps, float* out, float* mean, float* rstd) = 0;
+  // dx, and the weight's and bias's gradients summed over rows (overwritten, rows in order).
+  virtual void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd,
+                                   const float* grad_out, std::size_t rows, std::size_t cols, float* grad_x,
+                                   float* grad_weight, float* grad_bias) = 0;
+  // Embedding lookup: out row i = weight row ids[i] (ids are indices stored as floats).
+  virtual void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) = 0;
+  // Its gradient, a scatter-add: grad_weight (vocab x dim, overwritten) row v = sum of grad_out rows i
+  // with ids[i] = v, added in increasing i on both devices (deterministic, no atomics).
+  virtual void embedding_backward(const float* ids, const float* grad_out, std::size_t n, std::size_t dim,
+                                  std::size_t vocab, float* grad_weight) = 0;
   // momentum_buffer may be null when momentum is 0.
   virtual void sgd_step(float* param, const float* grad, float* momentum_buffer, std::size_t n,
                         const SgdParams& p) = 0;

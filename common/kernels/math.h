@@ -2,6 +2,8 @@
 #pragma once
 #include <cmath>
 
+#include "common/kernels/kernels.h"
+
 #ifdef __CUDACC__
 #define COURSE_HOST_DEVICE __host__ __device__
 #else
@@ -10,20 +12,43 @@
 
 namespace course::math {
 
-// GELU, tanh approximation (Hendrycks & Gimpel, "Gaussian Error Linear Units", 2016).
+// GELU (Hendrycks & Gimpel, "Gaussian Error Linear Units", 2016): exactly x * Phi(x), Phi the standard
+// normal's distribution function, and the paper's tanh approximation, which GPT-2 was trained with.
+constexpr float kSqrtHalf = 0.7071067811865476f;     // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;   // 1/sqrt(2 pi)
+
+COURSE_HOST_DEVICE inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * kSqrtHalf)); }
+
+COURSE_HOST_DEVICE inline float gelu_erf_grad(float x) {
+  return 0.5f * (1.0f + erff(x * kSqrtHalf)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);  // Phi(x) + x phi(x)
+}
+
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
 
-COURSE_HOST_DEVICE inline float gelu(float x) {
+COURSE_HOST_DEVICE inline float gelu_tanh(float x) {
   float inner = kGeluC * (x + kGeluA * x * x * x);
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-COURSE_HOST_DEVICE inline float gelu_grad(float x) {
+COURSE_HOST_DEVICE inline float gelu_tanh_grad(float x) {
   float inner = kGeluC * (x + kGeluA * x * x * x);
   float t = tanhf(inner);
   float d_inner = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
+}
+
+COURSE_HOST_DEVICE inline float binary(BinaryOp op, float x, float y) {
+  return op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : (x < y ? y : x);  // max as std::max
+}
+
+COURSE_HOST_DEVICE inline float unary(UnaryOp op, float x) {
+  return op == UnaryOp::relu ? (x > 0.0f ? x : 0.0f) : op == UnaryOp::gelu ? gelu_erf(x) : gelu_tanh(x);
+}
+// The gradient through the op: relu passes g or 0 (never g * 0, which would turn an infinite g into NaN).
+COURSE_HOST_DEVICE inline float unary_backward(UnaryOp op, float x, float g) {
+  return op == UnaryOp::relu ? (x > 0.0f ? g : 0.0f)
+                             : g * (op == UnaryOp::gelu ? gelu_erf_grad(x) : gelu_tanh_grad(x));
 }
 
 COURSE_HOST_DEVICE inline float sgd_update(float p, float g, float& buf, float lr, float momentum, float wd) {

@@ -19,7 +19,7 @@ Linear::Linear(std::int64_t in, std::int64_t out, Device device, std::uint64_t s
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate_); }
 
 void Sequential::add(std::shared_ptr<Module> module) {
   register_module(std::to_string(layers_.size()), module);
@@ -35,7 +35,8 @@ Tensor Sequential::forward(const Tensor& x) {
 Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::relu;
   if (name == "gelu") return Activation::gelu;
-  throw UsageError("unknown activation '" + name + "' (expected relu or gelu)");
+  if (name == "gelu_tanh") return Activation::gelu_tanh;
+  throw UsageError("unknown activation '" + name + "' (expected relu, gelu or gelu_tanh)");
 }
 
 std::shared_ptr<Sequential> make_mlp(std::int64_t in, std::int64_t hidden, int hidden_layers, std::int64_t out,
@@ -45,7 +46,8 @@ std::shared_ptr<Sequential> make_mlp(std::int64_t in, std::int64_t hidden, int h
   for (int i = 0; i < hidden_layers; ++i) {
     mlp->add(std::make_shared<Linear>(width, hidden, device, random_bits(seed, 100 + i)));
     if (activation == Activation::relu) mlp->add(std::make_shared<ReLU>());
-    else mlp->add(std::make_shared<GELU>());
+    else
+      mlp->add(std::make_shared<GELU>(activation == Activation::gelu ? GeluApproximate::none : GeluApproximate::tanh));
     width = hidden;
   }
   mlp->add(std::make_shared<Linear>(width, out, device, random_bits(seed, 100 + hidden_layers)));

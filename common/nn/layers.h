@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/nn/module.h"
+#include "common/ops/ops.h"
 
 namespace course::nn {
 
@@ -20,9 +21,14 @@ class ReLU : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
+// nn.GELU(approximate="none" | "tanh"): exact by default, as in PyTorch.
 class GELU : public Module {
  public:
+  explicit GELU(GeluApproximate approximate = GeluApproximate::none) : approximate_(approximate) {}
   Tensor forward(const Tensor& x) override;
+
+ private:
+  GeluApproximate approximate_;
 };
 
 class Sequential : public Module {
@@ -34,7 +40,7 @@ class Sequential : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
 };
 
-enum class Activation { relu, gelu };
+enum class Activation { relu, gelu, gelu_tanh };  // "relu", "gelu" (exact), "gelu_tanh"
 Activation parse_activation(const std::string& name);  // throws UsageError for an unknown name
 
 // in -> hidden -> ... -> hidden -> out, with `hidden_layers` hidden layers and an activation between.

@@ -1,8 +1,10 @@
 // Primitive ops: each computes its output with a kernel and records the rule for its gradient.
+#include <algorithm>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
 #include "common/kernels/kernels.h"
+#include "common/tensor/random.h"
 #include "common/ops/ops.h"
 
 namespace course {
@@ -16,19 +18,54 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
                                 device_name(b.device()));
 }
 
-// The shape of `a op b` under suffix broadcasting, or an exception naming both shapes.
+// The shape of `a op b` by NumPy's rule: align the shapes from the right (the shorter padded with 1s on
+// the left); in each dimension the sizes are equal or one is 1, which stretches; the result has the
+// larger rank. Anything else is an error naming both shapes.
 Shape broadcast_shape(const Shape& a, const Shape& b, const char* op) {
-  const Shape& big = shape_numel(a) >= shape_numel(b) ? a : b;
-  const Shape& small = &big == &a ? b : a;
-  if (shape_numel(small) == 1 && shape_numel(big) >= 1) return big;
-  std::size_t lead = 0;
-  while (lead < small.size() && small[lead] == 1 && small.size() - lead > 0) ++lead;
-  Shape core(small.begin() + static_cast<std::ptrdiff_t>(lead), small.end());
-  bool suffix = core.size() <= big.size() && std::equal(core.rbegin(), core.rend(), big.rbegin());
-  if (!suffix || small.size() > big.size() + lead)
+  const std::size_t rank = std::max(a.size(), b.size());
+  if (rank > static_cast<std::size_t>(kMaxDims))
     throw std::invalid_argument(std::string(op) + ": shapes " + shape_string(a) + " and " + shape_string(b) +
-                                " do not broadcast");
-  return big;
+                                " have more than " + std::to_string(kMaxDims) + " dimensions");
+  Shape out(rank);
+  for (std::size_t i = 0; i < rank; ++i) {  // i counts from the right
+    const std::int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1, y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (x != y && x != 1 && y != 1)
+      throw std::invalid_argument(std::string(op) + ": shapes " + shape_string(a) + " and " + shape_string(b) +
+                                  " do not broadcast (" + std::to_string(x) + " against " + std::to_string(y) +
+                                  " in dimension " + std::to_string(i + 1) + " from the right)");
+    out[rank - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+// Whether `operand` is `out` itself or a repetition of its trailing dimensions (a bias row, a single
+// value): then operand[i % n] is its element for out[i], the fast path of Kernels::binary.
+bool repeats_as_suffix(const Shape& operand, const Shape& out) {
+  std::size_t first = 0;  // leading 1s are only repetition
+  while (first < operand.size() && operand[first] == 1) ++first;
+  const std::size_t tail = operand.size() - first;
+  return tail <= out.size() && std::equal(operand.begin() + static_cast<std::ptrdiff_t>(first), operand.end(),
+                                          out.end() - static_cast<std::ptrdiff_t>(tail));
+}
+
+// Element strides of `operand` along the dimensions of `out`: 0 where it is repeated.
+void strides_along(const Shape& operand, const Shape& out, std::int64_t* strides) {
+  const std::size_t pad = out.size() - operand.size();
+  std::int64_t stride = 1;
+  for (std::size_t d = out.size(); d-- > 0;) {
+    const std::int64_t size = d < pad ? 1 : operand[d - pad];
+    strides[d] = size == 1 && out[d] != 1 ? 0 : stride;
+    stride *= size;
+  }
+}
+
+BroadcastIndex broadcast_index(const Shape& out, const Shape& a, const Shape& b) {
+  BroadcastIndex index;
+  index.rank = static_cast<int>(out.size());
+  std::copy(out.begin(), out.end(), index.dims);
+  strides_along(a, out, index.a_strides);
+  strides_along(b, out, index.b_strides);
+  return index;
 }
 
 // Sums a broadcast gradient back to the shape of the operand that was repeated.
@@ -36,15 +73,23 @@ Tensor reduce_to(const Tensor& grad, const Shape& shape) {
   std::int64_t n = shape_numel(shape);
   if (grad.numel() == n) return grad.view(0, shape);
   Tensor out = Tensor::empty(shape, grad.device());
-  kernels(grad.device()).sum_rows(grad.data(), count(grad) / static_cast<std::size_t>(n), static_cast<std::size_t>(n),
-                                  out.data());
+  if (repeats_as_suffix(shape, grad.shape())) {
+    kernels(grad.device()).sum_rows(grad.data(), count(grad) / static_cast<std::size_t>(n),
+                                    static_cast<std::size_t>(n), out.data());
+  } else {
+    kernels(grad.device()).sum_to(grad.data(), out.data(), count(out), broadcast_index(grad.shape(), shape, shape));
+  }
   return out;
 }
 
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   check_same_device(a, b, name);
-  Tensor out = Tensor::empty(broadcast_shape(a.shape(), b.shape(), name), a.device());
-  kernels(a.device()).binary(op, a.data(), count(a), b.data(), count(b), out.data(), count(out));
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, a.device());
+  if (repeats_as_suffix(a.shape(), shape) && repeats_as_suffix(b.shape(), shape))
+    kernels(a.device()).binary(op, a.data(), count(a), b.data(), count(b), out.data(), count(out));
+  else
+    kernels(a.device()).binary_broadcast(op, a.data(), b.data(), out.data(), broadcast_index(shape, a.shape(), b.shape()));
   return out;
 }
 
@@ -99,6 +144,27 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   });
 }
 
+Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_same_device(a, b, "bmm");
+  if (a.shape().size() != 3 || b.shape().size() != 3 || a.dim(0) != b.dim(0))
+    throw std::invalid_argument("bmm: needs 3-D operands with the same batch, got " + shape_string(a.shape()) +
+                                " and " + shape_string(b.shape()));
+  const std::int64_t batch = a.dim(0), m = ta ? a.dim(2) : a.dim(1), k = ta ? a.dim(1) : a.dim(2);
+  const std::int64_t kb = tb ? b.dim(2) : b.dim(1), n = tb ? b.dim(1) : b.dim(2);
+  if (k != kb)
+    throw std::invalid_argument("bmm: inner dimensions differ: " + shape_string(a.shape()) + (ta ? "^T" : "") +
+                                " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
+  Tensor out = Tensor::empty({batch, m, n}, a.device());
+  kernels(a.device()).gemm_batched(ta, tb, batch, m, n, k, 1.0f, a.data(), m * k, b.data(), k * n, 0.0f, out.data(),
+                                   m * n);
+  // The matmul rule, matrix by matrix.
+  return autograd::record(out, "bmm", {a, b}, [a = a.detach(), b = b.detach(), ta, tb](const Tensor& g) {
+    Tensor ga = ta ? bmm(b, g, tb, true) : bmm(g, b, false, !tb);
+    Tensor gb = tb ? bmm(g, a, true, ta) : bmm(a, g, !ta, false);
+    return std::vector<Tensor>{ga, gb};
+  });
+}
+
 Tensor sum(const Tensor& a) {
   Tensor out = Tensor::empty({1}, a.device());
   kernels(a.device()).sum(a.data(), count(a), out.data());
@@ -128,7 +194,9 @@ Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
 }  // namespace
 
 Tensor relu(const Tensor& a) { return unary_op(UnaryOp::relu, a, "relu"); }
-Tensor gelu(const Tensor& a) { return unary_op(UnaryOp::gelu, a, "gelu"); }
+Tensor gelu(const Tensor& a, GeluApproximate approximate) {
+  return approximate == GeluApproximate::none ? unary_op(UnaryOp::gelu, a, "gelu") : unary_op(UnaryOp::gelu_tanh, a, "gelu_tanh");
+}
 
 Tensor reshape(const Tensor& a, const Shape& shape) {
   if (shape_numel(shape) != a.numel())
@@ -136,6 +204,78 @@ Tensor reshape(const Tensor& a, const Shape& shape) {
   Tensor out = a.view(0, shape);
   return autograd::record(out, "reshape", {a}, [old = a.shape()](const Tensor& g) {
     return std::vector<Tensor>{g.view(0, old)};
+  });
+}
+
+Tensor softmax(const Tensor& x, bool causal) {
+  if (x.shape().empty()) throw std::invalid_argument("softmax: needs at least one dimension");
+  const auto cols = static_cast<std::size_t>(x.shape().back());
+  if (causal && (x.shape().size() < 2 || x.dim(static_cast<int>(x.shape().size()) - 2) != x.shape().back()))
+    throw std::invalid_argument("softmax: a causal mask needs square last two dimensions, got " +
+                                shape_string(x.shape()));
+  const std::size_t rows = cols ? count(x) / cols : 0;
+  Tensor y = Tensor::empty(x.shape(), x.device());
+  kernels(x.device()).softmax(x.data(), rows, cols, causal, y.data());
+  return autograd::record(y, causal ? "causal_softmax" : "softmax", {x}, [y = y.detach(), rows, cols](const Tensor& g) {
+    Tensor dx = Tensor::empty(y.shape(), y.device());
+    kernels(y.device()).softmax_backward(y.data(), g.data(), rows, cols, dx.data());
+    return std::vector<Tensor>{dx};
+  });
+}
+
+Tensor dropout(const Tensor& x, float p, std::uint64_t seed) {
+  if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout: p = " + std::to_string(p) + " outside [0, 1)");
+  if (p == 0.0f) return x;
+  // The kept elements' scale, 1 / (1 - p), or 0: a mask that the forward and the backward both multiply by.
+  std::vector<float> keep(count(x));
+  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = random_uniform(seed, i) < p ? 0.0f : 1.0f / (1.0f - p);
+  return mul(x, Tensor::from_host(keep, x.shape(), x.device()));
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  check_same_device(x, weight, "layer_norm");
+  check_same_device(x, bias, "layer_norm");
+  if (x.shape().empty() || weight.shape() != Shape{x.shape().back()} || bias.shape() != weight.shape())
+    throw std::invalid_argument("layer_norm: input " + shape_string(x.shape()) + ", weight " +
+                                shape_string(weight.shape()) + " and bias " + shape_string(bias.shape()) +
+                                " do not match (weight and bias must be [last dimension])");
+  if (!(eps > 0.0f)) throw std::invalid_argument("layer_norm: eps must be positive");
+  const auto cols = static_cast<std::size_t>(x.shape().back());
+  const std::size_t rows = cols ? count(x) / cols : 0;
+  Tensor out = Tensor::empty(x.shape(), x.device());
+  Tensor mean = Tensor::empty({static_cast<std::int64_t>(rows)}, x.device());
+  Tensor rstd = Tensor::empty({static_cast<std::int64_t>(rows)}, x.device());
+  kernels(x.device()).layer_norm(x.data(), weight.data(), bias.data(), rows, cols, eps, out.data(), mean.data(),
+                                 rstd.data());
+  return autograd::record(out, "layer_norm", {x, weight, bias},
+                          [x = x.detach(), w = weight.detach(), mean, rstd, rows, cols](const Tensor& g) {
+                            Tensor gx = Tensor::empty(x.shape(), x.device());
+                            Tensor gw = Tensor::empty(w.shape(), x.device()), gb = Tensor::empty(w.shape(), x.device());
+                            kernels(x.device()).layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(),
+                                                                    g.data(), rows, cols, gx.data(), gw.data(),
+                                                                    gb.data());
+                            return std::vector<Tensor>{gx, gw, gb};
+                          });
+}
+
+Tensor embedding(const Tensor& ids, const Tensor& weight) {
+  check_same_device(ids, weight, "embedding");
+  if (weight.shape().size() != 2)
+    throw std::invalid_argument("embedding: weight must be [vocab, dim], got " + shape_string(weight.shape()));
+  const auto vocab = static_cast<std::size_t>(weight.dim(0)), dim = static_cast<std::size_t>(weight.dim(1));
+  for (float id : ids.to_host())
+    if (!(id >= 0.0f && id < static_cast<float>(vocab) && id == static_cast<float>(static_cast<long>(id))))
+      throw std::invalid_argument("embedding: index " + std::to_string(id) + " is not a row below " +
+                                  std::to_string(vocab));
+  Shape shape = ids.shape();
+  shape.push_back(weight.dim(1));
+  Tensor out = Tensor::empty(shape, weight.device());
+  kernels(weight.device()).embedding(ids.data(), weight.data(), count(ids), dim, out.data());
+  return autograd::record(out, "embedding", {ids, weight}, [ids = ids.detach(), vocab, dim, wshape = weight.shape()](
+                                                               const Tensor& g) {
+    Tensor gw = Tensor::empty(wshape, g.device());
+    kernels(g.device()).embedding_backward(ids.data(), g.data(), count(ids), dim, vocab, gw.data());
+    return std::vector<Tensor>{Tensor(), gw};
   });
 }
 

@@ -5,18 +5,37 @@
 
 namespace course {
 
-// Broadcasting: the smaller operand's shape must be a suffix of the larger's (a bias row [M] against
-// [N, M], or a single value), and it is repeated over the leading dimensions.
+// Broadcasting follows NumPy's rule (and PyTorch's): shapes are aligned from the right, a dimension of
+// size 1 (or a missing one) stretches to the other's size, and the result has the larger rank:
+// [1, 1, 5] + [4, 5] is [1, 4, 5], [8, 1, 6, 1] * [7, 1, 5] is [8, 7, 6, 5]. Gradients are summed back
+// to each operand's own shape. Incompatible shapes throw std::invalid_argument naming both.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float factor);
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// torch.bmm: [B, M, K] x [B, K, N] -> [B, M, N]; either operand may be transposed in its last two dims.
+Tensor bmm(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 Tensor sum(const Tensor& a);  // all elements, to shape [1]
 Tensor mean(const Tensor& a);
 Tensor relu(const Tensor& a);
-Tensor gelu(const Tensor& a);
+// GELU as PyTorch names it: approximate = none is the exact x * Phi(x) (nn.GELU's default),
+// tanh the approximation GPT-2 used (nn.GELU(approximate="tanh")).
+enum class GeluApproximate { none, tanh };
+Tensor gelu(const Tensor& a, GeluApproximate approximate = GeluApproximate::none);
 Tensor reshape(const Tensor& a, const Shape& shape);
+// Softmax over the last dimension. With `causal`, the last two dimensions are a square score matrix
+// and query i sees keys 0..i only, as is_causal in F.scaled_dot_product_attention.
+Tensor softmax(const Tensor& x, bool causal = false);
+// nn.Dropout in training mode: each element is zeroed with probability p and the rest scaled by
+// 1 / (1 - p). The mask is a pure function of (seed, element index), the same on every device and
+// every run; p = 0 returns x itself.
+Tensor dropout(const Tensor& x, float p, std::uint64_t seed);
+// nn.LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight + bias, the variance biased.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// nn.Embedding: `ids` (indices stored as floats, any shape) picks rows of weight [vocab, dim]; the result
+// has shape ids.shape + [dim]. Only the weight has a gradient (a deterministic scatter-add).
+Tensor embedding(const Tensor& ids, const Tensor& weight);
 Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets);  // [N, C], [N] -> [N]
 
 // Composed.

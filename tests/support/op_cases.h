@@ -1,6 +1,8 @@
 // The op table shared by the gradient and parity tests: each case builds inputs, runs the library op,
 // and has an independent double-precision reference written with plain loops.
 #pragma once
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <ostream>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "common/ops/ops.h"
+#include "common/tensor/random.h"
 
 namespace course::testing {
 
@@ -31,6 +34,60 @@ inline Values broadcast_binary(const Values& a, const Values& b, const std::func
   return out;
 }
 
+// NumPy's broadcasting written out independently of the library: the result shape, and each output
+// element's operands found by walking its multi-index, right-aligned.
+inline Shape numpy_shape(const Shape& a, const Shape& b) {
+  std::size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    std::int64_t x = d + a.size() >= rank ? a[d + a.size() - rank] : 1;
+    std::int64_t y = d + b.size() >= rank ? b[d + b.size() - rank] : 1;
+    out[d] = x == 1 ? y : x;
+  }
+  return out;
+}
+inline std::size_t numpy_offset(const Shape& operand, const Shape& out, const std::vector<std::int64_t>& index) {
+  std::size_t offset = 0;
+  const std::size_t pad = out.size() - operand.size();
+  for (std::size_t d = 0; d < operand.size(); ++d)
+    offset = offset * static_cast<std::size_t>(operand[d]) +
+             static_cast<std::size_t>(operand[d] == 1 ? 0 : index[d + pad]);
+  return offset;
+}
+inline Values numpy_binary(const Values& a, const Shape& sa, const Values& b, const Shape& sb,
+                           const std::function<double(double, double)>& f) {
+  const Shape out = numpy_shape(sa, sb);
+  Values result(static_cast<std::size_t>(shape_numel(out)));
+  std::vector<std::int64_t> index(out.size(), 0);
+  for (std::size_t i = 0; i < result.size(); ++i) {
+    std::size_t rest = i;
+    for (std::size_t d = out.size(); d-- > 0;) {
+      index[d] = static_cast<std::int64_t>(rest % static_cast<std::size_t>(out[d]));
+      rest /= static_cast<std::size_t>(out[d]);
+    }
+    result[i] = f(a[numpy_offset(sa, out, index)], b[numpy_offset(sb, out, index)]);
+  }
+  return result;
+}
+
+// The cases of NumPy's broadcasting documentation (numpy.org, "Broadcasting"), and the ones a
+// suffix-only rule got wrong.
+struct BroadcastCase {
+  Shape a, b, result;
+};
+inline std::vector<BroadcastCase> numpy_broadcast_cases() {
+  return {{{5, 4}, {1}, {5, 4}},          {{5, 4}, {4}, {5, 4}},
+          {{15, 3, 5}, {15, 1, 5}, {15, 3, 5}}, {{15, 3, 5}, {3, 5}, {15, 3, 5}},
+          {{15, 3, 5}, {3, 1}, {15, 3, 5}}, {{8, 1, 6, 1}, {7, 1, 5}, {8, 7, 6, 5}},
+          {{16, 16, 3}, {3}, {16, 16, 3}},  {{4, 1}, {3}, {4, 3}},
+          {{1, 1, 5}, {4, 5}, {1, 4, 5}},   {{3, 1}, {1, 4}, {3, 4}},
+          {{1}, {2, 3}, {2, 3}},            {{2, 1, 3}, {2, 4, 1}, {2, 4, 3}}};
+}
+// Shapes that must be refused (NumPy: "operands could not be broadcast together").
+inline std::vector<std::pair<Shape, Shape>> numpy_incompatible_cases() {
+  return {{{3}, {4}}, {{2, 1}, {8, 4, 3}}, {{5, 4}, {5}}, {{2, 3}, {3, 2}}};
+}
+
 // C = op(A) op(B), row-major, straight from the definition.
 inline Values reference_matmul(const Values& a, const Values& b, std::int64_t m, std::int64_t k, std::int64_t n,
                                bool ta, bool tb) {
@@ -45,7 +102,9 @@ inline Values reference_matmul(const Values& a, const Values& b, std::int64_t m,
   return c;
 }
 
-inline double reference_gelu(double x) {
+inline double reference_gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+
+inline double reference_gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
@@ -94,6 +153,85 @@ inline std::vector<OpCase> op_cases() {
                    [](auto& v) { Values o = v[0]; for (auto& x : o) x = x > 0 ? x : 0; return o; }});
   cases.push_back({"gelu", {{3, 5}}, [](auto& in) { return gelu(in[0]); },
                    [](auto& v) { Values o = v[0]; for (auto& x : o) x = reference_gelu(x); return o; }});
+  cases.push_back({"gelu_tanh", {{3, 5}}, [](auto& in) { return gelu(in[0], GeluApproximate::tanh); },
+                   [](auto& v) { Values o = v[0]; for (auto& x : o) x = reference_gelu_tanh(x); return o; }});
+  // Batched products, every transposition, batch 2 of 3x5 by 5x4.
+  for (int t = 0; t < 4; ++t) {
+    bool ta = t & 1, tb = t & 2;
+    std::int64_t m = 3, k = 5, n = 4;
+    Shape sa = ta ? Shape{2, k, m} : Shape{2, m, k}, sb = tb ? Shape{2, n, k} : Shape{2, k, n};
+    cases.push_back({std::string("bmm") + (ta ? "_ta" : "") + (tb ? "_tb" : ""), {sa, sb},
+                     [=](auto& in) { return bmm(in[0], in[1], ta, tb); },
+                     [=](auto& v) {
+                       Values out;
+                       for (std::size_t i = 0; i < 2; ++i) {
+                         Values a(v[0].begin() + static_cast<std::ptrdiff_t>(i * 15), v[0].begin() + static_cast<std::ptrdiff_t>((i + 1) * 15));
+                         Values b(v[1].begin() + static_cast<std::ptrdiff_t>(i * 20), v[1].begin() + static_cast<std::ptrdiff_t>((i + 1) * 20));
+                         Values c = reference_matmul(a, b, m, k, n, ta, tb);
+                         out.insert(out.end(), c.begin(), c.end());
+                       }
+                       return out;
+                     }});
+  }
+  // Softmax over rows of 5, plain and causal (2 score matrices of 5 x 5: row i sees columns 0..i).
+  for (bool causal : {false, true})
+    cases.push_back({causal ? "softmax_causal" : "softmax", {{2, 5, 5}},
+                     [=](auto& in) { return softmax(in[0], causal); },
+                     [=](auto& v) {
+                       Values y(v[0].size(), 0.0);
+                       for (std::size_t r = 0; r < 10; ++r) {
+                         const std::size_t visible = causal ? r % 5 + 1 : 5;
+                         double z = 0;
+                         for (std::size_t c = 0; c < visible; ++c) z += std::exp(v[0][r * 5 + c]);
+                         for (std::size_t c = 0; c < visible; ++c) y[r * 5 + c] = std::exp(v[0][r * 5 + c]) / z;
+                       }
+                       return y;
+                     }});
+  // Dropout's mask is a function of (seed, index): the reference draws the same one.
+  cases.push_back({"dropout", {{4, 5}}, [](auto& in) { return dropout(in[0], 0.3f, 5); },
+                   [](auto& v) {
+                     Values y = v[0];
+                     for (std::size_t i = 0; i < y.size(); ++i)
+                       y[i] = random_uniform(5, i) < 0.3 ? 0.0 : y[i] * static_cast<double>(1.0f / 0.7f);
+                     return y;
+                   }});
+  // Layer norm over rows of 6, straight from the definition.
+  cases.push_back({"layer_norm", {{4, 6}, {6}, {6}}, [](auto& in) { return layer_norm(in[0], in[1], in[2]); },
+                   [](auto& v) {
+                     Values y(v[0].size());
+                     for (std::size_t r = 0; r < 4; ++r) {
+                       double mu = 0, var = 0;
+                       for (std::size_t c = 0; c < 6; ++c) mu += v[0][r * 6 + c] / 6.0;
+                       for (std::size_t c = 0; c < 6; ++c) var += (v[0][r * 6 + c] - mu) * (v[0][r * 6 + c] - mu) / 6.0;
+                       for (std::size_t c = 0; c < 6; ++c)
+                         y[r * 6 + c] = (v[0][r * 6 + c] - mu) / std::sqrt(var + 1e-5) * v[1][c] + v[2][c];
+                     }
+                     return y;
+                   }});
+  // An embedding of 5 rows of 3, looked up at ids with repeats (2 twice, 4 three times), as [2, 4].
+  cases.push_back({"embedding", {{5, 3}},
+                   [](auto& in) {
+                     return embedding(Tensor::from_host({2, 0, 4, 2, 4, 1, 4, 3}, {2, 4}, in[0].device()), in[0]);
+                   },
+                   [](auto& v) {
+                     const std::size_t ids[] = {2, 0, 4, 2, 4, 1, 4, 3};
+                     Values y;
+                     for (std::size_t id : ids)
+                       for (std::size_t d = 0; d < 3; ++d) y.push_back(v[0][id * 3 + d]);
+                     return y;
+                   }});
+  // Every case of NumPy's broadcasting table, both ways round, with each op's own gradient rule.
+  for (const auto& bc : numpy_broadcast_cases())
+    for (bool swapped : {false, true}) {
+      const Shape sa = swapped ? bc.b : bc.a, sb = swapped ? bc.a : bc.b;
+      std::string name = "broadcast_" + shape_string(sa) + "_" + shape_string(sb);
+      for (char& c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      cases.push_back({name + "_sub", {sa, sb}, [](auto& in) { return sub(in[0], in[1]); },
+                       [=](auto& v) { return numpy_binary(v[0], sa, v[1], sb, sub_f); }});
+      cases.push_back({name + "_mul", {sa, sb}, [](auto& in) { return mul(in[0], in[1]); },
+                       [=](auto& v) { return numpy_binary(v[0], sa, v[1], sb, mul_f); }});
+    }
   cases.push_back({"reshape", {{2, 6}}, [](auto& in) { return reshape(in[0], {3, 4}); }, [](auto& v) { return v[0]; }});
   cases.push_back({"linear", {{4, 3}, {2, 3}, {2}}, [](auto& in) { return linear(in[0], in[1], in[2]); },
                    [](auto& v) {
