@@ -70,6 +70,23 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void gather(const float* in, float* out, const BroadcastIndex& ix) override {
+    std::int64_t n = 1;
+    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+    std::int64_t idx[kMaxDims] = {}, o = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = in[o];
+      for (int d = ix.rank - 1; d >= 0; --d) {
+        if (++idx[d] < ix.dims[d]) {
+          o += ix.a_strides[d];
+          break;
+        }
+        o -= ix.a_strides[d] * (ix.dims[d] - 1);
+        idx[d] = 0;
+      }
+    }
+  }
+
   void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {
     std::vector<double> total(out_n, 0.0);
     std::int64_t n = 1;

@@ -93,6 +93,17 @@ __global__ void binary_broadcast_kernel(BinaryOp op, const float* a, const float
   }
 }
 
+__global__ void gather_kernel(const float* in, float* out, BroadcastIndex ix, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    std::int64_t rest = i, o = 0;
+    for (int d = ix.rank - 1; d >= 0; --d) {
+      o += (rest % ix.dims[d]) * ix.a_strides[d];
+      rest /= ix.dims[d];
+    }
+    out[i] = in[o];
+  }
+}
+
 // One thread per output element j: its kept dimensions come from j, and the reduced ones (stride 0)
 // are walked in row-major order, so the in elements arrive in increasing index, in double, as on the CPU.
 __global__ void sum_to_kernel(const float* in, float* out, std::size_t out_n, BroadcastIndex ix) {
@@ -337,6 +348,13 @@ class CudaKernels final : public Kernels {
     for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
     if (!n) return;
     binary_broadcast_kernel<<<blocks_for(static_cast<std::size_t>(n)), kThreads>>>(op, a, b, out, ix, n);
+    check_launch();
+  }
+  void gather(const float* in, float* out, const BroadcastIndex& ix) override {
+    std::int64_t n = 1;
+    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+    if (!n) return;
+    gather_kernel<<<blocks_for(static_cast<std::size_t>(n)), kThreads>>>(in, out, ix, n);
     check_launch();
   }
   void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {

@@ -52,6 +52,8 @@ class Kernels {
   // The general case: out (shape index.dims, row-major) [i] = a[a offset of i] op b[b offset of i].
   virtual void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out,
                                 const BroadcastIndex& index) = 0;
+  // A strided copy: out (shape index.dims, row-major) [i] = in[a offset of i] (permutes, transposes).
+  virtual void gather(const float* in, float* out, const BroadcastIndex& index) = 0;
   // Its gradient's reduction: `in` has shape index.dims; out[j] (out_n elements, contiguous) is the sum of
   // every in[i] whose a offset is j, added in increasing i, in double (deterministic, the same bits on
   // both devices).

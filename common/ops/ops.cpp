@@ -207,6 +207,54 @@ Tensor reshape(const Tensor& a, const Shape& shape) {
   });
 }
 
+Tensor permute(const Tensor& a, const std::vector<int>& dims) {
+  const std::size_t rank = a.shape().size();
+  std::vector<bool> seen(rank, false);
+  bool valid = dims.size() == rank && rank <= static_cast<std::size_t>(kMaxDims);
+  for (int d : dims) {
+    valid = valid && d >= 0 && static_cast<std::size_t>(d) < rank && !seen[static_cast<std::size_t>(d)];
+    if (valid) seen[static_cast<std::size_t>(d)] = true;
+  }
+  if (!valid) throw std::invalid_argument("permute: " + std::to_string(dims.size()) + " dimensions do not permute " +
+                                          shape_string(a.shape()));
+  std::vector<std::int64_t> in_strides(rank);
+  for (std::size_t d = rank, stride = 1; d-- > 0;) {
+    in_strides[d] = static_cast<std::int64_t>(stride);
+    stride *= static_cast<std::size_t>(a.shape()[d]);
+  }
+  BroadcastIndex index;
+  index.rank = static_cast<int>(rank);
+  Shape shape(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    shape[d] = a.shape()[static_cast<std::size_t>(dims[d])];
+    index.dims[d] = shape[d];
+    index.a_strides[d] = in_strides[static_cast<std::size_t>(dims[d])];
+  }
+  Tensor out = Tensor::empty(shape, a.device());
+  kernels(a.device()).gather(a.data(), out.data(), index);
+  std::vector<int> inverse(rank);
+  for (std::size_t d = 0; d < rank; ++d) inverse[static_cast<std::size_t>(dims[d])] = static_cast<int>(d);
+  return autograd::record(out, "permute", {a}, [inverse](const Tensor& g) {
+    return std::vector<Tensor>{permute(g, inverse)};
+  });
+}
+
+Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length) {
+  if (a.shape().empty() || start < 0 || length < 0 || start + length > a.dim(0))
+    throw std::invalid_argument("narrow: rows " + std::to_string(start) + " to " + std::to_string(start + length) +
+                                " of " + shape_string(a.shape()));
+  Shape shape = a.shape();
+  shape[0] = length;
+  const std::size_t row = a.dim(0) ? count(a) / static_cast<std::size_t>(a.dim(0)) : 0;
+  Tensor out = Tensor::empty(shape, a.device());
+  kernels(a.device()).copy(out.data(), a.data() + static_cast<std::size_t>(start) * row, count(out));
+  return autograd::record(out, "narrow", {a}, [full = a.shape(), start, row](const Tensor& g) {
+    Tensor grad = Tensor::zeros(full, g.device());  // the rows it did not take get no gradient
+    kernels(g.device()).copy(grad.data() + static_cast<std::size_t>(start) * row, g.data(), count(g));
+    return std::vector<Tensor>{grad};
+  });
+}
+
 Tensor softmax(const Tensor& x, bool causal) {
   if (x.shape().empty()) throw std::invalid_argument("softmax: needs at least one dimension");
   const auto cols = static_cast<std::size_t>(x.shape().back());

@@ -24,6 +24,10 @@ Tensor relu(const Tensor& a);
 enum class GeluApproximate { none, tanh };
 Tensor gelu(const Tensor& a, GeluApproximate approximate = GeluApproximate::none);
 Tensor reshape(const Tensor& a, const Shape& shape);
+// torch.permute: output dimension d is input dimension dims[d] (a copy, contiguous).
+Tensor permute(const Tensor& a, const std::vector<int>& dims);
+// torch.narrow(a, 0, start, length): rows start .. start + length - 1 of the first dimension (a copy).
+Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length);
 // Softmax over the last dimension. With `causal`, the last two dimensions are a square score matrix
 // and query i sees keys 0..i only, as is_causal in F.scaled_dot_product_attention.
 Tensor softmax(const Tensor& x, bool causal = false);

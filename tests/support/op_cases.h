@@ -195,6 +195,17 @@ inline std::vector<OpCase> op_cases() {
                        y[i] = random_uniform(5, i) < 0.3 ? 0.0 : y[i] * static_cast<double>(1.0f / 0.7f);
                      return y;
                    }});
+  // Permute [2, 3, 4] to [4, 2, 3] (dims 2, 0, 1), and the middle row of 3 of [3, 2, 2].
+  cases.push_back({"permute", {{2, 3, 4}}, [](auto& in) { return permute(in[0], {2, 0, 1}); },
+                   [](auto& v) {
+                     Values y;
+                     for (std::size_t k = 0; k < 4; ++k)
+                       for (std::size_t i = 0; i < 2; ++i)
+                         for (std::size_t j = 0; j < 3; ++j) y.push_back(v[0][i * 12 + j * 4 + k]);
+                     return y;
+                   }});
+  cases.push_back({"narrow", {{3, 2, 2}}, [](auto& in) { return narrow(in[0], 1, 1); },
+                   [](auto& v) { return Values(v[0].begin() + 4, v[0].begin() + 8); }});
   // Layer norm over rows of 6, straight from the definition.
   cases.push_back({"layer_norm", {{4, 6}, {6}, {6}}, [](auto& in) { return layer_norm(in[0], in[1], in[2]); },
                    [](auto& v) {

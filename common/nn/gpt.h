@@ -1,0 +1,79 @@
+// A decoder-only transformer, GPT-2's architecture (Radford et al., 2019) as nanoGPT writes it:
+// token and position embeddings, n_layer pre-norm blocks of causal multi-head self-attention and an
+// MLP, a final layer norm, and an output head tied to the token embedding. Parameters carry GPT-2's
+// names (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...), in PyTorch's nn.Linear
+// layout ([out, in]); the tied head has no parameter of its own.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/nn/layers.h"
+
+namespace course::nn {
+
+struct GPTConfig {
+  std::int64_t n_layer = 2, n_head = 2, n_embd = 64, block_size = 32, vocab_size = 16;
+  float dropout = 0.0f;  // off for verification: dropout makes each rank's step different by design
+  // Throws UsageError naming the first size that is not positive, or heads that do not divide n_embd.
+  void check() const;
+  std::string to_json() const;  // for checkpoints: the configuration a checkpoint must match
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(std::int64_t dim, Device device);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+};
+
+// Causal multi-head self-attention on [B, T, C]: one projection to queries, keys and values
+// (c_attn), softmax(q k^T / sqrt(head size)) with the causal mask, and the output projection (c_proj).
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& config, Device device, std::uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> c_attn, c_proj;
+
+ private:
+  std::int64_t n_head_;
+  float dropout_;
+  std::uint64_t seed_, calls_ = 0;
+};
+
+// Linear to 4 C, GELU (tanh, as GPT-2), linear back to C.
+class MLPBlock : public Module {
+ public:
+  MLPBlock(const GPTConfig& config, Device device, std::uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> c_fc, c_proj;
+};
+
+// x + attn(ln_1(x)), then + mlp(ln_2(x)): the pre-norm residual block.
+class Block : public Module {
+ public:
+  Block(const GPTConfig& config, Device device, std::uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLPBlock> mlp;
+};
+
+class GPT : public Module {
+ public:
+  // GPT-2's initialisation: weights normal(0, 0.02), the residual projections (c_proj) scaled by
+  // 1/sqrt(2 n_layer), biases zero, layer norms 1 and 0.
+  GPT(const GPTConfig& config, Device device, std::uint64_t seed);
+  // ids: [B, T] token indices as floats, T <= block_size. Returns the logits, [B * T, vocab_size].
+  Tensor forward(const Tensor& ids) override;
+  const GPTConfig& config() const { return config_; }
+  Tensor wte, wpe;
+
+ private:
+  GPTConfig config_;
+  Device device_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace course::nn
