@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/nn/layers.h"
+#include "common/optim/lr_scheduler.h"
 #include "common/optim/optimizer.h"
 
 namespace course {
@@ -78,6 +79,45 @@ TEST(Optim, LoadedStateContinuesBitForBit) {
                std::invalid_argument);  // a wrong shape
   EXPECT_THROW(wrong_count.load_state({{"0.momentum", Tensor::zeros({3})}, {"0.exp_avg_sq", Tensor::zeros({3})}}, 1),
                std::invalid_argument);  // a wrong name
+}
+
+TEST(Optim, WeightDecaySkipsBiasesAndNorms) {
+  Tensor w = Tensor::ones({2, 2}).set_requires_grad(true), b = Tensor::ones({2}).set_requires_grad(true);
+  auto groups = optim::weight_decay_groups({w, b}, 0.1f);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].params.size(), 1u);  // w: two dimensions, decayed
+  EXPECT_EQ(groups[1].weight_decay, 0.0f);
+  optim::Adam adamw(groups, 0.01f, 0.9f, 0.999f, 1e-8f, true);
+  w.set_grad(Tensor::zeros({2, 2}));
+  b.set_grad(Tensor::zeros({2}));
+  adamw.step();
+  // A zero gradient moves nothing but the decoupled decay: w shrinks by lr * wd, b stays.
+  EXPECT_EQ(w.to_host(), std::vector<float>(4, 1.0f - 0.01f * 0.1f));
+  EXPECT_EQ(b.to_host(), std::vector<float>(2, 1.0f));
+}
+
+TEST(Optim, ClipGradNormScalesToTheLimit) {
+  Tensor a = Tensor::zeros({2}).set_requires_grad(true), b = Tensor::zeros({1}).set_requires_grad(true);
+  a.set_grad(Tensor::from_host({3.0f, 0.0f}, {2}));
+  b.set_grad(Tensor::from_host({4.0f}, {1}));
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 10.0), 5.0);  // under the limit: unchanged
+  EXPECT_EQ(a.grad().to_host(), (std::vector<float>{3.0f, 0.0f}));
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 1.0), 5.0);
+  EXPECT_NEAR(a.grad().to_host()[0], 0.6, 1e-6);
+  EXPECT_NEAR(b.grad().item(), 0.8, 1e-6);
+}
+
+TEST(Optim, WarmupThenCosine) {
+  // PyTorch: SequentialLR([LinearLR(opt, 0.1, 1.0, total_iters=10), CosineAnnealingLR(opt, T_max=90,
+  // eta_min=1e-4)], milestones=[10]) with lr 1e-3 gives these, in closed form.
+  auto s = optim::warmup_cosine(1e-3f, 10, 100, 1e-4f);
+  EXPECT_NEAR(s->lr_at(0), 1e-4, 1e-9);
+  EXPECT_NEAR(s->lr_at(5), 1e-3 * (0.1 + 0.9 * 0.5), 1e-9);
+  EXPECT_NEAR(s->lr_at(10), 1e-3, 1e-9);
+  EXPECT_NEAR(s->lr_at(55), 1e-4 + 0.9e-3 * (1 + std::cos(M_PI * 45 / 90)) / 2, 1e-9);
+  EXPECT_NEAR(s->lr_at(100), 1e-4, 1e-9);
+  EXPECT_NEAR(s->lr_at(500), 1e-4, 1e-9);  // held at the minimum after the end
+  EXPECT_THROW(optim::warmup_cosine(1e-3f, 10, 10, 0.0f), std::invalid_argument);
 }
 
 TEST(Optim, RejectsBadLearningRates) {

@@ -70,8 +70,48 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
 
 Adam::Adam(std::vector<Tensor> params, float lr, float beta1, float beta2, float eps, float weight_decay,
            bool decoupled)
-    : Optimizer(std::move(params), lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay),
-      decoupled_(decoupled) {}
+    : Adam(std::vector<ParamGroup>{{std::move(params), weight_decay}}, lr, beta1, beta2, eps, decoupled) {}
+
+namespace {
+std::vector<Tensor> concatenated(const std::vector<ParamGroup>& groups) {
+  std::vector<Tensor> all;
+  for (const auto& g : groups) all.insert(all.end(), g.params.begin(), g.params.end());
+  return all;
+}
+}  // namespace
+
+Adam::Adam(const std::vector<ParamGroup>& groups, float lr, float beta1, float beta2, float eps, bool decoupled)
+    : Optimizer(concatenated(groups), lr), beta1_(beta1), beta2_(beta2), eps_(eps), decoupled_(decoupled) {
+  for (const auto& g : groups) {
+    if (!(g.weight_decay >= 0.0f) || !std::isfinite(g.weight_decay))
+      throw UsageError("weight decay " + std::to_string(g.weight_decay) + " must be a non-negative finite number");
+    weight_decay_.insert(weight_decay_.end(), g.params.size(), g.weight_decay);
+  }
+}
+
+std::vector<ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, float weight_decay) {
+  ParamGroup decay{{}, weight_decay}, no_decay{{}, 0.0f};
+  for (const auto& p : params) (p.shape().size() >= 2 ? decay : no_decay).params.push_back(p);
+  return {decay, no_decay};
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  double squares = 0.0;
+  for (const auto& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    for (float x : g.to_host()) squares += static_cast<double>(x) * x;
+  }
+  const double norm = std::sqrt(squares);
+  if (norm > max_norm) {
+    const auto factor = static_cast<float>(max_norm / (norm + 1e-6));
+    for (const auto& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) kernels(g.device()).scale(g.data(), factor, g.data(), static_cast<std::size_t>(g.numel()));
+    }
+  }
+  return norm;
+}
 
 std::vector<std::pair<std::string, Tensor>> Adam::allocate_state() {
   if (exp_avg_.empty()) {
@@ -87,12 +127,13 @@ std::vector<std::pair<std::string, Tensor>> Adam::allocate_state() {
 void Adam::step() {
   allocate_state();
   ++steps_;
-  AdamParams a{lr_, beta1_, beta2_, eps_, weight_decay_, decoupled_,
+  AdamParams a{lr_, beta1_, beta2_, eps_, 0.0f, decoupled_,
                static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
                static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_))};
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
+    a.weight_decay = weight_decay_[i];
     kernels(params_[i].device()).adam_step(params_[i].data(), g.data(), exp_avg_[i].data(), exp_avg_sq_[i].data(),
                                            static_cast<std::size_t>(params_[i].numel()), a);
   }

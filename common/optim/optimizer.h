@@ -49,18 +49,32 @@ class SGD : public Optimizer {
   std::vector<Tensor> momentum_buffers_;  // allocated on the first step, only with momentum
 };
 
+// A parameter group, as in PyTorch's optimizers: these parameters with this weight decay.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  float weight_decay = 0.0f;
+};
+
+// GPT-2's (and nanoGPT's) grouping: every tensor of two or more dimensions (the matmul weights and
+// the embeddings) decays, biases and layer-norm parameters (one dimension) do not.
+std::vector<ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, float weight_decay);
+
 // Adam (Kingma & Ba, 2015); with decoupled weight decay it is AdamW (Loshchilov & Hutter, 2019).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, float lr, float beta1 = 0.9f, float beta2 = 0.999f, float eps = 1e-8f,
        float weight_decay = 0.0f, bool decoupled_weight_decay = false);
+  // Parameter groups, each with its own weight decay; the parameters are ordered group by group.
+  Adam(const std::vector<ParamGroup>& groups, float lr, float beta1, float beta2, float eps,
+       bool decoupled_weight_decay);
   void step() override;
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
 
  private:
   std::vector<std::pair<std::string, Tensor>> allocate_state() override;
-  float beta1_, beta2_, eps_, weight_decay_;
+  float beta1_, beta2_, eps_;
+  std::vector<float> weight_decay_;  // per parameter, from its group
   bool decoupled_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
 };
@@ -68,5 +82,10 @@ class Adam : public Optimizer {
 inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.01f) {
   return Adam(std::move(params), lr, 0.9f, 0.999f, 1e-8f, weight_decay, true);
 }
+
+// torch.nn.utils.clip_grad_norm_: the 2-norm of all the gradients together; when it exceeds
+// max_norm, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
+// Under DDP, call it after the gradients are averaged: every rank then clips identically.
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace course::optim
