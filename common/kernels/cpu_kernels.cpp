@@ -222,6 +222,10 @@ class CpuKernels final : public Kernels {
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                      float* losses) override {
     for (std::size_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
+        losses[r] = 0.0f;
+        continue;
+      }
       const float* row = logits + r * cols;
       float top = *std::max_element(row, row + cols);  // subtract the max so exp cannot overflow
       double total = 0.0;
@@ -234,6 +238,10 @@ class CpuKernels final : public Kernels {
   void cross_entropy_backward(const float* logits, const float* targets, const float* g, std::size_t rows,
                               std::size_t cols, float* out) override {
     for (std::size_t r = 0; r < rows; ++r) {
+      if (targets[r] < 0.0f) {  // an ignored row: no gradient
+        std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
+        continue;
+      }
       const float* row = logits + r * cols;
       float top = *std::max_element(row, row + cols);
       double total = 0.0;

@@ -153,6 +153,10 @@ __global__ void cross_entropy_kernel(const float* logits, const float* targets, 
                                      float* losses) {
   std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
+  if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
+    losses[r] = 0.0f;
+    return;
+  }
   const float* row = logits + r * cols;
   float top = row_max(row, cols);
   auto target = static_cast<std::size_t>(targets[r]);
@@ -163,6 +167,10 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
                                               std::size_t rows, std::size_t cols, float* out) {
   std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
+  if (targets[r] < 0.0f) {  // an ignored row: no gradient
+    for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = 0.0f;
+    return;
+  }
   const float* row = logits + r * cols;
   float top = row_max(row, cols);
   double total = row_exp_sum(row, cols, top);

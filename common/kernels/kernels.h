@@ -74,7 +74,8 @@ class Kernels {
   // grad_in = y (grad_out - sum_j grad_out_j y_j), row by row, from the softmax's output y.
   virtual void softmax_backward(const float* y, const float* grad_out, std::size_t rows, std::size_t cols,
                                 float* grad_in) = 0;
-  // Per-row softmax cross-entropy; targets hold class indices as floats.
+  // Per-row softmax cross-entropy; targets hold class indices as floats, and a negative target marks
+  // a row to ignore (loss 0, gradient 0).
   virtual void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                              float* losses) = 0;
   virtual void cross_entropy_backward(const float* logits, const float* targets, const float* grad_losses,

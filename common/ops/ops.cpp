@@ -327,14 +327,18 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   });
 }
 
-Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ignore_index) {
+  if (ignore_index >= 0)
+    throw std::invalid_argument("cross_entropy: ignore_index " + std::to_string(ignore_index) +
+                                " must be negative (the kernels skip negative targets)");
   check_same_device(logits, targets, "cross_entropy");
   if (logits.shape().size() != 2 || targets.numel() != logits.dim(0))
     throw std::invalid_argument("cross_entropy: logits " + shape_string(logits.shape()) + " and targets " +
                                 shape_string(targets.shape()) + " do not match");
   auto rows = static_cast<std::size_t>(logits.dim(0)), cols = static_cast<std::size_t>(logits.dim(1));
   for (float t : targets.to_host())
-    if (!(t >= 0.0f && t < static_cast<float>(cols) && t == static_cast<float>(static_cast<long>(t))))
+    if (t != static_cast<float>(ignore_index) &&
+        !(t >= 0.0f && t < static_cast<float>(cols) && t == static_cast<float>(static_cast<long>(t))))
       throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " is not a class index below " +
                                   std::to_string(cols));
   Tensor losses = Tensor::empty({logits.dim(0)}, logits.device());

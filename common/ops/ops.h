@@ -40,12 +40,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 // nn.Embedding: `ids` (indices stored as floats, any shape) picks rows of weight [vocab, dim]; the result
 // has shape ids.shape + [dim]. Only the weight has a gradient (a deterministic scatter-add).
 Tensor embedding(const Tensor& ids, const Tensor& weight);
-Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets);  // [N, C], [N] -> [N]
+// [N, C], [N] -> [N]: log-sum-exp minus the target's logit, fused (no separate softmax is stored).
+// Rows whose target is ignore_index (negative, PyTorch's default -100) get loss 0 and no gradient.
+Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ignore_index = -100);
 
 // Composed.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x W^T + b, W is [out, in]
 Tensor mse_loss(const Tensor& prediction, const Tensor& target);          // mean((p - t)^2)
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets);        // mean over rows
+// The mean over the rows not ignored, as PyTorch's F.cross_entropy(reduction="mean").
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_index = -100);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -187,6 +187,22 @@ inline std::vector<OpCase> op_cases() {
                        }
                        return y;
                      }});
+  // Cross-entropy with two of five rows ignored (-100): the mean is over the other three.
+  cases.push_back({"cross_entropy_ignore", {{5, 3}},
+                   [](auto& in) {
+                     return cross_entropy(in[0], Tensor::from_host({0, -100, 2, -100, 1}, {5}, in[0].device()));
+                   },
+                   [](auto& v) {
+                     const int t[] = {0, -1, 2, -1, 1};
+                     double s = 0;
+                     for (std::size_t r = 0; r < 5; ++r) {
+                       if (t[r] < 0) continue;
+                       double z = 0;
+                       for (std::size_t c = 0; c < 3; ++c) z += std::exp(v[0][r * 3 + c]);
+                       s += std::log(z) - v[0][r * 3 + static_cast<std::size_t>(t[r])];
+                     }
+                     return Values{s / 3.0};
+                   }});
   // Dropout's mask is a function of (seed, index): the reference draws the same one.
   cases.push_back({"dropout", {{4, 5}}, [](auto& in) { return dropout(in[0], 0.3f, 5); },
                    [](auto& v) {
