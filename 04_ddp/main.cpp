@@ -14,8 +14,7 @@
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/core/log.h"                     // rank 0 prints
-#include "common/data/house_prices.h"            // the wide house-price data
-#include "common/nn/layers.h"                    // make_mlp
+#include "common/nn/tasks.h"                     // --model mlp|gpt: the model, its data and its loss
 #include "common/ops/ops.h"                      // mse_loss, scale
 #include "common/optim/optimizer.h"              // SGD
 #include "common/parallel/ddp.h"                 // DistributedDataParallel
@@ -45,22 +44,42 @@ struct Options {
   bool verify = false;
   std::string fault = "none";
   std::string save;
+  std::string model = "mlp";
+  // --n-layer, --n-head, --n-embd, --block-size (0: the problem's length); the vocabulary is the task's.
+  nn::GPTConfig gpt{2, 4, 64, 0, 12, 0.0f};
+  int digits = 2;
+  bool samples_given = false;
 };
+
+// The GPT's addition task holds out this many problems (chapter 04 trains; the held-out set is for
+// the worked example's accuracy).
+constexpr std::int64_t kHeldOutProblems = 500;
+constexpr std::int64_t kGptProblems = 4000;  // the GPT's default --samples: problems to train on
 
 // The most steps a run may take: a bound that keeps every step count exact in the metrics and
 // turns a mistyped --epochs into an error instead of a run that never ends.
 constexpr std::int64_t kMaxSteps = 10'000'000;
 
-std::shared_ptr<nn::Sequential> make_model(const Options& o, Device device, std::uint64_t seed) {
-  return nn::make_mlp(o.features, o.hidden, o.layers, 1, nn::Activation::relu, device, seed);
-}
-
-// The mean loss of `samples`: the one forward pass the training run, the reference and the
-// verifier all use.
-Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
-                  Device device) {
-  data::Batch batch = data::make_batch(dataset, samples, device);
-  return mse_loss(model(batch.x), batch.y);
+nn::TrainingTask make_task(const Options& o, Device device) {
+  if (o.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
+  // The GPT's sizes, checked here so that each error names its flag.
+  if (o.gpt.n_embd % o.gpt.n_head != 0)
+    throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
+                     std::to_string(o.gpt.n_embd));
+  if (o.gpt.block_size != 0 && o.gpt.block_size < 3 * o.digits + 2)
+    throw UsageError("--block-size: " + std::to_string(o.gpt.block_size) + " is shorter than the " +
+                     std::to_string(3 * o.digits + 2) + " tokens of a problem of --digits " + std::to_string(o.digits));
+  std::int64_t possible = 1;
+  for (int i = 0; i < 2 * o.digits; ++i) possible *= 10;
+  // At most half of all problems are used, so that drawing distinct ones stays quick; a tenth of them
+  // at most is held out.
+  const std::int64_t held_out = std::min(kHeldOutProblems, possible / 10);
+  const std::int64_t problems = o.samples_given ? o.samples : std::min(kGptProblems, possible / 2 - held_out);
+  if (problems + held_out > possible / 2)
+    throw UsageError("--samples: " + std::to_string(problems) + " problems and " + std::to_string(held_out) +
+                     " held out are more than half of the " + std::to_string(possible) + " problems of --digits " +
+                     std::to_string(o.digits));
+  return nn::gpt_task(o.gpt, o.digits, problems, held_out, device, o.common.seed).task;
 }
 
 // Forward and backward on one rank's share, in `accum` micro-batches, each loss weighted by its share
@@ -68,23 +87,23 @@ Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::ve
 // first accum-1 skip the all-reduce (no_sync) and the last one synchronises the accumulated sum.
 // Returns the share's loss.
 template <class Backward>
-float accumulate(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& share, int accum,
-                 Device device, Backward backward) {
+float accumulate(nn::Module& model, const nn::TrainingTask& task, const std::vector<std::int64_t>& share, int accum,
+                 Backward backward) {
   const auto micro = static_cast<std::int64_t>((share.size() + static_cast<std::size_t>(accum) - 1) / static_cast<std::size_t>(accum));
   auto micro_batches = data::split_batches(share, micro);
   double loss_sum = 0;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     float weight = static_cast<float>(micro_batches[i].size()) / static_cast<float>(share.size());
-    Tensor loss = scale(batch_loss(model, dataset, micro_batches[i], device), weight);
+    Tensor loss = scale(task.loss(model, micro_batches[i]), weight);
     backward(loss, i + 1 == micro_batches.size());
     loss_sum += loss.item();
   }
   return static_cast<float>(loss_sum);
 }
 
-float forward_backward(parallel::DistributedDataParallel& ddp, const data::Dataset& dataset,
-                       const std::vector<std::int64_t>& share, int accum, Device device) {
-  return accumulate(ddp.module(), dataset, share, accum, device, [&](Tensor& loss, bool last) {
+float forward_backward(parallel::DistributedDataParallel& ddp, const nn::TrainingTask& task,
+                       const std::vector<std::int64_t>& share, int accum) {
+  return accumulate(ddp.module(), task, share, accum, [&](Tensor& loss, bool last) {
     if (last) {
       loss.backward();  // the last micro-batch: gradients are averaged across ranks here
     } else {
@@ -111,14 +130,14 @@ void install_fault(parallel::DistributedDataParallel& ddp, const std::string& fa
 
 // One rank, the same initial weights (rank 0's), the same global batches, free-running. With
 // `reversed`, each batch's samples come in reverse order: the same sums, added in another order.
-std::vector<float> single_rank_run(const Options& o, const data::Dataset& dataset, const parallel::DistributedSampler& sampler,
-                                   std::int64_t local_batch, std::int64_t total_steps, Device device, bool reversed) {
-  auto model = make_model(o, device, o.common.seed);
+std::vector<float> single_rank_run(const Options& o, const nn::TrainingTask& task, const parallel::DistributedSampler& sampler,
+                                   std::int64_t local_batch, std::int64_t total_steps, bool reversed) {
+  auto model = task.make_model(o.common.seed);
   optim::SGD sgd(model->parameters(), o.lr);
   for (std::int64_t step = 0; step < total_steps; ++step) {
     auto batch = sampler.global_batch(step, local_batch);
     if (reversed) std::reverse(batch.begin(), batch.end());
-    batch_loss(*model, dataset, batch, device).backward();
+    task.loss(*model, batch).backward();
     sgd.step();
     sgd.zero_grad();
   }
@@ -130,28 +149,29 @@ int run(const Options& o, cli::Session& session) {
   comm::Communicator& group = topology.dp_group();  // pure data parallelism: every rank
   const Device device = session.device;
   const int ranks = group.size();
-  if (o.global_batch > o.samples)
-    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the " +
-                     std::to_string(o.samples) + " samples of the dataset (--samples)");
   // The verification's reference holds a second model and the whole global batch.
-  cli::check_memory((o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.global_batch),
-                    "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
-                        ", --layers and --global-batch",
-                    group.local_size());
+  if (o.model == "mlp")
+    cli::check_memory((o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.global_batch),
+                      "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
+                          ", --layers and --global-batch",
+                      group.local_size());
+  const nn::TrainingTask task = make_task(o, device);  // the same data on every rank
+  if (o.global_batch > task.size)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the " +
+                     std::to_string(task.size) + " samples of the dataset (--samples)");
   if (o.global_batch % (static_cast<std::int64_t>(ranks) * o.accum) != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by ranks x --accum (" +
                      std::to_string(ranks) + " x " + std::to_string(o.accum) + ")");
-  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);  // the same on every rank
   // Each rank initialises with its own seed on purpose: the broadcast in DDP's constructor is what
   // makes them start identical.
-  auto model = make_model(o, device, o.common.seed + static_cast<std::uint64_t>(topology.rank()));
+  auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(topology.rank()));
   // This chapter's lesson: one all-reduce per gradient, after backward (chapter 05 adds buckets and overlap).
   parallel::ReducerOptions one_by_one;
   one_by_one.per_parameter = true;
   parallel::DistributedDataParallel ddp(model, group, one_by_one);
   install_fault(ddp, o.fault);
   optim::SGD sgd(model->parameters(), o.lr);
-  parallel::DistributedSampler sampler(dataset.size, group, o.common.seed);
+  parallel::DistributedSampler sampler(task.size, group, o.common.seed);
 
   const std::int64_t local_batch = o.global_batch / ranks;
   const std::int64_t steps_per_epoch = sampler.steps_per_epoch(local_batch);
@@ -159,13 +179,13 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--epochs: " + std::to_string(o.epochs) + " epochs of " + std::to_string(steps_per_epoch) +
                      " steps exceed " + std::to_string(kMaxSteps) + " steps");
   const std::int64_t total_steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.steps;
-  log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), MLP %lld params, %lld steps, lr %g\n",
-      ranks, static_cast<long long>(local_batch), static_cast<long long>(o.global_batch), o.accum,
-      static_cast<long long>(model->parameter_count()), static_cast<long long>(total_steps), o.lr);
+  log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", ranks,
+      static_cast<long long>(local_batch), static_cast<long long>(o.global_batch), o.accum, task.description.c_str(),
+      static_cast<long long>(total_steps), o.lr);
   if (all_ranks_log()) log("%s\n", topology.describe().c_str());
 
   std::unique_ptr<verify::LockstepVerifier> lockstep;
-  if (o.verify) lockstep = std::make_unique<verify::LockstepVerifier>(make_model(o, device, o.common.seed), &group);
+  if (o.verify) lockstep = std::make_unique<verify::LockstepVerifier>(task.make_model(o.common.seed), &group);
 
   double total_ms = 0, compute_ms = 0, comm_ms = 0;
   std::int64_t timed_samples = 0;
@@ -177,7 +197,7 @@ int run(const Options& o, cli::Session& session) {
 
     ddp.take_communication_ms();
     auto begin = Clock::now();
-    float local_loss = forward_backward(ddp, dataset, share, o.accum, device);
+    float local_loss = forward_backward(ddp, task, share, o.accum);
     double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
     double step_comm = ddp.take_communication_ms();
 
@@ -191,8 +211,7 @@ int run(const Options& o, cli::Session& session) {
       lockstep->check(step, *model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                       [&](nn::Module& reference, std::size_t r) {
                         const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                        return accumulate(reference, dataset, theirs, o.accum, device,
-                                          [](Tensor& loss, bool) { loss.backward(); });
+                        return accumulate(reference, task, theirs, o.accum, [](Tensor& loss, bool) { loss.backward(); });
                       });
     }
     begin = Clock::now();
@@ -239,8 +258,8 @@ int run(const Options& o, cli::Session& session) {
       log("lock-step check FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
           check.first_failure.c_str());
     parallel::on_rank0(group, [&] {
-      auto reference = single_rank_run(o, dataset, sampler, local_batch, total_steps, device, false);
-      auto reordered = single_rank_run(o, dataset, sampler, local_batch, total_steps, device, true);
+      auto reference = single_rank_run(o, task, sampler, local_batch, total_steps, false);
+      auto reordered = single_rank_run(o, task, sampler, local_batch, total_steps, true);
       drift = {verify::max_abs_diff(model->parameters_to_host(), reference), verify::max_abs_diff(reference, reordered)};
     });
     log("final parameters: largest difference from the single-rank run %.3g; its noise floor (the same run with "
@@ -262,7 +281,7 @@ int run(const Options& o, cli::Session& session) {
                          {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                          {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                          {"drift_ratio", drift.ratio()}, {"diverged", diverged}, {"passed", passed}, {"fault", o.fault},
-                         {"backend", group.backend_name()}, {"device", device_name(device)},
+                         {"backend", group.backend_name()}, {"device", device_name(device)}, {"model", o.model},
                          {"local_size", group.local_size()}, {"cores", std::thread::hardware_concurrency()}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
@@ -291,7 +310,18 @@ int main(int argc, char** argv) {
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
   app.add_option("--features", o.features, "Input features")->check(CLI::Range(2, 1 << 16))->capture_default_str();
   app.add_option("--hidden", o.hidden, "Hidden width")->check(CLI::Range(1, 1 << 14))->capture_default_str();
-  app.add_option("--layers", o.layers, "Hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--layers", o.layers, "Hidden layers (MLP)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--model", o.model, "mlp: the house-price MLP; gpt: a GPT learning integer addition")
+      ->check(CLI::IsMember({"mlp", "gpt"}))->capture_default_str();
+  app.add_option("--n-layer", o.gpt.n_layer, "GPT blocks")->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))
+      ->capture_default_str();
+  app.add_option("--n-head", o.gpt.n_head, "GPT attention heads (must divide --n-embd)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{256}))->capture_default_str();
+  app.add_option("--n-embd", o.gpt.n_embd, "GPT width")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 14))
+      ->capture_default_str();
+  app.add_option("--block-size", o.gpt.block_size, "GPT context length (default: the problem's length)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  app.add_option("--digits", o.digits, "Digits of each addend (GPT)")->check(CLI::Range(1, 9))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step), and the "
                                      "final parameters against that run's noise floor");
@@ -299,6 +329,7 @@ int main(int argc, char** argv) {
                                      "average-twice or skip-rank-share")
       ->check(CLI::IsMember({"none", "average-twice", "skip-rank-share"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
+    o.samples_given = app.count("--samples") > 0;
     cli::Session session = cli::start_session(o.common, o.distributed);
     return run(o, session);
   });

@@ -84,6 +84,27 @@ TEST(Chapter04, VerifyPassesWithAccumulationAndAnUnevenDataset) {
   EXPECT_EQ(s["steps"].get<int>(), 2 * 17);  // 1001 padded to 1002: 334 per rank = 16 steps of 20 and one of 14
 }
 
+TEST(Chapter04, TheGptPassesVerifyAtTwoAndFourRanks) {
+  for (const std::string& mpirun : {std::string(MPIRUN_NP2), std::string(MPIRUN_NP4)}) {
+    auto s = run_verified(mpirun, "--model gpt --steps 8 --n-layer 1 --n-embd 32 --global-batch 48 --accum 2");
+    expect_lockstep(s);
+    EXPECT_EQ(s["model"].get<std::string>(), "gpt");
+    EXPECT_EQ(s["steps"].get<int>(), 8);
+  }
+}
+
+TEST(Chapter04, GptSizesThatCannotWorkAreNamed) {
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--n-head 3", "--n-head: 3 does not divide --n-embd 64"},
+           {"--block-size 5", "--block-size: 5 is shorter than the 8 tokens"},
+           {"--samples 9000", "--samples: 9000 problems"},
+           {"--n-embd 0", "--n-embd"}}) {
+    auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --model gpt --steps 1 " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+}
+
 TEST(Chapter04, SavesTheFinalParametersAsSafetensors) {
   std::string saved = temp_path("ch04.safetensors"), metrics = temp_path("ch04_save.jsonl");
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 3 --save " + saved +

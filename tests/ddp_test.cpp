@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/data/house_prices.h"
+#include "common/nn/gpt.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
@@ -188,6 +189,34 @@ TEST(DistributedDataParallel, NamesAParameterThatGotNoGradientWhenBackwardEnds) 
   // The reducer is ready for the next, complete pass: nothing is left over from the failed one.
   Tensor x = Tensor::randn({4, 6}, 1);
   EXPECT_NO_THROW(sum(ddp(x)).backward());
+}
+
+TEST(DistributedDataParallel, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
+  // The GPT's head is its token table: the weight is used twice in the forward, yet it is one
+  // parameter, its hook fires once both contributions are in, and it is all-reduced once.
+  nn::GPTConfig c{1, 2, 16, 8, 12, 0.0f};
+  auto gpt = std::make_shared<nn::GPT>(c, Device::cpu, 3 + static_cast<std::uint64_t>(world().rank()));
+  parallel::ReducerOptions one_by_one;
+  one_by_one.per_parameter = true;
+  parallel::DistributedDataParallel ddp(gpt, world(), one_by_one);
+  // The same weights, outside DDP, for each rank's local gradient.
+  auto local = std::make_shared<nn::GPT>(c, Device::cpu, 99);
+  for (std::size_t i = 0; i < local->parameters().size(); ++i) local->parameters()[i].copy_from(gpt->parameters()[i]);
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 16; ++i) {
+    ids.push_back(static_cast<float>((i * 5 + world().rank()) % 11));  // token 11 never appears as an input
+    targets.push_back(static_cast<float>((i * 7 + world().rank()) % 12));
+  }
+  auto loss = [&](nn::GPT& m) { return cross_entropy(m(Tensor::from_host(ids, {2, 8})), Tensor::from_host(targets, {16})); };
+  loss(*gpt).backward();
+  loss(*local).backward();
+  EXPECT_EQ(ddp.reducer().buckets().size(), gpt->parameters().size());
+  EXPECT_EQ(ddp.reducer().bytes_communicated(), 4 * gpt->parameter_count());
+  Tensor expected = local->wte.grad();
+  world().all_reduce(expected, comm::ReduceOp::average);
+  EXPECT_EQ(gpt->wte.grad().to_host(), expected.to_host());
+  auto row11 = gpt->wte.grad().to_host();
+  EXPECT_NE(std::vector<float>(row11.begin() + 11 * 16, row11.end()), std::vector<float>(16, 0.0f));  // from the head
 }
 
 TEST(DistributedSampler, RanksBatchesMakeUpTheGlobalBatch) {

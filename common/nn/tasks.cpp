@@ -1,0 +1,56 @@
+// The two tasks.
+#include "common/nn/tasks.h"
+
+#include "common/core/errors.h"
+#include "common/ops/ops.h"
+
+namespace course::nn {
+
+TrainingTask mlp_task(std::int64_t samples, std::int64_t features, std::int64_t hidden, int layers, Device device,
+                      std::uint64_t seed) {
+  auto dataset = std::make_shared<data::Dataset>(data::make_house_prices_wide(samples, features, seed));
+  TrainingTask t;
+  t.name = "mlp";
+  t.size = dataset->size;
+  t.make_model = [=](std::uint64_t model_seed) -> std::shared_ptr<Module> {
+    return make_mlp(features, hidden, layers, 1, Activation::relu, device, model_seed);
+  };
+  t.loss = [dataset, device](Module& model, const std::vector<std::int64_t>& indices) {
+    data::Batch batch = data::make_batch(*dataset, indices, device);
+    return mse_loss(model(batch.x), batch.y);
+  };
+  const auto params = make_mlp(features, hidden, layers, 1, Activation::relu, Device::cpu, 0)->parameter_count();
+  t.description = "MLP " + std::to_string(params) + " params on " + std::to_string(samples) + " house prices";
+  return t;
+}
+
+GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64_t test_problems, Device device,
+                 std::uint64_t seed) {
+  auto data = std::make_shared<data::AdditionTask>(digits, problems, test_problems, seed);
+  if (config.block_size == 0) config.block_size = data->sequence_length();
+  if (config.block_size < data->sequence_length())
+    throw UsageError("block_size " + std::to_string(config.block_size) + " is shorter than the " +
+                     std::to_string(data->sequence_length()) + " tokens of a " + std::to_string(digits) +
+                     "-digit problem");
+  config.vocab_size = data->vocab_size();
+  config.check();
+  TrainingTask t;
+  t.name = "gpt";
+  t.size = static_cast<std::int64_t>(data->train().size());
+  t.make_model = [=](std::uint64_t model_seed) -> std::shared_ptr<Module> {
+    return std::make_shared<GPT>(config, device, model_seed);
+  };
+  // Every problem has the same number of answer tokens, so the mean over a batch's tokens is the mean
+  // of its problems' means: shares and micro-batches combine exactly as they do for the MLP.
+  t.loss = [data, device](Module& model, const std::vector<std::int64_t>& indices) {
+    auto batch = data->batch(indices, device);
+    return cross_entropy(model(batch.ids), batch.targets, data::AdditionTask::kIgnore);
+  };
+  const auto params = GPT(config, Device::cpu, 0).parameter_count();
+  t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
+                  std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
+                  std::to_string(problems) + " " + std::to_string(digits) + "-digit additions";
+  return {t, data, config};
+}
+
+}  // namespace course::nn
