@@ -16,7 +16,8 @@
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/nn/tasks.h"                     // --model mlp|gpt: the model, its data and its loss
 #include "common/ops/ops.h"                      // mse_loss, scale
-#include "common/optim/optimizer.h"              // SGD
+#include "common/optim/lr_scheduler.h"           // warm-up and cosine decay (--optimizer adamw)
+#include "common/optim/optimizer.h"              // SGD, AdamW
 #include "common/parallel/ddp.h"                 // DistributedDataParallel
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
@@ -49,6 +50,35 @@ struct Options {
   nn::GPTConfig gpt{2, 4, 64, 0, 12, 0.0f};
   int digits = 2;
   bool samples_given = false;
+  std::string optimizer = "sgd";
+};
+
+// --optimizer: chapter 04's lesson uses plain SGD; adamw is what a GPT is trained with (GPT-2,
+// nanoGPT): AdamW (betas 0.9, 0.95; weight decay 0.1 on matrices and embeddings only), linear
+// warm-up over a tenth of the run (at most 100 steps) then cosine decay to lr/10, and the gradient
+// clipped to norm 1 after the DDP average.
+struct Training {
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::shared_ptr<optim::LRScheduler> schedule;  // null for SGD
+  double clip = 0.0;                               // 0: no clipping
+
+  Training(const Options& o, const std::vector<Tensor>& params, std::int64_t total_steps) {
+    if (o.optimizer == "sgd") {
+      optimizer = std::make_unique<optim::SGD>(params, o.lr);
+      return;
+    }
+    optimizer = std::make_unique<optim::Adam>(optim::weight_decay_groups(params, 0.1f), o.lr, 0.9f, 0.95f, 1e-8f, true);
+    const std::int64_t warmup = std::min<std::int64_t>(100, total_steps / 10);
+    schedule = total_steps > warmup ? optim::warmup_cosine(o.lr, warmup, total_steps, o.lr / 10) : nullptr;
+    clip = 1.0;
+  }
+  // After backward (and the check of the averaged gradient): clip, set the step's rate, update.
+  void step(std::int64_t step) {
+    if (clip > 0) optim::clip_grad_norm_(optimizer->params(), clip);
+    if (schedule) optimizer->set_lr(schedule->lr_at(step));
+    optimizer->step();
+    optimizer->zero_grad();
+  }
 };
 
 // The GPT's addition task holds out this many problems (chapter 04 trains; the held-out set is for
@@ -133,13 +163,12 @@ void install_fault(parallel::DistributedDataParallel& ddp, const std::string& fa
 std::vector<float> single_rank_run(const Options& o, const nn::TrainingTask& task, const parallel::DistributedSampler& sampler,
                                    std::int64_t local_batch, std::int64_t total_steps, bool reversed) {
   auto model = task.make_model(o.common.seed);
-  optim::SGD sgd(model->parameters(), o.lr);
+  Training training(o, model->parameters(), total_steps);
   for (std::int64_t step = 0; step < total_steps; ++step) {
     auto batch = sampler.global_batch(step, local_batch);
     if (reversed) std::reverse(batch.begin(), batch.end());
     task.loss(*model, batch).backward();
-    sgd.step();
-    sgd.zero_grad();
+    training.step(step);
   }
   return model->parameters_to_host();
 }
@@ -170,7 +199,6 @@ int run(const Options& o, cli::Session& session) {
   one_by_one.per_parameter = true;
   parallel::DistributedDataParallel ddp(model, group, one_by_one);
   install_fault(ddp, o.fault);
-  optim::SGD sgd(model->parameters(), o.lr);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
 
   const std::int64_t local_batch = o.global_batch / ranks;
@@ -179,6 +207,7 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--epochs: " + std::to_string(o.epochs) + " epochs of " + std::to_string(steps_per_epoch) +
                      " steps exceed " + std::to_string(kMaxSteps) + " steps");
   const std::int64_t total_steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.steps;
+  Training training(o, model->parameters(), total_steps);
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", ranks,
       static_cast<long long>(local_batch), static_cast<long long>(o.global_batch), o.accum, task.description.c_str(),
       static_cast<long long>(total_steps), o.lr);
@@ -215,8 +244,7 @@ int run(const Options& o, cli::Session& session) {
                       });
     }
     begin = Clock::now();
-    sgd.step();
-    sgd.zero_grad();
+    training.step(step);
     step_ms += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
 
     if (step > 0 || total_steps == 1) {  // the first step warms up allocators and caches
@@ -265,6 +293,16 @@ int run(const Options& o, cli::Session& session) {
     log("final parameters: largest difference from the single-rank run %.3g; its noise floor (the same run with "
         "each batch summed in reverse order) %.3g; ratio %.3g\n", drift.difference, drift.noise_floor, drift.ratio());
   }
+  double accuracy = -1;
+  if (task.evaluate && !diverged)
+    parallel::on_rank0(group, [&] {
+      std::vector<std::string> examples;
+      accuracy = task.evaluate(*model, &examples);
+      std::string shown;
+      for (const auto& e : examples) shown += (shown.empty() ? "" : ", ") + e;
+      log("held-out exact match: %.3f; for example %s\n", accuracy, shown.c_str());
+      session.metrics.write({{"event", "evaluation"}, {"accuracy", accuracy}, {"examples", examples}});
+    });
   const bool passed = identical && check.passed && !diverged;
   if (!o.save.empty())
     parallel::on_rank0(group, [&] {  // the ranks hold the same parameters: rank 0 writes them
@@ -321,6 +359,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block-size", o.gpt.block_size, "GPT context length (default: the problem's length)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--digits", o.digits, "Digits of each addend (GPT)")->check(CLI::Range(1, 9))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step), and the "

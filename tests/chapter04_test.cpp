@@ -93,6 +93,22 @@ TEST(Chapter04, TheGptPassesVerifyAtTwoAndFourRanks) {
   }
 }
 
+TEST(Chapter04, TheGptWithAdamWPassesVerifyAndReportsItsAccuracy) {
+  std::string metrics = temp_path("ch04_gpt.jsonl");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary +
+                       " --device cpu --verify --model gpt --optimizer adamw --lr 6e-3 --steps 12 --n-layer 1"
+                       " --n-embd 32 --global-batch 32 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto records = read_metrics(metrics);
+  expect_lockstep(events(records, "ddp_summary").at(0));
+  auto evaluation = events(records, "evaluation");
+  ASSERT_EQ(evaluation.size(), 1u);
+  const double accuracy = evaluation[0]["accuracy"].get<double>();
+  EXPECT_TRUE(accuracy >= 0.0 && accuracy <= 1.0) << accuracy;  // 12 steps learn little: the report, not the skill
+  EXPECT_EQ(evaluation[0]["examples"].size(), 6u);
+  EXPECT_NE(r.out.find("held-out exact match: "), std::string::npos) << r.out;
+}
+
 TEST(Chapter04, GptSizesThatCannotWorkAreNamed) {
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--n-head 3", "--n-head: 3 does not divide --n-embd 64"},

@@ -2,6 +2,7 @@
 #include "common/nn/tasks.h"
 
 #include "common/core/errors.h"
+#include "common/nn/generate.h"
 #include "common/ops/ops.h"
 
 namespace course::nn {
@@ -45,6 +46,19 @@ GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64
   t.loss = [data, device](Module& model, const std::vector<std::int64_t>& indices) {
     auto batch = data->batch(indices, device);
     return cross_entropy(model(batch.ids), batch.targets, data::AdditionTask::kIgnore);
+  };
+  t.evaluate = [data, device](Module& model, std::vector<std::string>* examples) {
+    auto& gpt = dynamic_cast<GPT&>(model);
+    std::vector<std::string> answers;
+    const double accuracy = addition_accuracy(gpt, *data, data->test(), device, &answers);
+    for (std::size_t i = 0; examples && i < answers.size() && i < 6; ++i) {
+      const auto& p = data->test()[i];
+      std::string digits(answers[i].rbegin(), answers[i].rend());                   // the model writes the sum reversed
+      digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));  // "072" reads as 72
+      examples->push_back(std::to_string(p.a) + "+" + std::to_string(p.b) + "=" + digits +
+                          (answers[i] == data->answer(p) ? "" : " (wrong)"));
+    }
+    return accuracy;
   };
   const auto params = GPT(config, Device::cpu, 0).parameter_count();
   t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +

@@ -23,6 +23,9 @@ struct TrainingTask {
   std::function<std::shared_ptr<Module>(std::uint64_t seed)> make_model;
   // The mean loss of these samples (for the GPT, over their answer tokens).
   std::function<Tensor(Module& model, const std::vector<std::int64_t>& samples)> loss;
+  // What the trained model can do, where the task can say (the GPT: exact-match accuracy on held-out
+  // problems, and a few of its answers as "12+45=57"); empty otherwise.
+  std::function<double(Module& model, std::vector<std::string>* examples)> evaluate;
 };
 
 // The MLP of `layers` hidden layers of `hidden`, on `samples` house prices of `features` features.
