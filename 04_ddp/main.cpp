@@ -51,6 +51,8 @@ struct Options {
   int digits = 2;
   bool samples_given = false;
   std::string optimizer = "sgd";
+  std::string data;          // --data FILE: character-level text instead of the addition task
+  double val_fraction = 0.1;
 };
 
 // --optimizer: chapter 04's lesson uses plain SGD; adamw is what a GPT is trained with (GPT-2,
@@ -91,7 +93,18 @@ constexpr std::int64_t kGptProblems = 4000;  // the GPT's default --samples: pro
 constexpr std::int64_t kMaxSteps = 10'000'000;
 
 nn::TrainingTask make_task(const Options& o, Device device) {
+  if (!o.data.empty() && o.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
   if (o.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
+  if (!o.data.empty()) {
+    if (o.gpt.n_embd % o.gpt.n_head != 0)
+      throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
+                       std::to_string(o.gpt.n_embd));
+    try {
+      return nn::text_task(o.gpt, o.data, o.val_fraction, device);
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("--data: ") + e.what());
+    }
+  }
   // The GPT's sizes, checked here so that each error names its flag.
   if (o.gpt.n_embd % o.gpt.n_head != 0)
     throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
@@ -293,15 +306,13 @@ int run(const Options& o, cli::Session& session) {
     log("final parameters: largest difference from the single-rank run %.3g; its noise floor (the same run with "
         "each batch summed in reverse order) %.3g; ratio %.3g\n", drift.difference, drift.noise_floor, drift.ratio());
   }
-  double accuracy = -1;
   if (task.evaluate && !diverged)
     parallel::on_rank0(group, [&] {
-      std::vector<std::string> examples;
-      accuracy = task.evaluate(*model, &examples);
+      const auto e = task.evaluate(*model);
       std::string shown;
-      for (const auto& e : examples) shown += (shown.empty() ? "" : ", ") + e;
-      log("held-out exact match: %.3f; for example %s\n", accuracy, shown.c_str());
-      session.metrics.write({{"event", "evaluation"}, {"accuracy", accuracy}, {"examples", examples}});
+      for (const auto& example : e.examples) shown += (shown.empty() ? "" : ", ") + example;
+      log("%s: %.3f; for example %s\n", e.metric.c_str(), e.value, shown.c_str());
+      session.metrics.write({{"event", "evaluation"}, {"metric", e.metric}, {"value", e.value}, {"examples", e.examples}});
     });
   const bool passed = identical && check.passed && !diverged;
   if (!o.save.empty())
@@ -361,6 +372,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  app.add_option("--data", o.data, "With --model gpt: train on the characters of this text file instead of addition");
+  app.add_option("--val-fraction", o.val_fraction, "The share of --data held out for validation")
+      ->check(CLI::Range(0.001, 0.999))->capture_default_str();
   app.add_option("--digits", o.digits, "Digits of each addend (GPT)")->check(CLI::Range(1, 9))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step), and the "

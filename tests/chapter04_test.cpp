@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/process.h"
@@ -103,10 +104,38 @@ TEST(Chapter04, TheGptWithAdamWPassesVerifyAndReportsItsAccuracy) {
   expect_lockstep(events(records, "ddp_summary").at(0));
   auto evaluation = events(records, "evaluation");
   ASSERT_EQ(evaluation.size(), 1u);
-  const double accuracy = evaluation[0]["accuracy"].get<double>();
+  EXPECT_EQ(evaluation[0]["metric"].get<std::string>(), "held-out exact match");
+  const double accuracy = evaluation[0]["value"].get<double>();
   EXPECT_TRUE(accuracy >= 0.0 && accuracy <= 1.0) << accuracy;  // 12 steps learn little: the report, not the skill
   EXPECT_EQ(evaluation[0]["examples"].size(), 6u);
   EXPECT_NE(r.out.find("held-out exact match: "), std::string::npos) << r.out;
+}
+
+TEST(Chapter04, TheGptTrainsOnATextFile) {
+  const std::string text = temp_path("ch04_text.txt"), metrics = temp_path("ch04_text.jsonl");
+  std::string words;
+  for (int i = 0; i < 60; ++i) words += "the quick brown fox jumps over the lazy dog. ";
+  { std::ofstream(text) << words; }
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --verify --model gpt --data " + text +
+                       " --block-size 16 --n-layer 1 --n-embd 32 --steps 6 --global-batch 16 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto records = read_metrics(metrics);
+  expect_lockstep(events(records, "ddp_summary").at(0));
+  auto evaluation = events(records, "evaluation").at(0);
+  EXPECT_EQ(evaluation["metric"].get<std::string>(), "validation loss");
+  EXPECT_GT(evaluation["value"].get<double>(), 0.0);
+  EXPECT_EQ(evaluation["examples"].at(0).get<std::string>().size(), 16u + 80u);  // the prompt and 80 new characters
+  // A missing, empty or too short file: one line naming --data, exit code 2.
+  const std::string empty = temp_path("ch04_empty.txt"), tiny = temp_path("ch04_tiny.txt");
+  { std::ofstream(empty) << ""; }
+  { std::ofstream(tiny) << "abc"; }
+  for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
+           {text + ".missing", "no such file"}, {empty, "is empty"}, {tiny, "3 characters are too few"}, {"/tmp", "is a folder"}}) {
+    auto bad = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --model gpt --data " + file +
+                           " --block-size 16 --steps 1");
+    EXPECT_EQ(bad.exit_code, 2) << file << bad.err;
+    EXPECT_NE(bad.err.find("--data: " + file + ": " + message), std::string::npos) << bad.err;
+  }
 }
 
 TEST(Chapter04, GptSizesThatCannotWorkAreNamed) {

@@ -1,6 +1,7 @@
 // The two tasks.
 #include "common/nn/tasks.h"
 
+#include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 #include "common/nn/generate.h"
 #include "common/ops/ops.h"
@@ -47,24 +48,63 @@ GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64
     auto batch = data->batch(indices, device);
     return cross_entropy(model(batch.ids), batch.targets, data::AdditionTask::kIgnore);
   };
-  t.evaluate = [data, device](Module& model, std::vector<std::string>* examples) {
+  t.evaluate = [data, device](Module& model) {
     auto& gpt = dynamic_cast<GPT&>(model);
     std::vector<std::string> answers;
-    const double accuracy = addition_accuracy(gpt, *data, data->test(), device, &answers);
-    for (std::size_t i = 0; examples && i < answers.size() && i < 6; ++i) {
+    TrainingTask::Evaluation e{
+        "held-out exact match", addition_accuracy(gpt, *data, data->test(), device, &answers), {}};
+    for (std::size_t i = 0; i < answers.size() && i < 6; ++i) {
       const auto& p = data->test()[i];
       std::string digits(answers[i].rbegin(), answers[i].rend());                   // the model writes the sum reversed
       digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));  // "072" reads as 72
-      examples->push_back(std::to_string(p.a) + "+" + std::to_string(p.b) + "=" + digits +
-                          (answers[i] == data->answer(p) ? "" : " (wrong)"));
+      e.examples.push_back(std::to_string(p.a) + "+" + std::to_string(p.b) + "=" + digits +
+                           (answers[i] == data->answer(p) ? "" : " (wrong)"));
     }
-    return accuracy;
+    return e;
   };
   const auto params = GPT(config, Device::cpu, 0).parameter_count();
   t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
                   std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
                   std::to_string(problems) + " " + std::to_string(digits) + "-digit additions";
   return {t, data, config};
+}
+
+TrainingTask text_task(GPTConfig config, const std::string& path, double val_fraction, Device device) {
+  if (config.block_size == 0) config.block_size = 32;
+  auto text = std::make_shared<data::CharText>(path, config.block_size, val_fraction);
+  config.vocab_size = text->vocab_size();
+  config.check();
+  TrainingTask t;
+  t.name = "gpt";
+  t.size = text->train_windows();
+  t.make_model = [=](std::uint64_t model_seed) -> std::shared_ptr<Module> {
+    return std::make_shared<GPT>(config, device, model_seed);
+  };
+  t.loss = [text, device](Module& model, const std::vector<std::int64_t>& windows) {
+    auto batch = text->batch(windows, device);
+    return cross_entropy(model(batch.ids), batch.targets);
+  };
+  t.evaluate = [text, device, config](Module& model) {
+    autograd::NoGradGuard no_grad;
+    auto& gpt = dynamic_cast<GPT&>(model);
+    // The validation loss over up to 64 windows spread across the held-out text.
+    std::vector<std::int64_t> windows;
+    const std::int64_t count = text->validation_windows();
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(64, count); ++i)
+      windows.push_back(i * count / std::min<std::int64_t>(64, count));
+    auto batch = text->batch(windows, device, true);
+    TrainingTask::Evaluation e{"validation loss", cross_entropy(model(batch.ids), batch.targets).item(), {}};
+    // A passage: the held-out text's first block, continued by sampling (temperature 0.8, top-k 10).
+    const std::string prompt = text->validation_text().substr(0, static_cast<std::size_t>(config.block_size));
+    Tensor ids = Tensor::from_host(text->encode(prompt), {1, config.block_size}, device);
+    e.examples.push_back(text->decode(generate(gpt, ids, 80, {0.8f, 10, 1}).to_host()));
+    return e;
+  };
+  const auto params = GPT(config, Device::cpu, 0).parameter_count();
+  t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
+                  std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
+                  std::to_string(text->train_windows()) + " windows of " + path;
+  return t;
 }
 
 }  // namespace course::nn

@@ -10,6 +10,7 @@
 
 #include "common/data/addition.h"
 #include "common/data/house_prices.h"
+#include "common/data/text.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
 
@@ -23,9 +24,13 @@ struct TrainingTask {
   std::function<std::shared_ptr<Module>(std::uint64_t seed)> make_model;
   // The mean loss of these samples (for the GPT, over their answer tokens).
   std::function<Tensor(Module& model, const std::vector<std::int64_t>& samples)> loss;
-  // What the trained model can do, where the task can say (the GPT: exact-match accuracy on held-out
-  // problems, and a few of its answers as "12+45=57"); empty otherwise.
-  std::function<double(Module& model, std::vector<std::string>* examples)> evaluate;
+  // What the trained model can do on held-out data, where the task can say; empty otherwise.
+  struct Evaluation {
+    std::string metric;  // "held-out exact match", "validation loss"
+    double value = 0;
+    std::vector<std::string> examples;  // a few answers ("12+45=57"), or a generated passage
+  };
+  std::function<Evaluation(Module& model)> evaluate;
 };
 
 // The MLP of `layers` hidden layers of `hidden`, on `samples` house prices of `features` features.
@@ -41,5 +46,9 @@ struct GptTask {
 };
 GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64_t test_problems, Device device,
                  std::uint64_t seed);
+
+// A GPT of `config` on the character-level text of `path` (--data FILE), the last `val_fraction` held
+// out. The vocabulary is the file's; block_size must be set. Throws UsageError naming the file.
+TrainingTask text_task(GPTConfig config, const std::string& path, double val_fraction, Device device);
 
 }  // namespace course::nn
