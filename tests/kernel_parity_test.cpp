@@ -89,6 +89,34 @@ TEST(KernelParity, CudaReductionsAreBitwiseDeterministic) {
   }
 }
 
+TEST(KernelParity, ScatterAddsAndBroadcastGradientsAreBitIdenticalToTheCpu) {
+  // The embedding's scatter-add and the broadcast gradient's sum_to add in the same order on both
+  // devices (increasing index; float for the first, double for the second), so the bits agree, run
+  // after run: no atomics anywhere.
+  SKIP_WITHOUT_GPU();
+  std::vector<float> ids(5000);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>((i * 7919) % 13);  // heavy repeats
+  auto embedding_grad = [&](Device device) {
+    Tensor w = Tensor::randn({13, 64}, 3, device).set_requires_grad(true);
+    Tensor out = embedding(Tensor::from_host(ids, {5000}, device), w);
+    sum(mul(out, Tensor::randn({5000, 64}, 4, device))).backward();
+    return w.grad().to_host();
+  };
+  auto broadcast_grad = [&](Device device) {
+    Tensor a = Tensor::randn({8, 1, 6, 1}, 5, device).set_requires_grad(true);
+    Tensor b = Tensor::randn({7, 1, 5}, 6, device).set_requires_grad(true);
+    sum(mul(mul(a, b), Tensor::randn({8, 7, 6, 5}, 7, device))).backward();
+    auto ga = a.grad().to_host(), gb = b.grad().to_host();
+    ga.insert(ga.end(), gb.begin(), gb.end());
+    return ga;
+  };
+  const auto cpu_embedding = embedding_grad(Device::cpu), cpu_broadcast = broadcast_grad(Device::cpu);
+  for (int run = 0; run < 5; ++run) {
+    EXPECT_EQ(embedding_grad(Device::cuda), cpu_embedding);
+    EXPECT_EQ(broadcast_grad(Device::cuda), cpu_broadcast);
+  }
+}
+
 TEST(KernelParity, RandomValuesAreIdenticalOnBothDevices) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(Tensor::randn({1000}, 5, Device::cuda).to_host(), Tensor::randn({1000}, 5).to_host());
