@@ -11,6 +11,7 @@
 #include "common/checkpoint/parameters.h"        // --save: the final parameters as safetensors
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/limits.h"                   // refuse what cannot fit in memory
+#include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/core/log.h"                     // rank 0 prints
@@ -45,14 +46,9 @@ struct Options {
   bool verify = false;
   std::string fault = "none";
   std::string save;
-  std::string model = "mlp";
-  // --n-layer, --n-head, --n-embd, --block-size (0: the problem's length); the vocabulary is the task's.
-  nn::GPTConfig gpt{2, 4, 64, 0, 12, 0.0f};
-  int digits = 2;
+  cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
   bool samples_given = false;
   std::string optimizer = "sgd";
-  std::string data;          // --data FILE: character-level text instead of the addition task
-  double val_fraction = 0.1;
 };
 
 // --optimizer: chapter 04's lesson uses plain SGD; adamw is what a GPT is trained with (GPT-2,
@@ -83,46 +79,16 @@ struct Training {
   }
 };
 
-// The GPT's addition task holds out this many problems (chapter 04 trains; the held-out set is for
-// the worked example's accuracy).
-constexpr std::int64_t kHeldOutProblems = 500;
-constexpr std::int64_t kGptProblems = 4000;  // the GPT's default --samples: problems to train on
+
 
 // The most steps a run may take: a bound that keeps every step count exact in the metrics and
 // turns a mistyped --epochs into an error instead of a run that never ends.
 constexpr std::int64_t kMaxSteps = 10'000'000;
 
 nn::TrainingTask make_task(const Options& o, Device device) {
-  if (!o.data.empty() && o.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
-  if (o.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
-  if (!o.data.empty()) {
-    if (o.gpt.n_embd % o.gpt.n_head != 0)
-      throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
-                       std::to_string(o.gpt.n_embd));
-    try {
-      return nn::text_task(o.gpt, o.data, o.val_fraction, device);
-    } catch (const UsageError& e) {
-      throw UsageError(std::string("--data: ") + e.what());
-    }
-  }
-  // The GPT's sizes, checked here so that each error names its flag.
-  if (o.gpt.n_embd % o.gpt.n_head != 0)
-    throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
-                     std::to_string(o.gpt.n_embd));
-  if (o.gpt.block_size != 0 && o.gpt.block_size < 3 * o.digits + 2)
-    throw UsageError("--block-size: " + std::to_string(o.gpt.block_size) + " is shorter than the " +
-                     std::to_string(3 * o.digits + 2) + " tokens of a problem of --digits " + std::to_string(o.digits));
-  std::int64_t possible = 1;
-  for (int i = 0; i < 2 * o.digits; ++i) possible *= 10;
-  // At most half of all problems are used, so that drawing distinct ones stays quick; a tenth of them
-  // at most is held out.
-  const std::int64_t held_out = std::min(kHeldOutProblems, possible / 10);
-  const std::int64_t problems = o.samples_given ? o.samples : std::min(kGptProblems, possible / 2 - held_out);
-  if (problems + held_out > possible / 2)
-    throw UsageError("--samples: " + std::to_string(problems) + " problems and " + std::to_string(held_out) +
-                     " held out are more than half of the " + std::to_string(possible) + " problems of --digits " +
-                     std::to_string(o.digits));
-  return nn::gpt_task(o.gpt, o.digits, problems, held_out, device, o.common.seed).task;
+  if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
+  if (o.models.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
+  return cli::gpt_training_task(o.models, o.samples, o.samples_given, device, o.common.seed);
 }
 
 // Forward and backward on one rank's share, in `accum` micro-batches, each loss weighted by its share
@@ -192,7 +158,7 @@ int run(const Options& o, cli::Session& session) {
   const Device device = session.device;
   const int ranks = group.size();
   // The verification's reference holds a second model and the whole global batch.
-  if (o.model == "mlp")
+  if (o.models.model == "mlp")
     cli::check_memory((o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.global_batch),
                       "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
                           ", --layers and --global-batch",
@@ -330,7 +296,7 @@ int run(const Options& o, cli::Session& session) {
                          {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                          {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                          {"drift_ratio", drift.ratio()}, {"diverged", diverged}, {"passed", passed}, {"fault", o.fault},
-                         {"backend", group.backend_name()}, {"device", device_name(device)}, {"model", o.model},
+                         {"backend", group.backend_name()}, {"device", device_name(device)}, {"model", o.models.model},
                          {"local_size", group.local_size()}, {"cores", std::thread::hardware_concurrency()}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
@@ -360,22 +326,9 @@ int main(int argc, char** argv) {
   app.add_option("--features", o.features, "Input features")->check(CLI::Range(2, 1 << 16))->capture_default_str();
   app.add_option("--hidden", o.hidden, "Hidden width")->check(CLI::Range(1, 1 << 14))->capture_default_str();
   app.add_option("--layers", o.layers, "Hidden layers (MLP)")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--model", o.model, "mlp: the house-price MLP; gpt: a GPT learning integer addition")
-      ->check(CLI::IsMember({"mlp", "gpt"}))->capture_default_str();
-  app.add_option("--n-layer", o.gpt.n_layer, "GPT blocks")->check(CLI::Range(std::int64_t{1}, std::int64_t{64}))
-      ->capture_default_str();
-  app.add_option("--n-head", o.gpt.n_head, "GPT attention heads (must divide --n-embd)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{256}))->capture_default_str();
-  app.add_option("--n-embd", o.gpt.n_embd, "GPT width")->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 14))
-      ->capture_default_str();
-  app.add_option("--block-size", o.gpt.block_size, "GPT context length (default: the problem's length)")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  cli::add_model_options(app, o.models);
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
-  app.add_option("--data", o.data, "With --model gpt: train on the characters of this text file instead of addition");
-  app.add_option("--val-fraction", o.val_fraction, "The share of --data held out for validation")
-      ->check(CLI::Range(0.001, 0.999))->capture_default_str();
-  app.add_option("--digits", o.digits, "Digits of each addend (GPT)")->check(CLI::Range(1, 9))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step), and the "
                                      "final parameters against that run's noise floor");

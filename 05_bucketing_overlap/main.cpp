@@ -10,13 +10,13 @@
 #include "common/checkpoint/parameters.h"         // --save: the final parameters as safetensors
 #include "common/cli/cli.h"                       // common flags, validators, exit codes
 #include "common/cli/limits.h"                    // refuse what cannot fit in memory
+#include "common/cli/model_options.h"             // --model mlp|gpt and the GPT's flags
 #include "common/cli/session.h"                   // device, topology and metrics, set up once
 #include "common/comm/environment.h"              // MPI start-up
 #include "common/comm/simulated_network.h"        // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                      // rank 0 prints
-#include "common/data/house_prices.h"             // the wide house-price data
 #include "common/metrics/trace.h"                 // the timeline as Chrome trace JSON
-#include "common/nn/layers.h"                     // make_mlp
+#include "common/nn/tasks.h"                      // the MLP or the GPT, and its loss
 #include "common/ops/ops.h"                       // mse_loss
 #include "common/optim/optimizer.h"               // SGD
 #include "common/parallel/comm_hooks.h"           // --comm-hook: fp16 and bf16 compression
@@ -41,6 +41,8 @@ struct Options {
   double bucket_mb = 25, first_bucket_mb = 1;
   std::string sim_network, trace = "trace.json", comm_hook = "none";
   std::string save;
+  cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
+  bool samples_given = false;
   bool sweep_buckets = false, verify = true;  // the lesson is only worth its speed-up if every mode is right
 };
 
@@ -62,36 +64,28 @@ std::vector<Mode> modes(const Options& o) {
   return {{"per-parameter", per_parameter}, {"flat", flat}, {"buckets", buckets}, {"buckets+overlap", overlap}};
 }
 
-Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
-                  Device device) {
-  data::Batch batch = data::make_batch(dataset, samples, device);
-  return mse_loss(model(batch.x), batch.y);
-}
-
 struct ModeResult {
   double step_ms = 0, exposed_ms = 0;  // per step, mean over the timed steps
   std::size_t buckets = 0;
   std::int64_t bytes_per_step = 0;
   std::vector<float> parameters;
-  std::shared_ptr<nn::Sequential> model;  // the trained model (--save writes the overlapped mode's)
+  std::shared_ptr<nn::Module> model;  // the trained model (--save writes the overlapped mode's)
   verify::LockstepSummary check;
   parallel::Timeline timeline;  // the last step (overlap mode)
 };
 
-ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, const data::Dataset& dataset,
-                 Device device, int steps) {
+ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, const nn::TrainingTask& task,
+                 int steps) {
   const int ranks = group.size();
-  auto model = nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device,
-                            o.common.seed + static_cast<std::uint64_t>(group.rank()));
+  auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
   parallel::DistributedDataParallel ddp(model, group, mode.options);
   ddp.register_comm_hook(parallel::comm_hook_named(o.comm_hook));
   optim::SGD sgd(model->parameters(), o.lr);
-  parallel::DistributedSampler sampler(dataset.size, group, o.common.seed);
+  parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = o.global_batch / ranks;
   std::unique_ptr<verify::LockstepVerifier> lockstep;
   if (o.verify) {
-    lockstep = std::make_unique<verify::LockstepVerifier>(
-        nn::make_mlp(o.features, o.width, o.depth, 1, nn::Activation::relu, device, o.common.seed), &group);
+    lockstep = std::make_unique<verify::LockstepVerifier>(task.make_model(o.common.seed), &group);
     // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
     if (o.comm_hook == "fp16") lockstep->set_rounding(verify::kFloat16Rounding);
     if (o.comm_hook == "bf16") lockstep->set_rounding(verify::kBfloat16Rounding);
@@ -104,7 +98,7 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
     if (step == 1) bytes_before = ddp.reducer().bytes_communicated();
     group.barrier();  // every rank starts the step together, so the times compare
     const auto begin = Clock::now();
-    Tensor loss = batch_loss(ddp.module(), dataset, share, device);
+    Tensor loss = task.loss(ddp.module(), share);
     loss.backward();  // the buckets' all-reduces run inside, overlapped or after it
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
     if (step > 0) {  // the first step allocates and rebuilds the buckets
@@ -118,7 +112,7 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
       lockstep->check(step, *model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                       [&](nn::Module& reference, std::size_t r) {
                         const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                        Tensor l = batch_loss(reference, dataset, theirs, device);
+                        Tensor l = task.loss(reference, theirs);
                         l.backward();
                         return l.item();
                       });
@@ -168,17 +162,22 @@ void write_trace(const Options& o, comm::Communicator& group, const parallel::Ti
 int run(const Options& o, cli::Session& session) {
   parallel::Topology& topology = *session.topology;
   comm::Communicator& world = topology.dp_group();
-  const Device device = session.device;
   const int ranks = world.size();
   if (o.global_batch % ranks != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by " +
                      std::to_string(ranks) + " ranks");
-  if (o.global_batch > o.samples)
-    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than --samples " +
-                     std::to_string(o.samples));
-  cli::check_memory(
-      (o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.width, o.depth, o.global_batch),
-      "--samples, --width " + std::to_string(o.width) + " and --depth " + std::to_string(o.depth), world.local_size());
+  if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
+  if (o.models.model == "mlp")
+    cli::check_memory(
+        (o.verify ? 2 : 1) * cli::mlp_training_bytes(o.samples, o.features, o.width, o.depth, o.global_batch),
+        "--samples, --width " + std::to_string(o.width) + " and --depth " + std::to_string(o.depth), world.local_size());
+  const nn::TrainingTask task =
+      o.models.model == "mlp"
+          ? nn::mlp_task(o.samples, o.features, o.width, o.depth, session.device, o.common.seed)
+          : cli::gpt_training_task(o.models, o.samples, o.samples_given, session.device, o.common.seed);
+  if (o.global_batch > task.size)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the " +
+                     std::to_string(task.size) + " samples (--samples)");
   std::unique_ptr<comm::Communicator> simulated;
   std::string label;
   if (!o.sim_network.empty()) {
@@ -189,17 +188,15 @@ int run(const Options& o, cli::Session& session) {
     label = text;
   }
   comm::Communicator& group = simulated ? *simulated : world;
-  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
-  log("Chapter 05: %d ranks, MLP of %d layers of width %lld, global batch %lld, %d steps, comm hook %s%s\n", ranks,
-      o.depth, static_cast<long long>(o.width), static_cast<long long>(o.global_batch), o.steps, o.comm_hook.c_str(),
-      label.c_str());
+  log("Chapter 05: %d ranks, %s, global batch %lld, %d steps, comm hook %s%s\n", ranks, task.description.c_str(),
+      static_cast<long long>(o.global_batch), o.steps, o.comm_hook.c_str(), label.c_str());
   log("%-16s %8s %10s %10s %10s %12s  %s\n", "mode", "buckets", "step(ms)", "compute", "exposed", "MB/step", "check");
 
   bool passed = true;
   std::vector<float> reference;
   ModeResult no_overlap, overlapped;
   for (const Mode& mode : modes(o)) {
-    ModeResult r = train(o, mode, group, dataset, device, o.steps);
+    ModeResult r = train(o, mode, group, task, o.steps);
     const double diff = reference.empty() ? 0.0 : verify::max_abs_diff(r.parameters, reference);
     if (reference.empty()) reference = r.parameters;
     const bool ok = r.check.passed;
@@ -244,7 +241,7 @@ int run(const Options& o, cli::Session& session) {
       m.options.first_bucket_mb = std::min(cap, o.first_bucket_mb);
       Options quick = o;
       quick.verify = false;
-      ModeResult r = train(quick, m, group, dataset, device, std::min(o.steps, 5));
+      ModeResult r = train(quick, m, group, task, std::min(o.steps, 5));
       log("%10.2f %8zu %10.2f %10.2f\n", cap, r.buckets, r.step_ms, r.exposed_ms);
       session.metrics.write({{"event", "bucket_sweep"},
                              {"bucket_mb", cap},
@@ -280,6 +277,7 @@ int main(int argc, char** argv) {
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_save_option(app, o.save);
+  cli::add_model_options(app, o.models);
   app.add_option("--depth", o.depth, "Hidden layers of the MLP")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--width", o.width, "Hidden width")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{8192}))
@@ -315,6 +313,7 @@ int main(int argc, char** argv) {
       "--verify,!--no-verify", o.verify,
       "Check every mode, every step, against one rank in lock-step (on by default; --no-verify for timing runs)");
   return cli::run(app, argc, argv, [&] {
+    o.samples_given = app.count("--samples") > 0;
     if (!o.sim_network.empty()) {
       try {
         comm::parse_network(o.sim_network);

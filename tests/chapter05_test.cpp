@@ -78,6 +78,22 @@ TEST(Chapter05, SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes) {
   EXPECT_NEAR(bytes["bf16"], bytes["none"] / 2, 16);
 }
 
+TEST(Chapter05, EveryModePassesWithTheGpt) {
+  std::string metrics = temp_path("ch05_gpt.jsonl");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary +
+                       " --device cpu --model gpt --n-layer 1 --n-embd 32 --global-batch 32 --steps 4 --trace " +
+                       temp_path("ch05_gpt_trace.json") + " --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto modes = events(read_metrics(metrics), "mode");
+  ASSERT_EQ(modes.size(), 4u);
+  for (auto& m : modes) {
+    EXPECT_TRUE(m["passed"].get<bool>()) << m["mode"];
+    EXPECT_LE(m["gradient_bound_ratio"].get<double>(), 1.0) << m["mode"];
+  }
+  // Per parameter: one bucket for each of the GPT's 16 parameters, the tied token table once.
+  EXPECT_EQ(modes[0]["buckets"].get<int>(), 16);
+}
+
 TEST(Chapter05, SavesTheFinalParametersAsSafetensors) {
   std::string saved = temp_path("ch05.safetensors");
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --save " + saved);

@@ -1,0 +1,27 @@
+// --model mlp|gpt and the GPT's flags, shared by every chapter that trains either model: the flags are
+// declared once, and the task is built once, with each impossible size named by its flag.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "common/nn/tasks.h"
+
+namespace course::cli {
+
+struct ModelOptions {
+  std::string model = "mlp";                 // --model
+  nn::GPTConfig gpt{2, 4, 64, 0, 12, 0.0f};  // --n-layer, --n-head, --n-embd, --block-size (0: the data's)
+  int digits = 2;                            // --digits: the addition task's
+  std::string data;                          // --data FILE: character-level text instead of addition
+  double val_fraction = 0.1;                 // --val-fraction
+};
+void add_model_options(CLI::App& app, ModelOptions& options);
+
+// The GPT's task (the MLP's is the chapter's own, with its own sizes). `samples` is the chapter's
+// --samples, used as the number of training problems when `samples_given`; otherwise 4000 problems
+// (fewer for one digit), with 500 more held out. Throws UsageError naming the flag at fault.
+nn::TrainingTask gpt_training_task(const ModelOptions& options, std::int64_t samples, bool samples_given, Device device,
+                                   std::uint64_t seed);
+
+}  // namespace course::cli
