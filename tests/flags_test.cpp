@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
-#include <set>
 
 #include "support/process.h"
 
@@ -30,7 +30,13 @@ struct Chapter {
   std::map<std::string, std::string> excludes = {};  // a flag that may not be given with another
   // Fault-injection flags: a valid value may end the run by SIGKILL (exit code 137), as asked.
   std::set<std::string> kills = {};
+  // Flags declared once in common/ and already tried with another chapter (cli::add_model_options).
+  std::set<std::string> tried_elsewhere = {};
 };
+
+// The model flags (common/cli/model_options): tried with chapter 04, not again with each chapter that shares them.
+const std::set<std::string> kModelFlags = {"--model",      "--n-layer", "--n-head", "--n-embd",
+                                           "--block-size", "--digits",  "--data",   "--val-fraction"};
 
 // A base value that must differ between tries (a checkpoint folder): each try gets a fresh path.
 const std::string kFreshPath = "@fresh";
@@ -135,6 +141,7 @@ void try_every_flag(const Chapter& c) {
     tries.push_back({&c, f, launcher, command(c, f, value, launcher), value, {}});
   };
   for (const auto& f : flags) {
+    if (c.tried_elsewhere.count(f.names.back())) continue;
     if (!f.takes_value) {
       add(f, "=abc", "");
       if (c.distributed) add(f, "=abc", MPIRUN_NP2);
@@ -185,7 +192,10 @@ TEST(Flags, Chapter05) {
                    {"--features", "4"},
                    {"--samples", "64"},
                    {"--global-batch", "8"}},
-                  true});
+                  true,
+                  {},
+                  {},
+                  kModelFlags});
 }
 
 TEST(Flags, Chapter06) {
