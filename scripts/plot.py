@@ -94,8 +94,14 @@ def loss_chart(path, out):
     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
     ax.set_yscale("log")
     ax.set_xlabel("epoch" if events(records, "epoch") else "step")
-    ax.set_ylabel("loss (MSE)")
-    ax.set_title(path.split("/")[-2] if "/" in path else path)
+    summary = (events(records, "ddp_summary") or [{}])[-1]
+    gpt = summary.get("model") == "gpt"
+    ax.set_ylabel("loss (cross-entropy)" if gpt else "loss (MSE)")
+    evaluation = (events(records, "evaluation") or [None])[-1]
+    title = "GPT" if gpt else (path.split("/")[-2] if "/" in path else path)
+    if evaluation and "metric" in evaluation:
+        title += f": {evaluation['metric']} {evaluation['value']:.3f}"
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite built with AddressSanitizer and UndefinedBehaviorSanitizer (Debug, CPU only; the
 # asan preset): a memory error or undefined behaviour anywhere fails the test that hit it. The
-# table-driven flag tests (label flags) and the training runs (label training) run only in the Release
-# suite: they start hundreds of processes or train for thousands of steps, which the sanitizers slow
-# several-fold. Extra arguments go to ctest.
+# table-driven flag tests (label flags) and the long runs (label long: training runs, and the chapter
+# tests that start dozens of jobs) run only in the Release suite: the sanitizers slow them several-fold
+# and find nothing there that the shorter tests of the same code do not. Extra arguments go to ctest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 "$COURSE_ROOT/scripts/setup.sh" --packages-only
@@ -13,4 +13,4 @@ cmake --preset asan >build/asan.configure.log 2>&1 || { cat build/asan.configure
 echo "sanitizers: building in build/asan (log: build/asan.build.log)"
 cmake --build --preset asan -j "$COURSE_CORES" >build/asan.build.log 2>&1 \
   || { tail -n 60 build/asan.build.log; echo "sanitizers: build failed" >&2; exit 1; }
-ctest --preset asan -j "$COURSE_CORES" -LE "flags|training" "$@"
+ctest --preset asan -j "$COURSE_CORES" -LE "flags|long" "$@"
