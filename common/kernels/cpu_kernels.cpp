@@ -6,12 +6,34 @@
 #include <stdexcept>
 #include <vector>
 
-#include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
+#include "common/kernels/kernels.h"
 #include "common/kernels/math.h"
 
 namespace course {
 namespace {
+
+// Walks the elements of shape index.dims in row-major order, calling visit(i, a offset, b offset): each
+// offset moves by its stride, and when a dimension rolls over, steps back by what it advanced.
+template <class Visit>
+void for_each_offset(const BroadcastIndex& ix, Visit visit) {
+  std::int64_t n = 1;
+  for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+  std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    visit(i, ao, bo);
+    for (int d = ix.rank - 1; d >= 0; --d) {
+      if (++idx[d] < ix.dims[d]) {
+        ao += ix.a_strides[d];
+        bo += ix.b_strides[d];
+        break;
+      }
+      ao -= ix.a_strides[d] * (ix.dims[d] - 1);
+      bo -= ix.b_strides[d] * (ix.dims[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
 
 class CpuKernels final : public Kernels {
  public:
@@ -39,70 +61,37 @@ class CpuKernels final : public Kernels {
               std::size_t n) override {
     if (an == n && bn == n) {  // the common case, kept free of modulo so it vectorises
       switch (op) {
-        case BinaryOp::add: for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i]; break;
-        case BinaryOp::sub: for (std::size_t i = 0; i < n; ++i) out[i] = a[i] - b[i]; break;
-        case BinaryOp::mul: for (std::size_t i = 0; i < n; ++i) out[i] = a[i] * b[i]; break;
-        case BinaryOp::max: for (std::size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]); break;
+        case BinaryOp::add:
+          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+          break;
+        case BinaryOp::sub:
+          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+          break;
+        case BinaryOp::mul:
+          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+          break;
+        case BinaryOp::max:
+          for (std::size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
+          break;
       }
       return;
     }
     for (std::size_t i = 0; i < n; ++i) out[i] = math::binary(op, a[i % an], b[i % bn]);
   }
 
-  // Walks the output in row-major order, moving each operand's offset by its stride: when the last
-  // dimension rolls over, the offsets step back by what it advanced.
   void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out, const BroadcastIndex& ix) override {
-    std::int64_t n = 1;
-    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
-    std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      out[i] = math::binary(op, a[ao], b[bo]);
-      for (int d = ix.rank - 1; d >= 0; --d) {
-        if (++idx[d] < ix.dims[d]) {
-          ao += ix.a_strides[d];
-          bo += ix.b_strides[d];
-          break;
-        }
-        ao -= ix.a_strides[d] * (ix.dims[d] - 1);
-        bo -= ix.b_strides[d] * (ix.dims[d] - 1);
-        idx[d] = 0;
-      }
-    }
+    for_each_offset(ix,
+                    [&](std::int64_t i, std::int64_t ao, std::int64_t bo) { out[i] = math::binary(op, a[ao], b[bo]); });
   }
 
   void gather(const float* in, float* out, const BroadcastIndex& ix) override {
-    std::int64_t n = 1;
-    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
-    std::int64_t idx[kMaxDims] = {}, o = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      out[i] = in[o];
-      for (int d = ix.rank - 1; d >= 0; --d) {
-        if (++idx[d] < ix.dims[d]) {
-          o += ix.a_strides[d];
-          break;
-        }
-        o -= ix.a_strides[d] * (ix.dims[d] - 1);
-        idx[d] = 0;
-      }
-    }
+    for_each_offset(ix, [&](std::int64_t i, std::int64_t o, std::int64_t) { out[i] = in[o]; });
   }
 
   void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {
     std::vector<double> total(out_n, 0.0);
-    std::int64_t n = 1;
-    for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
-    std::int64_t idx[kMaxDims] = {}, o = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      total[static_cast<std::size_t>(o)] += in[i];
-      for (int d = ix.rank - 1; d >= 0; --d) {
-        if (++idx[d] < ix.dims[d]) {
-          o += ix.a_strides[d];
-          break;
-        }
-        o -= ix.a_strides[d] * (ix.dims[d] - 1);
-        idx[d] = 0;
-      }
-    }
+    for_each_offset(ix,
+                    [&](std::int64_t i, std::int64_t o, std::int64_t) { total[static_cast<std::size_t>(o)] += in[i]; });
     for (std::size_t j = 0; j < out_n; ++j) out[j] = static_cast<float>(total[j]);
   }
 
@@ -142,38 +131,14 @@ class CpuKernels final : public Kernels {
 
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
                   float* out, float* mean, float* rstd) override {
-    for (std::size_t r = 0; r < rows; ++r) {
-      const float* row = x + r * cols;
-      double total = 0.0, squares = 0.0;
-      for (std::size_t c = 0; c < cols; ++c) total += row[c];
-      const double mu = total / static_cast<double>(cols);
-      for (std::size_t c = 0; c < cols; ++c) squares += (row[c] - mu) * (row[c] - mu);
-      const double inv = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps);
-      mean[r] = static_cast<float>(mu);
-      rstd[r] = static_cast<float>(inv);
-      for (std::size_t c = 0; c < cols; ++c)
-        out[r * cols + c] = static_cast<float>((row[c] - mu) * inv * w[c] + b[c]);
-    }
+    for (std::size_t r = 0; r < rows; ++r)
+      math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
   }
 
   void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
                            std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
-    for (std::size_t r = 0; r < rows; ++r) {
-      // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), with dxhat = g w.
-      double sum_d = 0.0, sum_dx = 0.0;
-      for (std::size_t c = 0; c < cols; ++c) {
-        const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
-        const double d = static_cast<double>(g[r * cols + c]) * w[c];
-        sum_d += d;
-        sum_dx += d * xhat;
-      }
-      const double n = static_cast<double>(cols);
-      for (std::size_t c = 0; c < cols; ++c) {
-        const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
-        const double d = static_cast<double>(g[r * cols + c]) * w[c];
-        dx[r * cols + c] = static_cast<float>(rstd[r] * (d - sum_d / n - xhat * sum_dx / n));
-      }
-    }
+    for (std::size_t r = 0; r < rows; ++r)
+      math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
     for (std::size_t c = 0; c < cols; ++c) {
       double gw = 0.0, gb = 0.0;
       for (std::size_t r = 0; r < rows; ++r) {
@@ -186,7 +151,8 @@ class CpuKernels final : public Kernels {
   }
 
   void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
-    for (std::size_t i = 0; i < n; ++i) std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
   }
 
   void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
@@ -206,7 +172,8 @@ class CpuKernels final : public Kernels {
       double total = 0.0;
       for (std::size_t c = 0; c < visible; ++c) total += std::exp(static_cast<double>(row[c] - top));
       for (std::size_t c = 0; c < cols; ++c)
-        out[r * cols + c] = c < visible ? static_cast<float>(std::exp(static_cast<double>(row[c] - top)) / total) : 0.0f;
+        out[r * cols + c] =
+            c < visible ? static_cast<float>(std::exp(static_cast<double>(row[c] - top)) / total) : 0.0f;
     }
   }
 

@@ -207,35 +207,13 @@ __global__ void softmax_backward_kernel(const float* y, const float* g, std::siz
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols,
                                   float eps, float* out, float* mean, float* rstd) {
   const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  const float* row = x + r * cols;
-  double total = 0.0, squares = 0.0;
-  for (std::size_t c = 0; c < cols; ++c) total += row[c];
-  const double mu = total / static_cast<double>(cols);
-  for (std::size_t c = 0; c < cols; ++c) squares += (row[c] - mu) * (row[c] - mu);
-  const double inv = 1.0 / sqrt(squares / static_cast<double>(cols) + eps);
-  mean[r] = static_cast<float>(mu);
-  rstd[r] = static_cast<float>(inv);
-  for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = static_cast<float>((row[c] - mu) * inv * w[c] + b[c]);
+  if (r < rows) math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
 }
 
 __global__ void layer_norm_backward_x_kernel(const float* x, const float* w, const float* mean, const float* rstd,
                                              const float* g, std::size_t rows, std::size_t cols, float* dx) {
   const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  double sum_d = 0.0, sum_dx = 0.0;
-  for (std::size_t c = 0; c < cols; ++c) {
-    const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
-    const double d = static_cast<double>(g[r * cols + c]) * w[c];
-    sum_d += d;
-    sum_dx += d * xhat;
-  }
-  const double n = static_cast<double>(cols);
-  for (std::size_t c = 0; c < cols; ++c) {
-    const double xhat = (x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]);
-    const double d = static_cast<double>(g[r * cols + c]) * w[c];
-    dx[r * cols + c] = static_cast<float>(rstd[r] * (d - sum_d / n - xhat * sum_dx / n));
-  }
+  if (r < rows) math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
 }
 
 // One thread per column, rows in order.

@@ -51,6 +51,36 @@ COURSE_HOST_DEVICE inline float unary_backward(UnaryOp op, float x, float g) {
                              : g * (op == UnaryOp::gelu ? gelu_erf_grad(x) : gelu_tanh_grad(x));
 }
 
+// One row of layer normalisation, for the CPU reference and the CUDA kernel alike: the mean and the
+// biased variance in double, then (x - mean) / sqrt(var + eps) * w + b.
+COURSE_HOST_DEVICE inline void layer_norm_row(const float* x, const float* w, const float* b, std::size_t cols,
+                                              float eps, float* out, float* mean, float* rstd) {
+  double total = 0.0, squares = 0.0;
+  for (std::size_t c = 0; c < cols; ++c) total += x[c];
+  const double mu = total / static_cast<double>(cols);
+  for (std::size_t c = 0; c < cols; ++c) squares += (x[c] - mu) * (x[c] - mu);
+  const double inv = 1.0 / sqrt(squares / static_cast<double>(cols) + eps);
+  *mean = static_cast<float>(mu);
+  *rstd = static_cast<float>(inv);
+  for (std::size_t c = 0; c < cols; ++c) out[c] = static_cast<float>((x[c] - mu) * inv * w[c] + b[c]);
+}
+
+// Its input gradient: dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), with dxhat = g w.
+COURSE_HOST_DEVICE inline void layer_norm_backward_row(const float* x, const float* w, float mean, float rstd,
+                                                       const float* g, std::size_t cols, float* dx) {
+  double sum_d = 0.0, sum_dx = 0.0;
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double xhat = (x[c] - mean) * static_cast<double>(rstd), d = static_cast<double>(g[c]) * w[c];
+    sum_d += d;
+    sum_dx += d * xhat;
+  }
+  const double n = static_cast<double>(cols);
+  for (std::size_t c = 0; c < cols; ++c) {
+    const double xhat = (x[c] - mean) * static_cast<double>(rstd), d = static_cast<double>(g[c]) * w[c];
+    dx[c] = static_cast<float>(rstd * (d - sum_d / n - xhat * sum_dx / n));
+  }
+}
+
 COURSE_HOST_DEVICE inline float sgd_update(float p, float g, float& buf, float lr, float momentum, float wd) {
   g += wd * p;
   buf = momentum * buf + g;  // buf starts at zero, so the first step uses g itself, as in PyTorch
