@@ -139,15 +139,7 @@ class CpuKernels final : public Kernels {
                            std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
     for (std::size_t r = 0; r < rows; ++r)
       math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
-    for (std::size_t c = 0; c < cols; ++c) {
-      double gw = 0.0, gb = 0.0;
-      for (std::size_t r = 0; r < rows; ++r) {
-        gw += static_cast<double>(g[r * cols + c]) * ((x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]));
-        gb += g[r * cols + c];
-      }
-      dw[c] = static_cast<float>(gw);
-      db[c] = static_cast<float>(gb);
-    }
+    for (std::size_t c = 0; c < cols; ++c) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
   }
 
   void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {

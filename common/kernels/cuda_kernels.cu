@@ -220,14 +220,7 @@ __global__ void layer_norm_backward_x_kernel(const float* x, const float* w, con
 __global__ void layer_norm_backward_params_kernel(const float* x, const float* mean, const float* rstd, const float* g,
                                                   std::size_t rows, std::size_t cols, float* dw, float* db) {
   const std::size_t c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  double gw = 0.0, gb = 0.0;
-  for (std::size_t r = 0; r < rows; ++r) {
-    gw += static_cast<double>(g[r * cols + c]) * ((x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]));
-    gb += g[r * cols + c];
-  }
-  dw[c] = static_cast<float>(gw);
-  db[c] = static_cast<float>(gb);
+  if (c < cols) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
 }
 
 __global__ void embedding_kernel(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) {

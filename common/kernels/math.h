@@ -81,6 +81,19 @@ COURSE_HOST_DEVICE inline void layer_norm_backward_row(const float* x, const flo
   }
 }
 
+// The weight's and bias's gradients for column c: sums over the rows, in order, in double.
+COURSE_HOST_DEVICE inline void layer_norm_params_column(const float* x, const float* mean, const float* rstd,
+                                                        const float* g, std::size_t rows, std::size_t cols,
+                                                        std::size_t c, float* dw, float* db) {
+  double gw = 0.0, gb = 0.0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    gw += static_cast<double>(g[r * cols + c]) * ((x[r * cols + c] - mean[r]) * static_cast<double>(rstd[r]));
+    gb += g[r * cols + c];
+  }
+  dw[c] = static_cast<float>(gw);
+  db[c] = static_cast<float>(gb);
+}
+
 COURSE_HOST_DEVICE inline float sgd_update(float p, float g, float& buf, float lr, float momentum, float wd) {
   g += wd * p;
   buf = momentum * buf + g;  // buf starts at zero, so the first step uses g itself, as in PyTorch
