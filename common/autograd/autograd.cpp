@@ -41,6 +41,13 @@ void accumulate(Tensor& target, const Tensor& contribution) {
                                   target.data(), static_cast<std::size_t>(target.numel()));
 }
 
+Tensor sum_of(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(a.shape(), a.device());
+  kernels(a.device()).binary(BinaryOp::add, a.data(), static_cast<std::size_t>(a.numel()), b.data(),
+                             static_cast<std::size_t>(b.numel()), out.data(), static_cast<std::size_t>(out.numel()));
+  return out;
+}
+
 // Post-order depth-first walk over the tensors that have a grad_fn; reversed it is a valid
 // processing order, since every tensor then comes after all the tensors computed from it.
 void topological_order(TensorImpl* root, std::vector<TensorImpl*>& order) {
@@ -139,9 +146,11 @@ void backward(const Tensor& root, const Tensor& grad_output) {
       const Tensor& g = input_grads[i];
       if (input.impl()->grad_fn) {
         if (!g.defined()) continue;
+        // The first contribution is kept as it is (no copy); later ones make a new sum, so a gradient
+        // that an op handed to several inputs (add gives the same tensor to both) is never written to.
         auto found = grads.find(input.impl());
-        if (found == grads.end()) grads.emplace(input.impl(), g.clone());
-        else accumulate(found->second, g);
+        if (found == grads.end()) grads.emplace(input.impl(), g);
+        else found->second = sum_of(found->second, g);
       } else {
         add_to_leaf(input, g);
         if (--pending[input.impl()] == 0) fire_hooks(input);

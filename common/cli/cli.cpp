@@ -148,7 +148,7 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 
 void configure_cpu_threads(int ranks_on_this_machine) {
   if (std::getenv("OPENBLAS_NUM_THREADS") || ranks_on_this_machine <= 1) return;
-  set_cpu_gemm_threads(1);
+  set_cpu_threads(1);
 }
 
 }  // namespace course::cli

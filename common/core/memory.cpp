@@ -6,6 +6,7 @@
 #include <mutex>
 #include <new>
 
+#include "common/core/cpu_allocator.h"
 #include "common/core/cuda_runtime.h"
 
 namespace course {
@@ -20,7 +21,6 @@ Counters& counters() {
   return *instance;
 }
 thread_local MemoryCategory t_category = MemoryCategory::activations;
-constexpr std::size_t kCpuAlignment = 64;  // one cache line; also what AVX-512 loads prefer
 
 void count(Device device, MemoryCategory category, std::int64_t delta) {
   std::lock_guard<std::mutex> lock(counters().mutex);
@@ -67,8 +67,7 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
   if (bytes == 0) return nullptr;
   void* ptr = nullptr;
   if (device == Device::cpu) {
-    ptr = std::aligned_alloc(kCpuAlignment, (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
-    if (!ptr) throw std::bad_alloc();
+    ptr = cpu_allocator::allocate(bytes);
   } else {
 #if COURSE_HAVE_CUDA
     ptr = cuda::allocate(bytes);
@@ -83,7 +82,7 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
 void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory category) {
   if (!ptr) return;
   if (device == Device::cpu) {
-    std::free(ptr);
+    cpu_allocator::release(ptr, bytes);
   } else {
 #if COURSE_HAVE_CUDA
     cuda::release(ptr, bytes);

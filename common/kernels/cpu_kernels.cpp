@@ -13,16 +13,23 @@
 namespace course {
 namespace {
 
-// Walks the elements of shape index.dims in row-major order, calling visit(i, a offset, b offset): each
-// offset moves by its stride, and when a dimension rolls over, steps back by what it advanced.
+// Walks the elements of shape index.dims in row-major order, calling visit(i, a offset, b offset). The
+// innermost dimension is a plain loop (what the compiler vectorises for contiguous runs); the outer
+// offsets move by their strides, and when a dimension rolls over, step back by what it advanced.
 template <class Visit>
 void for_each_offset(const BroadcastIndex& ix, Visit visit) {
+  if (ix.rank == 0) {
+    visit(0, 0, 0);
+    return;
+  }
   std::int64_t n = 1;
   for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+  const int last = ix.rank - 1;
+  const std::int64_t inner = ix.dims[last], as = ix.a_strides[last], bs = ix.b_strides[last];
   std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    visit(i, ao, bo);
-    for (int d = ix.rank - 1; d >= 0; --d) {
+  for (std::int64_t i = 0; i < n; i += inner) {
+    for (std::int64_t j = 0; j < inner; ++j) visit(i + j, ao + j * as, bo + j * bs);
+    for (int d = last - 1; d >= 0; --d) {
       if (++idx[d] < ix.dims[d]) {
         ao += ix.a_strides[d];
         bo += ix.b_strides[d];
@@ -32,6 +39,28 @@ void for_each_offset(const BroadcastIndex& ix, Visit visit) {
       bo -= ix.b_strides[d] * (ix.dims[d] - 1);
       idx[d] = 0;
     }
+  }
+}
+
+// Calls body(f) with f the scalar function of `op`, a compile-time constant inside the loops it runs,
+// so they vectorise (a switch per element would not).
+template <class Body>
+void with_binary_op(BinaryOp op, Body body) {
+  switch (op) {
+    case BinaryOp::add: return body([](float x, float y) { return math::binary(BinaryOp::add, x, y); });
+    case BinaryOp::sub: return body([](float x, float y) { return math::binary(BinaryOp::sub, x, y); });
+    case BinaryOp::mul: return body([](float x, float y) { return math::binary(BinaryOp::mul, x, y); });
+    case BinaryOp::max: return body([](float x, float y) { return math::binary(BinaryOp::max, x, y); });
+  }
+}
+
+// The same for unary ops: body(op) with op() a constant expression.
+template <class Body>
+void with_unary_op(UnaryOp op, Body body) {
+  switch (op) {
+    case UnaryOp::relu: return body([] { return UnaryOp::relu; });
+    case UnaryOp::gelu: return body([] { return UnaryOp::gelu; });
+    case UnaryOp::gelu_tanh: return body([] { return UnaryOp::gelu_tanh; });
   }
 }
 
@@ -59,29 +88,25 @@ class CpuKernels final : public Kernels {
 
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
-    if (an == n && bn == n) {  // the common case, kept free of modulo so it vectorises
-      switch (op) {
-        case BinaryOp::add:
-          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-          break;
-        case BinaryOp::sub:
-          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
-          break;
-        case BinaryOp::mul:
-          for (std::size_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
-          break;
-        case BinaryOp::max:
-          for (std::size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
-          break;
+    with_binary_op(op, [&](auto f) {
+      if (an == n && bn == n) {  // the common case
+        for (std::size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+      } else if (an == n && bn > 0 && n % bn == 0) {  // b repeated row by row: a bias, a scalar
+        for (std::size_t r = 0; r < n; r += bn)
+          for (std::size_t j = 0; j < bn; ++j) out[r + j] = f(a[r + j], b[j]);
+      } else if (bn == n && an > 0 && n % an == 0) {
+        for (std::size_t r = 0; r < n; r += an)
+          for (std::size_t j = 0; j < an; ++j) out[r + j] = f(a[j], b[r + j]);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) out[i] = f(a[i % an], b[i % bn]);
       }
-      return;
-    }
-    for (std::size_t i = 0; i < n; ++i) out[i] = math::binary(op, a[i % an], b[i % bn]);
+    });
   }
 
   void binary_broadcast(BinaryOp op, const float* a, const float* b, float* out, const BroadcastIndex& ix) override {
-    for_each_offset(ix,
-                    [&](std::int64_t i, std::int64_t ao, std::int64_t bo) { out[i] = math::binary(op, a[ao], b[bo]); });
+    with_binary_op(op, [&](auto f) {
+      for_each_offset(ix, [&](std::int64_t i, std::int64_t ao, std::int64_t bo) { out[i] = f(a[ao], b[bo]); });
+    });
   }
 
   void gather(const float* in, float* out, const BroadcastIndex& ix) override {
@@ -114,19 +139,23 @@ class CpuKernels final : public Kernels {
   }
 
   void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) override {
-    for (std::size_t j = 0; j < cols; ++j) {
-      double total = 0.0;
-      for (std::size_t i = 0; i < rows; ++i) total += in[i * cols + j];
-      out[j] = static_cast<float>(total);
-    }
+    // Row by row (contiguous reads), each column's total in double, rows added in increasing order.
+    std::vector<double> total(cols, 0.0);
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < cols; ++j) total[j] += in[i * cols + j];
+    for (std::size_t j = 0; j < cols; ++j) out[j] = static_cast<float>(total[j]);
   }
 
   void unary(UnaryOp op, const float* in, float* out, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i) out[i] = math::unary(op, in[i]);
+    with_unary_op(op, [&](auto constant_op) {
+      for (std::size_t i = 0; i < n; ++i) out[i] = math::unary(constant_op(), in[i]);
+    });
   }
 
   void unary_backward(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i) out[i] = math::unary_backward(op, in[i], g[i]);
+    with_unary_op(op, [&](auto constant_op) {
+      for (std::size_t i = 0; i < n; ++i) out[i] = math::unary_backward(constant_op(), in[i], g[i]);
+    });
   }
 
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
@@ -246,6 +275,7 @@ Kernels& kernels(Device device) {
 #endif
 }
 
-void set_cpu_gemm_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+void set_cpu_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+int cpu_threads() { return openblas_get_num_threads(); }
 
 }  // namespace course

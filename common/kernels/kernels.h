@@ -102,7 +102,9 @@ class Kernels {
 };
 
 Kernels& kernels(Device device);
-// Limits the CPU GEMM to `threads` threads (OpenBLAS); ranks sharing a machine must not oversubscribe it.
-void set_cpu_gemm_threads(int threads);
+// Limits the CPU kernels (OpenBLAS's GEMM and the element-wise loops) to `threads` threads; ranks
+// sharing a machine must not oversubscribe it.
+void set_cpu_threads(int threads);
+int cpu_threads();
 
 }  // namespace course

@@ -5,11 +5,6 @@
 
 namespace course {
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  Tensor y = matmul(x, weight, false, true);
-  return bias.defined() ? add(y, bias) : y;
-}
-
 Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
   if (prediction.shape() != target.shape())
     throw std::invalid_argument("mse_loss: prediction " + shape_string(prediction.shape()) + " and target " +

@@ -136,12 +136,68 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                                 (ta ? "^T" : "") + " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
   Tensor out = Tensor::empty({m, n}, a.device());
   kernels(a.device()).gemm(ta, tb, m, n, k, 1.0f, a.data(), b.data(), 0.0f, out.data());
-  // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB likewise.
-  return autograd::record(out, "matmul", {a, b}, [a = a.detach(), b = b.detach(), ta, tb](const Tensor& g) {
-    Tensor ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
-    Tensor gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
-    return std::vector<Tensor>{ga, gb};
-  });
+  // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB likewise. An operand that needs no
+  // gradient (the data) gets none: its GEMM is skipped, as PyTorch skips it by ctx.needs_input_grad.
+  return autograd::record(out, "matmul", {a, b},
+                          [a = a.detach(), b = b.detach(), ta, tb, need_a = a.requires_grad(),
+                           need_b = b.requires_grad()](const Tensor& g) {
+                            Tensor ga, gb;
+                            if (need_a) ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
+                            if (need_b) gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
+                            return std::vector<Tensor>{ga, gb};
+                          });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_same_device(x, weight, "linear");
+  if (weight.shape().size() != 2 || x.shape().empty() || x.shape().back() != weight.dim(1) ||
+      (bias.defined() && (bias.shape() != Shape{weight.dim(0)} || bias.device() != x.device())))
+    throw std::invalid_argument("linear: input " + shape_string(x.shape()) + ", weight " +
+                                shape_string(weight.shape()) + " and bias " +
+                                (bias.defined() ? shape_string(bias.shape()) : std::string("none")) +
+                                " do not fit (weight is [out, in], bias [out])");
+  const std::int64_t in = weight.dim(1), out_features = weight.dim(0);
+  std::int64_t rows = 1;  // every leading dimension of x
+  for (std::size_t d = 0; d + 1 < x.shape().size(); ++d) rows *= x.shape()[d];
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor out = Tensor::empty(out_shape, x.device());
+  Kernels& k = kernels(x.device());
+  // torch.addmm's fusion: the output starts as the bias, row after row, and the GEMM adds x W^T to it
+  // (beta = 1), so the bias costs no pass of its own over the output.
+  if (bias.defined() && rows > 0) {
+    BroadcastIndex rows_of_bias;
+    rows_of_bias.rank = 2;
+    rows_of_bias.dims[0] = rows;
+    rows_of_bias.dims[1] = out_features;
+    rows_of_bias.a_strides[1] = 1;
+    k.gather(bias.data(), out.data(), rows_of_bias);
+  }
+  k.gemm(false, true, rows, out_features, in, 1.0f, x.data(), weight.data(), bias.defined() ? 1.0f : 0.0f, out.data());
+  std::vector<Tensor> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  return autograd::record(out, "linear", inputs,
+                          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, in, out_features,
+                           need_x = x.requires_grad(), need_w = weight.requires_grad()](const Tensor& g) {
+                            Kernels& k = kernels(g.device());
+                            std::vector<Tensor> grads(has_bias ? 3 : 2);
+                            if (need_x) {  // dx = dy W
+                              grads[0] = Tensor::empty(x.shape(), g.device());
+                              k.gemm(false, false, rows, in, out_features, 1.0f, g.data(), w.data(), 0.0f,
+                                     grads[0].data());
+                            }
+                            if (need_w) {  // dW = dy^T x
+                              grads[1] = Tensor::empty(w.shape(), g.device());
+                              k.gemm(true, false, out_features, in, rows, 1.0f, g.data(), x.data(), 0.0f,
+                                     grads[1].data());
+                            }
+                            if (has_bias) {  // db = the column sums of dy
+                              grads[2] = Tensor::empty({out_features}, g.device());
+                              k.sum_rows(g.data(), static_cast<std::size_t>(rows),
+                                         static_cast<std::size_t>(out_features), grads[2].data());
+                            }
+                            return grads;
+                          });
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {

@@ -44,8 +44,11 @@ Tensor embedding(const Tensor& ids, const Tensor& weight);
 // Rows whose target is ignore_index (negative, PyTorch's default -100) get loss 0 and no gradient.
 Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ignore_index = -100);
 
+// nn.functional.linear: x W^T + b for x of shape [..., in], W [out, in], b [out] or undefined. The bias
+// is added inside the GEMM (beta = 1), as torch.addmm does.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
 // Composed.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x W^T + b, W is [out, in]
 Tensor mse_loss(const Tensor& prediction, const Tensor& target);          // mean((p - t)^2)
 // The mean over the rows not ignored, as PyTorch's F.cross_entropy(reduction="mean").
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int ignore_index = -100);
