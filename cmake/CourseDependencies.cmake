@@ -3,6 +3,8 @@ find_package(MPI 3.1 REQUIRED COMPONENTS CXX)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(OpenBLAS MODULE REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)  # threads for the CPU kernels' element-wise loops
+message(STATUS "OpenBLAS: ${OpenBLAS_LIBRARIES}")
 
 # CUDA is optional. Without a GPU to detect, build for Ampere (80) and Hopper (90).
 set(COURSE_HAVE_CUDA OFF)

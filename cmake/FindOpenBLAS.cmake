@@ -4,6 +4,14 @@ find_package(OpenBLAS CONFIG QUIET)
 if(NOT OpenBLAS_LIBRARIES)
   find_library(OpenBLAS_LIBRARIES NAMES openblas PATH_SUFFIXES openblas-pthread)
 endif()
+# The build of OpenBLAS threaded by OpenMP, where installed (Debian: libopenblas0-openmp): its GEMM then
+# shares one pool of threads with the CPU kernels' OpenMP loops, as MKL does inside PyTorch. The pthread
+# build keeps a pool of its own, and the two pools fight over the cores (a GPT step ran 4x slower).
+find_library(OpenBLAS_OPENMP_LIBRARY NAMES openblas libopenblas.so.0
+  PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+if(OpenBLAS_OPENMP_LIBRARY)
+  set(OpenBLAS_LIBRARIES "${OpenBLAS_OPENMP_LIBRARY}")
+endif()
 find_path(OpenBLAS_INCLUDE_DIR NAMES cblas.h
   HINTS ${OpenBLAS_INCLUDE_DIRS}
   PATH_SUFFIXES openblas-pthread x86_64-linux-gnu/openblas-pthread openblas)

@@ -55,10 +55,12 @@ TEST(Addition, GreedyGenerationIsRepeatable) {
 }
 
 TEST(Addition, AFixedSeedGptLearnsToAdd) {
-  // Two-digit addition, a 2-layer GPT of width 64, 700 steps of 64 problems, AdamW with warm-up and
-  // cosine decay: on this seed it reaches 99.6% exact match on 500 held-out problems (about 20 s on
-  // 2 cores). Chance is 1 in 1000 answers; 90% leaves room for another BLAS's rounding, while a
-  // broken model, mask or target stays far below it (500 steps reach only 30%).
+  // Two-digit addition, a 2-layer GPT of width 64, 1200 steps of 64 problems, AdamW with warm-up and
+  // cosine decay: it reaches 100% exact match on 500 held-out problems (about 6 s on 2 cores), as do
+  // the initial seeds 6 and 7. At 700 steps the run is still in its jump (seeds 5, 6, 7 gave 78%, 92%
+  // and 99%, and a change of rounding moves it), so the run goes on well past it. Chance is 1 in 1000
+  // answers; 90% leaves room for another BLAS's rounding, while a broken model, mask or target stays
+  // far below it.
   constexpr double kRequiredAccuracy = 0.90;
   data::AdditionTask task(2, 4000, 500, 11);
   nn::GPTConfig c;
@@ -69,7 +71,7 @@ TEST(Addition, AFixedSeedGptLearnsToAdd) {
   c.vocab_size = task.vocab_size();
   nn::GPT gpt(c, Device::cpu, 5);
   optim::Adam adamw(optim::weight_decay_groups(gpt.parameters(), 0.1f), 6e-3f, 0.9f, 0.95f, 1e-8f, true);
-  const int steps = 700;
+  const int steps = 1200;
   auto schedule = optim::warmup_cosine(6e-3f, 50, steps, 6e-4f);
   const auto begin = std::chrono::steady_clock::now();
   float loss_value = 0;

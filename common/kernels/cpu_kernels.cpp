@@ -9,6 +9,7 @@
 #include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/math.h"
+#include "common/kernels/parallel.h"
 
 namespace course {
 namespace {
@@ -16,30 +17,69 @@ namespace {
 // Walks the elements of shape index.dims in row-major order, calling visit(i, a offset, b offset). The
 // innermost dimension is a plain loop (what the compiler vectorises for contiguous runs); the outer
 // offsets move by their strides, and when a dimension rolls over, step back by what it advanced.
+// Runs of the innermost dimension are shared among the threads; each starts from its first run's index.
 template <class Visit>
 void for_each_offset(const BroadcastIndex& ix, Visit visit) {
   if (ix.rank == 0) {
     visit(0, 0, 0);
     return;
   }
-  std::int64_t n = 1;
-  for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
   const int last = ix.rank - 1;
   const std::int64_t inner = ix.dims[last], as = ix.a_strides[last], bs = ix.b_strides[last];
-  std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
-  for (std::int64_t i = 0; i < n; i += inner) {
-    for (std::int64_t j = 0; j < inner; ++j) visit(i + j, ao + j * as, bo + j * bs);
-    for (int d = last - 1; d >= 0; --d) {
+  std::int64_t runs = 1;
+  for (int d = 0; d < last; ++d) runs *= ix.dims[d];
+  if (inner == 0 || runs == 0) return;
+  parallel_for(static_cast<std::size_t>(runs), static_cast<std::size_t>(inner), [&](std::size_t first, std::size_t end) {
+    std::int64_t idx[kMaxDims] = {}, ao = 0, bo = 0;
+    auto rest = static_cast<std::int64_t>(first);
+    for (int d = last - 1; d >= 0; --d) {  // the multi-index of run `first`
+      idx[d] = rest % ix.dims[d];
+      rest /= ix.dims[d];
+      ao += idx[d] * ix.a_strides[d];
+      bo += idx[d] * ix.b_strides[d];
+    }
+    for (auto run = static_cast<std::int64_t>(first); run < static_cast<std::int64_t>(end); ++run) {
+      const std::int64_t i = run * inner;
+      for (std::int64_t j = 0; j < inner; ++j) visit(i + j, ao + j * as, bo + j * bs);
+      for (int d = last - 1; d >= 0; --d) {
+        if (++idx[d] < ix.dims[d]) {
+          ao += ix.a_strides[d];
+          bo += ix.b_strides[d];
+          break;
+        }
+        ao -= ix.a_strides[d] * (ix.dims[d] - 1);
+        bo -= ix.b_strides[d] * (ix.dims[d] - 1);
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+// The same walk on one thread, for reductions whose order must not depend on the thread count.
+template <class Visit>
+void for_each_offset_serial(const BroadcastIndex& ix, Visit visit) {
+  std::int64_t n = 1;
+  for (int d = 0; d < ix.rank; ++d) n *= ix.dims[d];
+  std::int64_t idx[kMaxDims] = {}, ao = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    visit(i, ao);
+    for (int d = ix.rank - 1; d >= 0; --d) {
       if (++idx[d] < ix.dims[d]) {
         ao += ix.a_strides[d];
-        bo += ix.b_strides[d];
         break;
       }
       ao -= ix.a_strides[d] * (ix.dims[d] - 1);
-      bo -= ix.b_strides[d] * (ix.dims[d] - 1);
       idx[d] = 0;
     }
   }
+}
+
+// An element-wise loop over [0, n), shared among the threads.
+template <class Body>
+void elementwise(std::size_t n, Body body) {
+  parallel_for(n, 1, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) body(i);
+  });
 }
 
 // Calls body(f) with f the scalar function of `op`, a compile-time constant inside the loops it runs,
@@ -66,8 +106,12 @@ void with_unary_op(UnaryOp op, Body body) {
 
 class CpuKernels final : public Kernels {
  public:
-  void fill(float* out, std::size_t n, float value) override { std::fill(out, out + n, value); }
-  void copy(float* out, const float* in, std::size_t n) override { std::copy(in, in + n, out); }
+  void fill(float* out, std::size_t n, float value) override {
+    parallel_for(n, 1, [&](std::size_t b, std::size_t e) { std::fill(out + b, out + e, value); });
+  }
+  void copy(float* out, const float* in, std::size_t n) override {
+    parallel_for(n, 1, [&](std::size_t b, std::size_t e) { std::copy(in + b, in + e, out + b); });
+  }
 
   void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
             const float* b, float beta, float* c) override {
@@ -83,22 +127,32 @@ class CpuKernels final : public Kernels {
   void gemm_batched(bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                     const float* a, std::int64_t sa, const float* b, std::int64_t sb, float beta, float* c,
                     std::int64_t sc) override {
-    for (std::int64_t i = 0; i < batch; ++i) gemm(ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, beta, c + i * sc);
+    // Attention's GEMMs are many and tiny (one per sequence and head): the threads take whole matrices
+    // (OpenBLAS runs single-threaded inside an OpenMP region), as PyTorch's bmm does on the CPU.
+    parallel_for(static_cast<std::size_t>(batch), static_cast<std::size_t>(m * n * std::max<std::int64_t>(k, 1)),
+                 [&](std::size_t first, std::size_t end) {
+                   for (auto i = static_cast<std::int64_t>(first); i < static_cast<std::int64_t>(end); ++i)
+                     gemm(ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, beta, c + i * sc);
+                 });
   }
 
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
     with_binary_op(op, [&](auto f) {
       if (an == n && bn == n) {  // the common case
-        for (std::size_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+        elementwise(n, [&](std::size_t i) { out[i] = f(a[i], b[i]); });
       } else if (an == n && bn > 0 && n % bn == 0) {  // b repeated row by row: a bias, a scalar
-        for (std::size_t r = 0; r < n; r += bn)
-          for (std::size_t j = 0; j < bn; ++j) out[r + j] = f(a[r + j], b[j]);
+        parallel_for(n / bn, bn, [&](std::size_t first, std::size_t end) {
+          for (std::size_t r = first * bn; r < end * bn; r += bn)
+            for (std::size_t j = 0; j < bn; ++j) out[r + j] = f(a[r + j], b[j]);
+        });
       } else if (bn == n && an > 0 && n % an == 0) {
-        for (std::size_t r = 0; r < n; r += an)
-          for (std::size_t j = 0; j < an; ++j) out[r + j] = f(a[j], b[r + j]);
+        parallel_for(n / an, an, [&](std::size_t first, std::size_t end) {
+          for (std::size_t r = first * an; r < end * an; r += an)
+            for (std::size_t j = 0; j < an; ++j) out[r + j] = f(a[j], b[r + j]);
+        });
       } else {
-        for (std::size_t i = 0; i < n; ++i) out[i] = f(a[i % an], b[i % bn]);
+        elementwise(n, [&](std::size_t i) { out[i] = f(a[i % an], b[i % bn]); });
       }
     });
   }
@@ -115,21 +169,22 @@ class CpuKernels final : public Kernels {
 
   void sum_to(const float* in, float* out, std::size_t out_n, const BroadcastIndex& ix) override {
     std::vector<double> total(out_n, 0.0);
-    for_each_offset(ix,
-                    [&](std::int64_t i, std::int64_t o, std::int64_t) { total[static_cast<std::size_t>(o)] += in[i]; });
+    for_each_offset_serial(ix, [&](std::int64_t i, std::int64_t o) { total[static_cast<std::size_t>(o)] += in[i]; });
     for (std::size_t j = 0; j < out_n; ++j) out[j] = static_cast<float>(total[j]);
   }
 
   void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i)
+    elementwise(n, [&](std::size_t i) {
       out[i] = format == HalfFormat::float16 ? half::to_float16(in[i]) : half::to_bfloat16(in[i]);
+    });
   }
   void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i)
+    elementwise(n, [&](std::size_t i) {
       out[i] = format == HalfFormat::float16 ? half::from_float16(in[i]) : half::from_bfloat16(in[i]);
+    });
   }
   void scale(const float* in, float factor, float* out, std::size_t n) override {
-    for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * factor;
+    elementwise(n, [&](std::size_t i) { out[i] = in[i] * factor; });
   }
 
   void sum(const float* in, std::size_t n, float* out) override {
@@ -139,41 +194,52 @@ class CpuKernels final : public Kernels {
   }
 
   void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) override {
-    // Row by row (contiguous reads), each column's total in double, rows added in increasing order.
-    std::vector<double> total(cols, 0.0);
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < cols; ++j) total[j] += in[i * cols + j];
-    for (std::size_t j = 0; j < cols; ++j) out[j] = static_cast<float>(total[j]);
+    // Row by row (contiguous reads), each column's total in double, rows added in increasing order; the
+    // threads take blocks of columns, so every column is summed in the same order at any thread count.
+    parallel_for(cols, rows, [&](std::size_t first, std::size_t end) {
+      std::vector<double> total(end - first, 0.0);
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = first; j < end; ++j) total[j - first] += in[i * cols + j];
+      for (std::size_t j = first; j < end; ++j) out[j] = static_cast<float>(total[j - first]);
+    });
   }
 
   void unary(UnaryOp op, const float* in, float* out, std::size_t n) override {
     with_unary_op(op, [&](auto constant_op) {
-      for (std::size_t i = 0; i < n; ++i) out[i] = math::unary(constant_op(), in[i]);
+      elementwise(n, [&](std::size_t i) { out[i] = math::unary(constant_op(), in[i]); });
     });
   }
 
   void unary_backward(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) override {
     with_unary_op(op, [&](auto constant_op) {
-      for (std::size_t i = 0; i < n; ++i) out[i] = math::unary_backward(constant_op(), in[i], g[i]);
+      elementwise(n, [&](std::size_t i) { out[i] = math::unary_backward(constant_op(), in[i], g[i]); });
     });
   }
 
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
                   float* out, float* mean, float* rstd) override {
-    for (std::size_t r = 0; r < rows; ++r)
-      math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+      for (std::size_t r = first; r < end; ++r)
+        math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+    });
   }
 
   void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
                            std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
-    for (std::size_t r = 0; r < rows; ++r)
-      math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
-    for (std::size_t c = 0; c < cols; ++c) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+      for (std::size_t r = first; r < end; ++r)
+        math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+    });
+    parallel_for(cols, rows, [&](std::size_t first, std::size_t end) {
+      for (std::size_t c = first; c < end; ++c) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
+    });
   }
 
   void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
-    for (std::size_t i = 0; i < n; ++i)
-      std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
+    parallel_for(n, dim, [&](std::size_t first, std::size_t end) {
+      for (std::size_t i = first; i < end; ++i)
+        std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
+    });
   }
 
   void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
@@ -186,7 +252,8 @@ class CpuKernels final : public Kernels {
   }
 
   void softmax(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) override {
-    for (std::size_t r = 0; r < rows; ++r) {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+    for (std::size_t r = first; r < end; ++r) {
       const std::size_t visible = causal ? r % cols + 1 : cols;  // query i sees keys 0..i
       const float* row = in + r * cols;
       float top = *std::max_element(row, row + visible);
@@ -196,20 +263,24 @@ class CpuKernels final : public Kernels {
         out[r * cols + c] =
             c < visible ? static_cast<float>(std::exp(static_cast<double>(row[c] - top)) / total) : 0.0f;
     }
+    });
   }
 
   void softmax_backward(const float* y, const float* g, std::size_t rows, std::size_t cols, float* dx) override {
-    for (std::size_t r = 0; r < rows; ++r) {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+    for (std::size_t r = first; r < end; ++r) {
       double dot = 0.0;
       for (std::size_t c = 0; c < cols; ++c) dot += static_cast<double>(g[r * cols + c]) * y[r * cols + c];
       for (std::size_t c = 0; c < cols; ++c)
         dx[r * cols + c] = static_cast<float>(y[r * cols + c] * (g[r * cols + c] - dot));
     }
+    });
   }
 
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                      float* losses) override {
-    for (std::size_t r = 0; r < rows; ++r) {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+    for (std::size_t r = first; r < end; ++r) {
       if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
         losses[r] = 0.0f;
         continue;
@@ -221,11 +292,13 @@ class CpuKernels final : public Kernels {
       auto target = static_cast<std::size_t>(targets[r]);
       losses[r] = static_cast<float>(std::log(total) + top - row[target]);
     }
+    });
   }
 
   void cross_entropy_backward(const float* logits, const float* targets, const float* g, std::size_t rows,
                               std::size_t cols, float* out) override {
-    for (std::size_t r = 0; r < rows; ++r) {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+    for (std::size_t r = first; r < end; ++r) {
       if (targets[r] < 0.0f) {  // an ignored row: no gradient
         std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
         continue;
@@ -240,18 +313,25 @@ class CpuKernels final : public Kernels {
         out[r * cols + c] = static_cast<float>((softmax - (c == target ? 1.0 : 0.0)) * g[r]);
       }
     }
+    });
   }
 
   void sgd_step(float* p, const float* g, float* buf, std::size_t n, const SgdParams& s) override {
-    float none = 0.0f;  // without momentum there is no buffer: buf = 0 * buf + g
-    for (std::size_t i = 0; i < n; ++i)
-      p[i] = math::sgd_update(p[i], g[i], buf ? buf[i] : (none = 0.0f), s.lr, s.momentum, s.weight_decay);
+    if (buf) {
+      elementwise(n, [&](std::size_t i) { p[i] = math::sgd_update(p[i], g[i], buf[i], s.lr, s.momentum, s.weight_decay); });
+    } else {  // without momentum there is no buffer: buf = 0 * buf + g
+      elementwise(n, [&](std::size_t i) {
+        float none = 0.0f;
+        p[i] = math::sgd_update(p[i], g[i], none, s.lr, s.momentum, s.weight_decay);
+      });
+    }
   }
 
   void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, const AdamParams& a) override {
-    for (std::size_t i = 0; i < n; ++i)
+    elementwise(n, [&](std::size_t i) {
       p[i] = math::adam_update(p[i], g[i], m[i], v[i], a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                                a.decoupled_weight_decay, a.bias_correction1, a.bias_correction2);
+    });
   }
 };
 
@@ -275,7 +355,12 @@ Kernels& kernels(Device device) {
 #endif
 }
 
-void set_cpu_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+void set_cpu_threads(int threads) {
+  openblas_set_num_threads(std::max(1, threads));
+#ifdef _OPENMP
+  omp_set_num_threads(std::max(1, threads));
+#endif
+}
 int cpu_threads() { return openblas_get_num_threads(); }
 
 }  // namespace course

@@ -266,6 +266,15 @@ inline std::vector<OpCase> op_cases() {
                      for (std::size_t i = 0; i < y.size(); ++i) y[i] += v[2][i % 2];
                      return y;
                    }});
+  // torch.nn.functional.linear's leading dimensions: [2, 4, 3] is four rows in each of two batches.
+  cases.push_back({"linear_3d", {{2, 4, 3}, {5, 3}, {5}}, [](auto& in) { return linear(in[0], in[1], in[2]); },
+                   [](auto& v) {
+                     Values y = reference_matmul(v[0], v[1], 8, 3, 5, false, true);
+                     for (std::size_t i = 0; i < y.size(); ++i) y[i] += v[2][i % 5];
+                     return y;
+                   }});
+  cases.push_back({"linear_no_bias", {{4, 3}, {2, 3}}, [](auto& in) { return linear(in[0], in[1], Tensor()); },
+                   [](auto& v) { return reference_matmul(v[0], v[1], 4, 3, 2, false, true); }});
   cases.push_back({"mse_loss", {{6, 1}, {6, 1}}, [](auto& in) { return mse_loss(in[0], in[1]); },
                    [](auto& v) {
                      double s = 0;

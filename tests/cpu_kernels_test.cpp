@@ -1,0 +1,134 @@
+// The CPU kernels' speed-ups must not change a result: the arithmetic exp against the true e^x, GELU's
+// logistic form against its tanh form, the same bits from 1, 2 and 3 threads, and the caching allocator
+// reusing memory without counting it as live.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/core/cpu_allocator.h"
+#include "common/kernels/kernels.h"
+#include "common/kernels/math.h"
+#include "common/nn/gpt.h"
+#include "common/ops/ops.h"
+
+namespace course::testing {
+namespace {
+
+// exp_f32's design bound: Cody-Waite reduction, a Taylor series accurate to half an ulp, and a handful
+// of float roundings in the Horner steps.
+constexpr double kExpUlps = 2.0;
+// GELU through the logistic: a few roundings in the division and product on top of exp's 2 ulp. The
+// argument 2u is itself computed in float (at most 3 roundings in the cubic), and e^y turns an absolute
+// error d in y into a relative error d: |2u| times 3 ulp more, the same in any float evaluation of GELU.
+constexpr double kGeluUlps = 8.0;
+constexpr double kArgumentRoundings = 3.0;
+// Where GELU's value falls below this (x < -9) it may flush to 0: nothing a float32 network adds to a value
+// of order 1 can see it. The tanh form in float is 0 already below x = -5.5, where tanhf(u) is -1.
+constexpr double kNegligible = 1e-30;
+
+double ulp_of(double value) {
+  const auto f = static_cast<float>(value);
+  return std::nextafter(std::fabs(f), std::numeric_limits<float>::infinity()) - std::fabs(f);
+}
+
+TEST(ExpF32, WithinTwoUlpOfTheTrueExponentialOverTheWholeRange) {
+  double worst = 0;
+  float worst_x = 0;
+  for (double t = 0; t <= 1; t += 1.0 / 400000) {
+    const auto x = static_cast<float>(math::kExpMin + t * (math::kExpMax - math::kExpMin));
+    const double truth = std::exp(static_cast<double>(x));
+    const double error = std::fabs(math::exp_f32(x) - truth) / ulp_of(truth);
+    if (error > worst) worst = error, worst_x = x;
+  }
+  EXPECT_LE(worst, kExpUlps) << "at x = " << worst_x;
+}
+
+TEST(ExpF32, EdgesAreThoseOfExp) {
+  EXPECT_EQ(math::exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(math::exp_f32(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(math::exp_f32(-100.0f), 0.0f);
+  EXPECT_EQ(math::exp_f32(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(math::exp_f32(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(math::exp_f32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_LT(math::exp_f32(88.7f), std::numeric_limits<float>::infinity());  // e^88.7 is still a float
+}
+
+// The reference in double also goes through the logistic: in 1 + tanh u itself even double cancels to
+// nothing once u < -19 (x below about -7).
+TEST(GeluTanh, WithinAFewUlpOfTheDoublePrecisionFunction) {
+  double worst = 0;
+  float worst_x = 0;
+  for (double x = -12; x <= 12; x += 1.0 / 4096) {
+    const auto xf = static_cast<float>(x);
+    const double xd = xf;
+    const double u = 0.7978845608028654 * (xd + 0.044715 * xd * xd * xd);
+    const double truth = xd / (1 + std::exp(-2 * u));  // 0.5 x (1 + tanh u)
+    const double difference = std::fabs(math::gelu_tanh(xf) - truth);
+    if (std::fabs(truth) < kNegligible) {
+      EXPECT_LE(difference, kNegligible) << "at x = " << xf;
+      continue;
+    }
+    const double error = difference / ulp_of(truth) - kArgumentRoundings * std::fabs(2 * u);
+    if (error > worst) worst = error, worst_x = xf;
+  }
+  EXPECT_LE(worst, kGeluUlps) << "ulp beyond the argument's rounding, at x = " << worst_x;
+}
+
+std::vector<float> gpt_gradients_with(int threads) {
+  set_cpu_threads(threads);
+  nn::GPTConfig config;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 64;  // [240 x 8, 256] activations: far above the threads' grain
+  config.block_size = 8;
+  config.vocab_size = 12;
+  nn::GPT gpt(config, Device::cpu, 7);
+  std::vector<float> ids(240 * 8), targets(240 * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<float>((i * 7 + 3) % 12);
+    targets[i] = i % 3 == 0 ? -100.0f : static_cast<float>((i * 5 + 1) % 12);
+  }
+  cross_entropy(gpt(Tensor::from_host(ids, {240, 8})), Tensor::from_host(targets, {240 * 8})).backward();
+  std::vector<float> all;
+  for (const auto& p : gpt.parameters()) {
+    auto g = p.grad().to_host();
+    all.insert(all.end(), g.begin(), g.end());
+  }
+  return all;
+}
+
+TEST(CpuThreads, AGptsGradientsAreTheSameBitsOnOneTwoAndThreeThreads) {
+  const int before = cpu_threads();
+  const auto one = gpt_gradients_with(1), two = gpt_gradients_with(2), three = gpt_gradients_with(3);
+  set_cpu_threads(before);
+  ASSERT_EQ(one.size(), two.size());
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)), 0);
+}
+
+TEST(CachingAllocator, ReusesAFreedBlockButCountsOnlyLiveTensors) {
+  const auto live_before = memory_stats(Device::cpu).current_total;
+  const std::size_t bytes = 3 * 1000 * 1000 * sizeof(float);
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({3, 1000, 1000});
+    first = t.data();
+    EXPECT_EQ(memory_stats(Device::cpu).current_total, live_before + static_cast<std::int64_t>(bytes));
+  }
+  EXPECT_EQ(memory_stats(Device::cpu).current_total, live_before);  // freed: not live, whatever the cache holds
+#if defined(__SANITIZE_ADDRESS__)
+  EXPECT_FALSE(cpu_allocator::caching_enabled()) << "a cache would hide a use after free from AddressSanitizer";
+#else
+  ASSERT_TRUE(cpu_allocator::caching_enabled());
+  EXPECT_GE(cpu_allocator::cached_bytes(), bytes);
+  Tensor again = Tensor::empty({1000, 3000});  // the same size, another shape
+  EXPECT_EQ(again.data(), first);
+  cpu_allocator::empty_cache();
+  EXPECT_EQ(cpu_allocator::cached_bytes(), 0u);
+#endif
+}
+
+}  // namespace
+}  // namespace course::testing
