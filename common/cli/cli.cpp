@@ -147,8 +147,13 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 }
 
 void configure_cpu_threads(int ranks_on_this_machine) {
-  if (std::getenv("OPENBLAS_NUM_THREADS") || ranks_on_this_machine <= 1) return;
-  set_cpu_threads(1);
+  for (const char* variable : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (const char* value = std::getenv(variable)) {  // the user's (or the job script's) choice
+      const int threads = std::atoi(value);
+      if (threads >= 1) set_cpu_threads(threads);
+      return;
+    }
+  if (ranks_on_this_machine > 1) set_cpu_threads(1);
 }
 
 }  // namespace course::cli

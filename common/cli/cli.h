@@ -51,7 +51,8 @@ extern const CLI::Validator Seed;             // 0 .. 2^64-1, digits only
 // whole job (exit code 1), so the others never wait for it in a collective.
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
-// OpenBLAS threads: one per rank when ranks share the machine, unless OPENBLAS_NUM_THREADS is set.
+// CPU threads (GEMM and element-wise kernels): OMP_NUM_THREADS or OPENBLAS_NUM_THREADS when set,
+// otherwise one per rank when ranks share the machine, and every core for a rank alone.
 void configure_cpu_threads(int ranks_on_this_machine);
 
 }  // namespace course::cli

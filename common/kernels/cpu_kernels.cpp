@@ -2,6 +2,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -355,12 +356,25 @@ Kernels& kernels(Device device) {
 #endif
 }
 
-void set_cpu_threads(int threads) {
-  openblas_set_num_threads(std::max(1, threads));
+namespace {
+// One setting for the whole process. OpenMP's own (omp_set_num_threads) belongs to the calling thread
+// only, and chapter 05's communication thread runs kernels too: it would still use every core, and
+// ranks sharing a machine would fight over them.
+std::atomic<int>& thread_setting() {
 #ifdef _OPENMP
-  omp_set_num_threads(std::max(1, threads));
+  static std::atomic<int> threads{omp_get_max_threads()};  // OMP_NUM_THREADS, or every core
+#else
+  static std::atomic<int> threads{1};
 #endif
+  return threads;
 }
-int cpu_threads() { return openblas_get_num_threads(); }
+}  // namespace
+
+void set_cpu_threads(int threads) {
+  threads = std::max(1, threads);
+  thread_setting() = threads;
+  openblas_set_num_threads(threads);
+}
+int cpu_threads() { return thread_setting(); }
 
 }  // namespace course

@@ -12,6 +12,8 @@
 
 namespace course {
 
+int cpu_threads();  // set_cpu_threads in kernels.h
+
 // Below about this many element operations a loop runs on one thread.
 constexpr std::size_t kParallelGrain = 32768;
 
@@ -20,7 +22,7 @@ constexpr std::size_t kParallelGrain = 32768;
 template <class Body>
 void parallel_for(std::size_t n, std::size_t cost, Body body) {
 #ifdef _OPENMP
-  const int threads = omp_get_max_threads();
+  const int threads = cpu_threads();
   if (threads > 1 && n > 1 && n * cost >= kParallelGrain && !omp_in_parallel()) {
 #pragma omp parallel num_threads(static_cast<int>(threads < static_cast<int>(n) ? threads : static_cast<int>(n)))
     {
