@@ -75,17 +75,24 @@ std::vector<Gemm> mlp_gemms(std::int64_t batch, const std::vector<std::int64_t>&
   return gemms;
 }
 
+// Each GEMM on operands of its own, as in the step (one buffer reused by all of them would stay in cache
+// and flatter the GEMMs).
 double time_gemms(const std::vector<Gemm>& gemms) {
-  std::int64_t biggest = 0;
-  for (const auto& g : gemms) biggest = std::max({biggest, g.m * g.k, g.k * g.n, g.m * g.n});
-  static std::vector<float> a, b, c;
-  a.assign(static_cast<std::size_t>(biggest), 0.5f);
-  b.assign(static_cast<std::size_t>(biggest), 0.25f);
-  c.assign(static_cast<std::size_t>(biggest), 0.0f);
+  static std::vector<std::vector<float>> a, b, c;
+  if (a.size() != gemms.size()) {
+    a.clear(), b.clear(), c.clear();
+    for (const auto& g : gemms) {
+      a.emplace_back(static_cast<std::size_t>(g.m * g.k), 0.5f);
+      b.emplace_back(static_cast<std::size_t>(g.k * g.n), 0.25f);
+      c.emplace_back(static_cast<std::size_t>(g.m * g.n), 0.0f);
+    }
+  }
   auto start = std::chrono::steady_clock::now();
-  for (const auto& g : gemms)
+  for (std::size_t i = 0; i < gemms.size(); ++i) {
+    const Gemm& g = gemms[i];
     cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
-                1.0f, a.data(), g.ta ? g.m : g.k, b.data(), g.tb ? g.k : g.n, 0.0f, c.data(), g.n);
+                1.0f, a[i].data(), g.ta ? g.m : g.k, b[i].data(), g.tb ? g.k : g.n, 0.0f, c[i].data(), g.n);
+  }
   return ms_since(start);
 }
 

@@ -76,6 +76,27 @@ TEST(GeluTanh, WithinAFewUlpOfTheDoublePrecisionFunction) {
   EXPECT_LE(worst, kGeluUlps) << "ulp beyond the argument's rounding, at x = " << worst_x;
 }
 
+// The kernels' loops run vectorised (and, on a machine with AVX2, as the AVX2 version): every element must
+// still be the scalar formula's value, bit for bit, as the CUDA parity tests assume of the reference.
+TEST(CpuKernels, VectorLoopsGiveTheScalarFormulasBits) {
+  std::vector<float> x(100003), g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = -12.0f + 24.0f * static_cast<float>(i) / static_cast<float>(x.size());
+    g[i] = 0.5f + static_cast<float>(i % 7);
+  }
+  std::vector<float> out(x.size()), grad(x.size());
+  for (UnaryOp op : {UnaryOp::relu, UnaryOp::gelu, UnaryOp::gelu_tanh}) {
+    kernels(Device::cpu).unary(op, x.data(), out.data(), x.size());
+    kernels(Device::cpu).unary_backward(op, x.data(), g.data(), grad.data(), x.size());
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float y = math::unary(op, x[i]), d = math::unary_backward(op, x[i], g[i]);
+      mismatches += std::memcmp(&y, &out[i], sizeof y) != 0 || std::memcmp(&d, &grad[i], sizeof d) != 0;
+    }
+    EXPECT_EQ(mismatches, 0u) << "op " << static_cast<int>(op);
+  }
+}
+
 std::vector<float> gpt_gradients_with(int threads) {
   set_cpu_threads(threads);
   nn::GPTConfig config;

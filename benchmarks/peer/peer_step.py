@@ -193,9 +193,11 @@ def main():
                 all_agree &= agree
                 ours, theirs, gemm = [], [], []
                 for _ in range(args.rounds):
+                    time.sleep(0.2)  # let the other side's OpenMP threads stop spinning first
                     result = run_ours(args.bench, model, width, t, 3, steps)
                     ours.append(result["step_ms"])
                     gemm.append(result.get("step_over_gemm", float("nan")))
+                    time.sleep(0.2)
                     theirs.append(time_torch(init, t, 3, steps, 0)[0])
                 ratio = statistics.median(o / p for o, p in zip(ours, theirs))
                 gemm_text = "-" if math.isnan(gemm[0]) else f"{statistics.median(gemm):.2f}"

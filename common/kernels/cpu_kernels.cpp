@@ -95,13 +95,42 @@ void with_binary_op(BinaryOp op, Body body) {
   }
 }
 
-// The same for unary ops: body(op) with op() a constant expression.
-template <class Body>
-void with_unary_op(UnaryOp op, Body body) {
+// The activations' loops, the most expensive element-wise work of a GPT step (GELU's exp), are also
+// compiled for AVX2 (x86-64-v3), 8 floats at a time; the CPU picks the version when the program loads.
+// Floating-point contraction is off for this file (CMakeLists.txt), so both versions round every
+// operation exactly as the scalar formula in math.h does: the same bits on any x86-64 machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define COURSE_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define COURSE_CPU_CLONES
+#endif
+
+COURSE_CPU_CLONES void unary_loop(UnaryOp op, const float* in, float* out, std::size_t begin, std::size_t end) {
   switch (op) {
-    case UnaryOp::relu: return body([] { return UnaryOp::relu; });
-    case UnaryOp::gelu: return body([] { return UnaryOp::gelu; });
-    case UnaryOp::gelu_tanh: return body([] { return UnaryOp::gelu_tanh; });
+    case UnaryOp::relu:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary(UnaryOp::relu, in[i]);
+      break;
+    case UnaryOp::gelu:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary(UnaryOp::gelu, in[i]);
+      break;
+    case UnaryOp::gelu_tanh:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary(UnaryOp::gelu_tanh, in[i]);
+      break;
+  }
+}
+
+COURSE_CPU_CLONES void unary_backward_loop(UnaryOp op, const float* in, const float* g, float* out, std::size_t begin,
+                                           std::size_t end) {
+  switch (op) {
+    case UnaryOp::relu:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary_backward(UnaryOp::relu, in[i], g[i]);
+      break;
+    case UnaryOp::gelu:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary_backward(UnaryOp::gelu, in[i], g[i]);
+      break;
+    case UnaryOp::gelu_tanh:
+      for (std::size_t i = begin; i < end; ++i) out[i] = math::unary_backward(UnaryOp::gelu_tanh, in[i], g[i]);
+      break;
   }
 }
 
@@ -206,15 +235,11 @@ class CpuKernels final : public Kernels {
   }
 
   void unary(UnaryOp op, const float* in, float* out, std::size_t n) override {
-    with_unary_op(op, [&](auto constant_op) {
-      elementwise(n, [&](std::size_t i) { out[i] = math::unary(constant_op(), in[i]); });
-    });
+    parallel_for(n, 1, [&](std::size_t begin, std::size_t end) { unary_loop(op, in, out, begin, end); });
   }
 
   void unary_backward(UnaryOp op, const float* in, const float* g, float* out, std::size_t n) override {
-    with_unary_op(op, [&](auto constant_op) {
-      elementwise(n, [&](std::size_t i) { out[i] = math::unary_backward(constant_op(), in[i], g[i]); });
-    });
+    parallel_for(n, 1, [&](std::size_t begin, std::size_t end) { unary_backward_loop(op, in, g, out, begin, end); });
   }
 
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
