@@ -116,7 +116,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
   auto add_to_leaf = [&](const Tensor& leaf, const Tensor& g) {
     TensorImpl* impl = leaf.impl();
     if (!impl->grad) {
-      MemoryCategoryScope scope(MemoryCategory::gradients);
+      MemoryCategoryScope scope(impl->grad_category);
       impl->grad = Tensor::zeros(leaf.shape(), leaf.device()).impl_ptr();
     }
     Tensor grad(impl->grad);

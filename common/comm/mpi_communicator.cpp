@@ -185,7 +185,14 @@ class MpiCommunicator final : public Communicator {
       done.set_value();
       return std::make_shared<FutureWork>(done.get_future().share());
     }
-    return std::make_shared<FutureWork>(enqueue([this, c] { run(c); }));
+    // The task lets go of the tensors before the work reads as complete: a caller that frees them
+    // after wait() must see their memory freed (chapter 07 counts it), not held until the
+    // communication thread gets round to destroying the finished task.
+    auto held = std::make_shared<Collective>(c);
+    return std::make_shared<FutureWork>(enqueue([this, held]() mutable {
+      run(*held);
+      held.reset();
+    }));
   }
 
  private:

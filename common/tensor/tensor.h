@@ -38,6 +38,7 @@ struct TensorImpl {
   Shape shape;
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
+  MemoryCategory grad_category = MemoryCategory::gradients;  // where backward counts a gradient it creates
   std::shared_ptr<Node> grad_fn;
   std::vector<GradHook> post_accumulate_grad_hooks;
 };

@@ -1,0 +1,238 @@
+// ZeRO stages 0-2 under mpirun with 1, 2, 3 and 4 ranks: the flat layout pads and partitions any size;
+// stage 0 on one rank is optim::Adam (AdamW) bit for bit; stages 1 and 2 end where stage 0 ends, with
+// gradient accumulation and clipping, for the MLP and the GPT; and each stage's model states take the
+// memory the ZeRO paper's formulas say, with the whole gradients never alive at once under stage 2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "common/nn/gpt.h"
+#include "common/nn/layers.h"
+#include "common/ops/ops.h"
+#include "common/optim/optimizer.h"
+#include "common/parallel/zero.h"
+#include "support/mpi_main.h"
+
+namespace course::testing {
+namespace {
+
+// Stages 1 and 2 average by reduce-scatter, stage 0 by all-reduce: the same sums, possibly added in
+// another order (one float32 rounding of each averaged gradient), and clipping's norm from N partial
+// sums. AdamW moves a parameter by at most about lr per step, whatever the gradient's size, so the runs
+// may differ by a small fraction of that movement: a thousandth of lr x steps. A wrong shard, a missing
+// unit or a double average changes whole updates, about lr each.
+constexpr double kLr = 1e-2;
+constexpr int kSteps = 4;
+constexpr double kStageTolerance = 1e-3 * kLr * kSteps;
+constexpr double kFormulaTolerance = 0.05;  // the 5%: padding adds at most N-1 elements per unit
+
+TEST(FlatLayout, PadsEveryUnitAndCoversEveryElementOnce) {
+  std::vector<Tensor> params{Tensor::zeros({7}), Tensor::zeros({3, 5}), Tensor::zeros({1}), Tensor::zeros({11})};
+  for (int shards = 1; shards <= 8; ++shards)
+    for (std::int64_t cap : {1, 12, 1000}) {
+      parallel::FlatLayout layout(params, shards, cap);
+      std::vector<int> seen(34, 0);  // 7 + 15 + 1 + 11 elements
+      std::int64_t shard_total = 0;
+      for (std::size_t u = 0; u < layout.units().size(); ++u) {
+        const auto& unit = layout.units()[u];
+        EXPECT_EQ(unit.padded % shards, 0);
+        EXPECT_LT(unit.padded - unit.numel, shards);
+        shard_total += unit.part;
+        for (int r = 0; r < shards; ++r)
+          for (const auto& s : layout.segments(u, r)) {
+            std::int64_t base = 0;
+            for (std::size_t p = 0; p < s.param; ++p) base += params[p].numel();
+            for (std::int64_t e = 0; e < s.length; ++e) ++seen[static_cast<std::size_t>(base + s.param_offset + e)];
+          }
+      }
+      for (int count : seen) EXPECT_EQ(count, 1) << shards << " shards, cap " << cap;
+      EXPECT_EQ(shard_total * shards, layout.padded());
+    }
+}
+
+struct TrainingRun {
+  int stage = 0;
+  bool gpt = false;
+  int accum = 1;
+  double clip = 0;
+  double unit_cap_mb = 25;
+  int steps = kSteps;
+};
+
+struct Result {
+  std::vector<float> parameters;
+  std::vector<float> losses;
+};
+
+// This rank's share of a fixed global batch, in `accum` micro-batches each weighted by its share of
+// the rank's batch, so the average over ranks of the summed gradients is the global batch's gradient.
+Result train(const TrainingRun& run) {
+  comm::Communicator& group = world();
+  const int ranks = group.size(), rank = group.rank();
+  constexpr std::int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3 and 4 ranks, and by 2 micro-batches
+  const std::int64_t share = kGlobalBatch / ranks, micro = share / run.accum;
+  std::shared_ptr<nn::Module> model;
+  std::function<Tensor(std::int64_t first, std::int64_t count)> loss;
+  if (run.gpt) {
+    nn::GPTConfig c;
+    c.n_layer = 2, c.n_head = 2, c.n_embd = 16, c.block_size = 8, c.vocab_size = 11;
+    model = std::make_shared<nn::GPT>(c, Device::cpu, 3);
+    loss = [model](std::int64_t first, std::int64_t count) {
+      std::vector<float> ids, targets;
+      for (std::int64_t i = first * 8; i < (first + count) * 8; ++i) {
+        ids.push_back(static_cast<float>((i * 7 + 3) % 11));
+        targets.push_back(static_cast<float>((i * 5 + 2) % 11));
+      }
+      return cross_entropy((*model)(Tensor::from_host(ids, {count, 8})), Tensor::from_host(targets, {count * 8}));
+    };
+  } else {
+    model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    Tensor x = Tensor::randn({kGlobalBatch, 6}, 5), y = Tensor::randn({kGlobalBatch, 1}, 6);
+    loss = [model, x, y](std::int64_t first, std::int64_t count) {
+      return mse_loss((*model)(narrow(x, first, count)), narrow(y, first, count));
+    };
+  }
+  parallel::ZeroOptions options;
+  options.stage = run.stage;
+  options.lr = static_cast<float>(kLr);
+  options.weight_decay = 0.1f;
+  options.max_grad_norm = run.clip;
+  options.unit_cap_mb = run.unit_cap_mb;
+  parallel::ZeroOptimizer zero(*model, group, options);
+  Result result;
+  for (int step = 0; step < run.steps; ++step) {
+    double total = 0;
+    for (int m = 0; m < run.accum; ++m) {
+      Tensor l = scale(loss(rank * share + m * micro, micro), 1.0f / static_cast<float>(run.accum));
+      total += l.item();
+      l.backward();
+    }
+    Tensor mean_loss = Tensor::from_host({static_cast<float>(total)}, {1});
+    group.all_reduce(mean_loss, comm::ReduceOp::average);
+    result.losses.push_back(mean_loss.item());
+    zero.step();
+    zero.zero_grad();
+  }
+  result.parameters = model->parameters_to_host();
+  return result;
+}
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+TEST(Zero, StageZeroOnOneRankIsAdamWBitForBit) {
+  if (world().size() != 1) GTEST_SKIP() << "a single-rank comparison; the other rank counts compare stages";
+  auto model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+  auto reference = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+  parallel::ZeroOptions options;
+  options.stage = 0;
+  options.lr = 1e-2f;
+  options.weight_decay = 0.1f;
+  parallel::ZeroOptimizer zero(*model, world(), options);
+  optim::Adam adamw(optim::weight_decay_groups(reference->parameters(), 0.1f), 1e-2f, 0.9f, 0.999f, 1e-8f, true);
+  Tensor x = Tensor::randn({24, 6}, 5), y = Tensor::randn({24, 1}, 6);
+  for (int step = 0; step < 5; ++step) {
+    mse_loss((*model)(x), y).backward();
+    zero.step();
+    zero.zero_grad();
+    mse_loss((*reference)(x), y).backward();
+    adamw.step();
+    adamw.zero_grad();
+  }
+  const auto a = model->parameters_to_host(), b = reference->parameters_to_host();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+class ZeroStages : public ::testing::TestWithParam<TrainingRun> {};
+
+TEST_P(ZeroStages, EndWhereStageZeroEnds) {
+  TrainingRun run = GetParam();
+  TrainingRun reference = run;
+  reference.stage = 0;
+  const Result expected = train(reference), got = train(run);
+  ASSERT_EQ(got.parameters.size(), expected.parameters.size());
+  EXPECT_LE(max_difference(got.parameters, expected.parameters), kStageTolerance);
+  EXPECT_LE(max_difference(got.losses, expected.losses), kStageTolerance);
+  // And every rank holds the same parameters.
+  Tensor mine = Tensor::from_host(got.parameters, {static_cast<std::int64_t>(got.parameters.size())});
+  Tensor first = mine.clone();
+  world().broadcast(first, 0);
+  EXPECT_EQ(max_difference(mine.to_host(), first.to_host()), 0.0);
+}
+
+// A unit cap of 1e-3 MB (262 floats) makes many units, most of them split unevenly across ranks.
+INSTANTIATE_TEST_SUITE_P(AllStages, ZeroStages,
+                         ::testing::Values(TrainingRun{1, false, 1, 0, 25}, TrainingRun{2, false, 1, 0, 25},
+                                           TrainingRun{1, false, 2, 0.05, 1e-3}, TrainingRun{2, false, 2, 0.05, 1e-3},
+                                           TrainingRun{1, true, 1, 0.5, 25}, TrainingRun{2, true, 2, 0.5, 0.01}),
+                         [](const ::testing::TestParamInfo<TrainingRun>& info) {
+                           const TrainingRun& r = info.param;
+                           return std::string(r.gpt ? "gpt" : "mlp") + "_stage" + std::to_string(r.stage) + "_accum" +
+                                  std::to_string(r.accum) + (r.clip > 0 ? "_clipped" : "") +
+                                  (r.unit_cap_mb < 1 ? "_small_units" : "");
+                         });
+
+// Model states per rank against the formulas (float32 AdamW, Ψ parameters, N ranks): 16Ψ, 8Ψ + 8Ψ/N,
+// 4Ψ + 12Ψ/N, split by category. Measured after a step, and at the peak of the step for gradients.
+TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
+  const int n = world().size();
+  for (int stage = 0; stage <= 2; ++stage) {
+    // Many small layers (the largest weight a twelfth of the model), so units can be small.
+    auto model = nn::make_mlp(16, 32, 12, 1, nn::Activation::relu, Device::cpu, 4);
+    const double psi = static_cast<double>(model->parameter_count());
+    const auto before = memory_stats(Device::cpu);
+    parallel::ZeroOptions options;
+    options.stage = stage;
+    options.unit_cap_mb = psi * 4 / 16 / (1024.0 * 1024.0);  // about one layer per unit
+    std::optional<parallel::ZeroOptimizer> zero(std::in_place, *model, world(), options);
+    Tensor x = Tensor::randn({24, 16}, 1), y = Tensor::randn({24, 1}, 2);
+    reset_peak_memory(Device::cpu);
+    mse_loss((*model)(x), y).backward();
+    zero->step();
+    const auto after = memory_stats(Device::cpu);
+    auto grown = [&](MemoryCategory c) {
+      return static_cast<double>(after.current_of(c) - before.current_of(c));
+    };
+    const double grads_formula = stage <= 1 ? 4 * psi : 4 * psi / n;
+    const double adam_formula = stage == 0 ? 8 * psi : 8 * psi / n;
+    // The model's own parameter tensors were freed when they moved into the flat buffer.
+    EXPECT_NEAR(static_cast<double>(after.current_of(MemoryCategory::parameters)) / (4 * psi), 1.0, kFormulaTolerance)
+        << "stage " << stage;
+    EXPECT_NEAR(grown(MemoryCategory::gradients) / grads_formula, 1.0, kFormulaTolerance) << "stage " << stage;
+    EXPECT_NEAR(grown(MemoryCategory::optimizer_state) / adam_formula, 1.0, kFormulaTolerance) << "stage " << stage;
+    if (stage == 2) {
+      // Gradients never exceed the shard, and the units in flight (at most two, and one parameter's own
+      // gradient) stay below half of the whole model's gradients.
+      EXPECT_LE(static_cast<double>(after.peak_of(MemoryCategory::gradients) - before.current_of(MemoryCategory::gradients)) /
+                    grads_formula,
+                1.0 + kFormulaTolerance);
+      if (n > 1) {
+        EXPECT_LT(static_cast<double>(after.peak_of(MemoryCategory::communication) -
+                                      before.current_of(MemoryCategory::communication)),
+                  0.5 * 4 * psi);
+      }
+    }
+    zero.reset();
+    model.reset();
+  }
+}
+
+TEST(Zero, AStageOutsideZeroToTwoIsRefused) {
+  auto model = nn::make_mlp(2, 4, 1, 1, nn::Activation::relu, Device::cpu, 1);
+  for (int stage : {-1, 3, 4}) {
+    parallel::ZeroOptions options;
+    options.stage = stage;
+    EXPECT_THROW(parallel::ZeroOptimizer(*model, world(), options), std::invalid_argument);
+  }
+}
+
+}  // namespace
+}  // namespace course::testing
+
+COURSE_MPI_TEST_MAIN()
