@@ -1,7 +1,8 @@
-// ZeRO stages 0-2 under mpirun with 1, 2, 3 and 4 ranks: the flat layout pads and partitions any size;
-// stage 0 on one rank is optim::Adam (AdamW) bit for bit; stages 1 and 2 end where stage 0 ends, with
+// ZeRO stages 0-3 under mpirun with 1, 2, 3 and 4 ranks: the flat layout pads and partitions any size;
+// stage 0 on one rank is optim::Adam (AdamW) bit for bit; stages 1, 2 and 3 end where stage 0 ends, with
 // gradient accumulation and clipping, for the MLP and the GPT; and each stage's model states take the
-// memory the ZeRO paper's formulas say, with the whole gradients never alive at once under stage 2.
+// memory the ZeRO paper's formulas say, with the whole gradients (stage 2) and the whole parameters
+// (stage 3) never alive at once.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,7 +116,7 @@ Result train(const TrainingRun& run) {
     zero.step();
     zero.zero_grad();
   }
-  result.parameters = model->parameters_to_host();
+  result.parameters = zero.full_parameters();
   return result;
 }
 
@@ -169,8 +170,10 @@ TEST_P(ZeroStages, EndWhereStageZeroEnds) {
 // A unit cap of 1e-3 MB (262 floats) makes many units, most of them split unevenly across ranks.
 INSTANTIATE_TEST_SUITE_P(AllStages, ZeroStages,
                          ::testing::Values(TrainingRun{1, false, 1, 0, 25}, TrainingRun{2, false, 1, 0, 25},
-                                           TrainingRun{1, false, 2, 0.05, 1e-3}, TrainingRun{2, false, 2, 0.05, 1e-3},
-                                           TrainingRun{1, true, 1, 0.5, 25}, TrainingRun{2, true, 2, 0.5, 0.01}),
+                                           TrainingRun{3, false, 1, 0, 25}, TrainingRun{1, false, 2, 0.05, 1e-3},
+                                           TrainingRun{2, false, 2, 0.05, 1e-3}, TrainingRun{3, false, 2, 0.05, 25},
+                                           TrainingRun{1, true, 1, 0.5, 25}, TrainingRun{2, true, 2, 0.5, 0.01},
+                                           TrainingRun{3, true, 1, 0, 25}, TrainingRun{3, true, 2, 0.5, 25}),
                          [](const ::testing::TestParamInfo<TrainingRun>& info) {
                            const TrainingRun& r = info.param;
                            return std::string(r.gpt ? "gpt" : "mlp") + "_stage" + std::to_string(r.stage) + "_accum" +
@@ -179,10 +182,12 @@ INSTANTIATE_TEST_SUITE_P(AllStages, ZeroStages,
                          });
 
 // Model states per rank against the formulas (float32 AdamW, Ψ parameters, N ranks): 16Ψ, 8Ψ + 8Ψ/N,
-// 4Ψ + 12Ψ/N, split by category. Measured after a step, and at the peak of the step for gradients.
+// 4Ψ + 12Ψ/N, 16Ψ/N, split by category. Measured after a step, and at the step's peak for what is
+// sharded: stage 2's gradients, stage 3's gradients and parameters (gathered units are communication
+// buffers, and they too stay well below the whole model).
 TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
   const int n = world().size();
-  for (int stage = 0; stage <= 2; ++stage) {
+  for (int stage = 0; stage <= 3; ++stage) {
     // Many small layers (the largest weight a twelfth of the model), so units can be small.
     auto model = nn::make_mlp(16, 32, 12, 1, nn::Activation::relu, Device::cpu, 4);
     const double psi = static_cast<double>(model->parameter_count());
@@ -200,18 +205,29 @@ TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
       return static_cast<double>(after.current_of(c) - before.current_of(c));
     };
     const double grads_formula = stage <= 1 ? 4 * psi : 4 * psi / n;
+    const double params_formula = stage <= 2 ? 4 * psi : 4 * psi / n;
     const double adam_formula = stage == 0 ? 8 * psi : 8 * psi / n;
     // The model's own parameter tensors were freed when they moved into the flat buffer.
-    EXPECT_NEAR(static_cast<double>(after.current_of(MemoryCategory::parameters)) / (4 * psi), 1.0, kFormulaTolerance)
+    EXPECT_NEAR(static_cast<double>(after.current_of(MemoryCategory::parameters)) / params_formula, 1.0,
+                kFormulaTolerance)
         << "stage " << stage;
     EXPECT_NEAR(grown(MemoryCategory::gradients) / grads_formula, 1.0, kFormulaTolerance) << "stage " << stage;
     EXPECT_NEAR(grown(MemoryCategory::optimizer_state) / adam_formula, 1.0, kFormulaTolerance) << "stage " << stage;
-    if (stage == 2) {
+    // Communication per rank, as a ring sends it: 2Ψ elements at stages 0-2, 3Ψ at stage 3 (this
+    // model has no root unit: every parameter is in a Linear, gathered for forward and for backward).
+    const double ring_formula = (stage == 3 ? 3 : 2) * 4 * psi * (n - 1) / n;
+    if (n == 1) EXPECT_EQ(zero->ring_bytes_last_step(), 0) << "stage " << stage;
+    else EXPECT_NEAR(static_cast<double>(zero->ring_bytes_last_step()) / ring_formula, 1.0, kFormulaTolerance) << "stage " << stage;
+    if (stage >= 2) {
       // Gradients never exceed the shard, and the units in flight (at most two, and one parameter's own
       // gradient) stay below half of the whole model's gradients.
       EXPECT_LE(static_cast<double>(after.peak_of(MemoryCategory::gradients) - before.current_of(MemoryCategory::gradients)) /
                     grads_formula,
                 1.0 + kFormulaTolerance);
+      if (stage == 3) {
+        EXPECT_LE(static_cast<double>(after.peak_of(MemoryCategory::parameters)) / params_formula,
+                  1.0 + kFormulaTolerance);
+      }
       if (n > 1) {
         EXPECT_LT(static_cast<double>(after.peak_of(MemoryCategory::communication) -
                                       before.current_of(MemoryCategory::communication)),
@@ -223,9 +239,9 @@ TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
   }
 }
 
-TEST(Zero, AStageOutsideZeroToTwoIsRefused) {
+TEST(Zero, AStageOutsideZeroToThreeIsRefused) {
   auto model = nn::make_mlp(2, 4, 1, 1, nn::Activation::relu, Device::cpu, 1);
-  for (int stage : {-1, 3, 4}) {
+  for (int stage : {-1, 4, 7}) {
     parallel::ZeroOptions options;
     options.stage = stage;
     EXPECT_THROW(parallel::ZeroOptimizer(*model, world(), options), std::invalid_argument);

@@ -28,7 +28,7 @@ void Sequential::add(std::shared_ptr<Module> module) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (auto& layer : layers_) h = (*layer)(h);  // through operator(), so forward hooks run
   return h;
 }
 

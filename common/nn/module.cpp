@@ -3,6 +3,21 @@
 
 namespace course::nn {
 
+Tensor Module::operator()(const Tensor& x) {
+  for (auto& hook : pre_hooks_) hook(*this);
+  Tensor out = forward(x);
+  for (auto& hook : hooks_) out = hook(*this, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out{{"", this}};
+  for (const auto& [prefix, child] : children_)
+    for (auto& [name, module] : child->named_modules())
+      out.emplace_back(name.empty() ? prefix : prefix + "." + name, module);
+  return out;
+}
+
 std::vector<NamedTensor> Module::named_parameters() const {
   std::vector<NamedTensor> out = parameters_;
   for (const auto& [prefix, child] : children_)

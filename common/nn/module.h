@@ -1,5 +1,6 @@
 // Modules: parameters registered by name in a stable order (checkpoints and DDP rely on it).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,11 +12,23 @@ namespace course::nn {
 
 using NamedTensor = std::pair<std::string, Tensor>;
 
+class Module;
+// PyTorch's forward hooks: a pre-hook runs before forward (ZeRO-3 gathers the module's parameters
+// there); a hook runs after it and may replace the output (ZeRO-3 frees the parameters again and marks
+// the output so that backward gathers them back).
+using ForwardPreHook = std::function<void(Module& module)>;
+using ForwardHook = std::function<Tensor(Module& module, const Tensor& output)>;
+
 class Module {
  public:
   virtual ~Module() = default;
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  Tensor operator()(const Tensor& x);  // the pre-hooks, forward, then the hooks
+  void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(ForwardHook hook) { hooks_.push_back(std::move(hook)); }
+  // Every module below this one (this one first, as ""), with its qualified name, depth first in
+  // registration order (PyTorch's named_modules).
+  std::vector<std::pair<std::string, Module*>> named_modules();
 
   // Own parameters first, then each child's as "child.name", in registration order.
   std::vector<NamedTensor> named_parameters() const;
@@ -38,6 +51,8 @@ class Module {
  private:
   std::vector<NamedTensor> parameters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<ForwardPreHook> pre_hooks_;
+  std::vector<ForwardHook> hooks_;
 };
 
 }  // namespace course::nn

@@ -36,6 +36,9 @@ class FlatLayout {
   // Units of at most `unit_cap_elements` (a parameter larger than the cap is a unit of its own), built
   // in reverse registration order, the order backward produces gradients (as DDP's buckets).
   FlatLayout(const std::vector<Tensor>& params, int shards, std::int64_t unit_cap_elements);
+  // Units given explicitly, as lists of parameter indices (ZeRO-3: one unit per wrapped module); every
+  // parameter must appear in exactly one.
+  FlatLayout(const std::vector<Tensor>& params, int shards, const std::vector<std::vector<std::size_t>>& units);
 
   int shards() const { return shards_; }
   const std::vector<FlatUnit>& units() const { return units_; }
@@ -48,6 +51,7 @@ class FlatLayout {
   std::vector<FlatSegment> segments(std::size_t unit, int rank) const;
 
  private:
+  void build(const std::vector<std::vector<std::size_t>>& units);
   int shards_;
   std::vector<std::int64_t> numels_, offsets_;
   std::vector<std::size_t> unit_of_;

@@ -8,6 +8,8 @@
 #include "common/autograd/autograd.h"
 #include "common/core/memory.h"
 #include "common/kernels/kernels.h"
+#include "common/nn/gpt.h"
+#include "common/nn/layers.h"
 
 namespace course::parallel {
 namespace {
@@ -16,15 +18,69 @@ std::int64_t cap_elements(double megabytes) {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(megabytes * 1024.0 * 1024.0 / sizeof(float)));
 }
 
+// Stage 3's units: the outermost modules the policy wraps, in forward (registration) order, each with
+// its module; then the root unit of every parameter left over (empty when none is).
+struct WrappedUnits {
+  std::vector<std::vector<std::size_t>> units;
+  std::vector<nn::Module*> modules;  // modules[k] owns units[k]; the root unit, last, has none
+};
+
+WrappedUnits wrapped_units(nn::Module& model, const std::vector<Tensor>& params, const UnitPolicy& policy) {
+  WrappedUnits out;
+  std::vector<std::string> wrapped;
+  std::vector<bool> taken(params.size(), false);
+  for (auto& [name, module] : model.named_modules()) {
+    if (name.empty()) continue;  // the model itself is the root
+    bool inside = false;
+    for (const auto& w : wrapped) inside = inside || name.rfind(w + ".", 0) == 0;
+    if (inside || !policy(name, *module)) continue;
+    wrapped.push_back(name);
+    std::vector<std::size_t> unit;
+    for (const Tensor& p : module->parameters())
+      for (std::size_t i = 0; i < params.size(); ++i)
+        if (params[i].impl() == p.impl() && !taken[i]) {
+          unit.push_back(i);
+          taken[i] = true;
+        }
+    if (unit.empty()) continue;
+    out.units.push_back(unit);
+    out.modules.push_back(module);
+  }
+  std::vector<std::size_t> root;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!taken[i]) root.push_back(i);
+  out.units.push_back(root);  // FlatLayout skips it when empty
+  return out;
+}
+
+FlatLayout make_layout(nn::Module& model, const std::vector<Tensor>& params, int ranks, const ZeroOptions& o) {
+  if (o.stage < 0 || o.stage > 3)
+    throw std::invalid_argument("ZeroOptimizer: stage " + std::to_string(o.stage) + " is not 0, 1, 2 or 3");
+  if (o.stage < 3) return FlatLayout(params, o.stage == 0 ? 1 : ranks, cap_elements(o.unit_cap_mb));
+  return FlatLayout(params, ranks, wrapped_units(model, params, o.unit_policy ? o.unit_policy : default_unit_policy).units);
+}
+
+// An identity whose backward first runs `before`: ZeRO-3 marks a unit's output with it, so backward
+// gathers the unit's parameters just before it reaches the unit's own operations.
+Tensor run_before_backward(const Tensor& output, std::function<void()> before) {
+  if (!autograd::grad_enabled() || !output.requires_grad()) return output;
+  return autograd::record(output.detach(), "zero3_gather", {output}, [before](const Tensor& g) {
+    before();
+    return std::vector<Tensor>{g};
+  });
+}
+
 }  // namespace
+
+bool default_unit_policy(const std::string&, nn::Module& module) {
+  return dynamic_cast<nn::Block*>(&module) != nullptr || dynamic_cast<nn::Linear*>(&module) != nullptr;
+}
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroOptions options)
     : group_(group),
       options_(options),
       params_(model.parameters()),
-      layout_(params_, options.stage == 0 ? 1 : group.size(), cap_elements(options.unit_cap_mb)) {
-  if (options_.stage < 0 || options_.stage > 2)
-    throw std::invalid_argument("ZeroOptimizer: stage " + std::to_string(options_.stage) + " is not 0, 1 or 2");
+      layout_(make_layout(model, params_, group.size(), options)) {
   if (params_.empty()) throw std::invalid_argument("ZeroOptimizer: the model has no parameters");
   const Device device = params_.front().device();
 
@@ -42,6 +98,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
     weight_decay_.push_back(p.shape().size() >= 2 ? options_.weight_decay : 0.0f);
   }
   group_.broadcast(flat_params_, 0);  // every rank starts from rank 0's values, as DDP
+  if (options_.stage == 3) shard_parameters(model);
 
   if (options_.stage <= 1) {
     MemoryCategoryScope scope(MemoryCategory::gradients);
@@ -60,7 +117,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
     exp_avg_ = Tensor::zeros({n}, device);
     exp_avg_sq_ = Tensor::zeros({n}, device);
   }
-  if (options_.stage == 2) {
+  if (options_.stage >= 2) {
     pending_.resize(layout_.units().size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       params_[i].set_grad(Tensor());
@@ -94,7 +151,95 @@ void ZeroOptimizer::on_gradient_ready(std::size_t i) {
   kernels(p.device()).copy(pending.buffer.data() + (layout_.offset_of(i) - unit.offset), grad.data(),
                            static_cast<std::size_t>(grad.numel()));
   p.set_grad(Tensor());  // freed now: the whole model's gradients never exist at once
-  if (--pending.missing == 0) reduce_unit_async(u);
+  if (--pending.missing == 0) {
+    reduce_unit_async(u);
+    if (options_.stage == 3 && u != root_unit_) release_unit(u);  // its backward is done: reshard
+  }
+}
+
+// Stage 3: this rank keeps its part of each unit; the full flat buffer goes, and each parameter becomes
+// a view into its unit's storage, which holds memory only while the unit is gathered.
+void ZeroOptimizer::shard_parameters(nn::Module& model) {
+  const Device device = flat_params_.device();
+  {
+    MemoryCategoryScope scope(MemoryCategory::parameters);
+    param_shard_ = Tensor::empty({layout_.shard()}, device);
+  }
+  const auto& units = layout_.units();
+  root_unit_ = units.size();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const FlatUnit& unit = units[u];
+    param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
+        .copy_from(flat_params_.flat_view(static_cast<std::size_t>(unit.offset + group_.rank() * unit.part),
+                                          static_cast<std::size_t>(unit.part)));
+    unit_storage_.push_back(std::make_shared<Storage>(device, static_cast<std::size_t>(unit.padded) * sizeof(float),
+                                                      MemoryCategory::communication));
+    unit_storage_.back()->release();
+    for (std::size_t i : unit.params) {
+      params_[i].impl()->storage = unit_storage_.back();
+      params_[i].impl()->offset = static_cast<std::size_t>(layout_.offset_of(i) - unit.offset);
+    }
+  }
+  flat_params_ = Tensor();  // every parameter now points at its unit's storage
+
+  // Each wrapped module gathers its unit before its forward and frees it after; its output, marked,
+  // gathers it again when backward arrives. The root unit is gathered when the model's forward begins.
+  const WrappedUnits wrapped =
+      wrapped_units(model, params_, options_.unit_policy ? options_.unit_policy : default_unit_policy);
+  for (std::size_t u = 0; u < wrapped.modules.size(); ++u) {
+    wrapped.modules[u]->register_forward_pre_hook([this, u](nn::Module&) { gather_unit(u); });
+    wrapped.modules[u]->register_forward_hook([this, u](nn::Module&, const Tensor& out) {
+      release_unit(u);
+      return run_before_backward(out, [this, u] { gather_unit(u); });
+    });
+  }
+  root_unit_ = wrapped.units.back().empty() ? units.size() : units.size() - 1;
+  if (root_unit_ < units.size()) model.register_forward_pre_hook([this](nn::Module&) { gather_unit(root_unit_); });
+}
+
+void ZeroOptimizer::gather_unit(std::size_t u) {
+  Storage& storage = *unit_storage_[u];
+  if (!storage.released()) return;
+  storage.materialize();
+  const FlatUnit& unit = layout_.units()[u];
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = unit_storage_[u];
+  impl->shape = {unit.padded};
+  Tensor whole(impl);
+  Tensor mine = param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
+  if (group_.size() == 1) whole.copy_from(mine);
+  else group_.all_gather(mine, whole);
+  count_ring(comm::OpKind::all_gather, mine.nbytes());
+}
+
+void ZeroOptimizer::count_ring(comm::OpKind kind, std::size_t bytes) {
+  const auto n = static_cast<std::int64_t>(group_.size()), b = static_cast<std::int64_t>(bytes);
+  switch (kind) {
+    case comm::OpKind::all_reduce: ring_bytes_ += 2 * (n - 1) * b / n; break;
+    case comm::OpKind::reduce_scatter: ring_bytes_ += (n - 1) * b / n; break;
+    case comm::OpKind::all_gather: ring_bytes_ += (n - 1) * b; break;
+    default: break;
+  }
+}
+
+void ZeroOptimizer::release_unit(std::size_t u) {
+  if (!unit_storage_[u]->released()) unit_storage_[u]->release();
+}
+
+std::vector<float> ZeroOptimizer::full_parameters() {
+  std::vector<bool> was_released(unit_storage_.size());
+  for (std::size_t u = 0; u < unit_storage_.size(); ++u) {
+    was_released[u] = unit_storage_[u]->released();
+    gather_unit(u);
+  }
+  std::vector<float> out;
+  for (const Tensor& p : params_) {
+    auto values = p.to_host();
+    out.insert(out.end(), values.begin(), values.end());
+  }
+  for (std::size_t u = 0; u < unit_storage_.size(); ++u)
+    if (was_released[u]) release_unit(u);
+  return out;
 }
 
 void ZeroOptimizer::reduce_unit_async(std::size_t u) {
@@ -102,6 +247,7 @@ void ZeroOptimizer::reduce_unit_async(std::size_t u) {
   MemoryCategoryScope scope(MemoryCategory::communication);
   pending.reduced = Tensor::empty({layout_.units()[u].part}, pending.buffer.device());
   pending.work = group_.reduce_scatter_async(pending.buffer, pending.reduced, comm::ReduceOp::average);
+  count_ring(comm::OpKind::reduce_scatter, pending.buffer.nbytes());
   in_flight_.push_back(u);
   // Double buffering, as DeepSpeed's reduce buckets: with more than two units in flight, wait for the
   // oldest, so the gradients held beyond the shard stay about two units whatever the model's size.
@@ -146,12 +292,14 @@ double ZeroOptimizer::step() {
   autograd::NoGradGuard no_grad;
   if (options_.stage == 0) {
     if (group_.size() > 1) group_.all_reduce(flat_grads_, comm::ReduceOp::average);
+    count_ring(comm::OpKind::all_reduce, flat_grads_.nbytes());
   } else if (options_.stage == 1) {
     for (std::size_t u = 0; u < layout_.units().size(); ++u) {
       const FlatUnit& unit = layout_.units()[u];
       Tensor whole = flat_grads_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded));
       Tensor mine = grad_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
       group_.reduce_scatter(whole, mine, comm::ReduceOp::average);
+      count_ring(comm::OpKind::reduce_scatter, whole.nbytes());
     }
   } else {
     finish_reductions();
@@ -159,8 +307,12 @@ double ZeroOptimizer::step() {
   const double norm = clip();
   update();
   gather_parameters();
+  // Stage 3: every gathered copy is stale now; the next forward gathers the updated shards.
+  for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);
   bytes_last_step_ = group_.bytes_sent() - bytes_at_last_step_;
   bytes_at_last_step_ = group_.bytes_sent();
+  ring_bytes_last_step_ = ring_bytes_;
+  ring_bytes_ = 0;
   return norm;
 }
 
@@ -195,32 +347,34 @@ void ZeroOptimizer::update() {
                static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), steps_))};
   const int me = options_.stage == 0 ? 0 : group_.rank();
   const Tensor& grads = options_.stage == 0 ? flat_grads_ : grad_shard_;
-  Kernels& k = kernels(flat_params_.device());
+  Kernels& k = kernels(grads.device());
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
     for (const FlatSegment& s : layout_.segments(u, me)) {
       const std::int64_t flat = unit.offset + me * unit.part + s.part_offset, shard = unit.shard_offset + s.part_offset;
       a.weight_decay = weight_decay_[s.param];
-      k.adam_step(flat_params_.data() + flat, grads.data() + shard, exp_avg_.data() + shard,
+      float* param = options_.stage == 3 ? param_shard_.data() + shard : flat_params_.data() + flat;
+      k.adam_step(param, grads.data() + shard, exp_avg_.data() + shard,
                   exp_avg_sq_.data() + shard, static_cast<std::size_t>(s.length), a);
     }
   }
 }
 
 void ZeroOptimizer::gather_parameters() {
-  if (options_.stage == 0 || group_.size() == 1) return;
+  if (options_.stage == 0 || options_.stage == 3 || group_.size() == 1) return;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
     Tensor whole = flat_params_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded));
     MemoryCategoryScope scope(MemoryCategory::communication);
     Tensor mine = part_of(whole, u).clone();  // the input may not alias the output
     group_.all_gather(mine, whole);
+    count_ring(comm::OpKind::all_gather, mine.nbytes());
   }
 }
 
 void ZeroOptimizer::zero_grad() {
   if (flat_grads_.defined()) flat_grads_.fill_(0.0f);
-  if (options_.stage == 2) grad_shard_.fill_(0.0f);
+  if (options_.stage >= 2) grad_shard_.fill_(0.0f);
 }
 
 }  // namespace course::parallel

@@ -9,12 +9,19 @@
 //            (PyTorch's ZeroRedundancyOptimizer)
 //   stage 2  gradients sharded too                params 4Ψ  grads 4Ψ/N  Adam 8Ψ/N   4Ψ + 12Ψ/N
 //            (FSDP's SHARD_GRAD_OP)
+//   stage 3  parameters sharded too               params 4Ψ/N grads 4Ψ/N Adam 8Ψ/N   16Ψ/N
+//            (FSDP's FULL_SHARD)
 // Stage 0 all-reduces the gradients and every rank updates every parameter. Stage 1 reduce-scatters
 // them instead (each rank receives the average of its part only), updates its part of the parameters
 // with its part of Adam's state, and all-gathers the parameters. Stage 2 reduce-scatters each unit of
 // gradients during backward, as soon as the unit is complete (overlapped with the rest of backward),
 // and keeps only its part: the whole gradients never exist at once. Both move the same bytes as DDP's
-// all-reduce (a reduce-scatter plus an all-gather is how a ring all-reduce works).
+// all-reduce (a reduce-scatter plus an all-gather is how a ring all-reduce works). Stage 3 keeps only
+// its part of the parameters too: each unit (a wrapped module: a transformer block, a layer) is
+// all-gathered just before its forward and freed after it, gathered again when backward reaches it and
+// freed once its gradients are out, so about one layer's parameters exist at a time; the leftover
+// parameters (embeddings, the final norm) form the root unit, gathered for the whole step. That is a
+// second all-gather per step: 1.5 times the bytes of stages 0-2.
 //
 // Parameters live in flat buffers (flat_parameter.h), padded so that any size shards at any world size.
 // Gradient clipping works on the shards: each rank sums the squares of its part and the sums are
@@ -22,6 +29,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/comm/communicator.h"
@@ -30,19 +40,28 @@
 
 namespace course::parallel {
 
+// FSDP's auto-wrap policy: whether a module becomes a unit of its own at stage 3 (a module inside a unit
+// is part of that unit). The default wraps each transformer block (nn::Block) and each nn::Linear
+// outside one.
+using UnitPolicy = std::function<bool(const std::string& name, nn::Module& module)>;
+bool default_unit_policy(const std::string& name, nn::Module& module);
+
 struct ZeroOptions {
-  int stage = 1;  // 0, 1 or 2
+  int stage = 1;  // 0, 1, 2 or 3
   // AdamW, PyTorch's defaults; weight decay on tensors of two or more dimensions only (GPT-2's groups).
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   double max_grad_norm = 0;        // clip_grad_norm_ when positive
-  double unit_cap_mb = 25;         // parameters per flat unit (DDP's bucket_cap_mb)
+  double unit_cap_mb = 25;         // stages 0-2: parameters per flat unit (DDP's bucket_cap_mb)
+  UnitPolicy unit_policy;          // stage 3: the units (default_unit_policy when empty)
 };
 
 class ZeroOptimizer {
  public:
   // Lays the model's parameters out in flat buffers (the model's tensors become views into them),
   // broadcasts rank 0's values, and allocates this rank's state. Throws std::invalid_argument for a
-  // stage outside 0..2.
+  // stage outside 0..3. At stage 3 the model's parameters hold no memory outside their unit's forward
+  // and backward: read them with full_parameters(). The hooks it puts on the model refer to it, so it
+  // must live as long as the model runs forward.
   ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroOptions options);
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -55,9 +74,17 @@ class ZeroOptimizer {
   void set_lr(float lr) { options_.lr = lr; }
   long steps_taken() const { return steps_; }
 
+  // Every parameter's values in registration order (parameters_to_host), gathered at stage 3: for
+  // verification and for writing one ordinary checkpoint.
+  std::vector<float> full_parameters();
+
   int stage() const { return options_.stage; }
   const FlatLayout& layout() const { return layout_; }
-  std::int64_t bytes_sent_last_step() const { return bytes_last_step_; }
+  std::int64_t bytes_sent_last_step() const { return bytes_last_step_; }  // payload handed to collectives
+  // What a ring algorithm sends per rank for the collectives of the last step (backward's included):
+  // all-reduce 2(N-1)/N of the buffer, reduce-scatter (N-1)/N, all-gather (N-1) times the part. The
+  // theory: 2Ψ elements at stages 0-2, 3Ψ at stage 3 (its parameters are gathered twice).
+  std::int64_t ring_bytes_last_step() const { return ring_bytes_last_step_; }
 
  private:
   void on_gradient_ready(std::size_t param);
@@ -69,6 +96,10 @@ class ZeroOptimizer {
   void update();
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
+  void shard_parameters(nn::Module& model);  // stage 3's construction
+  void gather_unit(std::size_t unit);        // stage 3: materialise and all-gather a unit's parameters
+  void release_unit(std::size_t unit);
+  void count_ring(comm::OpKind kind, std::size_t bytes);
 
   comm::Communicator& group_;
   ZeroOptions options_;
@@ -78,6 +109,9 @@ class ZeroOptimizer {
   Tensor flat_grads_;             // stages 0 and 1: [padded], the parameters' .grad are views into it
   Tensor grad_shard_;             // stages 1 and 2: [shard], this rank's part of every unit's average
   Tensor exp_avg_, exp_avg_sq_;   // [padded] at stage 0, [shard] above
+  Tensor param_shard_;            // stage 3: [shard], this rank's part of every unit's parameters
+  std::vector<std::shared_ptr<Storage>> unit_storage_;  // stage 3: each unit's gathered parameters
+  std::size_t root_unit_ = 0;     // stage 3: the parameters no wrapped module owns
   std::vector<float> weight_decay_;  // per parameter
 
   // Stage 2: each unit's gradients gather in a buffer made when its first gradient arrives and freed
@@ -93,6 +127,7 @@ class ZeroOptimizer {
   static constexpr std::size_t kMaxUnitsInFlight = 2;
   long steps_ = 0;
   std::int64_t bytes_at_last_step_ = 0, bytes_last_step_ = 0;
+  std::int64_t ring_bytes_ = 0, ring_bytes_last_step_ = 0;  // this step so far; the last step's
 };
 
 }  // namespace course::parallel

@@ -30,6 +30,13 @@ Storage::Storage(Device d, std::size_t n, MemoryCategory c) : bytes(n), device(d
   data = allocate_bytes(device, bytes, category);
 }
 Storage::~Storage() { free_bytes(device, data, bytes, category); }
+void Storage::release() {
+  free_bytes(device, data, bytes, category);
+  data = nullptr;
+}
+void Storage::materialize() {
+  if (!data) data = allocate_bytes(device, bytes, category);
+}
 
 namespace {
 
@@ -119,6 +126,9 @@ Tensor Tensor::clone() const {
 }
 
 std::vector<float> Tensor::to_host() const {
+  if (impl_ && impl_->storage && impl_->storage->released())
+    throw std::logic_error("to_host: this tensor's storage is released (a ZeRO-3 parameter outside its layer's "
+                           "forward and backward: gather it first, e.g. with ZeroOptimizer::full_parameters)");
   std::vector<float> values(static_cast<std::size_t>(numel()));
   copy_bytes(values.data(), Device::cpu, data(), device(), nbytes());
   return values;

@@ -20,6 +20,12 @@ std::string shape_string(const Shape& shape);
 struct Storage {
   Storage(Device device, std::size_t bytes, MemoryCategory category);
   ~Storage();
+  // Gives the memory back and takes it again, keeping the object (PyTorch's storage().resize_(0) and
+  // back, as FSDP does): ZeRO-3 frees a layer's gathered parameters between uses, while the tensors
+  // and autograd's saved views that point at this storage stay valid. The contents are lost.
+  void release();
+  void materialize();
+  bool released() const { return data == nullptr && bytes > 0; }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
