@@ -7,6 +7,8 @@
                                        --sweep-buckets, OUT_PREFIX_buckets.png (step time by bucket cap)
   plot.py timeline TRACE.json OUT.png  a Chrome trace (chapter 05's trace.json) as a picture: one row per
                                        rank and lane
+  plot.py zero METRICS OUT_PREFIX      chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
+                                       category and stage, the formula marked) and OUT_PREFIX_communication.png
   plot.py speedup OUT.png --strong M1 M2 M4 [--weak W1 W2 W4]
                                        speedup against ideal and parallel efficiency, from runs of
                                        chapter 04 at several rank counts (strong: fixed global batch;
@@ -32,6 +34,17 @@ def summary(path):
     ddp = (events(records, "ddp_summary") or [None])[-1]
     overlap = (events(records, "overlap_summary") or [None])[-1]
     failover = (events(records, "failover_summary") or [None])[-1]
+    stages = events(records, "zero_stage")
+    if stages:
+        first, last = stages[0], stages[-1]
+        total = lambda r: r["params_bytes"] + r["grads_bytes"] + r["adam_bytes"]
+        formula = lambda r: r["formula_params"] + r["formula_grads"] + r["formula_adam"]
+        text = f"{first['ranks']} ranks, stages {', '.join(str(r['stage']) for r in stages)}: model states per rank "
+        text += ", ".join(f"{total(r) / 2**20:.2f}" for r in stages) + " MiB"
+        text += f" (measured/formula {min(total(r) / formula(r) for r in stages):.3f}-{max(total(r) / formula(r) for r in stages):.3f})"
+        if first["ring_bytes"] > 0:
+            text += f"; stage {last['stage']} sends {last['ring_bytes'] / first['ring_bytes']:.2f}x stage {first['stage']}"
+        return text
     if failover:
         text = f"{failover['ranks']} ranks, {failover['steps']} steps"
         if failover["resumed_from"]:
@@ -149,6 +162,40 @@ def overlap_charts(path, prefix):
         fig.savefig(f"{prefix}_buckets.png", dpi=120)
 
 
+def zero_charts(path, prefix):
+    """Chapter 07 --compare: model-state memory per rank by category and stage, the formula marked; and
+    the bytes each rank sends per step, beside the theory."""
+    plt = plt_module()
+    stages = events(read(path), "zero_stage")
+    if not stages:
+        raise SystemExit(f"zero: {path} has no zero_stage records (run 07_zero --compare --metrics FILE)")
+    names = [f"stage {r['stage']}" for r in stages]
+    mib = lambda key: [r[key] / 2**20 for r in stages]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(stages)
+    for key, label in (("params_bytes", "parameters"), ("grads_bytes", "gradients"), ("adam_bytes", "Adam state")):
+        ax.bar(names, mib(key), bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, mib(key))]
+    formula = [(r["formula_params"] + r["formula_grads"] + r["formula_adam"]) / 2**20 for r in stages]
+    ax.scatter(names, formula, marker="_", s=900, color="black", zorder=3, label="formula (16, 8+8/N, 4+12/N, 16/N bytes x params)")
+    ax.set(ylabel="MiB per rank")
+    ax.set_title(f"Model states per rank, float32 AdamW, {stages[0]['ranks']} ranks, {stages[0]['parameters']:.0f} parameters",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_memory.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(names, mib("ring_bytes"), label="measured (ring traffic of the collectives issued)")
+    ax.scatter(names, mib("ring_theory"), marker="_", s=900, color="black", zorder=3, label="theory: 2 psi, 3 psi at stage 3")
+    ax.set(ylabel="MiB sent per rank per step")
+    ax.set_title(f"Communication per step, {stages[0]['ranks']} ranks", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_communication.png", dpi=120)
+
+
 def timeline_chart(trace_path, out):
     plt = plt_module()
     with open(trace_path) as f:
@@ -223,7 +270,7 @@ def speedup_chart(out, modes):
 
 
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline"):
+    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[1] == "summary":
@@ -234,6 +281,8 @@ def main(argv):
         overlap_charts(argv[2], argv[3])
     elif argv[1] == "timeline":
         timeline_chart(argv[2], argv[3])
+    elif argv[1] == "zero":
+        zero_charts(argv[2], argv[3])
     elif argv[1] == "speedup":
         modes, current = {}, None
         for arg in argv[3:]:

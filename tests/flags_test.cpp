@@ -214,5 +214,14 @@ TEST(Flags, Chapter06) {
                   {"--fail-at-step"}});
 }
 
+TEST(Flags, Chapter07) {
+  try_every_flag({CHAPTER07_BINARY,
+                  {{"--device", "cpu"}, {"--steps", "2"}, {"--hidden", "8"}, {"--layers", "2"}, {"--global-batch", "8"}},
+                  true,
+                  {},
+                  {},
+                  kModelFlags});
+}
+
 }  // namespace
 }  // namespace course::testing

@@ -15,6 +15,7 @@ namespace {
 struct Counters {
   std::mutex mutex;
   MemoryStats stats[2];
+  std::int64_t limit[2] = {0, 0};
 };
 Counters& counters() {
   static Counters* instance = new Counters;  // outlives static tensors freed at exit
@@ -63,8 +64,27 @@ MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(t_
 MemoryCategoryScope::~MemoryCategoryScope() { t_category = previous_; }
 MemoryCategory current_memory_category() { return t_category; }
 
+void set_memory_limit(Device device, std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(counters().mutex);
+  counters().limit[static_cast<int>(device)] = bytes;
+}
+
+std::int64_t memory_limit(Device device) {
+  std::lock_guard<std::mutex> lock(counters().mutex);
+  return counters().limit[static_cast<int>(device)];
+}
+
 void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) {
   if (bytes == 0) return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(counters().mutex);
+    const std::int64_t limit = counters().limit[static_cast<int>(device)];
+    const std::int64_t in_use = counters().stats[static_cast<int>(device)].current_total;
+    if (limit > 0 && in_use + static_cast<std::int64_t>(bytes) > limit)
+      throw OutOfMemory("out of memory: needs " + format_bytes(static_cast<std::int64_t>(bytes)) + ", limit " +
+                        format_bytes(limit) + " (" + format_bytes(in_use) + " in use), category " +
+                        memory_category_name(category));
+  }
   void* ptr = nullptr;
   if (device == Device::cpu) {
     ptr = cpu_allocator::allocate(bytes);

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "common/core/device.h"
@@ -41,6 +42,15 @@ class MemoryCategoryScope {
   MemoryCategory previous_;
 };
 MemoryCategory current_memory_category();
+
+// A per-process budget on a device's counted memory (chapter 07's --mem-limit-mb), 0 for none. An
+// allocation that would take the total past it throws OutOfMemory, naming what it needed, the limit,
+// what was in use, and the category it was for.
+struct OutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void set_memory_limit(Device device, std::int64_t bytes);
+std::int64_t memory_limit(Device device);
 
 // Raw counted allocation; Tensor storage goes through these.
 void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category);

@@ -56,8 +56,9 @@ WrappedUnits wrapped_units(nn::Module& model, const std::vector<Tensor>& params,
 FlatLayout make_layout(nn::Module& model, const std::vector<Tensor>& params, int ranks, const ZeroOptions& o) {
   if (o.stage < 0 || o.stage > 3)
     throw std::invalid_argument("ZeroOptimizer: stage " + std::to_string(o.stage) + " is not 0, 1, 2 or 3");
-  if (o.stage < 3) return FlatLayout(params, o.stage == 0 ? 1 : ranks, cap_elements(o.unit_cap_mb));
-  return FlatLayout(params, ranks, wrapped_units(model, params, o.unit_policy ? o.unit_policy : default_unit_policy).units);
+  const int shards = o.stage == 0 ? 1 : ranks;
+  if (o.stage < 3 && o.unit_cap_mb > 0) return FlatLayout(params, shards, cap_elements(o.unit_cap_mb));
+  return FlatLayout(params, shards, wrapped_units(model, params, o.unit_policy ? o.unit_policy : default_unit_policy).units);
 }
 
 // An identity whose backward first runs `before`: ZeRO-3 marks a unit's output with it, so backward
@@ -71,6 +72,8 @@ Tensor run_before_backward(const Tensor& output, std::function<void()> before) {
 }
 
 }  // namespace
+
+double zero_stage_tolerance(double lr, long steps) { return 1e-3 * lr * static_cast<double>(steps); }
 
 bool default_unit_policy(const std::string&, nn::Module& module) {
   return dynamic_cast<nn::Block*>(&module) != nullptr || dynamic_cast<nn::Linear*>(&module) != nullptr;

@@ -51,9 +51,20 @@ struct ZeroOptions {
   // AdamW, PyTorch's defaults; weight decay on tensors of two or more dimensions only (GPT-2's groups).
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   double max_grad_norm = 0;        // clip_grad_norm_ when positive
-  double unit_cap_mb = 25;         // stages 0-2: parameters per flat unit (DDP's bucket_cap_mb)
-  UnitPolicy unit_policy;          // stage 3: the units (default_unit_policy when empty)
+  // The units: by default one per wrapped module (unit_policy, default_unit_policy when empty), so
+  // stage 2 reduces gradients layer by layer; at stages 0-2 a positive unit_cap_mb makes them by size
+  // instead, as DDP's buckets.
+  double unit_cap_mb = 0;
+  UnitPolicy unit_policy;
 };
+
+// How far a stage's run may end from stage 0's after `steps` AdamW steps of learning rate `lr`: stages
+// 1-3 average by reduce-scatter where stage 0 all-reduces (the same sums, possibly added in another
+// order: one float32 rounding of each averaged gradient), and clipping's norm comes from N partial sums.
+// AdamW moves a parameter by about lr per step at most, whatever the gradient's size, so rounding can
+// only change a small fraction of that movement: a thousandth of lr x steps. A wrong shard, a missing
+// unit or a double average changes whole updates, about lr each.
+double zero_stage_tolerance(double lr, long steps);
 
 class ZeroOptimizer {
  public:

@@ -1,0 +1,228 @@
+// Chapter 07: ZeRO. Data parallelism keeps a whole copy of the model states on every rank: 16 bytes per
+// parameter with float32 AdamW (4 the parameter, 4 its gradient, 8 Adam's two moments). ZeRO shards
+// them: stage 1 the optimizer state, stage 2 the gradients too, stage 3 the parameters too
+// (common/parallel/zero.h). The program trains the MLP or the GPT at the chosen stage, prints where
+// every byte went beside the paper's formula and the bytes each rank sent beside the theory, and with
+// --verify checks the run against stage 0 (DDP). --compare runs all four stages one after the other.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/cli/cli.h"                      // common flags, validators, exit codes
+#include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
+#include "common/cli/session.h"                  // device, topology and metrics, set up once
+#include "common/comm/environment.h"             // MPI start-up
+#include "common/core/log.h"                     // rank 0 prints
+#include "common/core/memory.h"                  // the per-category counters, the budget
+#include "common/nn/tasks.h"                     // the model, its data and its loss
+#include "common/ops/ops.h"                      // scale
+#include "common/parallel/distributed_sampler.h" // each rank's share of the data
+#include "common/parallel/zero.h"                // ZeroOptimizer, stages 0-3
+
+using namespace course;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  cli::CommonOptions common;
+  cli::DistributedOptions distributed;
+  cli::ModelOptions models;
+  int stage = 3;
+  std::int64_t steps = 20;
+  std::int64_t global_batch = 240;
+  int accum = 1;
+  float lr = 1e-3f;
+  double clip = 1.0;
+  std::int64_t hidden = 256;  // the MLP: 8 layers of 256, so that model states dominate and units are small
+  int layers = 8;
+  int log_every = 5;
+  bool verify = false, compare = false;
+  double mem_limit_mb = 0;
+};
+
+struct StageRun {
+  int stage = 0;
+  std::vector<float> losses, parameters;
+  double psi = 0;
+  std::int64_t params_bytes = 0, grads_bytes = 0, adam_bytes = 0;  // model states held after a step
+  std::int64_t peak_activations = 0, peak_communication = 0;
+  std::int64_t ring_bytes = 0;  // per step, as a ring sends it
+  double step_ms = 0;
+};
+
+// The model states per rank, by the ZeRO paper's formulas for float32 AdamW (bytes).
+struct Formula {
+  double params, grads, adam;
+  double total() const { return params + grads + adam; }
+};
+Formula formula(int stage, double psi, int n) {
+  return {stage <= 2 ? 4 * psi : 4 * psi / n, stage <= 1 ? 4 * psi : 4 * psi / n, stage == 0 ? 8 * psi : 8 * psi / n};
+}
+double ring_theory(int stage, double psi, int n) { return (stage == 3 ? 3 : 2) * 4 * psi * (n - 1) / n; }
+
+nn::TrainingTask make_task(const Options& o, Device device) {
+  if (o.models.model == "mlp") return nn::mlp_task(4096, 16, o.hidden, o.layers, device, o.common.seed);
+  return cli::gpt_training_task(o.models, 0, false, device, o.common.seed);
+}
+
+StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::Communicator& group, Device device,
+               metrics::MetricsWriter& metrics) {
+  const int ranks = group.size();
+  StageRun run;
+  run.stage = stage;
+  const MemoryStats before = memory_stats(device);
+  auto model = task.make_model(o.common.seed);
+  run.psi = static_cast<double>(model->parameter_count());
+  parallel::ZeroOptions options;
+  options.stage = stage;
+  options.lr = o.lr;
+  options.beta2 = 0.95f;
+  options.weight_decay = 0.1f;
+  options.max_grad_norm = o.clip;
+  parallel::ZeroOptimizer zero(*model, group, options);
+  parallel::DistributedSampler sampler(task.size, group, o.common.seed);
+  const std::int64_t local_batch = o.global_batch / ranks;
+  reset_peak_memory(device);
+  double total_ms = 0;
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto begin = Clock::now();
+    const auto share = sampler.batch(step, local_batch);
+    const auto micro = data::split_batches(share, (local_batch + o.accum - 1) / o.accum);
+    double local_loss = 0;
+    for (const auto& batch : micro) {
+      const float weight = static_cast<float>(batch.size()) / static_cast<float>(share.size());
+      Tensor loss = scale(task.loss(*model, batch), weight);
+      local_loss += loss.item();
+      loss.backward();
+    }
+    zero.step();
+    zero.zero_grad();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+    if (step > 0 || o.steps == 1) total_ms += ms;
+    Tensor loss = Tensor::from_host({static_cast<float>(local_loss)}, {1});
+    group.all_reduce(loss, comm::ReduceOp::average);
+    run.losses.push_back(loss.item());
+    if (step == 0) run.ring_bytes = zero.ring_bytes_last_step();
+    if (!o.compare && (step % o.log_every == 0 || step + 1 == o.steps))
+      log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
+  }
+  run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.steps - 1));
+  const MemoryStats after = memory_stats(device);
+  auto held = [&](MemoryCategory c) { return after.current_of(c) - before.current_of(c); };
+  run.params_bytes = held(MemoryCategory::parameters);
+  run.grads_bytes = held(MemoryCategory::gradients);
+  run.adam_bytes = held(MemoryCategory::optimizer_state);
+  run.peak_activations = after.peak_of(MemoryCategory::activations) - before.current_of(MemoryCategory::activations);
+  run.peak_communication = after.peak_of(MemoryCategory::communication) - before.current_of(MemoryCategory::communication);
+  run.parameters = zero.full_parameters();
+  const Formula f = formula(stage, run.psi, ranks);
+  metrics.write({{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
+                 {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
+                 {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
+                 {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
+                 {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
+                 {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}});
+  return run;
+}
+
+void print_memory_table(const std::vector<StageRun>& runs, int ranks) {
+  log("model states per rank (float32 AdamW, %d ranks, %.0f parameters):\n", ranks, runs.front().psi);
+  log("  stage  parameters   gradients   Adam state  total       formula     measured/formula  | peak activations  peak comm. buffers\n");
+  for (const StageRun& r : runs) {
+    const Formula f = formula(r.stage, r.psi, ranks);
+    const double total = static_cast<double>(r.params_bytes + r.grads_bytes + r.adam_bytes);
+    log("  %d      %-12s %-11s %-11s %-11s %-11s %.3f             | %-17s %s\n", r.stage,
+        format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(), format_bytes(r.adam_bytes).c_str(),
+        format_bytes(static_cast<std::int64_t>(total)).c_str(), format_bytes(static_cast<std::int64_t>(f.total())).c_str(),
+        total / f.total(), format_bytes(r.peak_activations).c_str(), format_bytes(r.peak_communication).c_str());
+  }
+  log("communication per rank per step (as a ring sends it):\n");
+  for (const StageRun& r : runs) {
+    const double theory = ring_theory(r.stage, r.psi, ranks);
+    log("  stage %d  %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms\n", r.stage,
+        format_bytes(r.ring_bytes).c_str(), format_bytes(static_cast<std::int64_t>(theory)).c_str(),
+        r.stage == 3 ? "3 psi" : "2 psi", ranks > 1 ? static_cast<double>(r.ring_bytes) / theory : 1.0, r.step_ms);
+  }
+}
+
+// A stage's run against stage 0's: the loss of every step and the final parameters.
+bool matches(const StageRun& run, const StageRun& reference, double tolerance) {
+  double worst = 0;
+  for (std::size_t i = 0; i < run.losses.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(run.losses[i]) - reference.losses[i]));
+  double worst_param = 0;
+  for (std::size_t i = 0; i < run.parameters.size(); ++i)
+    worst_param = std::max(worst_param, std::fabs(static_cast<double>(run.parameters[i]) - reference.parameters[i]));
+  const bool ok = worst <= tolerance && worst_param <= tolerance;
+  log("verify stage %d against stage 0: losses within %.3g, parameters within %.3g (tolerance %.3g): %s\n", run.stage,
+      worst, worst_param, tolerance, ok ? "PASSED" : "FAILED");
+  return ok;
+}
+
+int run(const Options& o, cli::Session& session) {
+  comm::Communicator& group = session.topology->dp_group();
+  const Device device = session.device;
+  const int ranks = group.size();
+  if (o.global_batch % (static_cast<std::int64_t>(ranks) * o.accum) != 0)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by ranks x --accum (" +
+                     std::to_string(ranks) + " x " + std::to_string(o.accum) + ")");
+  const nn::TrainingTask task = make_task(o, device);
+  if (o.global_batch > task.size)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the task's " +
+                     std::to_string(task.size) + " samples");
+  if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
+  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s\n", ranks, task.description.c_str(),
+      static_cast<long long>(o.global_batch), static_cast<long long>(o.steps), o.lr, o.clip,
+      o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
+  const double tolerance = parallel::zero_stage_tolerance(o.lr, o.steps);
+  bool passed = true;
+  std::vector<StageRun> runs;
+  if (o.compare) {
+    for (int stage = 0; stage <= 3; ++stage) runs.push_back(train(o, stage, task, group, device, session.metrics));
+    print_memory_table(runs, ranks);
+    for (int stage = 1; stage <= 3; ++stage) passed = matches(runs[stage], runs[0], tolerance) && passed;
+  } else {
+    log("stage %d\n", o.stage);
+    runs.push_back(train(o, o.stage, task, group, device, session.metrics));
+    print_memory_table(runs, ranks);
+    if (o.verify && o.stage != 0) {
+      set_memory_limit(device, 0);  // the reference is stage 0: it may not fit the budget
+      passed = matches(runs[0], train(o, 0, task, group, device, session.metrics), tolerance);
+    }
+  }
+  log("%s\n", passed ? "PASSED" : "FAILED");
+  return passed ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  comm::Environment env(argc, argv);
+  CLI::App app{"Chapter 07: ZeRO stages 0-3, memory and communication against the formulas"};
+  Options o;
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_model_options(app, o.models);
+  app.add_option("--stage", o.stage, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)")
+      ->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1000000}))->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->capture_default_str();
+  app.add_option("--accum", o.accum, "Micro-batches per step on each rank")->check(cli::PositiveInteger)->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--clip", o.clip, "Clip the gradient's global norm to this (0: off)")
+      ->check(cli::NonNegativeFinite)->capture_default_str();
+  app.add_option("--hidden", o.hidden, "The MLP's width")->check(CLI::Range(1, 1 << 14))->capture_default_str();
+  app.add_option("--layers", o.layers, "The MLP's hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
+  app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
+      ->check(cli::PositiveFinite);
+  app.add_flag("--verify", o.verify, "Check losses and final parameters against stage 0");
+  app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
+  return cli::run(app, argc, argv, [&] {
+    auto session = cli::start_session(o.common, o.distributed);
+    return run(o, session);
+  });
+}
