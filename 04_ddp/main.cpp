@@ -17,8 +17,7 @@
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/nn/tasks.h"                     // --model mlp|gpt: the model, its data and its loss
 #include "common/ops/ops.h"                      // mse_loss, scale
-#include "common/optim/lr_scheduler.h"           // warm-up and cosine decay (--optimizer adamw)
-#include "common/optim/optimizer.h"              // SGD, AdamW
+#include "common/optim/recipe.h"                 // --optimizer: SGD, or AdamW with warm-up, cosine decay, clipping
 #include "common/parallel/ddp.h"                 // DistributedDataParallel
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
@@ -48,38 +47,8 @@ struct Options {
   std::string save;
   cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
   bool samples_given = false;
-  std::string optimizer = "sgd";
+  std::string optimizer = "sgd";  // optim::Recipe: sgd, or adamw for the GPT
 };
-
-// --optimizer: chapter 04's lesson uses plain SGD; adamw is what a GPT is trained with (GPT-2,
-// nanoGPT): AdamW (betas 0.9, 0.95; weight decay 0.1 on matrices and embeddings only), linear
-// warm-up over a tenth of the run (at most 100 steps) then cosine decay to lr/10, and the gradient
-// clipped to norm 1 after the DDP average.
-struct Training {
-  std::unique_ptr<optim::Optimizer> optimizer;
-  std::shared_ptr<optim::LRScheduler> schedule;  // null for SGD
-  double clip = 0.0;                               // 0: no clipping
-
-  Training(const Options& o, const std::vector<Tensor>& params, std::int64_t total_steps) {
-    if (o.optimizer == "sgd") {
-      optimizer = std::make_unique<optim::SGD>(params, o.lr);
-      return;
-    }
-    optimizer = std::make_unique<optim::Adam>(optim::weight_decay_groups(params, 0.1f), o.lr, 0.9f, 0.95f, 1e-8f, true);
-    const std::int64_t warmup = std::min<std::int64_t>(100, total_steps / 10);
-    schedule = total_steps > warmup ? optim::warmup_cosine(o.lr, warmup, total_steps, o.lr / 10) : nullptr;
-    clip = 1.0;
-  }
-  // After backward (and the check of the averaged gradient): clip, set the step's rate, update.
-  void step(std::int64_t step) {
-    if (clip > 0) optim::clip_grad_norm_(optimizer->params(), clip);
-    if (schedule) optimizer->set_lr(schedule->lr_at(step));
-    optimizer->step();
-    optimizer->zero_grad();
-  }
-};
-
-
 
 // The most steps a run may take: a bound that keeps every step count exact in the metrics and
 // turns a mistyped --epochs into an error instead of a run that never ends.
@@ -142,7 +111,7 @@ void install_fault(parallel::DistributedDataParallel& ddp, const std::string& fa
 std::vector<float> single_rank_run(const Options& o, const nn::TrainingTask& task, const parallel::DistributedSampler& sampler,
                                    std::int64_t local_batch, std::int64_t total_steps, bool reversed) {
   auto model = task.make_model(o.common.seed);
-  Training training(o, model->parameters(), total_steps);
+  optim::Recipe training(o.optimizer, model->parameters(), o.lr, total_steps);
   for (std::int64_t step = 0; step < total_steps; ++step) {
     auto batch = sampler.global_batch(step, local_batch);
     if (reversed) std::reverse(batch.begin(), batch.end());
@@ -186,7 +155,7 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--epochs: " + std::to_string(o.epochs) + " epochs of " + std::to_string(steps_per_epoch) +
                      " steps exceed " + std::to_string(kMaxSteps) + " steps");
   const std::int64_t total_steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.steps;
-  Training training(o, model->parameters(), total_steps);
+  optim::Recipe training(o.optimizer, model->parameters(), o.lr, total_steps);
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", ranks,
       static_cast<long long>(local_batch), static_cast<long long>(o.global_batch), o.accum, task.description.c_str(),
       static_cast<long long>(total_steps), o.lr);
@@ -272,14 +241,7 @@ int run(const Options& o, cli::Session& session) {
     log("final parameters: largest difference from the single-rank run %.3g; its noise floor (the same run with "
         "each batch summed in reverse order) %.3g; ratio %.3g\n", drift.difference, drift.noise_floor, drift.ratio());
   }
-  if (task.evaluate && !diverged)
-    parallel::on_rank0(group, [&] {
-      const auto e = task.evaluate(*model);
-      std::string shown;
-      for (const auto& example : e.examples) shown += (shown.empty() ? "" : ", ") + example;
-      log("%s: %.3f; for example %s\n", e.metric.c_str(), e.value, shown.c_str());
-      session.metrics.write({{"event", "evaluation"}, {"metric", e.metric}, {"value", e.value}, {"examples", e.examples}});
-    });
+  if (!diverged) cli::report_evaluation(task, *model, group, session.metrics);
   const bool passed = identical && check.passed && !diverged;
   if (!o.save.empty())
     parallel::on_rank0(group, [&] {  // the ranks hold the same parameters: rank 0 writes them

@@ -1,5 +1,5 @@
-// Chapter 06: checkpoints and failover. Data-parallel training (chapter 04's MLP, chapter 05's
-// buckets) with Adam, saving a checkpoint every --ckpt-every steps: the parameters, Adam's moments and
+// Chapter 06: checkpoints and failover. Data-parallel training (chapter 04's MLP or GPT, chapter 05's
+// buckets) with Adam (AdamW with its schedule for the GPT), saving a checkpoint every --ckpt-every steps: the parameters, Adam's moments and
 // where training stands (step, global sample position, world size). A job that dies resumes from the
 // newest good checkpoint and, because everything that decides the next step was saved, continues to
 // exactly the result it would have reached without the failure: bit for bit at the same world size.
@@ -19,11 +19,11 @@
 #include "common/cli/session.h"                // device, topology and metrics, set up once
 #include "common/comm/environment.h"           // MPI start-up
 #include "common/core/log.h"                   // rank 0 prints
-#include "common/data/house_prices.h"          // the wide house-price data
+#include "common/cli/model_options.h"          // --model mlp|gpt and the GPT's sizes
 #include "common/data/sampling.h"              // SampleStream: a data order that survives a change of world size
-#include "common/nn/layers.h"                  // make_mlp
-#include "common/ops/ops.h"                    // mse_loss
-#include "common/optim/optimizer.h"            // Adam
+#include "common/nn/tasks.h"                   // the MLP's and the GPT's task
+#include "common/ops/ops.h"                    // scale
+#include "common/optim/recipe.h"               // Adam; AdamW with warm-up, cosine decay and clipping
 #include "common/parallel/ddp.h"               // DistributedDataParallel
 #include "common/parallel/distributed_sampler.h" // share_of: each rank's part of the global batch
 #include "common/parallel/replicas.h"          // checksums, on_rank0
@@ -55,6 +55,8 @@ struct Options {
   std::string fault = "none";
   std::string save;
   double mtbf_hours = 24;
+  cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
+  bool samples_given = false;
 };
 
 constexpr std::int64_t kMaxSteps = 10'000'000;
@@ -72,38 +74,59 @@ int restart_count() {
   return text ? std::atoi(text) : 0;
 }
 
-std::string model_config(const Options& o) {
+nn::TrainingTask make_task(const Options& o, Device device) {
+  if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
+  if (o.models.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
+  return cli::gpt_training_task(o.models, o.samples, o.samples_given, device, o.common.seed);
+}
+
+// The MLP trains with Adam at a constant rate; the GPT as GPT-2 did (optim::Recipe "adamw"), whose
+// rate follows a schedule over --steps.
+std::string recipe_of(const Options& o) { return o.models.model == "gpt" ? "adamw" : "adam"; }
+
+// What a checkpoint must match to be loaded into this run: the model's configuration and the data it
+// trains on, and for the GPT the length of the schedule (a rate schedule over other --steps would make
+// the rest of the run another run).
+std::string model_config(const Options& o, const nn::TrainingTask& task, const nn::Module& model) {
   std::ostringstream s;
-  s << R"({"model":"mlp","features":)" << o.features << R"(,"hidden":)" << o.hidden << R"(,"layers":)" << o.layers
-    << R"(,"outputs":1,"activation":"relu"})";
+  if (o.models.model == "mlp") {
+    s << R"({"model":"mlp","features":)" << o.features << R"(,"hidden":)" << o.hidden << R"(,"layers":)" << o.layers
+      << R"(,"outputs":1,"activation":"relu")";
+  } else {
+    s << R"({"model":"gpt","gpt":)" << dynamic_cast<const nn::GPT&>(model).config().to_json()
+      << R"(,"schedule_steps":)" << o.steps;
+  }
+  s << R"(,"data":")" << task.description << R"("})";
   return s.str();
 }
 
 // One training run's state: the model under DDP and its optimizer. Each rank initialises with its own
 // seed; DDP's broadcast makes them identical (chapter 04).
 struct Trainer {
-  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<nn::Module> model;
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
-  std::unique_ptr<optim::Adam> adam;
+  std::unique_ptr<optim::Recipe> recipe;
 
-  Trainer(const Options& o, Device device, comm::Communicator& group) {
-    model = nn::make_mlp(o.features, o.hidden, o.layers, 1, nn::Activation::relu, device,
-                         o.common.seed + static_cast<std::uint64_t>(group.rank()));
+  Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group) {
+    model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
     ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
-    adam = std::make_unique<optim::Adam>(model->parameters(), o.lr);
+    reset_optimizer(o);
   }
+  // A fresh optimizer: no moments, no steps taken.
+  void reset_optimizer(const Options& o) {
+    recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.lr, o.steps);
+  }
+  optim::Optimizer& optimizer() { return recipe->optimizer(); }
 
-  // One step on the global batch at `position` of the sample stream; this rank takes its share.
+  // Step `step` on the global batch at `position` of the sample stream; this rank takes its share.
   // With `reversed`, the share is summed in reverse order (the noise floor of --verify).
-  float step(const data::Dataset& dataset, const data::SampleStream& stream, std::int64_t position,
-             std::int64_t global_batch, comm::Communicator& group, Device device, bool reversed = false) {
+  float step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step, std::int64_t position,
+             std::int64_t global_batch, comm::Communicator& group, bool reversed = false) {
     auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
     if (reversed) std::reverse(share.begin(), share.end());
-    data::Batch batch = data::make_batch(dataset, share, device);
-    Tensor loss = mse_loss((*model)(batch.x), batch.y);
+    Tensor loss = task.loss(*model, share);
     loss.backward();  // DDP averages the gradients across ranks
-    adam->step();
-    adam->zero_grad();
+    recipe->step(step);
     Tensor global = Tensor::from_host({loss.item()}, {1});
     group.all_reduce(global, comm::ReduceOp::average);
     return global.item();
@@ -111,7 +134,7 @@ struct Trainer {
 
   std::vector<float> optimizer_state_to_host() const {
     std::vector<float> all;
-    for (const auto& [name, t] : adam->state()) {
+    for (const auto& [name, t] : recipe->optimizer().state()) {
       auto v = t.to_host();
       all.insert(all.end(), v.begin(), v.end());
     }
@@ -148,14 +171,14 @@ int run(const Options& o, cli::Session& session) {
   if (o.fail_during_save && o.fail_rank != 0)
     throw UsageError("--fail-during-save: rank 0 writes the checkpoints, so --fail-rank must be 0");
 
-  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
-  data::SampleStream stream(dataset.size, o.common.seed);
-  Trainer trainer(o, device, group);
-  const std::string config = model_config(o);
+  const nn::TrainingTask task = make_task(o, device);  // the same data on every rank
+  data::SampleStream stream(task.size, o.common.seed);
+  Trainer trainer(o, task, group);
+  const std::string config = model_config(o, task, *trainer.model);
   checkpoint::CheckpointFolder folder(o.ckpt_dir, o.keep);
-  log("checkpoint failover: %d ranks, MLP %lld params, Adam lr %g, %lld steps of %lld samples; checkpoint every %lld "
+  log("checkpoint failover: %d ranks, %s, %s lr %g, %lld steps of %lld samples; checkpoint every %lld "
       "steps into %s (keeping %d)%s\n",
-      ranks, static_cast<long long>(trainer.model->parameter_count()), o.lr, static_cast<long long>(o.steps),
+      ranks, task.description.c_str(), trainer.optimizer().name().c_str(), o.lr, static_cast<long long>(o.steps),
       static_cast<long long>(o.global_batch), static_cast<long long>(o.ckpt_every), o.ckpt_dir.c_str(), o.keep,
       restart_count() ? (", restart " + std::to_string(restart_count())).c_str() : "");
 
@@ -188,7 +211,7 @@ int run(const Options& o, cli::Session& session) {
     auto found = checkpoint::load_latest_good(
         group, folder,
         [&](const std::string& path, const checkpoint::Loaded& loaded) {
-          checkpoint::check_training_checkpoint(path, loaded, *trainer.model, config, *trainer.adam);
+          checkpoint::check_training_checkpoint(path, loaded, *trainer.model, config, trainer.optimizer());
         },
         [&](const std::string& line) {
           ++rejected;
@@ -196,7 +219,7 @@ int run(const Options& o, cli::Session& session) {
         },
         &why);
     if (!found) throw UsageError("--resume: " + why);
-    state = checkpoint::check_training_checkpoint(found->path, found->loaded, *trainer.model, config, *trainer.adam);
+    state = checkpoint::check_training_checkpoint(found->path, found->loaded, *trainer.model, config, trainer.optimizer());
     if (state.global_batch != o.global_batch)
       throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " differs from the checkpoint's " +
                        std::to_string(state.global_batch) + "; the steps would no longer be the same steps");
@@ -206,8 +229,8 @@ int run(const Options& o, cli::Session& session) {
     if (state.step > o.steps)
       throw UsageError("--steps: " + std::to_string(o.steps) + " is fewer than the checkpoint's " +
                        std::to_string(state.step));
-    checkpoint::restore(found->loaded, *trainer.model, *trainer.adam);
-    if (o.fault == "lose-optimizer-state") trainer.adam = std::make_unique<optim::Adam>(trainer.model->parameters(), o.lr);
+    checkpoint::restore(found->loaded, *trainer.model, trainer.optimizer());
+    if (o.fault == "lose-optimizer-state") trainer.reset_optimizer(o);
     if (o.fault == "repeat-batch" && state.samples_seen >= o.global_batch) state.samples_seen -= o.global_batch;
     if (state.world_size != ranks) state.world_history += " " + std::to_string(ranks) + "@" + std::to_string(state.step);
     resumed_from = found->path;
@@ -234,7 +257,7 @@ int run(const Options& o, cli::Session& session) {
     if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
       std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
     const auto step_begin = std::chrono::steady_clock::now();
-    const float loss = trainer.step(dataset, stream, state.samples_seen, o.global_batch, group, device);
+    const float loss = trainer.step(task, stream, step, state.samples_seen, o.global_batch, group);
     if (step > start_step) {  // the first step warms up allocators and caches
       step_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_begin).count();
       ++timed_steps;
@@ -261,8 +284,8 @@ int run(const Options& o, cli::Session& session) {
         };
       const auto begin = std::chrono::steady_clock::now();
       const std::size_t bytes =
-          folder.save(state.step, checkpoint::training_tensors(*trainer.model, *trainer.adam),
-                      checkpoint::training_metadata(state, config, *trainer.adam), die_halfway);
+          folder.save(state.step, checkpoint::training_tensors(*trainer.model, trainer.optimizer()),
+                      checkpoint::training_metadata(state, config, trainer.optimizer()), die_halfway);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
       write_ms += ms;
       written_mb += static_cast<double>(bytes) / 1e6;
@@ -293,7 +316,7 @@ int run(const Options& o, cli::Session& session) {
   const bool identical = trainer.ddp->parameters_identical();
   const std::uint64_t checksum = parallel::parameter_checksum(trainer.model->parameters());
   std::vector<Tensor> moments;
-  for (const auto& [name, t] : trainer.adam->state()) moments.push_back(t);
+  for (const auto& [name, t] : trainer.optimizer().state()) moments.push_back(t);
   const std::uint64_t optimizer_checksum = parallel::parameter_checksum(moments);
   log("final parameter checksum %016llx, optimizer state checksum %016llx (step %lld); ranks identical: %s\n",
       static_cast<unsigned long long>(checksum), static_cast<unsigned long long>(optimizer_checksum),
@@ -303,22 +326,22 @@ int run(const Options& o, cli::Session& session) {
   bool passed = identical && !diverged;
   if (o.verify && !diverged) {
     // The run without interruption, at this world size, in this job: the same seeds, the same data.
-    Trainer reference(o, device, group);
+    Trainer reference(o, task, group);
     for (std::int64_t step = 0; step < o.steps; ++step)
-      reference.step(dataset, stream, step * o.global_batch, o.global_batch, group, device);
+      reference.step(task, stream, step, step * o.global_batch, o.global_batch, group);
     difference = verify::max_abs_diff(trainer.model->parameters_to_host(), reference.model->parameters_to_host());
     optimizer_difference = verify::max_abs_diff(trainer.optimizer_state_to_host(), reference.optimizer_state_to_host());
     if (same_world) {
       const bool bit_identical = checksum == parallel::parameter_checksum(reference.model->parameters()) &&
                                  difference == 0 && optimizer_difference == 0 &&
-                                 trainer.adam->steps_taken() == reference.adam->steps_taken();
+                                 trainer.optimizer().steps_taken() == reference.optimizer().steps_taken();
       log("verify: against the uninterrupted run at %d ranks: parameters and optimizer state %s (largest differences "
           "%.3g and %.3g)\n", ranks, bit_identical ? "bit-identical" : "DIFFER", difference, optimizer_difference);
       passed = passed && bit_identical;
     } else {
-      Trainer reordered(o, device, group);
+      Trainer reordered(o, task, group);
       for (std::int64_t step = 0; step < o.steps; ++step)
-        reordered.step(dataset, stream, step * o.global_batch, o.global_batch, group, device, true);
+        reordered.step(task, stream, step, step * o.global_batch, o.global_batch, group, true);
       noise_floor = verify::max_abs_diff(reference.model->parameters_to_host(), reordered.model->parameters_to_host());
       const double ratio = noise_floor > 0 ? difference / noise_floor : (difference == 0 ? 0.0 : INFINITY);
       log("verify: world sizes %s; against the uninterrupted run at %d ranks the largest parameter difference is %.3g, "
@@ -327,6 +350,7 @@ int run(const Options& o, cli::Session& session) {
       passed = passed && ratio <= kElasticDriftFactor;
     }
   }
+  if (!diverged) cli::report_evaluation(task, *trainer.model, group, session.metrics);
   if (!o.save.empty())
     parallel::on_rank0(group, [&] {
       checkpoint::save_parameters(o.save, *trainer.model, {{"chapter", "06_checkpoint_failover"},
@@ -355,6 +379,7 @@ int main(int argc, char** argv) {
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_save_option(app, o.save);
+  cli::add_model_options(app, o.models);
   app.add_option("--ckpt-dir", o.ckpt_dir, "Folder of the checkpoints (rank 0 writes it)")
       ->required();
   app.add_option("--ckpt-every", o.ckpt_every, "Write a checkpoint every N steps (and at the end)")
@@ -366,8 +391,8 @@ int main(int argc, char** argv) {
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, kMaxSteps))->capture_default_str();
   app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
-  app.add_option("--lr", o.lr, "Adam learning rate")->check(cli::PositiveFinite)->capture_default_str();
-  app.add_option("--samples", o.samples, "Dataset size")
+  app.add_option("--lr", o.lr, "Learning rate (Adam's; for the GPT, AdamW's peak)")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--samples", o.samples, "Dataset size (for the GPT: training problems)")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
   app.add_option("--features", o.features, "Input features")->check(CLI::Range(2, 1 << 16))->capture_default_str();
   app.add_option("--hidden", o.hidden, "Hidden width")->check(CLI::Range(1, 1 << 14))->capture_default_str();
@@ -392,6 +417,7 @@ int main(int argc, char** argv) {
   return cli::run(app, argc, argv, [&] {
     if (o.fail_during_save && o.fail_at_step < 0)
       throw UsageError("--fail-during-save: needs --fail-at-step K, the checkpoint step to fail in");
+    o.samples_given = app.count("--samples") > 0;
     cli::Session session = cli::start_session(o.common, o.distributed);
     return run(o, session);
   });

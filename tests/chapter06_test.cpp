@@ -2,7 +2,8 @@
 // restarted by the launcher, and a run killed while writing a checkpoint all finish bit-identical to the
 // uninterrupted run; a checkpoint saved at 4 ranks resumes at 2 (and the reverse) within the noise
 // floor; every kind of damaged checkpoint is named and skipped, never loaded; a checkpoint is readable
-// from Python's standard library; bad input exits 2 with one line.
+// from Python's standard library; bad input exits 2 with one line. The GPT, trained with AdamW and its
+// schedule, survives a killed rank bit for bit and a change of world size within the noise floor.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -181,6 +182,75 @@ TEST(Chapter06, VerifyCatchesABrokenResume) {
     ASSERT_FALSE(broken.summary.is_null());
     EXPECT_FALSE(broken.summary["passed"].get<bool>());
   }
+}
+
+// ---- the GPT: the same guarantees for the model the later chapters train ------------------------------
+
+// A small GPT on 512 addition problems, trained with AdamW, its warm-up and cosine schedule and clipping:
+// more state than Adam's moments alone decides each step, and the checkpoint must carry all of it.
+std::string gpt_flags(int n_embd) {
+  return " --model gpt --n-layer 1 --n-head 2 --n-embd " + std::to_string(n_embd) + " --samples 512 ";
+}
+const std::string kGpt = gpt_flags(32);
+
+TEST(Chapter06Gpt, TheLauncherRecoversBitIdentical) {
+  const std::string reference_dir = fresh_folder();
+  Outcome reference = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + reference_dir + " --steps 30");
+  expect_passed(reference);
+  const std::string dir = fresh_folder(), metrics = temp_path("ch06_gpt.jsonl");
+  auto r = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 1 -- " + kBinary +
+                       with_defaults(kGpt + "--ckpt-dir " + dir + " --steps 30 --fail-at-step 25 --fail-rank 1 --verify") +
+                       " --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("failover: attempt 2 resumed from step 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bit-identical"), std::string::npos) << r.out;
+  const auto records = read_metrics(metrics);
+  auto summary = events(records, "failover_summary");
+  ASSERT_EQ(summary.size(), 1u);
+  EXPECT_TRUE(summary[0]["passed"].get<bool>());
+  expect_same_result(summary[0], reference.summary);
+  // The checkpoint recorded the GPT's configuration, and the trained GPT was evaluated on held-out sums.
+  const auto loaded = checkpoint::load_safetensors(dir + "/step_00000030.safetensors");
+  EXPECT_NE(loaded.metadata.at("model_config").find("\"n_embd\":32"), std::string::npos);
+  EXPECT_EQ(loaded.metadata.at("optimizer"), "adamw");
+  auto evaluation = events(records, "evaluation");
+  ASSERT_EQ(evaluation.size(), 1u);
+  EXPECT_EQ(evaluation[0]["metric"], "held-out exact match");
+  expect_same_checkpoint(reference_dir + "/step_00000030.safetensors", dir + "/step_00000030.safetensors");
+}
+
+TEST(Chapter06Gpt, ElasticResumeWithinTheNoiseFloor) {
+  // 4 ranks lose one at step 25; the job goes on at 2 from the checkpoint of step 20.
+  const std::string dir = fresh_folder();
+  Outcome killed = run(MPIRUN_NP4, kGpt + "--ckpt-dir " + dir + " --steps 40 --fail-at-step 25 --fail-rank 3");
+  EXPECT_NE(killed.process.exit_code, 0);
+  Outcome resumed = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 40 --resume --verify");
+  expect_passed(resumed);
+  EXPECT_NE(resumed.process.out.find("resumed from step 20"), std::string::npos) << resumed.process.out;
+  EXPECT_FALSE(resumed.summary["same_world"].get<bool>());
+  EXPECT_GT(resumed.summary["noise_floor"].get<double>(), 0.0);
+  // A resume that forgets AdamW's moments is caught, after the same change of world size.
+  const std::string again = fresh_folder();
+  run(MPIRUN_NP4, kGpt + "--ckpt-dir " + again + " --steps 40 --fail-at-step 25 --fail-rank 3");
+  Outcome broken = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + again + " --steps 40 --resume --verify "
+                                          "--fault lose-optimizer-state");
+  EXPECT_EQ(broken.process.exit_code, 1) << broken.process.out;
+  EXPECT_NE(broken.process.out.find("FAILED"), std::string::npos) << broken.process.out;
+}
+
+TEST(Chapter06Gpt, AnotherScheduleOrModelIsNeverLoaded) {
+  // The learning rate follows a schedule over --steps: resuming with other --steps, or another GPT,
+  // would silently be another run.
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 20"));
+  Outcome longer = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 40 --resume");
+  EXPECT_EQ(longer.process.exit_code, 2) << longer.process.out;
+  EXPECT_NE(longer.process.out.find("\"schedule_steps\":20"), std::string::npos) << longer.process.out;
+  Outcome wider = run(MPIRUN_NP2, gpt_flags(64) + "--ckpt-dir " + dir + " --steps 20 --resume");
+  EXPECT_EQ(wider.process.exit_code, 2) << wider.process.out;
+  EXPECT_NE(wider.process.out.find("was saved for another model"), std::string::npos) << wider.process.out;
+  Outcome mlp = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --resume");
+  EXPECT_EQ(mlp.process.exit_code, 2) << mlp.process.out;
 }
 
 // ---- damaged checkpoints ------------------------------------------------------------------------------

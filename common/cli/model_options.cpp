@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "common/core/errors.h"
+#include "common/core/log.h"
+#include "common/parallel/replicas.h"
 
 namespace course::cli {
 namespace {
@@ -60,6 +62,18 @@ nn::TrainingTask gpt_training_task(const ModelOptions& o, std::int64_t samples, 
                      " held out are more than half of the " + std::to_string(possible) + " problems of --digits " +
                      std::to_string(o.digits));
   return nn::gpt_task(o.gpt, o.digits, problems, held_out, device, seed).task;
+}
+
+void report_evaluation(const nn::TrainingTask& task, nn::Module& model, comm::Communicator& group,
+                       metrics::MetricsWriter& metrics) {
+  if (!task.evaluate) return;
+  parallel::on_rank0(group, [&] {
+    const auto e = task.evaluate(model);
+    std::string shown;
+    for (const auto& example : e.examples) shown += (shown.empty() ? "" : ", ") + example;
+    log("%s: %.3f; for example %s\n", e.metric.c_str(), e.value, shown.c_str());
+    metrics.write({{"event", "evaluation"}, {"metric", e.metric}, {"value", e.value}, {"examples", e.examples}});
+  });
 }
 
 }  // namespace course::cli

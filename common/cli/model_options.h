@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/comm/communicator.h"
+#include "common/metrics/metrics.h"
 #include "common/nn/tasks.h"
 
 namespace course::cli {
@@ -23,5 +25,10 @@ void add_model_options(CLI::App& app, ModelOptions& options);
 // (fewer for one digit), with 500 more held out. Throws UsageError naming the flag at fault.
 nn::TrainingTask gpt_training_task(const ModelOptions& options, std::int64_t samples, bool samples_given, Device device,
                                    std::uint64_t seed);
+
+// What the trained model can do, where its task can say (the GPT's held-out accuracy and a few of its
+// answers): rank 0 evaluates, logs one line and writes an "evaluation" metric; the others go on.
+void report_evaluation(const nn::TrainingTask& task, nn::Module& model, comm::Communicator& group,
+                       metrics::MetricsWriter& metrics);
 
 }  // namespace course::cli
