@@ -45,8 +45,9 @@ struct Options {
   std::int64_t hidden = 256;  // the MLP: 8 layers of 256, so that model states dominate and units are small
   int layers = 8;
   int log_every = 5;
-  bool verify = false, compare = false;
+  bool verify = false, compare = false, prefetch = false;
   double mem_limit_mb = 0;
+  std::string fault = "none";
 };
 
 struct StageRun {
@@ -90,9 +91,13 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
   options.beta2 = 0.95f;
   options.weight_decay = 0.1f;
   options.max_grad_norm = o.clip;
+  options.prefetch = o.prefetch;
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = o.global_batch / ranks;
+  // --fault skip-rank-share: the stage under test loses the last rank's share of every step (its loss
+  // weighted 0), as a reduction that forgot one rank would; stage 0, the reference, never does.
+  const bool skip_my_share = o.fault == "skip-rank-share" && stage != 0 && !reversed && group.rank() == ranks - 1;
   reset_peak_memory(device);
   double total_ms = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
@@ -102,7 +107,7 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
     double local_loss = 0;
     for (auto batch : micro) {
       if (reversed) std::reverse(batch.begin(), batch.end());
-      const float weight = static_cast<float>(batch.size()) / static_cast<float>(share.size());
+      const float weight = skip_my_share ? 0.0f : static_cast<float>(batch.size()) / static_cast<float>(share.size());
       Tensor loss = scale(task.loss(*model, batch), weight);
       local_loss += loss.item();
       loss.backward();
@@ -196,8 +201,9 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the task's " +
                      std::to_string(task.size) + " samples");
   if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
-  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s\n", ranks, task.description.c_str(),
-      static_cast<long long>(o.global_batch), static_cast<long long>(o.steps), o.lr, o.clip,
+  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s%s\n", ranks,
+      task.description.c_str(), static_cast<long long>(o.global_batch), static_cast<long long>(o.steps), o.lr, o.clip,
+      o.prefetch ? ", stage 3 prefetching" : "",
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   const double tolerance = parallel::zero_stage_tolerance(o.lr, o.steps);
   bool passed = true;
@@ -245,8 +251,12 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
       ->check(cli::PositiveFinite);
+  app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
   app.add_flag("--verify", o.verify, "Check losses and final parameters against stage 0");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
+  app.add_option("--fault", o.fault, "Break stages 1-3 on purpose, to see --verify catch it: none or skip-rank-share "
+                                     "(the last rank's share of each step is lost)")
+      ->check(CLI::IsMember({"none", "skip-rank-share"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
     auto session = cli::start_session(o.common, o.distributed);
     return run(o, session);

@@ -55,6 +55,7 @@ struct TrainingRun {
   double clip = 0;
   double unit_cap_mb = 0;  // 0: a unit per layer
   int steps = kSteps;
+  bool prefetch = false;
 };
 
 struct Result {
@@ -96,6 +97,7 @@ Result train(const TrainingRun& run) {
   options.weight_decay = 0.1f;
   options.max_grad_norm = run.clip;
   options.unit_cap_mb = run.unit_cap_mb;
+  options.prefetch = run.prefetch;
   parallel::ZeroOptimizer zero(*model, group, options);
   Result result;
   for (int step = 0; step < run.steps; ++step) {
@@ -178,6 +180,19 @@ INSTANTIATE_TEST_SUITE_P(AllStages, ZeroStages,
                                   std::to_string(r.accum) + (r.clip > 0 ? "_clipped" : "") +
                                   (r.unit_cap_mb == 0 ? "_layer_units" : r.unit_cap_mb < 1 ? "_small_units" : "_one_unit");
                          });
+
+// Prefetching moves when each unit is gathered, never what is gathered: the same bits, with and without,
+// through accumulation and clipping.
+TEST(Zero, StageThreePrefetchChangesOnlyTheTiming) {
+  for (bool gpt : {false, true}) {
+    TrainingRun run{3, gpt, 2, 0.5, 0};
+    const Result plain = train(run);
+    run.prefetch = true;
+    const Result prefetched = train(run);
+    EXPECT_EQ(prefetched.parameters, plain.parameters) << (gpt ? "gpt" : "mlp");
+    EXPECT_EQ(prefetched.losses, plain.losses) << (gpt ? "gpt" : "mlp");
+  }
+}
 
 // Model states per rank against the formulas (float32 AdamW, Ψ parameters, N ranks): 16Ψ, 8Ψ + 8Ψ/N,
 // 4Ψ + 12Ψ/N, 16Ψ/N, split by category. Measured after a step, and at the step's peak for what is

@@ -190,19 +190,38 @@ void ZeroOptimizer::shard_parameters(nn::Module& model) {
   const WrappedUnits wrapped =
       wrapped_units(model, params_, options_.unit_policy ? options_.unit_policy : default_unit_policy);
   for (std::size_t u = 0; u < wrapped.modules.size(); ++u) {
-    wrapped.modules[u]->register_forward_pre_hook([this, u](nn::Module&) { gather_unit(u); });
+    wrapped.modules[u]->register_forward_pre_hook([this, u](nn::Module&) {
+      gather_unit(u);
+      prefetch(u + 1);  // forward runs the units in order
+    });
     wrapped.modules[u]->register_forward_hook([this, u](nn::Module&, const Tensor& out) {
       release_unit(u);
-      return run_before_backward(out, [this, u] { gather_unit(u); });
+      return run_before_backward(out, [this, u] {
+        gather_unit(u);
+        if (u > 0) prefetch(u - 1);  // backward runs them in reverse
+      });
     });
   }
+  gathering_.resize(units.size());
   root_unit_ = wrapped.units.back().empty() ? units.size() : units.size() - 1;
   if (root_unit_ < units.size()) model.register_forward_pre_hook([this](nn::Module&) { gather_unit(root_unit_); });
 }
 
 void ZeroOptimizer::gather_unit(std::size_t u) {
+  start_gather(u);
+  if (gathering_[u]) {
+    gathering_[u]->wait();
+    gathering_[u] = nullptr;
+  }
+}
+
+void ZeroOptimizer::prefetch(std::size_t u) {
+  if (options_.prefetch && u < unit_storage_.size() && u != root_unit_) start_gather(u);
+}
+
+void ZeroOptimizer::start_gather(std::size_t u) {
   Storage& storage = *unit_storage_[u];
-  if (!storage.released()) return;
+  if (!storage.released()) return;  // gathered, or being gathered
   storage.materialize();
   const FlatUnit& unit = layout_.units()[u];
   auto impl = std::make_shared<TensorImpl>();
@@ -211,7 +230,7 @@ void ZeroOptimizer::gather_unit(std::size_t u) {
   Tensor whole(impl);
   Tensor mine = param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
   if (group_.size() == 1) whole.copy_from(mine);
-  else group_.all_gather(mine, whole);
+  else gathering_[u] = group_.all_gather_async(mine, whole);
   count_ring(comm::OpKind::all_gather, mine.nbytes());
 }
 
@@ -226,6 +245,10 @@ void ZeroOptimizer::count_ring(comm::OpKind kind, std::size_t bytes) {
 }
 
 void ZeroOptimizer::release_unit(std::size_t u) {
+  if (gathering_[u]) {  // a prefetch the pass never used: it must land before its memory goes
+    gathering_[u]->wait();
+    gathering_[u] = nullptr;
+  }
   if (!unit_storage_[u]->released()) unit_storage_[u]->release();
 }
 
@@ -293,6 +316,11 @@ void ZeroOptimizer::finish_reductions() {
 
 double ZeroOptimizer::step() {
   autograd::NoGradGuard no_grad;
+  for (auto& gathering : gathering_)  // a prefetch that no pass used lands before the shards change
+    if (gathering) {
+      gathering->wait();
+      gathering = nullptr;
+    }
   if (options_.stage == 0) {
     if (group_.size() > 1) group_.all_reduce(flat_grads_, comm::ReduceOp::average);
     count_ring(comm::OpKind::all_reduce, flat_grads_.nbytes());

@@ -21,7 +21,8 @@
 // all-gathered just before its forward and freed after it, gathered again when backward reaches it and
 // freed once its gradients are out, so about one layer's parameters exist at a time; the leftover
 // parameters (embeddings, the final norm) form the root unit, gathered for the whole step. That is a
-// second all-gather per step: 1.5 times the bytes of stages 0-2.
+// second all-gather per step: 1.5 times the bytes of stages 0-2. With prefetching, the next unit's
+// all-gather runs while the current unit computes.
 //
 // Parameters live in flat buffers (flat_parameter.h), padded so that any size shards at any world size.
 // Gradient clipping works on the shards: each rank sums the squares of its part and the sums are
@@ -56,6 +57,10 @@ struct ZeroOptions {
   // instead, as DDP's buckets.
   double unit_cap_mb = 0;
   UnitPolicy unit_policy;
+  // Stage 3: start gathering the next unit while this one computes (the next in forward order during
+  // forward, the previous during backward): FSDP's forward_prefetch and backward_prefetch=BACKWARD_PRE.
+  // Two units' parameters are then held at once instead of one.
+  bool prefetch = false;
 };
 
 // How far a stage's run may end from stage 0's after `steps` AdamW steps of learning rate `lr`: stages
@@ -108,7 +113,9 @@ class ZeroOptimizer {
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
   void shard_parameters(nn::Module& model);  // stage 3's construction
-  void gather_unit(std::size_t unit);        // stage 3: materialise and all-gather a unit's parameters
+  void gather_unit(std::size_t unit);        // stage 3: the unit's parameters, gathered, before returning
+  void start_gather(std::size_t unit);       // stage 3: materialise the unit and start its all-gather
+  void prefetch(std::size_t unit);           // start_gather when prefetching is on and `unit` is wrapped
   void release_unit(std::size_t unit);
   void count_ring(comm::OpKind kind, std::size_t bytes);
 
@@ -122,6 +129,7 @@ class ZeroOptimizer {
   Tensor exp_avg_, exp_avg_sq_;   // [padded] at stage 0, [shard] above
   Tensor param_shard_;            // stage 3: [shard], this rank's part of every unit's parameters
   std::vector<std::shared_ptr<Storage>> unit_storage_;  // stage 3: each unit's gathered parameters
+  std::vector<comm::WorkHandle> gathering_;              // stage 3: each unit's all-gather in flight
   std::size_t root_unit_ = 0;     // stage 3: the parameters no wrapped module owns
   std::vector<float> weight_decay_;  // per parameter
 
