@@ -8,7 +8,7 @@
 #include <cmath>
 #include <thread>
 
-#include "common/checkpoint/parameters.h"        // --save: the final parameters as safetensors
+#include "common/checkpoint/parameters.h"        // --save and --init: parameters as safetensors
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/limits.h"                   // refuse what cannot fit in memory
 #include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
@@ -45,6 +45,7 @@ struct Options {
   bool verify = false;
   std::string fault = "none";
   std::string save;
+  std::string init;  // start from these parameters (--save of any chapter, or 07's consolidated checkpoint)
   cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
   bool samples_given = false;
   std::string optimizer = "sgd";  // optim::Recipe: sgd, or adamw for the GPT
@@ -56,8 +57,22 @@ constexpr std::int64_t kMaxSteps = 10'000'000;
 
 nn::TrainingTask make_task(const Options& o, Device device) {
   if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
-  if (o.models.model == "mlp") return nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed);
-  return cli::gpt_training_task(o.models, o.samples, o.samples_given, device, o.common.seed);
+  nn::TrainingTask task = o.models.model == "mlp"
+                              ? nn::mlp_task(o.samples, o.features, o.hidden, o.layers, device, o.common.seed)
+                              : cli::gpt_training_task(o.models, o.samples, o.samples_given, device, o.common.seed);
+  if (!o.init.empty()) {  // every model the run makes (the reference's too) starts from the file
+    task.make_model = [fresh = task.make_model, path = o.init](std::uint64_t seed) {
+      auto model = fresh(seed);
+      try {
+        checkpoint::load_parameters(path, *model);
+      } catch (const checkpoint::CheckpointError& e) {
+        throw UsageError(std::string("--init: ") + e.what());
+      }
+      return model;
+    };
+    task.make_model(0);  // a file that does not fit fails now, on every rank alike
+  }
+  return task;
 }
 
 // Forward and backward on one rank's share, in `accum` micro-batches, each loss weighted by its share
@@ -273,6 +288,8 @@ int main(int argc, char** argv) {
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_save_option(app, o.save);
+  app.add_option("--init", o.init, "Start from the parameters in this safetensors file (names and shapes must match "
+                                   "the model)")->check(CLI::ExistingFile);
   app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all ranks")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per step on each rank (gradient accumulation)")

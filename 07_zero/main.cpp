@@ -7,7 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <optional>
 
+#include "common/checkpoint/resume.h"            // broadcast_string: rank 0 checks the folder
+#include "common/checkpoint/sharded.h"           // consolidate: the shards as one ordinary file
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
@@ -17,7 +21,9 @@
 #include "common/nn/tasks.h"                     // the model, its data and its loss
 #include "common/ops/ops.h"                      // scale
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
+#include "common/parallel/replicas.h"            // checksums, on_rank0
 #include "common/parallel/zero.h"                // ZeroOptimizer, stages 0-3
+#include "common/parallel/zero_checkpoint.h"     // sharded checkpoints: one file per rank and an index
 #include "common/verify/compare.h"               // the drift against the noise floor
 
 using namespace course;
@@ -48,15 +54,23 @@ struct Options {
   bool verify = false, compare = false, prefetch = false;
   double mem_limit_mb = 0;
   std::string fault = "none";
+  std::string ckpt_dir;          // sharded checkpoints of the chosen stage's run
+  std::int64_t ckpt_every = 10;
+  int keep = 2;
+  bool resume = false;
+  std::string save;              // the final parameters, consolidated into one ordinary file
+  std::string consolidate;       // a step folder to consolidate into --save, without training
 };
 
 struct StageRun {
   int stage = 0;
+  std::int64_t first_step = 0;  // above 0 when resumed: losses[i] is step first_step + i
   std::vector<float> losses, parameters;
   double psi = 0;
   std::int64_t params_bytes = 0, grads_bytes = 0, adam_bytes = 0;  // model states held after a step
   std::int64_t peak_activations = 0, peak_communication = 0;
   std::int64_t ring_bytes = 0;  // per step, as a ring sends it
+  std::uint64_t checksum = 0;   // of the final parameters
   double step_ms = 0;
 };
 
@@ -75,10 +89,24 @@ nn::TrainingTask make_task(const Options& o, Device device) {
   return cli::gpt_training_task(o.models, 0, false, device, o.common.seed);
 }
 
+// What a run's checkpoints must match to be resumed: every setting that decides a step.
+checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTask& task) {
+  auto text = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", v);
+    return std::string(b);
+  };
+  return {{"stage", std::to_string(stage)},        {"model", task.description},
+          {"seed", std::to_string(o.common.seed)}, {"global-batch", std::to_string(o.global_batch)},
+          {"accum", std::to_string(o.accum)},      {"lr", text(o.lr)},
+          {"clip", text(o.clip)}};
+}
+
 // One run at `stage`. With `reversed`, each micro-batch's samples come in reverse order: the same sums,
-// added in another order (the noise floor's run).
+// added in another order (the noise floor's run). With `checkpointed` (the chosen stage's run), it
+// writes --ckpt-dir's checkpoints and, with --resume, starts from the newest.
 StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::Communicator& group, Device device,
-               metrics::MetricsWriter& metrics, bool reversed = false) {
+               metrics::MetricsWriter& metrics, bool reversed = false, bool checkpointed = false) {
   const int ranks = group.size();
   StageRun run;
   run.stage = stage;
@@ -98,9 +126,20 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
   // --fault skip-rank-share: the stage under test loses the last rank's share of every step (its loss
   // weighted 0), as a reduction that forgot one rank would; stage 0, the reference, never does.
   const bool skip_my_share = o.fault == "skip-rank-share" && stage != 0 && !reversed && group.rank() == ranks - 1;
+  const std::optional<checkpoint::ShardedFolder> folder =
+      checkpointed && !o.ckpt_dir.empty() ? std::optional<checkpoint::ShardedFolder>(std::in_place, o.ckpt_dir, o.keep)
+                                          : std::nullopt;
+  if (folder && o.resume) {
+    run.first_step = parallel::resume_zero_checkpoint(*folder, group, zero, settings(o, stage, task));
+    log("resumed from step %lld (%s, %d shards)\n", static_cast<long long>(run.first_step),
+        folder->step_dir(run.first_step).c_str(), zero.layout().shards());
+    if (run.first_step > o.steps)
+      throw UsageError("--steps: " + std::to_string(o.steps) + " is fewer than the checkpoint's " +
+                       std::to_string(run.first_step));
+  }
   reset_peak_memory(device);
   double total_ms = 0;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = run.first_step; step < o.steps; ++step) {
     const auto begin = Clock::now();
     const auto share = sampler.batch(step, local_batch);
     const auto micro = data::split_batches(share, (local_batch + o.accum - 1) / o.accum);
@@ -122,8 +161,16 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
     if (step == 0) run.ring_bytes = zero.ring_bytes_last_step();
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
+    if (folder && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
+      const auto begin_save = Clock::now();
+      const std::size_t bytes =
+          parallel::save_zero_checkpoint(*folder, group, zero, *model, step + 1, settings(o, stage, task));
+      log("checkpoint of step %lld: %s, %s from this rank in %.1f ms\n", static_cast<long long>(step + 1),
+          folder->step_dir(step + 1).c_str(), format_bytes(static_cast<std::int64_t>(bytes)).c_str(),
+          std::chrono::duration<double, std::milli>(Clock::now() - begin_save).count());
+    }
   }
-  run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.steps - 1));
+  run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.steps - run.first_step - 1));
   const MemoryStats after = memory_stats(device);
   auto held = [&](MemoryCategory c) { return after.current_of(c) - before.current_of(c); };
   run.params_bytes = held(MemoryCategory::parameters);
@@ -133,13 +180,31 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
   run.peak_communication = after.peak_of(MemoryCategory::communication) - before.current_of(MemoryCategory::communication);
   run.parameters = zero.full_parameters();
   if (reversed) return run;  // the noise floor's run: not reported
+  if (checkpointed && !o.save.empty())
+    parallel::on_rank0(group, [&] {  // every rank holds the gathered parameters: rank 0 writes them
+      checkpoint::NamedTensors tensors;
+      std::size_t at = 0;
+      for (const auto& [name, p] : model->named_parameters()) {
+        const auto n = static_cast<std::size_t>(p.numel());
+        tensors.emplace_back(name, Tensor::from_host(std::vector<float>(run.parameters.begin() + static_cast<long>(at),
+                                                                        run.parameters.begin() + static_cast<long>(at + n)),
+                                                     p.shape()));
+        at += n;
+      }
+      checkpoint::save_safetensors(o.save, tensors, {{"chapter", "07_zero"}, {"stage", std::to_string(stage)},
+                                                     {"steps", std::to_string(o.steps)}});
+      log("parameters saved to %s\n", o.save.c_str());
+    });
+  const Tensor gathered = Tensor::from_host(run.parameters, {static_cast<std::int64_t>(run.parameters.size())});
+  run.checksum = parallel::parameter_checksum({gathered});
   const Formula f = formula(stage, run.psi, ranks);
   metrics.write({{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
                  {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
                  {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
                  {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
-                 {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}});
+                 {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}, {"checksum", run.checksum},
+                 {"first_step", run.first_step}, {"prefetch", o.prefetch}});
   return run;
 }
 
@@ -163,10 +228,11 @@ void print_memory_table(const std::vector<StageRun>& runs, int ranks) {
   }
 }
 
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+// The largest |a[i] - b[from + i]|.
+double max_difference(const std::vector<float>& a, const std::vector<float>& b, std::size_t from = 0) {
   double worst = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (std::size_t i = 0; i < a.size() && from + i < b.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[from + i]));
   return worst;
 }
 
@@ -176,7 +242,7 @@ double max_difference(const std::vector<float>& a, const std::vector<float>& b) 
 bool matches(const StageRun& run, const StageRun& reference, const StageRun& reordered, double tolerance) {
   const verify::Drift params{max_difference(run.parameters, reference.parameters),
                              max_difference(reordered.parameters, reference.parameters)};
-  const verify::Drift losses{max_difference(run.losses, reference.losses),
+  const verify::Drift losses{max_difference(run.losses, reference.losses, static_cast<std::size_t>(run.first_step)),
                              max_difference(reordered.losses, reference.losses)};
   auto within = [&](const verify::Drift& d) {
     return d.difference <= tolerance || d.difference <= kDriftFactor * d.noise_floor;
@@ -189,8 +255,24 @@ bool matches(const StageRun& run, const StageRun& reference, const StageRun& reo
   return ok;
 }
 
+// --consolidate STEP_DIR --save FILE: the shards of a checkpoint as one ordinary safetensors file.
+int consolidate(const Options& o) {
+  if (o.save.empty()) throw UsageError("--consolidate: needs --save FILE, the file to write");
+  try {
+    checkpoint::consolidate(o.consolidate, o.save, {{"chapter", "07_zero"}, {"consolidated_from", o.consolidate}});
+  } catch (const checkpoint::CheckpointError& e) {
+    throw UsageError(std::string("--consolidate: ") + e.what());
+  }
+  log("consolidated %s into %s\n", o.consolidate.c_str(), o.save.c_str());
+  return 0;
+}
+
 int run(const Options& o, cli::Session& session) {
   comm::Communicator& group = session.topology->dp_group();
+  if (!o.consolidate.empty()) {
+    parallel::on_rank0(group, [&] { consolidate(o); });
+    return 0;
+  }
   const Device device = session.device;
   const int ranks = group.size();
   if (o.global_batch % (static_cast<std::int64_t>(ranks) * o.accum) != 0)
@@ -206,6 +288,24 @@ int run(const Options& o, cli::Session& session) {
       o.prefetch ? ", stage 3 prefetching" : "",
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   const double tolerance = parallel::zero_stage_tolerance(o.lr, o.steps);
+  if (o.compare && (!o.ckpt_dir.empty() || !o.save.empty()))
+    throw UsageError(std::string(o.ckpt_dir.empty() ? "--save" : "--ckpt-dir") +
+                     ": checkpoints are of one stage's run; leave out --compare");
+  if (!o.ckpt_dir.empty()) {
+    std::string error;
+    if (group.rank() == 0) {
+      const checkpoint::ShardedFolder folder(o.ckpt_dir, o.keep);
+      if (!o.resume && folder.has_checkpoints())
+        error = "--ckpt-dir: " + o.ckpt_dir + " already holds checkpoints; pass --resume to continue from them, or "
+                "choose another folder";
+      std::error_code e;
+      std::filesystem::create_directories(o.ckpt_dir, e);
+      if (error.empty() && (e || !std::filesystem::is_directory(o.ckpt_dir)))
+        error = "--ckpt-dir: " + o.ckpt_dir + " cannot be created (" + (e ? e.message() : "not a folder") + ")";
+    }
+    checkpoint::broadcast_string(group, error, 0);
+    if (!error.empty()) throw UsageError(error);
+  }
   bool passed = true;
   std::vector<StageRun> runs;
   if (o.compare) {
@@ -215,8 +315,10 @@ int run(const Options& o, cli::Session& session) {
     for (int stage = 1; stage <= 3; ++stage) passed = matches(runs[stage], runs[0], reordered, tolerance) && passed;
   } else {
     log("stage %d\n", o.stage);
-    runs.push_back(train(o, o.stage, task, group, device, session.metrics));
+    runs.push_back(train(o, o.stage, task, group, device, session.metrics, false, true));
     print_memory_table(runs, ranks);
+    log("final parameter checksum %016llx (step %lld)\n", static_cast<unsigned long long>(runs[0].checksum),
+        static_cast<long long>(o.steps));
     if (o.verify && o.stage != 0) {
       set_memory_limit(device, 0);  // the reference is stage 0: it may not fit the budget
       const StageRun reference = train(o, 0, task, group, device, session.metrics);
@@ -251,6 +353,16 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
       ->check(cli::PositiveFinite);
+  cli::add_save_option(app, o.save);
+  app.add_option("--ckpt-dir", o.ckpt_dir, "Write sharded checkpoints here (one file per rank and an index; on "
+                                           "storage every rank shares)");
+  app.add_option("--ckpt-every", o.ckpt_every, "A checkpoint every N steps (and at the end)")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1000000}))->capture_default_str();
+  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --ckpt-dir (same world size "
+                                     "and stage)");
+  app.add_option("--consolidate", o.consolidate, "Write the checkpoint in this step folder as one ordinary "
+                                                 "safetensors file (--save), without training");
   app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
   app.add_flag("--verify", o.verify, "Check losses and final parameters against stage 0");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
@@ -258,6 +370,7 @@ int main(int argc, char** argv) {
                                      "(the last rank's share of each step is lost)")
       ->check(CLI::IsMember({"none", "skip-rank-share"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
+    if (o.resume && o.ckpt_dir.empty()) throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
     auto session = cli::start_session(o.common, o.distributed);
     return run(o, session);
   });

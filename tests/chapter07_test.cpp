@@ -1,9 +1,13 @@
 // Chapter 07 graded from the outside: --verify passes for stages 1, 2 and 3 (and 3 with --prefetch) at 1,
 // 2, 3 and 4 ranks (the MLP), and fails when a rank's share is lost; at 1000 steps, and for the GPT; --compare reports every stage's model states at the formula and its ring
 // bytes at the theory; a memory budget stops stage 0 with one line while stage 3 trains within it; bad
-// input exits 2 with one line naming the flag.
+// input exits 2 with one line naming the flag. Sharded checkpoints resume bit-identical at every stage,
+// consolidate into the uninterrupted run's parameters, and refuse what does not match.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "common/checkpoint/safetensors.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -86,8 +90,125 @@ TEST(Chapter07, VerifyCatchesALostShare) {
     }
 }
 
+// ---- sharded checkpoints ------------------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+struct Trained {
+  ProcessResult process;
+  nlohmann::json stage;  // the zero_stage record
+};
+
+Trained train(const std::string& mpirun, const std::string& flags) {
+  const std::string metrics = temp_path("ch07_ckpt.jsonl");
+  Trained t;
+  t.process = run_process(mpirun + " " + kBinary + " --device cpu --hidden 64 --layers 4 --global-batch 48 " + flags +
+                          " --metrics " + metrics);
+  auto stages = events(read_metrics(metrics), "zero_stage");
+  if (!stages.empty()) t.stage = stages.front();  // the chosen stage; --verify adds stage 0 after it
+  std::remove(metrics.c_str());
+  return t;
+}
+
+std::string fresh(const std::string& name) {
+  const std::string dir = temp_path(name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+void expect_same_tensors(const std::string& a, const std::string& b) {
+  const auto x = checkpoint::load_safetensors(a), y = checkpoint::load_safetensors(b);
+  ASSERT_EQ(x.tensors.size(), y.tensors.size());
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    EXPECT_EQ(x.tensors[i].first, y.tensors[i].first);
+    EXPECT_EQ(x.tensors[i].second.shape(), y.tensors[i].second.shape());
+    EXPECT_EQ(x.tensors[i].second.to_host(), y.tensors[i].second.to_host()) << x.tensors[i].first;
+  }
+}
+
+TEST(Chapter07, ShardedResumeIsBitIdenticalAndConsolidates) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string s = " --stage " + std::to_string(stage), whole = fresh("ch07_whole"), halves = fresh("ch07_halves");
+    const std::string saved = temp_path("ch07_whole.safetensors"), consolidated = temp_path("ch07_one.safetensors");
+    Trained reference = train(MPIRUN_NP3, s + " --steps 12 --ckpt-every 6 --ckpt-dir " + whole + " --save " + saved);
+    ASSERT_EQ(reference.process.exit_code, 0) << reference.process.out << reference.process.err;
+    Trained first = train(MPIRUN_NP3, s + " --steps 6 --ckpt-every 6 --ckpt-dir " + halves);
+    ASSERT_EQ(first.process.exit_code, 0) << first.process.out << first.process.err;
+    // Stages 1-3 write one shard per rank; stage 0, whose state is whole on every rank, one.
+    const int shards = stage == 0 ? 1 : 3;
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(fs::exists(halves + "/step_00000006/shard_0000" + std::to_string(r) + "_of_0000" +
+                           std::to_string(shards) + ".safetensors"), r < shards) << stage << " " << r;
+    EXPECT_TRUE(fs::exists(halves + "/step_00000006/index.json"));
+    Trained resumed = train(MPIRUN_NP3, s + " --steps 12 --ckpt-every 6 --ckpt-dir " + halves + " --resume --verify");
+    ASSERT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+    EXPECT_NE(resumed.process.out.find("resumed from step 6"), std::string::npos) << resumed.process.out;
+    EXPECT_EQ(resumed.stage["first_step"].get<int>(), 6);
+    EXPECT_EQ(resumed.stage["checksum"].get<std::uint64_t>(), reference.stage["checksum"].get<std::uint64_t>())
+        << "stage " << stage;
+    // The resumed run's last checkpoint, consolidated, is the uninterrupted run's parameters.
+    auto c = run_process(kBinary + std::string(" --device cpu --consolidate ") + halves + "/step_00000012 --save " +
+                         consolidated);
+    ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+    expect_same_tensors(consolidated, saved);
+  }
+}
+
+TEST(Chapter07, TheConsolidatedFileStartsChapter04) {
+  const std::string dir = fresh("ch07_to_04"), file = temp_path("ch07_to_04.safetensors");
+  ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 200 --lr 0.01 --ckpt-every 200 --ckpt-dir " + dir).process.exit_code, 0);
+  auto c = run_process(kBinary + std::string(" --device cpu --consolidate ") + dir + "/step_00000200 --save " + file);
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  // 04 trains the same MLP from the trained parameters: its first loss is the trained model's (below 1),
+  // far below a fresh model's (about 30).
+  auto first_loss = [](const ProcessResult& r) {
+    const auto at = r.out.find("step    0  loss ");
+    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 16));
+  };
+  const std::string ddp = std::string(MPIRUN_NP2) + " " + CHAPTER04_BINARY + " --device cpu --hidden 64 --layers 4 "
+                          "--features 16 --samples 4096 --steps 2 --verify";
+  auto fresh_run = run_process(ddp), started = run_process(ddp + " --init " + file);
+  ASSERT_EQ(fresh_run.exit_code, 0) << fresh_run.out << fresh_run.err;
+  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+  EXPECT_GT(first_loss(started), 0.0) << started.out;
+  EXPECT_LT(first_loss(started), 0.1 * first_loss(fresh_run)) << started.out << fresh_run.out;
+  // Into another model it does not go.
+  auto other = run_process(std::string(MPIRUN_NP2) + " " + CHAPTER04_BINARY + " --device cpu --hidden 32 --init " + file);
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.err.find("--init: " + file + ": '0.weight' has shape [64, 16]"), std::string::npos) << other.err;
+}
+
+TEST(Chapter07, AResumeMustMatchAndNeverLoadsAnUnfinishedCheckpoint) {
+  const std::string dir = fresh("ch07_mismatch");
+  ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 4 --ckpt-every 2 --ckpt-dir " + dir).process.exit_code, 0);
+  auto expect_usage = [&](const std::string& mpirun, const std::string& flags, const std::string& line) {
+    Trained t = train(mpirun, flags + " --ckpt-dir " + dir);
+    EXPECT_EQ(t.process.exit_code, 2) << flags << "\n" << t.process.out << t.process.err;
+    EXPECT_NE(t.process.err.find(line), std::string::npos) << flags << ": " << t.process.err;
+  };
+  expect_usage(MPIRUN_NP2, "--stage 3 --steps 4", "already holds checkpoints");
+  expect_usage(MPIRUN_NP2, "--stage 2 --steps 8 --resume", "--stage: 2 differs from the checkpoint's 3");
+  expect_usage(MPIRUN_NP2, "--stage 3 --steps 8 --resume --lr 0.01", "--lr: 0.00999999978 differs");
+  expect_usage(MPIRUN_NP3, "--stage 3 --steps 8 --resume", "was written by 2 ranks; this run has 3");
+  expect_usage(MPIRUN_NP2, "--stage 3 --steps 2 --resume", "--steps: 2 is fewer than the checkpoint's 4");
+  // A job that died while saving step 4 left shards but no index: the resume takes step 2.
+  fs::remove(dir + "/step_00000004/index.json");
+  Trained resumed = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + dir);
+  EXPECT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+  EXPECT_NE(resumed.process.out.find("resumed from step 2"), std::string::npos) << resumed.process.out;
+  // A damaged shard is named, on every rank's behalf, and nothing hangs.
+  const std::string shard = dir + "/step_00000004/shard_00001_of_00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_usage(MPIRUN_NP2, "--stage 3 --steps 8 --resume", "shard_00001_of_00002.safetensors");
+  auto c = run_process(kBinary + std::string(" --device cpu --consolidate ") + dir + " --save " + temp_path("x.st"));
+  EXPECT_EQ(c.exit_code, 2) << c.out;
+  EXPECT_NE(c.err.find("has no index.json"), std::string::npos) << c.err;
+}
+
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
-  for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0", "--global-batch 7"}) {
+  for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0", "--global-batch 7", "--resume",
+                                  "--ckpt-every 0", "--consolidate /nonexistent/step_00000001 --save /tmp/x.st",
+                                  "--compare --ckpt-dir /tmp/ch07_compare"}) {
     auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.out << r.err;
     const std::string flag = flags.substr(0, flags.find(' '));

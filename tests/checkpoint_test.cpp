@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "common/checkpoint/folder.h"
+#include "common/checkpoint/parameters.h"
 #include "common/checkpoint/training_state.h"
 #include "common/nn/layers.h"
 #include "support/process.h"
@@ -174,6 +175,32 @@ TEST(TrainingCheckpoint, WhatDoesNotFitIsRejectedWithTheReason) {
     s.loaded.metadata["optimizer"] = "sgd";
     expect_rejected(s, "holds sgd state; this run uses adam");
   }
+}
+
+TEST(Parameters, LoadPutsEverySavedValueBackByName) {
+  const std::string path = temp_path("params.safetensors");
+  auto saved = nn::make_mlp(3, 5, 2, 1, nn::Activation::relu, Device::cpu, 1);
+  auto loaded = nn::make_mlp(3, 5, 2, 1, nn::Activation::relu, Device::cpu, 2);
+  ASSERT_NE(saved->parameters_to_host(), loaded->parameters_to_host());
+  checkpoint::save_parameters(path, *saved);
+  checkpoint::load_parameters(path, *loaded);
+  EXPECT_EQ(saved->parameters_to_host(), loaded->parameters_to_host());
+  // Another width, or another depth, is named and refused; the model is left as it was.
+  auto narrower = nn::make_mlp(3, 4, 2, 1, nn::Activation::relu, Device::cpu, 2);
+  const auto before = narrower->parameters_to_host();
+  try {
+    checkpoint::load_parameters(path, *narrower);
+    FAIL() << "a model of another width loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'0.weight' has shape [5, 3]; this model's is [4, 3]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(narrower->parameters_to_host(), before);
+  auto shallower = nn::make_mlp(3, 5, 1, 1, nn::Activation::relu, Device::cpu, 2);
+  EXPECT_THROW(checkpoint::load_parameters(path, *shallower), CheckpointError);  // holds 4.weight, which it lacks
+  auto deeper = nn::make_mlp(3, 5, 3, 1, nn::Activation::relu, Device::cpu, 2);
+  EXPECT_THROW(checkpoint::load_parameters(path, *deeper), CheckpointError);  // has no 6.weight
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
+#include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 
 namespace course::checkpoint {
@@ -13,6 +15,30 @@ void save_parameters(const std::string& path, const nn::Module& module, const Me
   NamedTensors tensors;
   for (const auto& [name, p] : module.named_parameters()) tensors.emplace_back(name, p);
   save_safetensors(path, tensors, metadata);
+}
+
+void load_parameters(const std::string& path, nn::Module& module) {
+  const Loaded loaded = load_safetensors(path);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : loaded.tensors) by_name[name] = &t;
+  auto shape_text = [](const Shape& shape) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  };
+  for (auto& [name, p] : module.named_parameters()) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) throw CheckpointError(path + ": has no parameter '" + name + "'");
+    if (it->second->shape() != p.shape())
+      throw CheckpointError(path + ": '" + name + "' has shape " + shape_text(it->second->shape()) +
+                            "; this model's is " + shape_text(p.shape()));
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) throw CheckpointError(path + ": holds '" + by_name.begin()->first + "', which this model lacks");
+  autograd::NoGradGuard no_grad;
+  for (auto& [name, p] : module.named_parameters())
+    for (const auto& [n, t] : loaded.tensors)
+      if (n == name) Tensor(p).copy_from(t);
 }
 
 void check_writable(const std::string& path) {

@@ -403,6 +403,64 @@ void ZeroOptimizer::gather_parameters() {
   }
 }
 
+std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_shard() const {
+  if (options_.stage == 0) {
+    if (group_.rank() != 0) return {};
+    return {{"param", flat_params_.clone()}, {"exp_avg", exp_avg_.clone()}, {"exp_avg_sq", exp_avg_sq_.clone()}};
+  }
+  Tensor param;
+  if (options_.stage == 3) {
+    param = param_shard_.clone();
+  } else {
+    param = Tensor::empty({layout_.shard()}, flat_params_.device());
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const FlatUnit& unit = layout_.units()[u];
+      param.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
+          .copy_from(part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset),
+                                                    static_cast<std::size_t>(unit.padded)), u));
+    }
+  }
+  return {{"param", param}, {"exp_avg", exp_avg_.clone()}, {"exp_avg_sq", exp_avg_sq_.clone()}};
+}
+
+void ZeroOptimizer::load_state_shard(const std::vector<std::pair<std::string, Tensor>>& state, long steps) {
+  autograd::NoGradGuard no_grad;
+  auto find = [&](const std::string& name) -> const Tensor& {
+    for (const auto& [n, t] : state)
+      if (n == name) return t;
+    throw std::invalid_argument("ZeroOptimizer::load_state_shard: no tensor '" + name + "'");
+  };
+  const bool holds = options_.stage != 0 || group_.rank() == 0;
+  if (holds) {
+    const std::int64_t n = options_.stage == 0 ? layout_.padded() : layout_.shard();
+    for (const char* name : {"param", "exp_avg", "exp_avg_sq"})
+      if (find(name).numel() != n)
+        throw std::invalid_argument(std::string("ZeroOptimizer::load_state_shard: '") + name + "' has " +
+                                    std::to_string(find(name).numel()) + " elements; this rank's part has " +
+                                    std::to_string(n));
+    exp_avg_.copy_from(find("exp_avg"));
+    exp_avg_sq_.copy_from(find("exp_avg_sq"));
+  }
+  const Tensor* param = holds ? &find("param") : nullptr;
+  if (options_.stage == 0) {
+    if (param) flat_params_.copy_from(*param);
+    group_.broadcast(flat_params_, 0);
+    group_.broadcast(exp_avg_, 0);
+    group_.broadcast(exp_avg_sq_, 0);
+  } else if (options_.stage == 3) {
+    param_shard_.copy_from(*param);
+    for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);  // any gathered copy is stale
+  } else {
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const FlatUnit& unit = layout_.units()[u];
+      part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u)
+          .copy_from(param->flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part)));
+    }
+    gather_parameters();
+  }
+  steps_ = steps;
+}
+
 void ZeroOptimizer::zero_grad() {
   if (flat_grads_.defined()) flat_grads_.fill_(0.0f);
   if (options_.stage >= 2) grad_shard_.fill_(0.0f);

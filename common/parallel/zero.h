@@ -94,6 +94,15 @@ class ZeroOptimizer {
   // verification and for writing one ordinary checkpoint.
   std::vector<float> full_parameters();
 
+  // This rank's part of the training state, for a sharded checkpoint: "param", "exp_avg" and
+  // "exp_avg_sq", each [layout().shard()], rank r's part of every unit (stage 3 holds no more; stages 1
+  // and 2 hold the whole parameters but save their part). At stage 0 nothing is sharded: rank 0's holds
+  // the whole [padded] buffers and the other ranks' nothing.
+  std::vector<std::pair<std::string, Tensor>> state_shard() const;
+  // Restores what state_shard() returned on this rank, in a run of the same model, stage and world
+  // size, and the step count: every rank then holds the saved parameters. Collective.
+  void load_state_shard(const std::vector<std::pair<std::string, Tensor>>& state, long steps);
+
   int stage() const { return options_.stage; }
   const FlatLayout& layout() const { return layout_; }
   std::int64_t bytes_sent_last_step() const { return bytes_last_step_; }  // payload handed to collectives

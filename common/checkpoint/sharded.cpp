@@ -1,0 +1,252 @@
+// Sharded checkpoints: one file per rank, the index as the commit, and consolidation.
+#include "common/checkpoint/sharded.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/checkpoint/resume.h"  // broadcast_string
+
+namespace course::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndex = "index.json";
+constexpr const char* kFormat = "course-sharded-1";
+
+std::int64_t step_of_folder(const std::string& name) {
+  const std::string prefix = "step_";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+// Every rank learns whether any failed; all then throw the lowest failing rank's message. That rank is
+// the maximum of -rank over the failing ranks (the others offer -size, which loses to any of them).
+void agree(comm::Communicator& group, const std::string& my_error) {
+  Tensor lowest = Tensor::from_host({-static_cast<float>(my_error.empty() ? group.size() : group.rank())}, {1});
+  group.all_reduce(lowest, comm::ReduceOp::max);
+  const int first = static_cast<int>(-lowest.item());
+  if (first == group.size()) return;
+  std::string message = my_error;
+  broadcast_string(group, message, first);
+  throw CheckpointError(message);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path + ": cannot be read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+nlohmann::json describe_layout(const parallel::FlatLayout& layout, const nn::Module& model) {
+  nlohmann::json units = nlohmann::json::array(), params = nlohmann::json::array();
+  for (const auto& u : layout.units())
+    units.push_back({{"offset", u.offset}, {"padded", u.padded}, {"part", u.part}, {"shard_offset", u.shard_offset}});
+  const auto named = model.named_parameters();
+  for (std::size_t i = 0; i < named.size(); ++i)
+    params.push_back({{"name", named[i].first}, {"shape", named[i].second.shape()}, {"offset", layout.offset_of(i)},
+                      {"unit", layout.unit_of(i)}});
+  return {{"shards", layout.shards()}, {"padded", layout.padded()}, {"shard", layout.shard()}, {"units", units},
+          {"parameters", params}};
+}
+
+ShardedFolder::ShardedFolder(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
+  if (keep < 1) throw std::invalid_argument("ShardedFolder: keep " + std::to_string(keep) + " must be at least 1");
+}
+
+std::string ShardedFolder::step_dir(std::int64_t step) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return (fs::path(dir_) / name).string();
+}
+
+std::string ShardedFolder::shard_name(int shard, int shards) {
+  char name[64];
+  std::snprintf(name, sizeof name, "shard_%05d_of_%05d.safetensors", shard, shards);
+  return name;
+}
+
+std::vector<std::pair<std::int64_t, std::string>> ShardedFolder::steps_on_disk() const {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir_, error)) {
+    const std::int64_t step = step_of_folder(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory(error)) found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return found;
+}
+
+bool ShardedFolder::has_checkpoints() const {
+  std::error_code error;
+  return fs::exists(fs::path(dir_) / "latest", error) || !steps_on_disk().empty();
+}
+
+std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, int shards, const NamedTensors& mine,
+                                const Metadata& metadata, const nlohmann::json& layout) const {
+  const std::string folder = step_dir(step);
+  std::string error;
+  if (group.rank() == 0) {
+    std::error_code e;
+    fs::create_directories(folder, e);
+    if (e) error = folder + ": cannot be created (" + e.message() + ")";
+  }
+  broadcast_string(group, error, 0);
+  if (!error.empty()) throw CheckpointError(error);
+
+  std::size_t bytes = 0;
+  try {
+    if (!mine.empty()) {
+      Metadata m = metadata;
+      m["step"] = std::to_string(step);
+      m["shard"] = std::to_string(group.rank());
+      m["shards"] = std::to_string(shards);
+      const std::string path = (fs::path(folder) / shard_name(group.rank(), shards)).string();
+      save_safetensors(path, mine, m);
+      bytes = static_cast<std::size_t>(fs::file_size(path));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(group, error);  // every shard is in place (or every rank throws)
+
+  if (group.rank() == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::array();
+      for (int r = 0; r < shards; ++r) {
+        const fs::path path = fs::path(folder) / shard_name(r, shards);
+        std::error_code e;
+        const auto size = fs::file_size(path, e);
+        if (e) throw CheckpointError(path.string() + ": missing after every rank wrote its shard (is " + dir_ +
+                                     " on storage every rank shares?)");
+        files.push_back({{"file", shard_name(r, shards)}, {"bytes", size}});
+      }
+      nlohmann::json index = {{"format", kFormat}, {"step", step}, {"world_size", group.size()}, {"shards", files},
+                              {"metadata", metadata}, {"layout", layout}};
+      write_file_atomically((fs::path(folder) / kIndex).string(), index.dump(1) + "\n");
+      write_file_atomically((fs::path(dir_) / "latest").string(), fs::path(folder).filename().string() + "\n");
+      const auto on_disk = steps_on_disk();
+      std::error_code e;
+      for (std::size_t i = static_cast<std::size_t>(keep_); i < on_disk.size(); ++i) fs::remove_all(on_disk[i].second, e);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  broadcast_string(group, error, 0);
+  if (!error.empty()) throw CheckpointError(error);
+  return bytes;
+}
+
+std::optional<std::int64_t> ShardedFolder::latest_complete() const {
+  std::error_code error;
+  const fs::path pointer = fs::path(dir_) / "latest";
+  if (fs::exists(pointer, error)) {
+    std::ifstream in(pointer);
+    std::string name;
+    std::getline(in, name);
+    const std::int64_t step = step_of_folder(name);
+    if (step >= 0 && fs::exists(fs::path(dir_) / name / kIndex, error)) return step;
+  }
+  for (const auto& [step, path] : steps_on_disk())
+    if (fs::exists(fs::path(path) / kIndex, error)) return step;
+  return std::nullopt;
+}
+
+nlohmann::json ShardedFolder::index(std::int64_t step) const {
+  const std::string path = (fs::path(step_dir(step)) / kIndex).string();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!index.is_object() || index.value("format", "") != kFormat || !index.contains("shards") ||
+      !index.contains("layout") || !index.contains("metadata") || !index.contains("world_size"))
+    throw CheckpointError(path + ": not a sharded checkpoint index (" + kFormat + ")");
+  return index;
+}
+
+Loaded ShardedFolder::load_shard(comm::Communicator& group, std::int64_t step) const {
+  Loaded loaded;
+  std::string error;
+  try {
+    const nlohmann::json idx = index(step);
+    const auto& files = idx.at("shards");
+    if (idx.at("world_size").get<int>() != group.size())
+      throw CheckpointError(step_dir(step) + ": was written by " + std::to_string(idx.at("world_size").get<int>()) +
+                            " ranks; this run has " + std::to_string(group.size()) +
+                            " (a sharded checkpoint resumes at the world size that wrote it)");
+    if (group.rank() < static_cast<int>(files.size())) {
+      const auto& entry = files.at(static_cast<std::size_t>(group.rank()));
+      const std::string path = (fs::path(step_dir(step)) / entry.at("file").get<std::string>()).string();
+      std::error_code e;
+      if (fs::file_size(path, e) != entry.at("bytes").get<std::uintmax_t>() || e)
+        throw CheckpointError(path + ": is not the file the index lists (" + std::to_string(entry.at("bytes").get<std::uintmax_t>()) +
+                              " bytes)");
+      loaded = load_safetensors(path);
+      if (loaded.metadata["step"] != std::to_string(step) || loaded.metadata["shard"] != std::to_string(group.rank()))
+        throw CheckpointError(path + ": holds shard " + loaded.metadata["shard"] + " of step " + loaded.metadata["step"] +
+                              ", not shard " + std::to_string(group.rank()) + " of step " + std::to_string(step));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(group, error);
+  return loaded;
+}
+
+void consolidate(const std::string& step_dir, const std::string& out, const Metadata& metadata) {
+  const std::string index_path = (fs::path(step_dir) / kIndex).string();
+  if (!fs::exists(index_path))
+    throw CheckpointError(step_dir + ": has no " + kIndex + " (not a sharded checkpoint, or one whose writing never finished)");
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_text(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(index_path + ": not valid JSON (" + e.what() + ")");
+  }
+  try {
+    const auto& layout = index.at("layout");
+    const auto shards = layout.at("shards").get<int>();
+    const auto shard_len = layout.at("shard").get<std::int64_t>();
+    std::vector<float> flat(layout.at("padded").get<std::size_t>());
+    for (int r = 0; r < shards; ++r) {
+      const std::string path = (fs::path(step_dir) / index.at("shards").at(static_cast<std::size_t>(r)).at("file")
+                                                           .get<std::string>()).string();
+      const Loaded shard = load_safetensors(path);
+      const Tensor* param = nullptr;
+      for (const auto& [name, t] : shard.tensors)
+        if (name == "param") param = &t;
+      if (!param || param->numel() != shard_len)
+        throw CheckpointError(path + ": has no 'param' tensor of " + std::to_string(shard_len) + " elements");
+      const auto values = param->to_host();
+      for (const auto& unit : layout.at("units")) {  // rank r's part of each unit sits at r x part in the unit
+        const auto part = unit.at("part").get<std::int64_t>(), offset = unit.at("offset").get<std::int64_t>();
+        std::copy_n(values.begin() + unit.at("shard_offset").get<std::int64_t>(), part,
+                    flat.begin() + offset + r * part);
+      }
+    }
+    NamedTensors tensors;
+    for (const auto& p : layout.at("parameters")) {
+      const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
+      std::int64_t numel = 1;
+      for (auto d : shape) numel *= d;
+      const auto begin = flat.begin() + p.at("offset").get<std::int64_t>();
+      tensors.emplace_back(p.at("name").get<std::string>(), Tensor::from_host(std::vector<float>(begin, begin + numel), shape));
+    }
+    save_safetensors(out, tensors, metadata);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(index_path + ": its layout is incomplete (" + e.what() + ")");
+  }
+}
+
+}  // namespace course::checkpoint
