@@ -301,8 +301,7 @@ int main(int argc, char** argv) {
   app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MB")
       ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  app.add_option("--sim-network", o.sim_network,
-                 "Delay every message as on a network of ALPHA_US,GBPS (10,1.25 is 10 GbE)");
+  cli::add_sim_network_option(app, o.sim_network);
   app.add_option("--trace", o.trace, "Write the timeline of the last overlapped step here (Chrome trace JSON)")
       ->capture_default_str();
   app.add_option("--comm-hook", o.comm_hook, "How buckets travel: none (float32), fp16 or bf16 (half the bytes)")
@@ -314,13 +313,6 @@ int main(int argc, char** argv) {
       "Check every mode, every step, against one rank in lock-step (on by default; --no-verify for timing runs)");
   return cli::run(app, argc, argv, [&] {
     o.samples_given = app.count("--samples") > 0;
-    if (!o.sim_network.empty()) {
-      try {
-        comm::parse_network(o.sim_network);
-      } catch (const UsageError& e) {
-        throw UsageError(std::string("--sim-network: ") + e.what());
-      }
-    }
     cli::Session session = cli::start_session(o.common, o.distributed);
     return run(o, session);
   });

@@ -16,6 +16,7 @@
 #include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
+#include "common/comm/simulated_network.h"       // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/core/memory.h"                  // the per-category counters, the budget
 #include "common/nn/tasks.h"                     // the model, its data and its loss
@@ -60,10 +61,12 @@ struct Options {
   bool resume = false;
   std::string save;              // the final parameters, consolidated into one ordinary file
   std::string consolidate;       // a step folder to consolidate into --save, without training
+  std::string sim_network;       // ALPHA_US,GBPS
 };
 
 struct StageRun {
   int stage = 0;
+  bool prefetch = false;        // stage 3 gathered the next unit ahead
   std::int64_t first_step = 0;  // above 0 when resumed: losses[i] is step first_step + i
   std::vector<float> losses, parameters;
   double psi = 0;
@@ -106,10 +109,12 @@ checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTas
 // added in another order (the noise floor's run). With `checkpointed` (the chosen stage's run), it
 // writes --ckpt-dir's checkpoints and, with --resume, starts from the newest.
 StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::Communicator& group, Device device,
-               metrics::MetricsWriter& metrics, bool reversed = false, bool checkpointed = false) {
+               metrics::MetricsWriter& metrics, bool reversed = false, bool checkpointed = false,
+               bool prefetch = false) {
   const int ranks = group.size();
   StageRun run;
   run.stage = stage;
+  run.prefetch = prefetch && stage == 3;
   const MemoryStats before = memory_stats(device);
   auto model = task.make_model(o.common.seed);
   run.psi = static_cast<double>(model->parameter_count());
@@ -119,7 +124,7 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
   options.beta2 = 0.95f;
   options.weight_decay = 0.1f;
   options.max_grad_norm = o.clip;
-  options.prefetch = o.prefetch;
+  options.prefetch = prefetch;
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = o.global_batch / ranks;
@@ -204,27 +209,32 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
                  {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
                  {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}, {"checksum", run.checksum},
-                 {"first_step", run.first_step}, {"prefetch", o.prefetch}});
+                 {"first_step", run.first_step}, {"prefetch", run.prefetch},
+                 {"simulated_network", o.sim_network.empty() ? "" : "simulated " + o.sim_network}});
   return run;
 }
 
-void print_memory_table(const std::vector<StageRun>& runs, int ranks) {
+void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network) {
   log("model states per rank (float32 AdamW, %d ranks, %.0f parameters):\n", ranks, runs.front().psi);
   log("  stage  parameters   gradients   Adam state  total       formula     measured/formula  | peak activations  peak comm. buffers\n");
   for (const StageRun& r : runs) {
     const Formula f = formula(r.stage, r.psi, ranks);
     const double total = static_cast<double>(r.params_bytes + r.grads_bytes + r.adam_bytes);
-    log("  %d      %-12s %-11s %-11s %-11s %-11s %.3f             | %-17s %s\n", r.stage,
+    log("  %d%s %-12s %-11s %-11s %-11s %-11s %.3f             | %-17s %s\n", r.stage, r.prefetch ? "p    " : "     ",
         format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(), format_bytes(r.adam_bytes).c_str(),
         format_bytes(static_cast<std::int64_t>(total)).c_str(), format_bytes(static_cast<std::int64_t>(f.total())).c_str(),
         total / f.total(), format_bytes(r.peak_activations).c_str(), format_bytes(r.peak_communication).c_str());
   }
-  log("communication per rank per step (as a ring sends it):\n");
+  log("communication per rank per step (as a ring sends it)%s:\n",
+      network.empty() ? "" : ("; step times on a simulated network: " + network).c_str());
   for (const StageRun& r : runs) {
     const double theory = ring_theory(r.stage, r.psi, ranks);
-    log("  stage %d  %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms\n", r.stage,
+    char against[32] = "";
+    if (runs.size() > 1) std::snprintf(against, sizeof against, " (%.2fx stage 0's)", r.step_ms / runs.front().step_ms);
+    log("  stage %d%s %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms%s\n", r.stage, r.prefetch ? "p" : " ",
         format_bytes(r.ring_bytes).c_str(), format_bytes(static_cast<std::int64_t>(theory)).c_str(),
-        r.stage == 3 ? "3 psi" : "2 psi", ranks > 1 ? static_cast<double>(r.ring_bytes) / theory : 1.0, r.step_ms);
+        r.stage == 3 ? "3 psi" : "2 psi", ranks > 1 ? static_cast<double>(r.ring_bytes) / theory : 1.0, r.step_ms,
+        against);
   }
 }
 
@@ -248,9 +258,9 @@ bool matches(const StageRun& run, const StageRun& reference, const StageRun& reo
     return d.difference <= tolerance || d.difference <= kDriftFactor * d.noise_floor;
   };
   const bool ok = within(params) && within(losses);
-  log("verify stage %d against stage 0: parameters within %.3g (noise floor %.3g, %.3gx), losses within %.3g "
+  log("verify stage %d%s against stage 0: parameters within %.3g (noise floor %.3g, %.3gx), losses within %.3g "
       "(noise floor %.3g): %s\n",
-      run.stage, params.difference, params.noise_floor, params.ratio(), losses.difference, losses.noise_floor,
+      run.stage, run.prefetch ? " (prefetching)" : "", params.difference, params.noise_floor, params.ratio(), losses.difference, losses.noise_floor,
       ok ? "PASSED" : "FAILED");
   return ok;
 }
@@ -268,11 +278,22 @@ int consolidate(const Options& o) {
 }
 
 int run(const Options& o, cli::Session& session) {
-  comm::Communicator& group = session.topology->dp_group();
+  comm::Communicator& world = session.topology->dp_group();
   if (!o.consolidate.empty()) {
-    parallel::on_rank0(group, [&] { consolidate(o); });
+    parallel::on_rank0(world, [&] { consolidate(o); });
     return 0;
   }
+  std::unique_ptr<comm::Communicator> simulated;
+  std::string network, label;  // "alpha 10 us, 1.25 GB/s"; ", simulated network: ..." for the log
+  if (!o.sim_network.empty()) {
+    const auto model = comm::parse_network(o.sim_network);
+    simulated = comm::simulate_network(world.split(0, world.rank()), model);
+    char text[96];
+    std::snprintf(text, sizeof text, "alpha %g us, %g GB/s", model.alpha_us, model.gbps);
+    network = text;
+    label = ", simulated network: " + network;
+  }
+  comm::Communicator& group = simulated ? *simulated : world;
   const Device device = session.device;
   const int ranks = group.size();
   if (o.global_batch % (static_cast<std::int64_t>(ranks) * o.accum) != 0)
@@ -283,9 +304,9 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is more than the task's " +
                      std::to_string(task.size) + " samples");
   if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
-  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s%s\n", ranks,
+  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s%s%s\n", ranks,
       task.description.c_str(), static_cast<long long>(o.global_batch), static_cast<long long>(o.steps), o.lr, o.clip,
-      o.prefetch ? ", stage 3 prefetching" : "",
+      o.prefetch ? ", stage 3 prefetching" : "", label.c_str(),
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   const double tolerance = parallel::zero_stage_tolerance(o.lr, o.steps);
   if (o.compare && (!o.ckpt_dir.empty() || !o.save.empty()))
@@ -309,14 +330,16 @@ int run(const Options& o, cli::Session& session) {
   bool passed = true;
   std::vector<StageRun> runs;
   if (o.compare) {
+    // With --prefetch, stage 3 runs twice, gathering on demand and ahead: the two side by side.
     for (int stage = 0; stage <= 3; ++stage) runs.push_back(train(o, stage, task, group, device, session.metrics));
-    print_memory_table(runs, ranks);
+    if (o.prefetch) runs.push_back(train(o, 3, task, group, device, session.metrics, false, false, true));
+    print_memory_table(runs, ranks, network);
     const StageRun reordered = train(o, 0, task, group, device, session.metrics, true);
-    for (int stage = 1; stage <= 3; ++stage) passed = matches(runs[stage], runs[0], reordered, tolerance) && passed;
+    for (std::size_t i = 1; i < runs.size(); ++i) passed = matches(runs[i], runs[0], reordered, tolerance) && passed;
   } else {
     log("stage %d\n", o.stage);
-    runs.push_back(train(o, o.stage, task, group, device, session.metrics, false, true));
-    print_memory_table(runs, ranks);
+    runs.push_back(train(o, o.stage, task, group, device, session.metrics, false, true, o.prefetch));
+    print_memory_table(runs, ranks, network);
     log("final parameter checksum %016llx (step %lld)\n", static_cast<unsigned long long>(runs[0].checksum),
         static_cast<long long>(o.steps));
     if (o.verify && o.stage != 0) {
@@ -354,6 +377,7 @@ int main(int argc, char** argv) {
   app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
       ->check(cli::PositiveFinite);
   cli::add_save_option(app, o.save);
+  cli::add_sim_network_option(app, o.sim_network);
   app.add_option("--ckpt-dir", o.ckpt_dir, "Write sharded checkpoints here (one file per rank and an index; on "
                                            "storage every rank shares)");
   app.add_option("--ckpt-every", o.ckpt_every, "A checkpoint every N steps (and at the end)")

@@ -169,7 +169,7 @@ def zero_charts(path, prefix):
     stages = events(read(path), "zero_stage")
     if not stages:
         raise SystemExit(f"zero: {path} has no zero_stage records (run 07_zero --compare --metrics FILE)")
-    names = [f"stage {r['stage']}" for r in stages]
+    names = [f"stage {r['stage']}" + (" prefetch" if r.get("prefetch") else "") for r in stages]
     mib = lambda key: [r[key] / 2**20 for r in stages]
     fig, ax = plt.subplots(figsize=(7, 4))
     bottom = [0.0] * len(stages)

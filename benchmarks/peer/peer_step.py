@@ -11,9 +11,14 @@ zero_grad) with the same number of threads, and prints
   * the median step time of both and the ratio ours / PyTorch's, measured in alternating rounds so that
     the machine's drift falls on both alike.
 
+With --weights FILE it only loads FILE (chapter 07's consolidated checkpoint of the default GPT, or any
+chapter's --save of it) into PyTorch's GPT by name, strictly, and prints its loss on bench_step's batch
+beside the initial weights' loss.
+
 PyTorch lives in its own virtual environment (scripts/setup_peer.sh); the course never needs it.
   scripts/setup_peer.sh
   .venv-peer/bin/python benchmarks/peer/peer_step.py [--bench build/release/benchmarks/bench_step]
+  .venv-peer/bin/python benchmarks/peer/peer_step.py --weights model.safetensors
 """
 import argparse
 import json
@@ -164,6 +169,30 @@ def run_ours(bench, model, width, threads, warmup, steps, save_init=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def load_weights(bench, path):
+    """PyTorch's GPT from FILE, strictly by name; its loss on bench_step's GPT batch against the initial one."""
+    with tempfile.TemporaryDirectory() as folder:
+        init = os.path.join(folder, "gpt.safetensors")
+        run_ours(bench, "gpt", None, 1, 0, 1, save_init=init)
+        with safe_open(init, "pt") as f:
+            settings = json.loads(f.metadata()["bench"])
+        tensors = load_file(init)
+    ids, targets = tensors.pop("input.ids").long(), tensors.pop("input.targets").long()
+    model = GPT(settings)
+    model.load_state_dict(tensors, strict=True)
+    with torch.no_grad():
+        loss = lambda: F.cross_entropy(model(ids).view(-1, settings["vocab_size"]), targets, ignore_index=-100).item()
+        initial = loss()
+        weights = load_file(path)
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as error:
+            sys.exit(f"peer_step: --weights {path}: not the chapters' default GPT: {' '.join(str(error).split())[:300]}")
+        print(f"loaded {len(weights)} tensors from {path} into PyTorch's GPT (strict, by name); loss on "
+              f"bench_step's batch {loss():.6f}, initial weights {initial:.6f}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bench", default=os.path.join(ROOT, "build/release/benchmarks/bench_step"))
@@ -171,9 +200,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per case")
     parser.add_argument("--steps", type=int, default=0, help="timed steps per round (0: by case)")
     parser.add_argument("--metrics", help="append one JSON line per case here")
+    parser.add_argument("--weights", help="only load this file into PyTorch's GPT and print its loss")
     args = parser.parse_args()
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"peer_step: --bench {args.bench} is not an executable; build the course first (scripts/setup.sh)")
+    if args.weights:
+        if not os.path.isfile(args.weights):
+            sys.exit(f"peer_step: --weights {args.weights}: no such file")
+        return load_weights(args.bench, args.weights)
     threads = [int(t) for t in args.threads.split(",")]
 
     print(f"PyTorch {torch.__version__} against the course, CPU, {os.cpu_count()} cores; "

@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include "common/checkpoint/parameters.h"
+#include "common/comm/simulated_network.h"
 #include "common/core/log.h"
 #include "common/core/device.h"
 #include "common/kernels/kernels.h"
@@ -36,6 +37,20 @@ void add_save_option(CLI::App& app, std::string& path) {
             return {};
           },
           "FILE", ""));
+}
+
+void add_sim_network_option(CLI::App& app, std::string& text) {
+  app.add_option("--sim-network", text, "Delay every message as on a network of ALPHA_US,GBPS (10,1.25 is 10 GbE)")
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            try {
+              comm::parse_network(input);
+            } catch (const UsageError& e) {
+              return e.what();
+            }
+            return {};
+          },
+          "ALPHA_US,GBPS", ""));
 }
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o) {

@@ -22,6 +22,10 @@ void add_common_options(CLI::App& app, CommonOptions& options);
 // checked when the flags are read.
 void add_save_option(CLI::App& app, std::string& path);
 
+// --sim-network ALPHA_US,GBPS: every collective delayed as on that network (comm/simulated_network.h),
+// checked when the flags are read.
+void add_sim_network_option(CLI::App& app, std::string& text);
+
 // The flags every multi-rank chapter adds; --verbose makes every rank log, not only rank 0.
 struct DistributedOptions {
   std::string backend = "auto";  // --backend auto|mpi|nccl
