@@ -19,6 +19,7 @@
 #include "common/comm/simulated_network.h"       // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/core/memory.h"                  // the per-category counters, the budget
+#include "common/metrics/charts.h"               // --compare's charts, through scripts/plot.py
 #include "common/nn/tasks.h"                     // the model, its data and its loss
 #include "common/ops/ops.h"                      // scale
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
@@ -62,6 +63,8 @@ struct Options {
   std::string save;              // the final parameters, consolidated into one ordinary file
   std::string consolidate;       // a step folder to consolidate into --save, without training
   std::string sim_network;       // ALPHA_US,GBPS
+  std::string charts = "zero";   // --compare draws PREFIX_memory.png and PREFIX_communication.png
+  bool no_charts = false;
 };
 
 struct StageRun {
@@ -74,6 +77,7 @@ struct StageRun {
   std::int64_t peak_activations = 0, peak_communication = 0;
   std::int64_t ring_bytes = 0;  // per step, as a ring sends it
   std::uint64_t checksum = 0;   // of the final parameters
+  nlohmann::json record;        // the zero_stage metric
   double step_ms = 0;
 };
 
@@ -203,14 +207,15 @@ StageRun train(const Options& o, int stage, const nn::TrainingTask& task, comm::
   const Tensor gathered = Tensor::from_host(run.parameters, {static_cast<std::int64_t>(run.parameters.size())});
   run.checksum = parallel::parameter_checksum({gathered});
   const Formula f = formula(stage, run.psi, ranks);
-  metrics.write({{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
+  run.record = {{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
                  {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
                  {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
                  {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
                  {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}, {"checksum", run.checksum},
                  {"first_step", run.first_step}, {"prefetch", run.prefetch},
-                 {"simulated_network", o.sim_network.empty() ? "" : "simulated " + o.sim_network}});
+                 {"simulated_network", o.sim_network.empty() ? "" : "simulated " + o.sim_network}};
+  metrics.write(run.record);
   return run;
 }
 
@@ -336,6 +341,16 @@ int run(const Options& o, cli::Session& session) {
     print_memory_table(runs, ranks, network);
     const StageRun reordered = train(o, 0, task, group, device, session.metrics, true);
     for (std::size_t i = 1; i < runs.size(); ++i) passed = matches(runs[i], runs[0], reordered, tolerance) && passed;
+    if (!o.no_charts)
+      parallel::on_rank0(group, [&] {
+        std::vector<nlohmann::json> records;
+        for (const StageRun& r : runs) records.push_back(r.record);
+        std::string why;
+        if (metrics::draw_charts("zero", records, o.charts, &why))
+          log("charts: %s_memory.png, %s_communication.png\n", o.charts.c_str(), o.charts.c_str());
+        else
+          log("charts: not drawn: %s; the numbers are in --metrics for scripts/plot.py zero\n", why.c_str());
+      });
   } else {
     log("stage %d\n", o.stage);
     runs.push_back(train(o, o.stage, task, group, device, session.metrics, false, true, o.prefetch));
@@ -390,6 +405,10 @@ int main(int argc, char** argv) {
   app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
   app.add_flag("--verify", o.verify, "Check losses and final parameters against stage 0");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
+  app.add_option("--charts", o.charts, "With --compare: draw PREFIX_memory.png and PREFIX_communication.png (python3 "
+                                       "with matplotlib)")
+      ->capture_default_str();
+  app.add_flag("--no-charts", o.no_charts, "With --compare: draw no charts");
   app.add_option("--fault", o.fault, "Break stages 1-3 on purpose, to see --verify catch it: none or skip-rank-share "
                                      "(the last rank's share of each step is lost)")
       ->check(CLI::IsMember({"none", "skip-rank-share"}))->capture_default_str();

@@ -60,10 +60,7 @@ if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
     "$(grep -c '^failover: attempt [0-9]* failed' "$dir/output.txt") failure(s), $("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" \
     "${dir#$COURSE_ROOT/}"
 fi
-run_chapter 07_zero 4 --compare
-if [ -f "$RUNS/07_zero/metrics.jsonl" ]; then
-  "$PY" "$COURSE_ROOT/scripts/plot.py" zero "$RUNS/07_zero/metrics.jsonl" "$RUNS/07_zero/zero" >/dev/null 2>&1 || failed=1
-fi
+run_chapter 07_zero 4 --compare --charts "$RUNS/07_zero/zero"   # zero_memory.png, zero_communication.png
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"
