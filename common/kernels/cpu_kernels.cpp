@@ -395,10 +395,10 @@ std::atomic<int>& thread_setting() {
 }
 }  // namespace
 
-void set_cpu_threads(int threads) {
+void set_cpu_threads(int threads, int gemm_threads) {
   threads = std::max(1, threads);
   thread_setting() = threads;
-  openblas_set_num_threads(threads);
+  openblas_set_num_threads(gemm_threads > 0 ? gemm_threads : threads);
 }
 int cpu_threads() { return thread_setting(); }
 
