@@ -1,0 +1,101 @@
+// Tensor parallelism against the unsharded layers, under mpirun with 1, 2 and 4 ranks (the whole world
+// is the tensor-parallel group): an MLP block made column- then row-parallel gives the unsharded
+// block's output on every rank, and every gradient (the input's, and each rank's slice of each weight
+// and bias) is the matching slice of the unsharded gradient; forward and backward each cost one
+// all-reduce, of the output and of the input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/nn/layers.h"
+#include "common/ops/ops.h"
+#include "common/parallel/tensor_parallel.h"
+#include "support/mpi_main.h"
+
+namespace course::testing {
+namespace {
+
+// The row-parallel layer sums its 16 products in `size` partial sums before adding them, where the
+// unsharded GEMM sums them in one pass: the same terms (below 4 in magnitude) in another order, a few
+// float32 roundings of the sum apart. Any wrong slice or missing reduction is off by whole terms.
+constexpr double kReorderTolerance = 1e-5;
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+// Rows [first, first + count) of a row-major [rows, cols] matrix, or its columns.
+std::vector<float> rows_of(const Tensor& t, std::int64_t first, std::int64_t count) {
+  const auto v = t.to_host();
+  const std::int64_t cols = t.numel() / t.dim(0);
+  return {v.begin() + first * cols, v.begin() + (first + count) * cols};
+}
+std::vector<float> columns_of(const Tensor& t, std::int64_t first, std::int64_t count) {
+  const auto v = t.to_host();
+  const std::int64_t cols = t.dim(1);
+  std::vector<float> out;
+  for (std::int64_t r = 0; r < t.dim(0); ++r)
+    out.insert(out.end(), v.begin() + r * cols + first, v.begin() + r * cols + first + count);
+  return out;
+}
+
+TEST(TensorParallel, ColumnThenRowIsTheUnshardedMlpBlock) {
+  comm::Communicator& tp = world();
+  const int n = tp.size(), r = tp.rank();
+  constexpr std::int64_t kBatch = 5, kIn = 8, kHidden = 16, kOut = 6;
+  nn::Linear fc1(kIn, kHidden, Device::cpu, 1), fc2(kHidden, kOut, Device::cpu, 2);
+  parallel::ColumnParallelLinear column(fc1, tp);
+  parallel::RowParallelLinear row(fc2, tp);
+  const Tensor input = Tensor::randn({kBatch, kIn}, 3), target = Tensor::randn({kBatch, kOut}, 4);
+
+  Tensor x_full = input.clone();
+  x_full.set_requires_grad(true);
+  Tensor y_full = fc2(gelu(fc1(x_full)));
+  mse_loss(y_full, target).backward();
+
+  Tensor x = input.clone();
+  x.set_requires_grad(true);
+  const std::int64_t before = tp.bytes_sent();
+  Tensor y = row(gelu(column(x)));
+  const std::int64_t forward_bytes = tp.bytes_sent() - before;
+  mse_loss(y, target).backward();
+  const std::int64_t backward_bytes = tp.bytes_sent() - before - forward_bytes;
+
+  EXPECT_LE(max_difference(y.to_host(), y_full.to_host()), kReorderTolerance);
+  EXPECT_LE(max_difference(x.grad().to_host(), x_full.grad().to_host()), kReorderTolerance);
+  const std::int64_t part = kHidden / n;
+  EXPECT_EQ(column.weight.shape(), (Shape{part, kIn}));
+  EXPECT_EQ(row.weight.shape(), (Shape{kOut, part}));
+  EXPECT_LE(max_difference(column.weight.grad().to_host(), rows_of(fc1.weight.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(max_difference(column.bias.grad().to_host(), rows_of(fc1.bias.grad(), r * part, part)),
+            kReorderTolerance);
+  EXPECT_LE(max_difference(row.weight.grad().to_host(), columns_of(fc2.weight.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(max_difference(row.bias.grad().to_host(), fc2.bias.grad().to_host()), kReorderTolerance);
+  // g all-reduces the output forward, f the input's gradient backward, and nothing else moves.
+  EXPECT_EQ(forward_bytes, n > 1 ? kBatch * kOut * 4 : 0);
+  EXPECT_EQ(backward_bytes, n > 1 ? kBatch * kIn * 4 : 0);
+}
+
+TEST(TensorParallel, WhatDoesNotDivideIsNamed) {
+  nn::Linear odd(3, 5, Device::cpu, 1);  // 5 output features, 3 input features: no split of 2 or 4
+  if (world().size() == 1) {  // everything divides among 1 rank
+    EXPECT_NO_THROW(parallel::ColumnParallelLinear(odd, world()));
+    return;
+  }
+  try {
+    parallel::ColumnParallelLinear column(odd, world());
+    FAIL() << "5 output features split among " << world().size();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("ColumnParallelLinear: out_features: 5 does not divide among"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parallel::RowParallelLinear(odd, world()), UsageError);
+}
+
+}  // namespace
+}  // namespace course::testing
+
+COURSE_MPI_TEST_MAIN()
