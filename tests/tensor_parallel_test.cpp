@@ -2,7 +2,9 @@
 // is the tensor-parallel group): an MLP block made column- then row-parallel gives the unsharded
 // block's output on every rank, and every gradient (the input's, and each rank's slice of each weight
 // and bias) is the matching slice of the unsharded gradient; forward and backward each cost one
-// all-reduce, of the output and of the input.
+// all-reduce, of the output and of the input. The vocabulary-parallel embedding with its tied head and
+// the parallel cross-entropy give the unsharded loss and each rank's slice of the gradient, moving 3
+// floats per row.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,6 +79,63 @@ TEST(TensorParallel, ColumnThenRowIsTheUnshardedMlpBlock) {
   // g all-reduces the output forward, f the input's gradient backward, and nothing else moves.
   EXPECT_EQ(forward_bytes, n > 1 ? kBatch * kOut * 4 : 0);
   EXPECT_EQ(backward_bytes, n > 1 ? kBatch * kIn * 4 : 0);
+}
+
+TEST(TensorParallel, TheVocabularySplitsAndTheLogitsNeverMeet) {
+  comm::Communicator& tp = world();
+  const int n = tp.size(), r = tp.rank();
+  constexpr std::int64_t kVocab = 12, kDim = 8, kRows = 10;
+  const Tensor table = Tensor::randn({kVocab, kDim}, 5);
+  std::vector<float> ids(kRows), targets(kRows);
+  for (std::int64_t i = 0; i < kRows; ++i) {
+    ids[static_cast<std::size_t>(i)] = static_cast<float>((i * 5 + 1) % kVocab);
+    targets[static_cast<std::size_t>(i)] = i == 3 ? -100.0f : static_cast<float>((i * 7 + 2) % kVocab);  // one row ignored
+  }
+  const Tensor id_tensor = Tensor::from_host(ids, {kRows}), target_tensor = Tensor::from_host(targets, {kRows});
+
+  // Unsharded: embedding, the tied head, cross-entropy.
+  Tensor full = table.clone();
+  full.set_requires_grad(true);
+  Tensor full_logits = matmul(embedding(id_tensor, full), full, false, true);
+  Tensor full_loss = cross_entropy(full_logits, target_tensor);
+  full_loss.backward();
+
+  parallel::VocabParallelEmbedding sharded(table, tp);
+  const std::int64_t part = kVocab / n;
+  EXPECT_EQ(sharded.first_row(), r * part);
+  Tensor x = sharded(id_tensor);
+  // Only one rank holds each row; the others add zeros: the same bits as the unsharded lookup.
+  EXPECT_EQ(x.to_host(), embedding(id_tensor, table).to_host());
+  Tensor logits = sharded.logits(x);
+  EXPECT_EQ(logits.shape(), (Shape{kRows, part}));
+  const std::int64_t before = tp.bytes_sent();
+  Tensor loss = parallel::parallel_cross_entropy(logits, target_tensor, sharded.first_row(), tp);
+  // The row maxima, then the sums of exponentials and the target logits: 3 floats a row, never V.
+  EXPECT_EQ(tp.bytes_sent() - before, n > 1 ? 3 * kRows * 4 : 0);
+  EXPECT_NEAR(loss.item(), full_loss.item(), kReorderTolerance);
+  loss.backward();
+  EXPECT_LE(max_difference(sharded.weight.grad().to_host(), rows_of(full.grad(), r * part, part)), kReorderTolerance);
+}
+
+TEST(TensorParallel, ParallelCrossEntropyIsCrossEntropyOnEachSlice) {
+  comm::Communicator& tp = world();
+  const int n = tp.size(), r = tp.rank();
+  constexpr std::int64_t kRows = 7, kVocab = 16;
+  const Tensor logits = scale(Tensor::randn({kRows, kVocab}, 9), 4.0f);  // far from uniform
+  std::vector<float> targets(kRows);
+  for (std::int64_t i = 0; i < kRows; ++i) targets[static_cast<std::size_t>(i)] = static_cast<float>((i * 3) % kVocab);
+  const Tensor target_tensor = Tensor::from_host(targets, {kRows});
+  Tensor full = logits.clone();
+  full.set_requires_grad(true);
+  Tensor expected = cross_entropy(full, target_tensor);
+  expected.backward();
+  const std::int64_t part = kVocab / n;
+  Tensor mine = Tensor::from_host(columns_of(logits, r * part, part), {kRows, part});
+  mine.set_requires_grad(true);
+  Tensor loss = parallel::parallel_cross_entropy(mine, target_tensor, r * part, tp);
+  EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
+  loss.backward();
+  EXPECT_LE(max_difference(mine.grad().to_host(), columns_of(full.grad(), r * part, part)), kReorderTolerance);
 }
 
 TEST(TensorParallel, WhatDoesNotDivideIsNamed) {

@@ -1,6 +1,8 @@
 // The f and g operators and the two parallel linear layers.
 #include "common/parallel/tensor_parallel.h"
 
+#include <cmath>
+
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 #include "common/core/memory.h"
@@ -65,6 +67,92 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor partial = linear(x, weight, Tensor());
   Tensor sum = reduce_from_tensor_parallel(partial, tp_);
   return bias.defined() ? add(sum, bias) : sum;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp) : tp_(tp) {
+  weight = register_parameter("weight", shard_of(full_table, 0, tp, "VocabParallelEmbedding: vocab_size"));
+  first_ = weight.dim(0) * tp.rank();
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+  // The ids this rank holds, renumbered from 0; the others point at row 0 and are masked out.
+  const auto all = ids.to_host();
+  const auto rows = weight.dim(0);
+  std::vector<float> local(all.size()), mask(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const auto id = static_cast<std::int64_t>(all[i]);
+    const bool mine = id >= first_ && id < first_ + rows;
+    local[i] = mine ? static_cast<float>(id - first_) : 0.0f;
+    mask[i] = mine ? 1.0f : 0.0f;
+  }
+  Shape mask_shape = ids.shape();
+  mask_shape.push_back(1);
+  Tensor part = mul(embedding(Tensor::from_host(local, ids.shape(), ids.device()), weight),
+                    Tensor::from_host(mask, mask_shape, ids.device()));
+  return reduce_from_tensor_parallel(part, tp_);
+}
+
+Tensor VocabParallelEmbedding::logits(const Tensor& x) {
+  return matmul(copy_to_tensor_parallel(x, tp_), weight, false, true);
+}
+
+Tensor parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, std::int64_t first_column,
+                              comm::Communicator& tp, int ignore_index) {
+  if (local_logits.shape().size() != 2 || targets.numel() != local_logits.dim(0))
+    throw std::invalid_argument("parallel_cross_entropy: logits " + shape_string(local_logits.shape()) +
+                                " and targets " + shape_string(targets.shape()) + " do not fit ([N, V/size], [N])");
+  const std::int64_t n = local_logits.dim(0), v = local_logits.dim(1);
+  const Device device = local_logits.device();
+  const auto logits = local_logits.to_host();
+  const auto target = targets.to_host();
+  // The row maxima first (for exp's range), then each row's sum of exponentials and its target's logit.
+  std::vector<float> row_max(static_cast<std::size_t>(n), -INFINITY);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t j = 0; j < v; ++j)
+      row_max[static_cast<std::size_t>(i)] = std::max(row_max[static_cast<std::size_t>(i)], logits[static_cast<std::size_t>(i * v + j)]);
+  Tensor max_t = Tensor::from_host(row_max, {n});
+  if (tp.size() > 1) tp.all_reduce(max_t, comm::ReduceOp::max);
+  const auto m = max_t.to_host();
+  std::vector<float> sums(static_cast<std::size_t>(n), 0.0f), picked(static_cast<std::size_t>(n), 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(static_cast<double>(logits[static_cast<std::size_t>(i * v + j)]) - m[static_cast<std::size_t>(i)]);
+    sums[static_cast<std::size_t>(i)] = static_cast<float>(s);
+    const auto t = static_cast<std::int64_t>(target[static_cast<std::size_t>(i)]);
+    if (t >= first_column && t < first_column + v) picked[static_cast<std::size_t>(i)] = logits[static_cast<std::size_t>(i * v + t - first_column)];
+  }
+  // Two all-reduces of N floats each (joined in one buffer): the sums and the target logits.
+  std::vector<float> both(sums);
+  both.insert(both.end(), picked.begin(), picked.end());
+  Tensor both_t = Tensor::from_host(both, {2 * n});
+  if (tp.size() > 1) tp.all_reduce(both_t, comm::ReduceOp::sum);
+  const auto reduced = both_t.to_host();
+  double total = 0;
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (static_cast<int>(target[static_cast<std::size_t>(i)]) == ignore_index) continue;
+    total += std::log(static_cast<double>(reduced[static_cast<std::size_t>(i)])) + m[static_cast<std::size_t>(i)] -
+             reduced[static_cast<std::size_t>(n + i)];
+    ++counted;
+  }
+  const float loss = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
+  return autograd::record(
+      Tensor::from_host({loss}, {1}, device), "parallel_cross_entropy", {local_logits},
+      [logits, target, m, reduced, n, v, first_column, counted, ignore_index, device](const Tensor& g) {
+        const float scale_by = g.to_host()[0] / static_cast<float>(std::max<std::int64_t>(counted, 1));
+        std::vector<float> grad(static_cast<std::size_t>(n * v), 0.0f);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const auto t = static_cast<std::int64_t>(target[static_cast<std::size_t>(i)]);
+          if (static_cast<int>(target[static_cast<std::size_t>(i)]) == ignore_index) continue;
+          const double sum = reduced[static_cast<std::size_t>(i)];
+          for (std::int64_t j = 0; j < v; ++j) {
+            const auto at = static_cast<std::size_t>(i * v + j);
+            const double p = std::exp(static_cast<double>(logits[at]) - m[static_cast<std::size_t>(i)]) / sum;
+            grad[at] = static_cast<float>((p - (j + first_column == t ? 1.0 : 0.0)) * scale_by);
+          }
+        }
+        return std::vector<Tensor>{Tensor::from_host(grad, {n, v}, device)};
+      });
 }
 
 }  // namespace course::parallel

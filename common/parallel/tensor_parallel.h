@@ -51,4 +51,32 @@ class RowParallelLinear : public nn::Module {
   comm::Communicator& tp_;
 };
 
+// The vocabulary split across the group (Megatron-LM's VocabParallelEmbedding): rank r holds rows
+// [r V / size, (r + 1) V / size) of the token table. Each rank looks up the ids it holds (zeros for the
+// others) and g sums the parts, so every rank gets the whole embedding; backward, each rank's rows get
+// the gradient of its own ids. With the head tied to the table, the logits come out split by vocabulary
+// too ([N, V / size] per rank), which parallel_cross_entropy takes as they are.
+class VocabParallelEmbedding : public nn::Module {
+ public:
+  // This rank's rows of `full_table` [V, C], which every rank made with the same seed.
+  VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp);
+  Tensor forward(const Tensor& ids) override;  // ids of any shape -> ids.shape + [C], the same on every rank
+  // The tied head: x [..., C] (the same on every rank) times this rank's rows, [..., V / size].
+  Tensor logits(const Tensor& x);
+  std::int64_t first_row() const { return first_; }
+  Tensor weight;  // [V / size, C]
+
+ private:
+  comm::Communicator& tp_;
+  std::int64_t first_ = 0;
+};
+
+// F.cross_entropy (mean over the rows not ignored) of logits split by vocabulary: each rank holds
+// columns [first_column, first_column + V / size) of [N, V]. The whole logits never meet: the ranks
+// all-reduce three numbers per row (the row's maximum, its sum of exponentials, and the target's
+// logit, which one rank holds), 3N floats whatever the vocabulary. The gradient of each rank's columns
+// is softmax minus one-hot there. Targets are indices as floats; ignore_index rows count for nothing.
+Tensor parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, std::int64_t first_column,
+                              comm::Communicator& tp, int ignore_index = -100);
+
 }  // namespace course::parallel
