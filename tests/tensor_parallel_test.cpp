@@ -8,10 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
+#include "common/nn/gpt.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/parallel/tensor_parallel.h"
+#include "common/parallel/tensor_parallel_gpt.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -136,6 +139,49 @@ TEST(TensorParallel, ParallelCrossEntropyIsCrossEntropyOnEachSlice) {
   EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
   loss.backward();
   EXPECT_LE(max_difference(mine.grad().to_host(), columns_of(full.grad(), r * part, part)), kReorderTolerance);
+}
+
+TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
+  comm::Communicator& tp = world();
+  nn::GPTConfig config;
+  config.n_layer = 2, config.n_head = 4, config.n_embd = 32, config.block_size = 8, config.vocab_size = 12;
+  nn::GPT full(config, Device::cpu, 7);
+  parallel::TensorParallelGPT sharded(full, tp);
+  std::vector<float> ids(3 * 8), targets(3 * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<float>((i * 7 + 3) % 12);
+    targets[i] = i % 5 == 0 ? -100.0f : static_cast<float>((i * 5 + 1) % 12);
+  }
+  const Tensor id_tensor = Tensor::from_host(ids, {3, 8}), target_tensor = Tensor::from_host(targets, {24});
+  Tensor expected = cross_entropy(full(id_tensor), target_tensor);
+  expected.backward();
+  Tensor loss = sharded.loss(id_tensor, target_tensor);
+  EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
+  loss.backward();
+
+  // Every sharded gradient is the matching part of the whole model's; the rest are whole on every rank.
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad();
+  std::size_t checked = 0;
+  for (const auto& [name, p] : sharded.named_parameters()) {
+    const std::string full_name = "transformer." + name;
+    ASSERT_TRUE(whole.count(full_name)) << name;
+    const Tensor& g = whole[full_name];
+    auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    Tensor part = g;
+    if (name == "wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
+      part = parallel::shard_of(g, 0, tp, "test");
+    else if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias"))
+      part = parallel::shard_of_qkv(g, tp);
+    else if (ends_with("c_proj.weight"))
+      part = parallel::shard_of(g, 1, tp, "test");
+    EXPECT_EQ(p.shape(), part.shape()) << name;
+    EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, full.named_parameters().size());
 }
 
 TEST(TensorParallel, WhatDoesNotDivideIsNamed) {

@@ -67,6 +67,8 @@ class GPT : public Module {
   // ids: [B, T] token indices as floats, T <= block_size. Returns the logits, [B * T, vocab_size].
   Tensor forward(const Tensor& ids) override;
   const GPTConfig& config() const { return config_; }
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  const LayerNorm& ln_f() const { return *ln_f_; }
   Tensor wte, wpe;
 
  private:

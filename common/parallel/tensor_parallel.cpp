@@ -53,6 +53,13 @@ ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, comm::Communi
   if (full.bias.defined()) bias = register_parameter("bias", shard_of(full.bias, 0, tp, "ColumnParallelLinear: out_features"));
 }
 
+ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp)
+    : tp_(tp) {
+  MemoryCategoryScope scope(MemoryCategory::parameters);
+  weight = register_parameter("weight", weight_part.detach().clone());
+  if (bias_part.defined()) bias = register_parameter("bias", bias_part.detach().clone());
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x) { return linear(copy_to_tensor_parallel(x, tp_), weight, bias); }
 
 RowParallelLinear::RowParallelLinear(const nn::Linear& full, comm::Communicator& tp) : tp_(tp) {

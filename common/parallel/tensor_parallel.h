@@ -31,6 +31,8 @@ Tensor shard_of(const Tensor& full, int dim, comm::Communicator& tp, const char*
 class ColumnParallelLinear : public nn::Module {
  public:
   ColumnParallelLinear(const nn::Linear& full, comm::Communicator& tp);
+  // From this rank's part, already cut (c_attn's rows are cut head by head: shard_of_qkv).
+  ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp);
   // x whole, [..., in]; returns this rank's slice of the output, [..., out / size].
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // [out / size, in], [out / size]
