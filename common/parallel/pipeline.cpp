@@ -1,0 +1,154 @@
+// The GPT's pipeline stages and the schedule's executor.
+#include "common/parallel/pipeline.h"
+
+#include <chrono>
+
+#include "common/autograd/autograd.h"
+#include "common/core/errors.h"
+#include "common/core/memory.h"
+#include "common/ops/ops.h"
+
+namespace course::parallel {
+namespace {
+
+Tensor copy_parameter(const Tensor& t) {
+  MemoryCategoryScope scope(MemoryCategory::parameters);
+  return t.detach().clone();
+}
+
+struct Named : nn::Module {
+  Tensor forward(const Tensor& x) override { return x; }
+  using nn::Module::register_module;
+  using nn::Module::register_parameter;
+};
+
+}  // namespace
+
+PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp)
+    : config_(full.config()), pp_(pp), first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
+  const std::int64_t stages = pp.size();
+  if (config_.n_layer % stages != 0)
+    throw UsageError("--n-layer: " + std::to_string(config_.n_layer) + " layers do not divide among " +
+                     std::to_string(stages) + " pipeline stages");
+  const std::int64_t per_stage = config_.n_layer / stages;
+  first_layer_ = per_stage * pp.rank();
+  // GPT-2's names, so a stage's parameters read as the whole model's: "transformer.h.2.attn...".
+  auto transformer = register_module("transformer", std::make_shared<Named>());
+  if (first_ || last_) wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
+  if (first_) wpe_ = transformer->register_parameter("wpe.weight", copy_parameter(full.wpe));
+  auto layers = transformer->register_module("h", std::make_shared<Named>());
+  for (std::int64_t i = first_layer_; i < first_layer_ + per_stage; ++i) {
+    // A copy of the whole model's block: the same layers, the same values, parameters of its own.
+    const nn::Block& source = *full.blocks()[static_cast<std::size_t>(i)];
+    auto block = std::make_shared<nn::Block>(config_, wte_.defined() ? wte_.device() : full.wte.device(), 0);
+    const auto from = source.named_parameters();
+    auto to = block->named_parameters();
+    for (std::size_t k = 0; k < to.size(); ++k) {
+      autograd::NoGradGuard no_grad;
+      Tensor(to[k].second).copy_from(from[k].second);
+    }
+    blocks_.push_back(layers->register_module(std::to_string(i), block));
+  }
+  if (last_) {
+    ln_f_ = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(config_.n_embd, full.wte.device()));
+    autograd::NoGradGuard no_grad;
+    ln_f_->weight.copy_from(full.ln_f().weight);
+    ln_f_->bias.copy_from(full.ln_f().bias);
+  }
+}
+
+Tensor PipelineStageGPT::forward(const Tensor& input) {
+  Tensor x = input;
+  if (first_) {
+    const std::int64_t t = input.dim(1);
+    std::vector<float> positions(static_cast<std::size_t>(t));
+    for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    x = add(embedding(input, wte_), embedding(Tensor::from_host(positions, {t}, input.device()), wpe_));
+  }
+  for (auto& block : blocks_) x = (*block)(x);
+  if (!last_) return x;
+  x = (*ln_f_)(x);
+  return matmul(reshape(x, {x.dim(0) * x.dim(1), config_.n_embd}), wte_, false, true);
+}
+
+void PipelineStageGPT::sync_tied_gradients() {
+  if (pp_.size() == 1 || !(first_ || last_) || !wte_.grad().defined()) return;
+  // The first and the last stage swap their gradients of the table and each adds the other's.
+  const int peer = first_ ? pp_.size() - 1 : 0;
+  Tensor theirs = Tensor::empty(wte_.shape(), wte_.device());
+  pp_.send_recv(wte_.grad(), peer, theirs, peer, /*tag=*/1 << 20);
+  Tensor grad = wte_.grad();
+  autograd::NoGradGuard no_grad;
+  grad.copy_from(add(grad, theirs));
+}
+
+PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
+                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+  const std::size_t m = ids.size();
+  const int s = pp.rank();
+  const Device device = ids.front().device();
+  const std::int64_t before = memory_stats(device).current_of(MemoryCategory::activations);
+  reset_peak_memory(device);
+
+  // Each micro-batch's weight: its share of the targets that count.
+  std::vector<double> counted(m, 0);
+  double total = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    for (float t : targets[i].to_host()) counted[i] += static_cast<int>(t) != ignore_index;
+    total += counted[i];
+  }
+  std::vector<Tensor> inputs(m), outputs(m);
+  std::vector<comm::WorkHandle> sends;
+  PipelineStep step;
+  double loss = 0;
+  const auto tag = [](std::size_t i, bool gradient) { return static_cast<int>(2 * i + (gradient ? 1 : 0)); };
+  for (const PipeAction& a : schedule.at(static_cast<std::size_t>(s))) {
+    const auto i = static_cast<std::size_t>(a.micro_batch);
+    const double begin = since();
+    const std::int64_t batch = ids[i].dim(0), t = ids[i].dim(1);
+    if (a.op == PipeOp::forward) {
+      if (stage.is_first()) {
+        inputs[i] = ids[i];
+      } else {
+        inputs[i] = Tensor::empty({batch, t, stage.config().n_embd}, device);
+        pp.recv(inputs[i], s - 1, tag(i, false));
+        inputs[i].set_requires_grad(true);
+      }
+      Tensor out = stage(inputs[i]);
+      if (stage.is_last()) {
+        const float weight = total > 0 ? static_cast<float>(counted[i] / total) : 0.0f;
+        outputs[i] = scale(cross_entropy(out, targets[i], ignore_index), weight);
+        loss += outputs[i].item();
+      } else {
+        outputs[i] = out;
+        sends.push_back(pp.send_async(out.detach(), s + 1, tag(i, false)));
+      }
+    } else {
+      if (stage.is_last()) {
+        outputs[i].backward();
+      } else {
+        Tensor grad = Tensor::empty(outputs[i].shape(), device);
+        pp.recv(grad, s + 1, tag(i, true));
+        autograd::backward(outputs[i], grad);
+      }
+      if (!stage.is_first()) sends.push_back(pp.send_async(inputs[i].grad(), s - 1, tag(i, true)));
+      outputs[i] = Tensor();  // the micro-batch's activations go with its graph
+      inputs[i] = Tensor();
+    }
+    step.timeline.push_back({a, begin, since()});
+  }
+  for (auto& work : sends) work->wait();
+  stage.sync_tied_gradients();
+  step.step_ms = since();
+  step.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations) - before;
+  // The loss is known on the last stage; every stage reports it.
+  Tensor global = Tensor::from_host({static_cast<float>(loss)}, {1});
+  pp.broadcast(global, pp.size() - 1);
+  step.loss = global.item();
+  return step;
+}
+
+}  // namespace course::parallel

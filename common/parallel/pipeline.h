@@ -1,0 +1,66 @@
+// Pipeline parallelism: the GPT cut by layers into stages, one per rank of a pipeline group, and the
+// loop that executes a schedule (pipeline_schedule.h) on it. The first stage holds the embeddings and
+// its blocks, the last its blocks, the final norm and the head; micro-batches flow forward as
+// activations [micro-batch, T, C] sent to the next stage, and backward as their gradients sent to the
+// one before. GPT-2's head is tied to the token table, which the first and the last stage both need:
+// each holds a copy, and after backward the two add each other's gradient (Megatron-LM's embedding
+// group), so the copies stay equal.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/comm/communicator.h"
+#include "common/nn/gpt.h"
+#include "common/parallel/pipeline_schedule.h"
+
+namespace course::parallel {
+
+class PipelineStageGPT : public nn::Module {
+ public:
+  // Stage `pp.rank()` of `pp.size()`, taking its layers of `full` (which every rank made with the same
+  // seed). Throws UsageError when the layers do not divide by the stages.
+  PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp);
+  // First stage: ids [B, T] -> [B, T, C]; middle: [B, T, C] -> [B, T, C]; last: [B, T, C] (or ids, for
+  // a single stage) -> logits [B * T, V].
+  Tensor forward(const Tensor& input) override;
+  bool is_first() const { return first_; }
+  bool is_last() const { return last_; }
+  std::int64_t first_layer() const { return first_layer_; }
+  // After backward: the first and the last stage add each other's gradient of the tied table.
+  void sync_tied_gradients();
+  const nn::GPTConfig& config() const { return config_; }
+
+ private:
+  nn::GPTConfig config_;
+  comm::Communicator& pp_;
+  bool first_, last_;
+  std::int64_t first_layer_ = 0;
+  Tensor wte_, wpe_;  // wte_ on the first stage (embedding) and the last (head); wpe_ on the first
+  std::vector<std::shared_ptr<nn::Block>> blocks_;
+  std::shared_ptr<nn::LayerNorm> ln_f_;
+};
+
+// One executed action, for the timeline (Chrome trace) and the bubble.
+struct TimedAction {
+  PipeAction action;
+  double begin_ms, end_ms;  // from the start of the step
+};
+
+struct PipelineStep {
+  float loss = 0;                    // the global batch's mean loss, on every stage
+  std::vector<TimedAction> timeline;  // this stage's actions
+  double step_ms = 0;                 // the whole step, this stage
+  std::int64_t peak_activation_bytes = 0;  // this stage, above what it held before the step
+};
+
+// One step's forward and backward passes of `schedule` on this stage: micro-batch i is ids[i] with
+// targets[i] (every stage gets them: the first for its input, the last for its loss, the others for
+// the shapes). Each micro-batch's loss is weighted by its share of the counted targets, so the
+// gradients are those of the whole batch's mean. Leaves the gradients accumulated in the parameters
+// (the tied table's synchronised); the optimizer step is the caller's.
+PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
+                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100);
+
+}  // namespace course::parallel

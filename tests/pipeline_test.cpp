@@ -1,0 +1,125 @@
+// Pipeline parallelism under mpirun with 1, 2 and 4 ranks (the whole world is one pipeline): the GPT cut
+// into stages, run by the GPipe and the 1F1B schedule with 1 to 8 micro-batches, gives the whole
+// model's loss, and every stage's gradients are the whole model's gradients of its layers (the tied
+// table's included, on the first and the last stage). 1F1B holds fewer activations than GPipe.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "common/nn/gpt.h"
+#include "common/ops/ops.h"
+#include "common/parallel/pipeline.h"
+#include "support/mpi_main.h"
+
+namespace course::testing {
+namespace {
+
+// Micro-batching sums each weight's gradient over the micro-batches one after the other, where the
+// whole batch sums it inside one GEMM: the same terms in another order, a few float32 roundings of
+// gradients below 1 apart. A missing micro-batch or a lost tied gradient is off by whole terms.
+constexpr double kReorderTolerance = 2e-6;
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+nn::GPTConfig small_gpt() {
+  nn::GPTConfig c;
+  c.n_layer = 4, c.n_head = 2, c.n_embd = 16, c.block_size = 8, c.vocab_size = 11;
+  return c;
+}
+
+constexpr std::int64_t kBatch = 8, kT = 8;
+
+std::pair<Tensor, Tensor> batch() {
+  std::vector<float> ids(kBatch * kT), targets(kBatch * kT);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<float>((i * 7 + 3) % 11);
+    targets[i] = i % 6 == 0 ? -100.0f : static_cast<float>((i * 5 + 1) % 11);
+  }
+  return {Tensor::from_host(ids, {kBatch, kT}), Tensor::from_host(targets, {kBatch * kT})};
+}
+
+TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
+  comm::Communicator& pp = world();
+  const auto [ids, targets] = batch();
+  nn::GPT full(small_gpt(), Device::cpu, 5);
+  Tensor expected = cross_entropy(full(ids), targets);
+  expected.backward();
+  std::map<std::string, std::vector<float>> whole;
+  for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad().to_host();
+
+  for (const std::string name : {"gpipe", "1f1b"})
+    for (int m : {1, 2, 4, 8}) {
+      SCOPED_TRACE(name + " with " + std::to_string(m) + " micro-batches on " + std::to_string(pp.size()) + " stages");
+      parallel::PipelineStageGPT stage(full, pp);
+      std::vector<Tensor> micro_ids, micro_targets;
+      const std::int64_t rows = kBatch / m;
+      for (int i = 0; i < m; ++i) {
+        micro_ids.push_back(narrow(ids, i * rows, rows));
+        micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
+      }
+      const auto step = parallel::run_pipeline(stage, pp, parallel::make_schedule(name, pp.size(), m), micro_ids,
+                                               micro_targets);
+      EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
+      EXPECT_EQ(step.timeline.size(), static_cast<std::size_t>(2 * m));
+      std::size_t checked = 0;
+      for (const auto& [param, p] : stage.named_parameters()) {
+        ASSERT_TRUE(whole.count(param)) << param;
+        EXPECT_LE(max_difference(p.grad().to_host(), whole[param]), kReorderTolerance) << param;
+        ++checked;
+      }
+      // Every stage holds its share of the blocks, the first the tables, the last the final norm and
+      // the head (the table again).
+      const std::size_t per_block = full.blocks().front()->named_parameters().size();
+      EXPECT_EQ(checked, per_block * static_cast<std::size_t>(4 / pp.size()) + (stage.is_first() ? 2 : 0) +
+                             (stage.is_last() ? 2 + (stage.is_first() ? 0 : 1) : 0));
+    }
+}
+
+TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
+  comm::Communicator& pp = world();
+  const auto [ids, targets] = batch();
+  nn::GPT full(small_gpt(), Device::cpu, 5);
+  std::map<std::string, std::int64_t> peak;
+  for (const std::string name : {"gpipe", "1f1b"}) {
+    parallel::PipelineStageGPT stage(full, pp);
+    std::vector<Tensor> micro_ids, micro_targets;
+    for (int i = 0; i < 8; ++i) {
+      micro_ids.push_back(narrow(ids, i, 1));
+      micro_targets.push_back(narrow(targets, i * kT, kT));
+    }
+    peak[name] = parallel::run_pipeline(stage, pp, parallel::make_schedule(name, pp.size(), 8), micro_ids, micro_targets)
+                     .peak_activation_bytes;
+  }
+  // GPipe keeps all 8 micro-batches' activations; 1F1B at most p - s of them.
+  if (pp.size() - pp.rank() < 8) {
+    EXPECT_LT(peak["1f1b"], peak["gpipe"]) << "stage " << pp.rank();
+  }
+  EXPECT_GT(peak["1f1b"], 0);
+}
+
+TEST(Pipeline, LayersThatDoNotDivideAreNamed) {
+  nn::GPTConfig c = small_gpt();
+  c.n_layer = 3;
+  nn::GPT full(c, Device::cpu, 5);
+  if (world().size() == 1) {  // 3 layers on 1 stage
+    EXPECT_NO_THROW(parallel::PipelineStageGPT(full, world()));
+    return;
+  }
+  try {
+    parallel::PipelineStageGPT stage(full, world());
+    FAIL() << "3 layers on " << world().size() << " stages";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--n-layer: 3 layers do not divide among"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace course::testing
+
+COURSE_MPI_TEST_MAIN()
