@@ -34,6 +34,15 @@ def summary(path):
     ddp = (events(records, "ddp_summary") or [None])[-1]
     overlap = (events(records, "overlap_summary") or [None])[-1]
     failover = (events(records, "failover_summary") or [None])[-1]
+    pipeline = events(records, "pipeline_stage")
+    verify = (events(records, "verify") or [None])[-1]
+    if pipeline:
+        first = pipeline[0]
+        text = (f"{first['stages']} stages, {first['micro_batches']} micro-batches, {first['schedule']}: bubble "
+                + ", ".join(f"{r['bubble']:.2f}" for r in pipeline) + f" (theory {first['theory']:.2f})")
+        if verify:
+            text += f"; parameters within {verify['param_diff']:.2g} of the unsharded GPT (noise floor {verify['param_floor']:.2g})"
+        return text
     stages = events(records, "zero_stage")
     if stages:
         first, last = stages[0], stages[-1]

@@ -61,6 +61,7 @@ if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
     "${dir#$COURSE_ROOT/}"
 fi
 run_chapter 07_zero 4 --compare --charts "$RUNS/07_zero/zero"   # zero_memory.png, zero_communication.png
+run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"

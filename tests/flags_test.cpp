@@ -223,5 +223,15 @@ TEST(Flags, Chapter07) {
                   kModelFlags});
 }
 
+TEST(Flags, Chapter08) {
+  try_every_flag({CHAPTER08_BINARY,
+                  {{"--device", "cpu"}, {"--steps", "2"}, {"--global-batch", "8"}, {"--micro-batches", "2"},
+                   {"--n-layer", "2"}, {"--n-embd", "16"}, {"--n-head", "2"}},
+                  true,
+                  {},
+                  {},
+                  kModelFlags});
+}
+
 }  // namespace
 }  // namespace course::testing

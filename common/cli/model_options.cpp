@@ -48,6 +48,14 @@ nn::TrainingTask gpt_training_task(const ModelOptions& o, std::int64_t samples, 
       throw UsageError(std::string("--data: ") + e.what());
     }
   }
+  return gpt_addition_task(o, samples, samples_given, device, seed).task;
+}
+
+nn::GptTask gpt_addition_task(const ModelOptions& o, std::int64_t samples, bool samples_given, Device device,
+                              std::uint64_t seed) {
+  if (o.gpt.n_embd % o.gpt.n_head != 0)
+    throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
+                     std::to_string(o.gpt.n_embd));
   if (o.gpt.block_size != 0 && o.gpt.block_size < 3 * o.digits + 2)
     throw UsageError("--block-size: " + std::to_string(o.gpt.block_size) + " is shorter than the " +
                      std::to_string(3 * o.digits + 2) + " tokens of a problem of --digits " + std::to_string(o.digits));
@@ -61,7 +69,7 @@ nn::TrainingTask gpt_training_task(const ModelOptions& o, std::int64_t samples, 
     throw UsageError("--samples: " + std::to_string(problems) + " problems and " + std::to_string(held_out) +
                      " held out are more than half of the " + std::to_string(possible) + " problems of --digits " +
                      std::to_string(o.digits));
-  return nn::gpt_task(o.gpt, o.digits, problems, held_out, device, seed).task;
+  return nn::gpt_task(o.gpt, o.digits, problems, held_out, device, seed);
 }
 
 void report_evaluation(const nn::TrainingTask& task, nn::Module& model, comm::Communicator& group,

@@ -25,6 +25,10 @@ void add_model_options(CLI::App& app, ModelOptions& options);
 // (fewer for one digit), with 500 more held out. Throws UsageError naming the flag at fault.
 nn::TrainingTask gpt_training_task(const ModelOptions& options, std::int64_t samples, bool samples_given, Device device,
                                    std::uint64_t seed);
+// The addition task itself, for a chapter that feeds the GPT its batches by hand (08's pipeline takes
+// ids and targets, micro-batch by micro-batch). The same sizes and checks as gpt_training_task.
+nn::GptTask gpt_addition_task(const ModelOptions& options, std::int64_t samples, bool samples_given, Device device,
+                              std::uint64_t seed);
 
 // What the trained model can do, where its task can say (the GPT's held-out accuracy and a few of its
 // answers): rank 0 evaluates, logs one line and writes an "evaluation" metric; the others go on.

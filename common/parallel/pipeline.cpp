@@ -107,7 +107,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
   const auto tag = [](std::size_t i, bool gradient) { return static_cast<int>(2 * i + (gradient ? 1 : 0)); };
   for (const PipeAction& a : schedule.at(static_cast<std::size_t>(s))) {
     const auto i = static_cast<std::size_t>(a.micro_batch);
-    const double begin = since();
+    double begin = since();  // moved past any wait for the input: a stage waiting is the bubble
     const std::int64_t batch = ids[i].dim(0), t = ids[i].dim(1);
     if (a.op == PipeOp::forward) {
       if (stage.is_first()) {
@@ -116,6 +116,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
         inputs[i] = Tensor::empty({batch, t, stage.config().n_embd}, device);
         pp.recv(inputs[i], s - 1, tag(i, false));
         inputs[i].set_requires_grad(true);
+        begin = since();
       }
       Tensor out = stage(inputs[i]);
       if (stage.is_last()) {
@@ -132,6 +133,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
       } else {
         Tensor grad = Tensor::empty(outputs[i].shape(), device);
         pp.recv(grad, s + 1, tag(i, true));
+        begin = since();
         autograd::backward(outputs[i], grad);
       }
       if (!stage.is_first()) sends.push_back(pp.send_async(inputs[i].grad(), s - 1, tag(i, true)));

@@ -45,7 +45,7 @@ class PipelineStageGPT : public nn::Module {
 // One executed action, for the timeline (Chrome trace) and the bubble.
 struct TimedAction {
   PipeAction action;
-  double begin_ms, end_ms;  // from the start of the step
+  double begin_ms, end_ms;  // from the start of the step; begins once its input has arrived
 };
 
 struct PipelineStep {

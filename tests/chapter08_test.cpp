@@ -1,0 +1,82 @@
+// Chapter 08 graded from the outside: on every grid it supports (TP 2 and 4; PP 2 and 4 with both
+// schedules; DP 2 on top of TP 2 and of PP 2), --verify finds the split GPT's losses and parameters
+// within the noise floor of the unsharded GPT's; every stage reports its measured bubble beside
+// (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
+// impossible grids and sizes are one line and exit code 2.
+#include <gtest/gtest.h>
+
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+const std::string kBinary = CHAPTER08_BINARY;
+// 4 layers of 4 heads of 32 (divisible by 1, 2 and 4 stages and TP ranks), a short run.
+const std::string kSmall = " --device cpu --n-layer 4 --n-head 4 --n-embd 32 --global-batch 48 --steps 6";
+
+struct Outcome {
+  ProcessResult process;
+  std::vector<nlohmann::json> records;
+};
+
+Outcome run(const std::string& mpirun, const std::string& flags) {
+  const std::string metrics = temp_path("ch08.jsonl");
+  Outcome r;
+  r.process = run_process(mpirun + " " + kBinary + kSmall + " " + flags + " --metrics " + metrics);
+  r.records = read_metrics(metrics);
+  std::remove(metrics.c_str());
+  return r;
+}
+
+TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
+  for (const auto& [mpirun, grid] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--tp 2"},
+           {MPIRUN_NP4, "--tp 4"},
+           {MPIRUN_NP2, "--pp 2 --schedule gpipe"},
+           {MPIRUN_NP2, "--pp 2 --schedule 1f1b"},
+           {MPIRUN_NP4, "--pp 4 --schedule gpipe"},
+           {MPIRUN_NP4, "--pp 4 --schedule 1f1b --micro-batches 6"},
+           {MPIRUN_NP4, "--tp 2 --dp 2"},
+           {MPIRUN_NP4, "--pp 2 --dp 2"}}) {
+    Outcome r = run(mpirun, grid + " --verify");
+    ASSERT_EQ(r.process.exit_code, 0) << grid << "\n" << r.process.out << r.process.err;
+    auto verify = events(r.records, "verify");
+    ASSERT_EQ(verify.size(), 1u) << grid;
+    EXPECT_TRUE(verify[0]["passed"].get<bool>()) << grid;
+    EXPECT_GT(verify[0]["param_floor"].get<double>(), 0.0) << grid;  // the noise floor was measured
+  }
+}
+
+TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
+  auto stages = [](const Outcome& r) { return events(r.records, "pipeline_stage"); };
+  Outcome one = run(MPIRUN_NP2, "--pp 2 --micro-batches 1"), many = run(MPIRUN_NP2, "--pp 2 --micro-batches 8");
+  ASSERT_EQ(one.process.exit_code, 0) << one.process.out << one.process.err;
+  ASSERT_EQ(many.process.exit_code, 0) << many.process.out << many.process.err;
+  ASSERT_EQ(stages(one).size(), 2u);
+  ASSERT_EQ(stages(many).size(), 2u);
+  EXPECT_DOUBLE_EQ(stages(one)[0]["theory"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(stages(many)[0]["theory"].get<double>(), 1.0 / 9.0);
+  // Activations: GPipe holds all 8 micro-batches on the first stage, 1F1B two.
+  Outcome gpipe = run(MPIRUN_NP2, "--pp 2 --micro-batches 8 --schedule gpipe");
+  ASSERT_EQ(gpipe.process.exit_code, 0) << gpipe.process.out;
+  EXPECT_LT(stages(many)[0]["peak_activation_bytes"].get<double>(), stages(gpipe)[0]["peak_activation_bytes"].get<double>());
+}
+
+TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
+  for (const auto& [mpirun, flags, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {MPIRUN_NP2, "--tp 3", "--tp"},                                 // 3 does not divide 2 ranks
+           {MPIRUN_NP4, "--tp 2 --pp 2 --dp 2", "--tp"},                    // needs 8 ranks
+           {MPIRUN_NP2, "--tp 2 --n-head 3 --n-embd 33", "--n-head"},       // 3 heads on 2 ranks
+           {MPIRUN_NP2, "--pp 2 --n-layer 3", "--n-layer"},                 // 3 layers on 2 stages
+           {MPIRUN_NP2, "--pp 2 --micro-batches 0", "--micro-batches"},
+           {MPIRUN_NP2, "--pp 2 --schedule zigzag", "--schedule"},
+           {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"},       // 48 is not 5 micro-batches
+           {MPIRUN_NP4, "--tp 2 --pp 2", "--tp/--pp"}}) {
+    Outcome r = run(mpirun, flags);
+    EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
+    EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;
+  }
+}
+
+}  // namespace
+}  // namespace course::testing
