@@ -20,7 +20,7 @@
 #include "common/optim/optimizer.h"                // AdamW with GPT-2's decay groups
 #include "common/parallel/distributed_sampler.h"   // each DP replica's share of the data
 #include "common/parallel/pipeline.h"              // stages and the schedule's executor
-#include "common/parallel/tensor_parallel_gpt.h"   // the GPT split by heads, hidden units and vocabulary
+#include "common/parallel/tensor_parallel_gpt.h"   // the slices of the GPT's layers, for --verify
 #include "common/verify/compare.h"                 // the drift against the noise floor
 
 using namespace course;
@@ -89,15 +89,15 @@ Reference train_reference(const Options& o, const nn::GptTask& task, const paral
   return r;
 }
 
-// This rank's part of a reference parameter, under this rank's name for it.
+// This rank's part of a reference parameter: a stage keeps GPT-2's names, and with TP its slice.
 Tensor part_of(const std::string& name, const Reference& reference, parallel::Topology& topology) {
-  if (topology.tp_size() == 1) return reference.parameters.at(name);  // pipeline stages keep GPT-2's names
-  const Tensor& whole = reference.parameters.at("transformer." + name);
+  const Tensor& whole = reference.parameters.at(name);
+  if (topology.tp_size() == 1) return whole;
   auto ends_with = [&](const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   comm::Communicator& tp = topology.tp_group();
-  if (name == "wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
+  if (name == "transformer.wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
     return parallel::shard_of(whole, 0, tp, "reference");
   if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias")) return parallel::shard_of_qkv(whole, tp);
   if (ends_with("c_proj.weight")) return parallel::shard_of(whole, 1, tp, "reference");
@@ -119,9 +119,6 @@ double largest_difference(const nn::Module& model, const Reference& reference, p
 int run(const Options& o, cli::Session& session) {
   parallel::Topology& topology = *session.topology;
   const Device device = session.device;
-  if (topology.tp_size() > 1 && topology.pp_size() > 1)
-    throw UsageError("--tp/--pp: tensor and pipeline parallelism together are not in this chapter yet; use one of "
-                     "them (with --dp)");
   const int dp = topology.dp_size();
   if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
@@ -129,20 +126,11 @@ int run(const Options& o, cli::Session& session) {
   nn::GptTask task = cli::gpt_addition_task(o.models, 0, false, device, o.common.seed);
   const std::int64_t local_batch = o.global_batch / dp, micro = local_batch / o.micro_batches;
 
-  // The whole model, made alike on every rank from the seed; each rank keeps its part of it.
+  // The whole model, made alike on every rank from the seed; each rank keeps its part of it: its
+  // stage's layers (all of them when --pp is 1), each split across its TP group.
   nn::GPT full(task.config, device, o.common.seed);
-  std::unique_ptr<nn::Module> model;
-  parallel::PipelineStageGPT* stage = nullptr;
-  parallel::TensorParallelGPT* split = nullptr;
-  if (topology.tp_size() > 1) {
-    auto m = std::make_unique<parallel::TensorParallelGPT>(full, topology.tp_group());
-    split = m.get();
-    model = std::move(m);
-  } else {
-    auto m = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group());
-    stage = m.get();
-    model = std::move(m);
-  }
+  auto stage = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group());
+  nn::Module* model = stage.get();
   const auto schedule = parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches);
   log("Chapter 08: %s; %s; global batch %lld = DP %d x %d micro-batches of %lld (%s schedule); %lld steps\n",
       topology.describe().c_str(), task.task.description.c_str(), static_cast<long long>(o.global_batch), dp,
@@ -163,25 +151,14 @@ int run(const Options& o, cli::Session& session) {
       ids.push_back(b.ids);
       targets.push_back(b.targets);
     }
-    float loss = 0;
-    if (stage) {
-      const auto result = parallel::run_pipeline(*stage, topology.pp_group(), schedule, ids, targets,
-                                                 data::AdditionTask::kIgnore);
-      loss = result.loss;
-      if (step > 0 || o.steps == 1) {  // the first step warms up allocators
-        step_ms += result.step_ms;
-        for (const auto& a : result.timeline) busy_ms += a.end_ms - a.begin_ms;
-      }
-      peak_activations = std::max(peak_activations, result.peak_activation_bytes);
-    } else {
-      for (int i = 0; i < o.micro_batches; ++i) {  // every answer has as many tokens: equal weights
-        Tensor l = scale(split->loss(ids[static_cast<std::size_t>(i)], targets[static_cast<std::size_t>(i)],
-                                     data::AdditionTask::kIgnore),
-                         1.0f / static_cast<float>(o.micro_batches));
-        loss += l.item();
-        l.backward();
-      }
+    const auto result = parallel::run_pipeline(*stage, topology.pp_group(), schedule, ids, targets,
+                                               data::AdditionTask::kIgnore);
+    const float loss = result.loss;
+    if (step > 0 || o.steps == 1) {  // the first step warms up allocators
+      step_ms += result.step_ms;
+      for (const auto& a : result.timeline) busy_ms += a.end_ms - a.begin_ms;
     }
+    peak_activations = std::max(peak_activations, result.peak_activation_bytes);
     // Data parallelism on top: the replicas average their gradients over the DP group only.
     if (dp > 1)
       for (const Tensor& p : model->parameters()) {
@@ -199,7 +176,7 @@ int run(const Options& o, cli::Session& session) {
   }
 
   // The bubble and the activations of each stage, measured (rank 0 prints every stage's).
-  if (stage) {
+  if (topology.pp_size() > 1) {
     const int p = topology.pp_size();
     std::vector<float> mine(static_cast<std::size_t>(2 * p), 0.0f);
     if (topology.tp_rank() == 0 && topology.dp_rank() == 0) {

@@ -1,7 +1,8 @@
 // Pipeline parallelism under mpirun with 1, 2 and 4 ranks (the whole world is one pipeline): the GPT cut
 // into stages, run by the GPipe and the 1F1B schedule with 1 to 8 micro-batches, gives the whole
 // model's loss, and every stage's gradients are the whole model's gradients of its layers (the tied
-// table's included, on the first and the last stage). 1F1B holds fewer activations than GPipe.
+// table's included, on the first and the last stage), also when each stage's blocks are tensor-parallel
+// (TP 2 x PP 2 at 4 ranks). 1F1B holds fewer activations than GPipe.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "common/nn/gpt.h"
 #include "common/ops/ops.h"
 #include "common/parallel/pipeline.h"
+#include "common/parallel/tensor_parallel_gpt.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -79,6 +81,50 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
       EXPECT_EQ(checked, per_block * static_cast<std::size_t>(4 / pp.size()) + (stage.is_first() ? 2 : 0) +
                              (stage.is_last() ? 2 + (stage.is_first() ? 0 : 1) : 0));
     }
+}
+
+// TP x PP: at 4 ranks two stages of two tensor-parallel ranks each (consecutive ranks share a stage,
+// as the topology lays TP out fastest); at fewer, what divides.
+TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
+  const int tp_size = world().size() >= 4 ? 2 : 1, pp_size = world().size() / tp_size;
+  auto tp = world().split(world().rank() / tp_size, world().rank());  // same stage
+  auto pp = world().split(world().rank() % tp_size, world().rank());  // same TP coordinate, by stage
+  const auto [ids, targets] = batch();
+  nn::GPTConfig config = small_gpt();
+  config.vocab_size = 12;  // divides among the TP ranks
+  nn::GPT full(config, Device::cpu, 5);
+  const Tensor& target_tensor = targets;  // tokens 0-10: valid in the larger vocabulary too
+  Tensor expected = cross_entropy(full(ids), target_tensor);
+  expected.backward();
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad();
+
+  parallel::PipelineStageGPT stage(full, *pp, tp.get());
+  std::vector<Tensor> micro_ids, micro_targets;
+  for (int i = 0; i < 4; ++i) {
+    micro_ids.push_back(narrow(ids, i * 2, 2));
+    micro_targets.push_back(narrow(target_tensor, i * 2 * kT, 2 * kT));
+  }
+  const auto step = parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
+                                           micro_targets);
+  EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
+  for (const auto& [name, p] : stage.named_parameters()) {
+    ASSERT_TRUE(whole.count(name)) << name;
+    auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    Tensor part = whole[name];
+    if (tp_size > 1) {
+      if (name == "transformer.wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
+        part = parallel::shard_of(part, 0, *tp, "test");
+      else if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias"))
+        part = parallel::shard_of_qkv(part, *tp);
+      else if (ends_with("c_proj.weight"))
+        part = parallel::shard_of(part, 1, *tp, "test");
+    }
+    EXPECT_EQ(p.shape(), part.shape()) << name;
+    EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+  }
 }
 
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

@@ -7,6 +7,7 @@
 #include "common/core/errors.h"
 #include "common/core/memory.h"
 #include "common/ops/ops.h"
+#include "common/parallel/tensor_parallel_gpt.h"
 
 namespace course::parallel {
 namespace {
@@ -24,8 +25,10 @@ struct Named : nn::Module {
 
 }  // namespace
 
-PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp)
-    : config_(full.config()), pp_(pp), first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
+PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp)
+    : config_(full.config()), pp_(pp), tp_(tp && tp->size() > 1 ? tp : nullptr), first_(pp.rank() == 0),
+      last_(pp.rank() + 1 == pp.size()) {
+  if (tp_) check_tensor_parallel(config_, tp_->size());
   const std::int64_t stages = pp.size();
   if (config_.n_layer % stages != 0)
     throw UsageError("--n-layer: " + std::to_string(config_.n_layer) + " layers do not divide among " +
@@ -34,13 +37,20 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp)
   first_layer_ = per_stage * pp.rank();
   // GPT-2's names, so a stage's parameters read as the whole model's: "transformer.h.2.attn...".
   auto transformer = register_module("transformer", std::make_shared<Named>());
-  if (first_ || last_) wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
+  if ((first_ || last_) && tp_)
+    wte_parallel_ = transformer->register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte, *tp_));
+  else if (first_ || last_)
+    wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
   if (first_) wpe_ = transformer->register_parameter("wpe.weight", copy_parameter(full.wpe));
   auto layers = transformer->register_module("h", std::make_shared<Named>());
   for (std::int64_t i = first_layer_; i < first_layer_ + per_stage; ++i) {
     // A copy of the whole model's block: the same layers, the same values, parameters of its own.
     const nn::Block& source = *full.blocks()[static_cast<std::size_t>(i)];
-    auto block = std::make_shared<nn::Block>(config_, wte_.defined() ? wte_.device() : full.wte.device(), 0);
+    if (tp_) {
+      blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<TensorParallelBlock>(source, config_, *tp_)));
+      continue;
+    }
+    auto block = std::make_shared<nn::Block>(config_, full.wte.device(), 0);
     const auto from = source.named_parameters();
     auto to = block->named_parameters();
     for (std::size_t k = 0; k < to.size(); ++k) {
@@ -63,21 +73,32 @@ Tensor PipelineStageGPT::forward(const Tensor& input) {
     const std::int64_t t = input.dim(1);
     std::vector<float> positions(static_cast<std::size_t>(t));
     for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(i);
-    x = add(embedding(input, wte_), embedding(Tensor::from_host(positions, {t}, input.device()), wpe_));
+    Tensor tokens = tp_ ? (*wte_parallel_)(input) : embedding(input, wte_);
+    x = add(tokens, embedding(Tensor::from_host(positions, {t}, input.device()), wpe_));
   }
   for (auto& block : blocks_) x = (*block)(x);
   if (!last_) return x;
   x = (*ln_f_)(x);
-  return matmul(reshape(x, {x.dim(0) * x.dim(1), config_.n_embd}), wte_, false, true);
+  Tensor rows = reshape(x, {x.dim(0) * x.dim(1), config_.n_embd});
+  return tp_ ? wte_parallel_->logits(rows) : matmul(rows, wte_, false, true);
 }
 
+Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets, int ignore_index) {
+  return tp_ ? parallel_cross_entropy(logits, targets, wte_parallel_->first_row(), *tp_, ignore_index)
+             : cross_entropy(logits, targets, ignore_index);
+}
+
+Tensor& PipelineStageGPT::table() { return tp_ ? wte_parallel_->weight : wte_; }
+
 void PipelineStageGPT::sync_tied_gradients() {
-  if (pp_.size() == 1 || !(first_ || last_) || !wte_.grad().defined()) return;
-  // The first and the last stage swap their gradients of the table and each adds the other's.
+  if (pp_.size() == 1 || !(first_ || last_) || !table().grad().defined()) return;
+  // The first and the last stage swap their gradients of the table and each adds the other's (with
+  // TP, the ranks of one TP coordinate, which hold the same rows).
+  const Tensor& tied = table();
   const int peer = first_ ? pp_.size() - 1 : 0;
-  Tensor theirs = Tensor::empty(wte_.shape(), wte_.device());
-  pp_.send_recv(wte_.grad(), peer, theirs, peer, /*tag=*/1 << 20);
-  Tensor grad = wte_.grad();
+  Tensor theirs = Tensor::empty(tied.shape(), tied.device());
+  pp_.send_recv(tied.grad(), peer, theirs, peer, /*tag=*/1 << 20);
+  Tensor grad = tied.grad();
   autograd::NoGradGuard no_grad;
   grad.copy_from(add(grad, theirs));
 }
@@ -121,7 +142,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
       Tensor out = stage(inputs[i]);
       if (stage.is_last()) {
         const float weight = total > 0 ? static_cast<float>(counted[i] / total) : 0.0f;
-        outputs[i] = scale(cross_entropy(out, targets[i], ignore_index), weight);
+        outputs[i] = scale(stage.loss(out, targets[i], ignore_index), weight);
         loss += outputs[i].item();
       } else {
         outputs[i] = out;

@@ -4,7 +4,9 @@
 // activations [micro-batch, T, C] sent to the next stage, and backward as their gradients sent to the
 // one before. GPT-2's head is tied to the token table, which the first and the last stage both need:
 // each holds a copy, and after backward the two add each other's gradient (Megatron-LM's embedding
-// group), so the copies stay equal.
+// group), so the copies stay equal. With a tensor-parallel group as well, each stage's blocks are
+// tensor-parallel (tensor_parallel_gpt.h), the table and the head vocabulary-parallel, and the loss the
+// parallel cross-entropy: TP x PP, and with data parallelism on top, 3D.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,17 +16,21 @@
 #include "common/comm/communicator.h"
 #include "common/nn/gpt.h"
 #include "common/parallel/pipeline_schedule.h"
+#include "common/parallel/tensor_parallel.h"
 
 namespace course::parallel {
 
 class PipelineStageGPT : public nn::Module {
  public:
   // Stage `pp.rank()` of `pp.size()`, taking its layers of `full` (which every rank made with the same
-  // seed). Throws UsageError when the layers do not divide by the stages.
-  PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp);
+  // seed), split across `tp` when given. Throws UsageError when the layers do not divide by the stages
+  // (or the heads or the vocabulary by the tensor-parallel ranks).
+  PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp = nullptr);
   // First stage: ids [B, T] -> [B, T, C]; middle: [B, T, C] -> [B, T, C]; last: [B, T, C] (or ids, for
-  // a single stage) -> logits [B * T, V].
+  // a single stage) -> logits [B * T, V] (this rank's vocabulary slice, [B * T, V / tp], with TP).
   Tensor forward(const Tensor& input) override;
+  // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP).
+  Tensor loss(const Tensor& logits, const Tensor& targets, int ignore_index);
   bool is_first() const { return first_; }
   bool is_last() const { return last_; }
   std::int64_t first_layer() const { return first_layer_; }
@@ -34,11 +40,14 @@ class PipelineStageGPT : public nn::Module {
 
  private:
   nn::GPTConfig config_;
+  Tensor& table();  // the token table this stage holds (the tied one)
   comm::Communicator& pp_;
+  comm::Communicator* tp_;
   bool first_, last_;
   std::int64_t first_layer_ = 0;
   Tensor wte_, wpe_;  // wte_ on the first stage (embedding) and the last (head); wpe_ on the first
-  std::vector<std::shared_ptr<nn::Block>> blocks_;
+  std::shared_ptr<VocabParallelEmbedding> wte_parallel_;  // instead of wte_, with TP
+  std::vector<std::shared_ptr<nn::Module>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 

@@ -21,6 +21,28 @@ namespace course::parallel {
 // rank's part is its heads' rows of each of the three ([3C / size, C]). Works on c_attn's bias too.
 Tensor shard_of_qkv(const Tensor& full, comm::Communicator& tp);
 
+// One pre-norm block of nn::GPT with its attention's heads and its MLP's hidden units split across
+// the group: one all-reduce forward after attention and one after the MLP (g), and one each backward (f).
+class TensorParallelBlock : public nn::Module {
+ public:
+  TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  Tensor attention(const Tensor& x);
+  Tensor mlp(const Tensor& x);
+  std::shared_ptr<nn::LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<ColumnParallelLinear> c_attn_, c_fc_;
+  std::shared_ptr<RowParallelLinear> attn_proj_, mlp_proj_;
+  std::int64_t local_heads_;
+};
+
+// A copy of a layer norm, parameters of its own.
+std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& full);
+
+// Throws UsageError unless the heads and the vocabulary divide among the group and dropout is off.
+void check_tensor_parallel(const nn::GPTConfig& config, int ranks);
+
 class TensorParallelGPT : public nn::Module {
  public:
   // Throws UsageError when the heads, the vocabulary or 4 x n_embd do not divide by the group's size,
@@ -33,12 +55,11 @@ class TensorParallelGPT : public nn::Module {
   const nn::GPTConfig& config() const { return config_; }
 
  private:
-  struct Block;
   nn::GPTConfig config_;
   comm::Communicator& tp_;
   std::shared_ptr<VocabParallelEmbedding> wte_;
   Tensor wpe_;
-  std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<std::shared_ptr<TensorParallelBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 
