@@ -15,11 +15,14 @@
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/core/log.h"                       // rank 0 prints
+#include "common/metrics/charts.h"                 // the charts, through scripts/plot.py
+#include "common/metrics/trace.h"                  // the timeline as Chrome trace JSON
 #include "common/ops/ops.h"                        // cross_entropy, narrow
 #include "common/optim/lr_scheduler.h"             // warm-up and cosine decay
 #include "common/optim/optimizer.h"                // AdamW with GPT-2's decay groups
 #include "common/parallel/distributed_sampler.h"   // each DP replica's share of the data
 #include "common/parallel/pipeline.h"              // stages and the schedule's executor
+#include "common/parallel/replicas.h"              // on_rank0
 #include "common/parallel/tensor_parallel_gpt.h"   // the slices of the GPT's layers, for --verify
 #include "common/verify/compare.h"                 // the drift against the noise floor
 
@@ -46,6 +49,9 @@ struct Options {
   float lr = 3e-3f;
   int log_every = 5;
   bool verify = false;
+  bool sweep = false;         // both schedules at m = 1..16, with the charts
+  std::string charts = "pipeline";
+  std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
 };
 
 // AdamW as GPT-2 trains (betas 0.9, 0.95; decay on matrices and embeddings only) with warm-up and
@@ -116,6 +122,164 @@ double largest_difference(const nn::Module& model, const Reference& reference, p
   return t.item();
 }
 
+// One training run on the grid with `m` micro-batches and `schedule`, and what it measured: every
+// step's loss (the global batch's), and for each stage (gathered on every rank) its bubble, its peak
+// activations and the timeline of its last step.
+struct GridRun {
+  std::unique_ptr<parallel::PipelineStageGPT> stage;
+  std::vector<float> losses;
+  std::vector<double> bubble, peak_activations;  // per stage
+  std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
+};
+
+GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology& topology, Device device,
+                   const std::string& schedule_name, int m, metrics::MetricsWriter* metrics) {
+  const int dp = topology.dp_size(), p = topology.pp_size();
+  const std::int64_t local_batch = o.global_batch / dp, micro = local_batch / m;
+  // The whole model, made alike on every rank from the seed; each rank keeps its part of it: its
+  // stage's layers (all of them when --pp is 1), each split across its TP group.
+  nn::GPT full(task.config, device, o.common.seed);
+  GridRun run;
+  run.stage = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group());
+  const auto schedule = parallel::make_schedule(schedule_name, p, m);
+  parallel::DistributedSampler sampler(task.task.size, topology.dp_group(), o.common.seed);
+  Trainer trainer(run.stage->parameters(), o);
+  double busy_ms = 0, step_ms = 0;
+  std::int64_t peak = 0;
+  std::vector<parallel::TimedAction> last;
+  for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto samples = sampler.batch(step, local_batch);
+    std::vector<Tensor> ids, targets;
+    for (int i = 0; i < m; ++i) {
+      const std::vector<std::int64_t> part(samples.begin() + i * micro, samples.begin() + (i + 1) * micro);
+      auto b = task.data->batch(part, device);
+      ids.push_back(b.ids);
+      targets.push_back(b.targets);
+    }
+    const auto result =
+        parallel::run_pipeline(*run.stage, topology.pp_group(), schedule, ids, targets, data::AdditionTask::kIgnore);
+    if (step > 0 || o.steps == 1) {  // the first step warms up allocators
+      step_ms += result.step_ms;
+      for (const auto& a : result.timeline) busy_ms += a.end_ms - a.begin_ms;
+    }
+    peak = std::max(peak, result.peak_activation_bytes);
+    last = result.timeline;
+    // Data parallelism on top: the replicas average their gradients over the DP group only.
+    if (dp > 1)
+      for (const Tensor& param : run.stage->parameters()) {
+        Tensor g = param.grad();
+        topology.dp_group().all_reduce(g, comm::ReduceOp::average);
+      }
+    trainer.step(step);
+    Tensor global = Tensor::from_host({result.loss}, {1});
+    topology.dp_group().all_reduce(global, comm::ReduceOp::average);
+    run.losses.push_back(global.item());
+    if (metrics && (step % o.log_every == 0 || step + 1 == o.steps)) {
+      log("step %4lld  loss %.6f\n", static_cast<long long>(step), run.losses.back());
+      metrics->write({{"event", "step"}, {"step", step}, {"loss", run.losses.back()}});
+    }
+  }
+  // Each stage's figures, from its first TP rank of the first replica, to every rank: [bubble, peak,
+  // then per action: op, micro-batch, begin, end].
+  const std::size_t per_stage = 2 + 4 * last.size();
+  std::vector<float> mine(per_stage * static_cast<std::size_t>(p), 0.0f);
+  if (topology.tp_rank() == 0 && topology.dp_rank() == 0) {
+    float* at = mine.data() + per_stage * static_cast<std::size_t>(topology.pp_rank());
+    at[0] = step_ms > 0 ? static_cast<float>(1.0 - busy_ms / step_ms) : 0.0f;
+    at[1] = static_cast<float>(peak);
+    for (std::size_t k = 0; k < last.size(); ++k) {
+      at[2 + 4 * k] = last[k].action.op == parallel::PipeOp::forward ? 0.0f : 1.0f;
+      at[3 + 4 * k] = static_cast<float>(last[k].action.micro_batch);
+      at[4 + 4 * k] = static_cast<float>(last[k].begin_ms);
+      at[5 + 4 * k] = static_cast<float>(last[k].end_ms);
+    }
+  }
+  Tensor all = Tensor::from_host(mine, {static_cast<std::int64_t>(mine.size())});
+  topology.world().all_reduce(all, comm::ReduceOp::sum);
+  const auto v = all.to_host();
+  run.timeline.resize(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    const float* at = v.data() + per_stage * static_cast<std::size_t>(s);
+    run.bubble.push_back(at[0]);
+    run.peak_activations.push_back(at[1]);
+    for (std::size_t k = 0; k < last.size(); ++k)
+      run.timeline[static_cast<std::size_t>(s)].push_back(
+          {{at[2 + 4 * k] == 0.0f ? parallel::PipeOp::forward : parallel::PipeOp::backward, static_cast<int>(at[3 + 4 * k])},
+           at[4 + 4 * k], at[5 + 4 * k]});
+  }
+  return run;
+}
+
+// The last step of every stage as a Chrome trace (one row per stage), and as a PNG beside it.
+void write_timeline(const GridRun& run, const std::string& path, const std::string& label) {
+  metrics::ChromeTrace trace;
+  trace.label(label);
+  for (std::size_t s = 0; s < run.timeline.size(); ++s)
+    for (const auto& a : run.timeline[s]) {
+      std::string name(1, a.action.op == parallel::PipeOp::forward ? 'F' : 'B');
+      name += std::to_string(a.action.micro_batch);
+      trace.add(static_cast<int>(s), "stage " + std::to_string(s), name, a.begin_ms, a.end_ms);
+    }
+  trace.write(path);
+  std::string why;
+  const std::string png = path.substr(0, path.rfind('.')) + ".png";
+  if (metrics::draw_timeline(path, png, &why))
+    log("timeline: %s (Chrome trace, opens in Perfetto) and %s\n", path.c_str(), png.c_str());
+  else
+    log("timeline: %s (Chrome trace, opens in Perfetto); no PNG: %s\n", path.c_str(), why.c_str());
+}
+
+void report_stages(const GridRun& run, const Options& o, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
+                   const char* event) {
+  const int p = static_cast<int>(run.bubble.size());
+  const double theory = parallel::bubble_fraction(p, m);
+  log("pipeline: %d stages, %d micro-batches, %s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n", p,
+      m, schedule.c_str(), theory);
+  for (int s = 0; s < p; ++s) {
+    log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
+        format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
+    metrics.write({{"event", event}, {"stage", s}, {"stages", p}, {"micro_batches", m}, {"schedule", schedule},
+                   {"bubble", run.bubble[static_cast<std::size_t>(s)]}, {"theory", theory},
+                   {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
+  }
+  (void)o;
+}
+
+// --sweep: both schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
+// activations; the charts, and each schedule's timeline at 4 micro-batches.
+int sweep(const Options& o, const nn::GptTask& task, parallel::Topology& topology, Device device,
+          metrics::MetricsWriter& metrics) {
+  const std::vector<int> counts = {1, 2, 4, 8, 16};
+  if (o.global_batch % (static_cast<std::int64_t>(topology.dp_size()) * 16) != 0)
+    throw UsageError("--global-batch: --sweep runs up to 16 micro-batches per replica, so " +
+                     std::to_string(o.global_batch) + " must divide by DP x 16 (" +
+                     std::to_string(topology.dp_size() * 16) + ")");
+  std::vector<nlohmann::json> records;
+  for (const std::string schedule : {"gpipe", "1f1b"})
+    for (int m : counts) {
+      GridRun run = train_grid(o, task, topology, device, schedule, m, nullptr);
+      const int p = topology.pp_size();
+      for (int s = 0; s < p; ++s)
+        records.push_back({{"event", "pipeline_sweep"}, {"stage", s}, {"stages", p}, {"micro_batches", m},
+                           {"schedule", schedule}, {"bubble", run.bubble[static_cast<std::size_t>(s)]},
+                           {"theory", parallel::bubble_fraction(p, m)},
+                           {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
+      report_stages(run, o, m, schedule, metrics, "pipeline_sweep");
+      if (m == 4 && topology.rank() == 0)
+        write_timeline(run, o.charts + "_timeline_" + schedule + ".json",
+                       schedule + ", " + std::to_string(p) + " stages, 4 micro-batches: the last step");
+    }
+  parallel::on_rank0(topology.world(), [&] {
+    std::string why;
+    if (metrics::draw_charts("pipeline", records, o.charts, &why))
+      log("charts: %s_bubble.png, %s_activations.png\n", o.charts.c_str(), o.charts.c_str());
+    else
+      log("charts: not drawn: %s\n", why.c_str());
+  });
+  log("PASSED\n");
+  return 0;
+}
+
 int run(const Options& o, cli::Session& session) {
   parallel::Topology& topology = *session.topology;
   const Device device = session.device;
@@ -125,78 +289,23 @@ int run(const Options& o, cli::Session& session) {
                      std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
   nn::GptTask task = cli::gpt_addition_task(o.models, 0, false, device, o.common.seed);
   const std::int64_t local_batch = o.global_batch / dp, micro = local_batch / o.micro_batches;
-
-  // The whole model, made alike on every rank from the seed; each rank keeps its part of it: its
-  // stage's layers (all of them when --pp is 1), each split across its TP group.
-  nn::GPT full(task.config, device, o.common.seed);
-  auto stage = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group());
-  nn::Module* model = stage.get();
-  const auto schedule = parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches);
   log("Chapter 08: %s; %s; global batch %lld = DP %d x %d micro-batches of %lld (%s schedule); %lld steps\n",
       topology.describe().c_str(), task.task.description.c_str(), static_cast<long long>(o.global_batch), dp,
       o.micro_batches, static_cast<long long>(micro), o.schedule.c_str(), static_cast<long long>(o.steps));
-  if (topology.pp_size() > 1) log("%s", parallel::describe(schedule).c_str());
-
+  if (o.sweep) {
+    if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
+    return sweep(o, task, topology, device, session.metrics);
+  }
+  if (topology.pp_size() > 1)
+    log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches)).c_str());
+  GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics);
+  const std::vector<float>& losses = run.losses;
+  nn::Module* model = run.stage.get();
   parallel::DistributedSampler sampler(task.task.size, topology.dp_group(), o.common.seed);
-  Trainer trainer(model->parameters(), o);
-  std::vector<float> losses;
-  double busy_ms = 0, step_ms = 0;
-  std::int64_t peak_activations = 0;
-  for (std::int64_t step = 0; step < o.steps; ++step) {
-    const auto samples = sampler.batch(step, local_batch);
-    std::vector<Tensor> ids, targets;
-    for (int i = 0; i < o.micro_batches; ++i) {
-      const std::vector<std::int64_t> part(samples.begin() + i * micro, samples.begin() + (i + 1) * micro);
-      auto b = task.data->batch(part, device);
-      ids.push_back(b.ids);
-      targets.push_back(b.targets);
-    }
-    const auto result = parallel::run_pipeline(*stage, topology.pp_group(), schedule, ids, targets,
-                                               data::AdditionTask::kIgnore);
-    const float loss = result.loss;
-    if (step > 0 || o.steps == 1) {  // the first step warms up allocators
-      step_ms += result.step_ms;
-      for (const auto& a : result.timeline) busy_ms += a.end_ms - a.begin_ms;
-    }
-    peak_activations = std::max(peak_activations, result.peak_activation_bytes);
-    // Data parallelism on top: the replicas average their gradients over the DP group only.
-    if (dp > 1)
-      for (const Tensor& p : model->parameters()) {
-        Tensor g = p.grad();
-        topology.dp_group().all_reduce(g, comm::ReduceOp::average);
-      }
-    trainer.step(step);
-    Tensor global = Tensor::from_host({loss}, {1});
-    topology.dp_group().all_reduce(global, comm::ReduceOp::average);
-    losses.push_back(global.item());
-    if (step % o.log_every == 0 || step + 1 == o.steps) {
-      log("step %4lld  loss %.6f\n", static_cast<long long>(step), losses.back());
-      session.metrics.write({{"event", "step"}, {"step", step}, {"loss", losses.back()}});
-    }
-  }
-
-  // The bubble and the activations of each stage, measured (rank 0 prints every stage's).
-  if (topology.pp_size() > 1) {
-    const int p = topology.pp_size();
-    std::vector<float> mine(static_cast<std::size_t>(2 * p), 0.0f);
-    if (topology.tp_rank() == 0 && topology.dp_rank() == 0) {
-      mine[static_cast<std::size_t>(topology.pp_rank())] = step_ms > 0 ? static_cast<float>(1.0 - busy_ms / step_ms) : 0.0f;
-      mine[static_cast<std::size_t>(p + topology.pp_rank())] = static_cast<float>(peak_activations);
-    }
-    Tensor all = Tensor::from_host(mine, {2 * p});
-    topology.world().all_reduce(all, comm::ReduceOp::sum);
-    const auto v = all.to_host();
-    const double theory = parallel::bubble_fraction(p, o.micro_batches);
-    log("pipeline: %d stages, %d micro-batches, %s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n",
-        p, o.micro_batches, o.schedule.c_str(), theory);
-    for (int s = 0; s < p; ++s) {
-      log("  stage %d  bubble %.3f  peak activations %s\n", s, v[static_cast<std::size_t>(s)],
-          format_bytes(static_cast<std::int64_t>(v[static_cast<std::size_t>(p + s)])).c_str());
-      session.metrics.write({{"event", "pipeline_stage"}, {"stage", s}, {"stages", p}, {"micro_batches", o.micro_batches},
-                             {"schedule", o.schedule}, {"bubble", v[static_cast<std::size_t>(s)]}, {"theory", theory},
-                             {"peak_activation_bytes", v[static_cast<std::size_t>(p + s)]}});
-    }
-  }
+  if (topology.pp_size() > 1) report_stages(run, o, o.micro_batches, o.schedule, session.metrics, "pipeline_stage");
+  if (!o.trace.empty() && topology.rank() == 0)
+    write_timeline(run, o.trace, topology.describe().substr(0, topology.describe().rfind("-Rank")) + ", " + o.schedule +
+                                     ", " + std::to_string(o.micro_batches) + " micro-batches: the last step");
 
   bool passed = true;
   if (o.verify) {
@@ -251,6 +360,12 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step's loss and the final parameters against the unsharded GPT");
+  app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
+                                     "PNG beside it");
+  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "
+                                   "activations against them");
+  app.add_option("--charts", o.charts, "With --sweep: PREFIX_bubble.png, PREFIX_activations.png and the timelines")
+      ->capture_default_str();
   return cli::run(app, argc, argv, [&] {
     if (o.models.model != "gpt") throw UsageError("--model: chapter 08 splits the GPT; only --model gpt is here yet");
     if (!o.models.data.empty()) throw UsageError("--data: chapter 08 trains on the addition task only");

@@ -9,6 +9,8 @@
                                        rank and lane
   plot.py zero METRICS OUT_PREFIX      chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
                                        category and stage, the formula marked) and OUT_PREFIX_communication.png
+  plot.py pipeline METRICS OUT_PREFIX  chapter 08 --sweep: OUT_PREFIX_bubble.png (bubble against micro-batches,
+                                       with the theory) and OUT_PREFIX_activations.png (per stage, GPipe and 1F1B)
   plot.py speedup OUT.png --strong M1 M2 M4 [--weak W1 W2 W4]
                                        speedup against ideal and parallel efficiency, from runs of
                                        chapter 04 at several rank counts (strong: fixed global batch;
@@ -205,6 +207,46 @@ def zero_charts(path, prefix):
     fig.savefig(f"{prefix}_communication.png", dpi=120)
 
 
+def pipeline_charts(path, prefix):
+    """Chapter 08 --sweep: the bubble against the micro-batches, each schedule's mean over the stages
+    beside (p-1)/(m+p-1); and the peak activations of each stage, GPipe against 1F1B."""
+    plt = plt_module()
+    rows = events(read(path), "pipeline_sweep")
+    if not rows:
+        raise SystemExit(f"pipeline: {path} has no pipeline_sweep records (run 08_tensor_pipeline --sweep)")
+    p = rows[0]["stages"]
+    counts = sorted({r["micro_batches"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for schedule, marker in (("gpipe", "o"), ("1f1b", "s")):
+        mean = [sum(r["bubble"] for r in rows if r["schedule"] == schedule and r["micro_batches"] == m) / p for m in counts]
+        ax.plot(counts, mean, marker=marker, label=f"{schedule}, measured (mean of {p} stages)")
+    ax.plot(counts, [(p - 1) / (m + p - 1) for m in counts], "k--", label="theory (p-1)/(m+p-1)")
+    ax.set(xscale="log", xlabel="micro-batches m", ylabel="idle share of the step (bubble)")
+    ax.set_xticks(counts)
+    ax.set_xticklabels([str(m) for m in counts])
+    ax.set_title(f"Pipeline bubble, {p} stages", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_bubble.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / (2 * len(counts))
+    for k, (schedule, hatch) in enumerate((("gpipe", ""), ("1f1b", "//"))):
+        for j, m in enumerate(counts):
+            peaks = [next(r["peak_activation_bytes"] for r in rows if r["schedule"] == schedule and
+                          r["micro_batches"] == m and r["stage"] == s) / 2**20 for s in range(p)]
+            offset = (k * len(counts) + j - len(counts) + 0.5) * width
+            ax.bar([s + offset for s in range(p)], peaks, width, hatch=hatch,
+                   label=f"{schedule} m={m}", color=plt.cm.viridis(j / max(1, len(counts) - 1)))
+    ax.set(xlabel="stage", ylabel="peak activations (MiB)")
+    ax.set_xticks(range(p))
+    ax.set_title("Activations held per stage: GPipe keeps every micro-batch, 1F1B at most p - s", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_activations.png", dpi=120)
+
+
 def timeline_chart(trace_path, out):
     plt = plt_module()
     with open(trace_path) as f:
@@ -215,18 +257,25 @@ def timeline_chart(trace_path, out):
              if e.get("ph") == "M" and e["name"] == "thread_name"}
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(lanes)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # A pipeline's actions (F3, B3) are coloured by direction; other spans take turns.
+    pipeline = all(e["name"][:1] in "FB" and e["name"][1:].isdigit() for e in spans)
     for row, lane in enumerate(lanes):
         for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
+            color = (colors[0] if e["name"][0] == "F" else colors[1]) if pipeline else colors[i % len(colors)]
             ax.broken_barh([(e["ts"] / 1000, max(e["dur"], 1) / 1000)], (row - 0.4, 0.8),
-                           facecolors=colors[i % len(colors)], edgecolor="black", linewidth=0.3)
+                           facecolors=color, edgecolor="black", linewidth=0.3)
             ax.text(e["ts"] / 1000 + e["dur"] / 2000, row, e["name"].replace("layer ", "L").replace("bucket ", "b"),
                     ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([f"rank {p}: {names.get((p, t), t)}" for p, t in lanes], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the first gradient of the step")
     label = doc.get("metadata", {}).get("label", "").strip()
-    ax.set_title("One step: backward compute and bucket all-reduces" + (f"\n{label}" if label else ""), fontsize=10)
+    if pipeline:
+        ax.set_xlabel("ms since the step began (F: forward, B: backward of micro-batch i; white: the bubble)")
+        ax.set_title("Pipeline stages" + (f": {label}" if label else ""), fontsize=10)
+    else:
+        ax.set_xlabel("ms since the first gradient of the step")
+        ax.set_title("One step: backward compute and bucket all-reduces" + (f"\n{label}" if label else ""), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -279,7 +328,7 @@ def speedup_chart(out, modes):
 
 
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero"):
+    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[1] == "summary":
@@ -292,6 +341,8 @@ def main(argv):
         timeline_chart(argv[2], argv[3])
     elif argv[1] == "zero":
         zero_charts(argv[2], argv[3])
+    elif argv[1] == "pipeline":
+        pipeline_charts(argv[2], argv[3])
     elif argv[1] == "speedup":
         modes, current = {}, None
         for arg in argv[3:]:

@@ -5,6 +5,9 @@
 // impossible grids and sizes are one line and exit code 2.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "support/process.h"
 
 namespace course::testing {
@@ -64,6 +67,27 @@ TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
   EXPECT_LT(stages(many)[0]["peak_activation_bytes"].get<double>(), stages(gpipe)[0]["peak_activation_bytes"].get<double>());
 }
 
+TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
+  // --trace: the last step of every stage as a Chrome trace (each stage's 2m actions) and a PNG.
+  const std::string stem = temp_path("ch08_trace"), trace = stem + ".json", png = stem + ".png";
+  std::filesystem::remove(png);
+  Outcome traced = run(MPIRUN_NP2, "--pp 2 --micro-batches 4 --trace " + trace);
+  ASSERT_EQ(traced.process.exit_code, 0) << traced.process.out << traced.process.err;
+  std::ifstream in(trace);
+  const auto doc = nlohmann::json::parse(in);
+  int spans = 0;
+  for (const auto& e : doc["traceEvents"]) spans += e["ph"] == "X";
+  EXPECT_EQ(spans, 2 * 2 * 4);
+  EXPECT_EQ(read_file(png).substr(0, 4), "\x89PNG") << traced.process.out;
+  // --sweep: both schedules at 1-16 micro-batches, the two charts and each schedule's timeline.
+  const std::string prefix = temp_path("ch08_sweep");
+  Outcome swept = run(MPIRUN_NP2, "--pp 2 --sweep --charts " + prefix);
+  ASSERT_EQ(swept.process.exit_code, 0) << swept.process.out << swept.process.err;
+  EXPECT_EQ(events(swept.records, "pipeline_sweep").size(), 2u * 5u * 2u);  // schedules x counts x stages
+  for (const char* file : {"_bubble.png", "_activations.png", "_timeline_gpipe.png", "_timeline_1f1b.png"})
+    EXPECT_EQ(read_file(prefix + file).substr(0, 4), "\x89PNG") << prefix + file << "\n" << swept.process.out;
+}
+
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
   for (const auto& [mpirun, flags, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {MPIRUN_NP2, "--tp 3", "--tp"},                                 // 3 does not divide 2 ranks
@@ -72,7 +96,9 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --n-layer 3", "--n-layer"},                 // 3 layers on 2 stages
            {MPIRUN_NP2, "--pp 2 --micro-batches 0", "--micro-batches"},
            {MPIRUN_NP2, "--pp 2 --schedule zigzag", "--schedule"},
-           {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"}}) {  // 48 is not 5 micro-batches
+           {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"},   // 48 is not 5 micro-batches
+           {MPIRUN_NP2, "--sweep", "--sweep"},                            // no pipeline to sweep
+           {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"}}) {          // 48 is not DP 2 x 16 micro-batches
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

@@ -26,27 +26,34 @@ std::string python_with_matplotlib() {
 
 }  // namespace
 
-bool draw_charts(const std::string& kind, const std::vector<nlohmann::json>& records, const std::string& prefix,
-                 std::string* why) {
+// Runs plot.py with `arguments` (already quoted); false with `why` when it could not.
+static bool plot(const std::string& arguments, const std::string& what, std::string* why) {
   const std::string python = python_with_matplotlib();
   if (python.empty()) {
     *why = "no python3 with matplotlib (scripts/setup.sh installs it)";
     return false;
   }
+  if (std::system((python + " " + quoted(COURSE_PLOT_SCRIPT) + " " + arguments + " >/dev/null 2>&1").c_str()) != 0) {
+    *why = "scripts/plot.py " + what + " failed (is the output's folder writable?)";
+    return false;
+  }
+  return true;
+}
+
+bool draw_timeline(const std::string& trace, const std::string& png, std::string* why) {
+  return plot("timeline " + quoted(trace) + " " + quoted(png), "timeline", why);
+}
+
+bool draw_charts(const std::string& kind, const std::vector<nlohmann::json>& records, const std::string& prefix,
+                 std::string* why) {
   const auto file = std::filesystem::temp_directory_path() / ("course_charts_" + std::to_string(::getpid()) + ".jsonl");
   {
     std::ofstream out(file);
     for (const auto& r : records) out << r.dump() << "\n";
   }
-  const std::string command = python + " " + quoted(COURSE_PLOT_SCRIPT) + " " + quoted(kind) + " " +
-                              quoted(file.string()) + " " + quoted(prefix) + " >/dev/null 2>&1";
-  const int status = std::system(command.c_str());
+  const bool drawn = plot(quoted(kind) + " " + quoted(file.string()) + " " + quoted(prefix), kind, why);
   std::filesystem::remove(file);
-  if (status != 0) {
-    *why = "scripts/plot.py " + kind + " failed (is " + prefix + "'s folder writable?)";
-    return false;
-  }
-  return true;
+  return drawn;
 }
 
 }  // namespace course::metrics

@@ -15,4 +15,7 @@ namespace course::metrics {
 bool draw_charts(const std::string& kind, const std::vector<nlohmann::json>& records, const std::string& prefix,
                  std::string* why);
 
+// Runs `plot.py timeline TRACE PNG`: a Chrome trace drawn as one row per rank and lane.
+bool draw_timeline(const std::string& trace, const std::string& png, std::string* why);
+
 }  // namespace course::metrics
