@@ -52,6 +52,7 @@ struct Options {
   bool sweep = false;         // both schedules at m = 1..16, with the charts
   std::string charts = "pipeline";
   std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
+  std::string fault = "none";
 };
 
 // AdamW as GPT-2 trains (betas 0.9, 0.95; decay on matrices and embeddings only) with warm-up and
@@ -130,6 +131,7 @@ struct GridRun {
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
+  double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
 };
 
 GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology& topology, Device device,
@@ -147,7 +149,9 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
   double busy_ms = 0, step_ms = 0;
   std::int64_t peak = 0;
   std::vector<parallel::TimedAction> last;
+  double whole_ms = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
+    const auto step_begin = std::chrono::steady_clock::now();
     const auto samples = sampler.batch(step, local_batch);
     std::vector<Tensor> ids, targets;
     for (int i = 0; i < m; ++i) {
@@ -165,12 +169,15 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
     peak = std::max(peak, result.peak_activation_bytes);
     last = result.timeline;
     // Data parallelism on top: the replicas average their gradients over the DP group only.
-    if (dp > 1)
+    // --fault skip-dp-average leaves each replica with its own share's gradient.
+    if (dp > 1 && o.fault != "skip-dp-average")
       for (const Tensor& param : run.stage->parameters()) {
         Tensor g = param.grad();
         topology.dp_group().all_reduce(g, comm::ReduceOp::average);
       }
     trainer.step(step);
+    if (step > 0 || o.steps == 1)
+      whole_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_begin).count();
     Tensor global = Tensor::from_host({result.loss}, {1});
     topology.dp_group().all_reduce(global, comm::ReduceOp::average);
     run.losses.push_back(global.item());
@@ -197,6 +204,9 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
   Tensor all = Tensor::from_host(mine, {static_cast<std::int64_t>(mine.size())});
   topology.world().all_reduce(all, comm::ReduceOp::sum);
   const auto v = all.to_host();
+  Tensor slowest = Tensor::from_host({static_cast<float>(whole_ms / static_cast<double>(std::max<std::int64_t>(1, o.steps - 1)))}, {1});
+  topology.world().all_reduce(slowest, comm::ReduceOp::max);
+  run.step_ms = slowest.item();
   run.timeline.resize(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     const float* at = v.data() + per_stage * static_cast<std::size_t>(s);
@@ -284,6 +294,8 @@ int run(const Options& o, cli::Session& session) {
   parallel::Topology& topology = *session.topology;
   const Device device = session.device;
   const int dp = topology.dp_size();
+  if (o.fault == "skip-dp-average" && dp < 2)
+    throw UsageError("--fault: skip-dp-average needs data parallelism (--dp 2 or more)");
   if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
                      std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
@@ -303,6 +315,11 @@ int run(const Options& o, cli::Session& session) {
   nn::Module* model = run.stage.get();
   parallel::DistributedSampler sampler(task.task.size, topology.dp_group(), o.common.seed);
   if (topology.pp_size() > 1) report_stages(run, o, o.micro_batches, o.schedule, session.metrics, "pipeline_stage");
+  const double tokens = static_cast<double>(o.global_batch * task.config.block_size);
+  log("throughput: %.0f tokens/s (step %.2f ms, the slowest rank's mean after the first)\n",
+      tokens / (run.step_ms / 1000.0), run.step_ms);
+  session.metrics.write({{"event", "throughput"}, {"grid", topology.describe().substr(0, topology.describe().rfind("-Rank"))},
+                         {"tokens_per_s", tokens / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms}});
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, topology.describe().substr(0, topology.describe().rfind("-Rank")) + ", " + o.schedule +
                                      ", " + std::to_string(o.micro_batches) + " micro-batches: the last step");
@@ -360,6 +377,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step's loss and the final parameters against the unsharded GPT");
+  app.add_option("--fault", o.fault, "Break the training on purpose, to see --verify catch it: none, or "
+                                     "skip-dp-average (the replicas never average their gradients)")
+      ->check(CLI::IsMember({"none", "skip-dp-average"}))->capture_default_str();
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
                                      "PNG beside it");
   app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "

@@ -88,6 +88,16 @@ TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
     EXPECT_EQ(read_file(prefix + file).substr(0, 4), "\x89PNG") << prefix + file << "\n" << swept.process.out;
 }
 
+TEST(Chapter08, VerifyCatchesReplicasThatNeverAverage) {
+  // 3D with the DP average left out: each replica follows its own half of the batch.
+  Outcome r = run(MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --verify --fault skip-dp-average");
+  EXPECT_EQ(r.process.exit_code, 1) << r.process.out << r.process.err;
+  auto verify = events(r.records, "verify");
+  ASSERT_EQ(verify.size(), 1u) << r.process.out;
+  EXPECT_FALSE(verify[0]["passed"].get<bool>());
+  EXPECT_NE(r.process.out.find("FAILED"), std::string::npos);
+}
+
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
   for (const auto& [mpirun, flags, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {MPIRUN_NP2, "--tp 3", "--tp"},                                 // 3 does not divide 2 ranks
@@ -98,6 +108,7 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --schedule zigzag", "--schedule"},
            {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"},   // 48 is not 5 micro-batches
            {MPIRUN_NP2, "--sweep", "--sweep"},                            // no pipeline to sweep
+           {MPIRUN_NP2, "--tp 2 --fault skip-dp-average", "--fault"},    // no replicas to average
            {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"}}) {          // 48 is not DP 2 x 16 micro-batches
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
