@@ -13,6 +13,7 @@
 #include "common/cli/cli.h"                        // common flags, validators, exit codes
 #include "common/cli/model_options.h"              // the GPT's sizes and the addition task
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
+#include "common/autograd/autograd.h"              // NoGradGuard, for clipping
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/core/log.h"                       // rank 0 prints
 #include "common/metrics/charts.h"                 // the charts, through scripts/plot.py
@@ -47,6 +48,7 @@ struct Options {
   std::int64_t steps = 20;
   std::int64_t global_batch = 48;
   float lr = 3e-3f;
+  double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
   int log_every = 5;
   bool verify = false;
   bool sweep = false;         // both schedules at m = 1..16, with the charts
@@ -56,7 +58,7 @@ struct Options {
 };
 
 // AdamW as GPT-2 trains (betas 0.9, 0.95; decay on matrices and embeddings only) with warm-up and
-// cosine decay. No clipping yet: a global norm over a TP x PP grid sums each rank's part once.
+// cosine decay; the gradient is clipped to --clip by the caller, who knows how it is split.
 struct Trainer {
   std::unique_ptr<optim::Adam> adam;
   std::shared_ptr<optim::LRScheduler> schedule;
@@ -90,10 +92,48 @@ Reference train_reference(const Options& o, const nn::GptTask& task, const paral
     Tensor loss = cross_entropy(model(batch.ids), batch.targets, data::AdditionTask::kIgnore);
     r.losses.push_back(loss.item());
     loss.backward();
+    if (o.clip > 0) optim::clip_grad_norm_(model.parameters(), o.clip);
     trainer.step(step);
   }
   for (const auto& [name, p] : model.named_parameters()) r.parameters[name] = p;
   return r;
+}
+
+// Whether tensor parallelism splits this parameter (the rest is whole on every TP rank).
+bool split_by_tp(const std::string& name) {
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return name == "transformer.wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias") ||
+         ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias") || ends_with("c_proj.weight");
+}
+
+// torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds: each rank sums the squares
+// of the parts only it holds (a parameter whole on every TP rank counts on TP rank 0; the tied table,
+// on the first and the last stage, counts on the first), the sums are added over the TP group and then
+// the pipeline, and every rank scales its gradients by the same factor. Replicas agree after the DP
+// average, so each computes the same norm.
+double clip_across_the_grid(parallel::PipelineStageGPT& stage, parallel::Topology& topology, double max_norm) {
+  double squares = 0;
+  for (const auto& [name, p] : stage.named_parameters()) {
+    const bool mine = (topology.tp_size() == 1 || split_by_tp(name) || topology.tp_rank() == 0) &&
+                      !(name == "transformer.wte.weight" && stage.is_last() && !stage.is_first());
+    if (!mine || !p.grad().defined()) continue;
+    for (float g : p.grad().to_host()) squares += static_cast<double>(g) * g;
+  }
+  Tensor total = Tensor::from_host({static_cast<float>(squares)}, {1});
+  if (topology.tp_size() > 1) topology.tp_group().all_reduce(total, comm::ReduceOp::sum);
+  if (topology.pp_size() > 1) topology.pp_group().all_reduce(total, comm::ReduceOp::sum);
+  const double norm = std::sqrt(static_cast<double>(total.item()));
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0)
+    for (const Tensor& p : stage.parameters()) {
+      if (!p.grad().defined()) continue;
+      Tensor g = p.grad();
+      autograd::NoGradGuard no_grad;
+      g.copy_from(scale(g, static_cast<float>(coefficient)));
+    }
+  return norm;
 }
 
 // This rank's part of a reference parameter: a stage keeps GPT-2's names, and with TP its slice.
@@ -104,6 +144,7 @@ Tensor part_of(const std::string& name, const Reference& reference, parallel::To
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   comm::Communicator& tp = topology.tp_group();
+  if (!split_by_tp(name)) return whole;
   if (name == "transformer.wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
     return parallel::shard_of(whole, 0, tp, "reference");
   if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias")) return parallel::shard_of_qkv(whole, tp);
@@ -175,6 +216,7 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
         Tensor g = param.grad();
         topology.dp_group().all_reduce(g, comm::ReduceOp::average);
       }
+    if (o.clip > 0) clip_across_the_grid(*run.stage, topology, o.clip);
     trainer.step(step);
     if (step > 0 || o.steps == 1)
       whole_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_begin).count();
@@ -375,6 +417,8 @@ int main(int argc, char** argv) {
   app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all replicas")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
+      ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   app.add_flag("--verify", o.verify, "Check every step's loss and the final parameters against the unsharded GPT");
   app.add_option("--fault", o.fault, "Break the training on purpose, to see --verify catch it: none, or "

@@ -42,7 +42,9 @@ TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
            {MPIRUN_NP4, "--tp 2 --dp 2"},
            {MPIRUN_NP4, "--pp 2 --dp 2"},
            {MPIRUN_NP4, "--tp 2 --pp 2"},
-           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2"}}) {
+           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2"},
+           // Clipping that always acts: the global norm summed over the grid, each part once.
+           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --clip 0.1"}}) {
     Outcome r = run(mpirun, grid + " --verify");
     ASSERT_EQ(r.process.exit_code, 0) << grid << "\n" << r.process.out << r.process.err;
     auto verify = events(r.records, "verify");
