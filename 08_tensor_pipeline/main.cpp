@@ -21,7 +21,8 @@
 #include "common/ops/ops.h"                        // cross_entropy, narrow
 #include "common/optim/lr_scheduler.h"             // warm-up and cosine decay
 #include "common/optim/optimizer.h"                // AdamW with GPT-2's decay groups
-#include "common/parallel/distributed_sampler.h"   // each DP replica's share of the data
+#include "common/data/sampling.h"                  // SampleStream: every step a whole global batch
+#include "common/parallel/distributed_sampler.h"   // share_of: each DP replica's share of it
 #include "common/parallel/pipeline.h"              // stages and the schedule's executor
 #include "common/parallel/replicas.h"              // on_rank0
 #include "common/parallel/tensor_parallel_gpt.h"   // the slices of the GPT's layers, for --verify
@@ -80,13 +81,13 @@ struct Reference {
   std::vector<float> losses;
   std::map<std::string, Tensor> parameters;
 };
-Reference train_reference(const Options& o, const nn::GptTask& task, const parallel::DistributedSampler& sampler,
-                          std::int64_t local_batch, Device device, bool reversed) {
+Reference train_reference(const Options& o, const nn::GptTask& task, const data::SampleStream& stream, Device device,
+                          bool reversed) {
   nn::GPT model(task.config, device, o.common.seed);
   Trainer trainer(model.parameters(), o);
   Reference r;
   for (std::int64_t step = 0; step < o.steps; ++step) {
-    auto samples = sampler.global_batch(step, local_batch);
+    auto samples = stream.take(step * o.global_batch, o.global_batch);
     if (reversed) std::reverse(samples.begin(), samples.end());
     const auto batch = task.data->batch(samples, device);
     Tensor loss = cross_entropy(model(batch.ids), batch.targets, data::AdditionTask::kIgnore);
@@ -185,7 +186,9 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
   GridRun run;
   run.stage = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group());
   const auto schedule = parallel::make_schedule(schedule_name, p, m);
-  parallel::DistributedSampler sampler(task.task.size, topology.dp_group(), o.common.seed);
+  // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
+  // every micro-batch has the same size; each replica takes its share.
+  data::SampleStream stream(task.task.size, o.common.seed);
   Trainer trainer(run.stage->parameters(), o);
   double busy_ms = 0, step_ms = 0;
   std::int64_t peak = 0;
@@ -193,7 +196,8 @@ GridRun train_grid(const Options& o, const nn::GptTask& task, parallel::Topology
   double whole_ms = 0;
   for (std::int64_t step = 0; step < o.steps; ++step) {
     const auto step_begin = std::chrono::steady_clock::now();
-    const auto samples = sampler.batch(step, local_batch);
+    const auto samples = parallel::DistributedSampler::share_of(stream.take(step * o.global_batch, o.global_batch),
+                                                                topology.dp_rank(), dp);
     std::vector<Tensor> ids, targets;
     for (int i = 0; i < m; ++i) {
       const std::vector<std::int64_t> part(samples.begin() + i * micro, samples.begin() + (i + 1) * micro);
@@ -355,7 +359,7 @@ int run(const Options& o, cli::Session& session) {
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics);
   const std::vector<float>& losses = run.losses;
   nn::Module* model = run.stage.get();
-  parallel::DistributedSampler sampler(task.task.size, topology.dp_group(), o.common.seed);
+  data::SampleStream stream(task.task.size, o.common.seed);
   if (topology.pp_size() > 1) report_stages(run, o, o.micro_batches, o.schedule, session.metrics, "pipeline_stage");
   const double tokens = static_cast<double>(o.global_batch * task.config.block_size);
   log("throughput: %.0f tokens/s (step %.2f ms, the slowest rank's mean after the first)\n",
@@ -368,8 +372,8 @@ int run(const Options& o, cli::Session& session) {
 
   bool passed = true;
   if (o.verify) {
-    const Reference reference = train_reference(o, task, sampler, local_batch, device, false);
-    const Reference reordered = train_reference(o, task, sampler, local_batch, device, true);
+    const Reference reference = train_reference(o, task, stream, device, false);
+    const Reference reordered = train_reference(o, task, stream, device, true);
     double loss_diff = 0, loss_floor = 0;
     for (std::size_t i = 0; i < losses.size(); ++i) {
       loss_diff = std::max(loss_diff, std::fabs(static_cast<double>(losses[i]) - reference.losses[i]));

@@ -100,6 +100,15 @@ TEST(Chapter08, VerifyCatchesReplicasThatNeverAverage) {
   EXPECT_NE(r.process.out.find("FAILED"), std::string::npos);
 }
 
+// 120 steps of 48 cross the 4000 problems' epoch boundary at 3 replicas: every step still takes a whole
+// global batch, and the run stays within the unsharded run's noise floor.
+TEST(Chapter08, ALongRunAtThreeReplicasCrossesTheEpoch) {
+  auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary +
+                       " --device cpu --dp 3 --n-layer 2 --n-head 2 --n-embd 16 --steps 120 --log-every 1000 --verify");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("PASSED"), std::string::npos) << r.out;
+}
+
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
   for (const auto& [mpirun, flags, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {MPIRUN_NP2, "--tp 3", "--tp"},                                 // 3 does not divide 2 ranks
