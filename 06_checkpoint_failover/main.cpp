@@ -64,8 +64,7 @@ constexpr std::int64_t kMaxSteps = 10'000'000;
 // in another order for part of the way), so it is judged like chapter 02: against the noise floor
 // (the same run with each rank's share summed in reverse). Rounding-level differences grow alike
 // whatever their source; a lost optimizer state or a replayed batch moves the weights by orders of
-// magnitude more.
-constexpr double kElasticDriftFactor = 100;
+// magnitude more (verify::kDriftFactor).
 
 // The attempt number, set by the launcher (scripts/failover.py) as torchrun sets
 // TORCHELASTIC_RESTART_COUNT: the injected faults fire on the first attempt only.
@@ -343,11 +342,12 @@ int run(const Options& o, cli::Session& session) {
       for (std::int64_t step = 0; step < o.steps; ++step)
         reordered.step(task, stream, step, step * o.global_batch, o.global_batch, group, true);
       noise_floor = verify::max_abs_diff(reference.model->parameters_to_host(), reordered.model->parameters_to_host());
-      const double ratio = noise_floor > 0 ? difference / noise_floor : (difference == 0 ? 0.0 : INFINITY);
+      const verify::Drift drift{difference, noise_floor};
+      const double ratio = drift.ratio();
       log("verify: world sizes %s; against the uninterrupted run at %d ranks the largest parameter difference is %.3g, "
           "%.3g x its noise floor %.3g (limit %g x)\n", state.world_history.c_str(), ranks, difference, ratio,
-          noise_floor, kElasticDriftFactor);
-      passed = passed && ratio <= kElasticDriftFactor;
+          noise_floor, verify::kDriftFactor);
+      passed = passed && drift.within();
     }
   }
   if (!diverged) cli::report_evaluation(task, *trainer.model, group, session.metrics);

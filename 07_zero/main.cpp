@@ -33,13 +33,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// How far a stage may end from stage 0, in units of stage 0's own rounding noise (the same run with
-// every micro-batch summed in reverse order). Rounding differences grow through training (after a few
-// hundred steps they dominate any fixed tolerance), and they grow alike for both; a wrong shard, a
-// missing unit or a double average lands orders of magnitude further out. Chapter 06's elastic resume
-// uses the same factor.
-constexpr double kDriftFactor = 100;
-
 struct Options {
   cli::CommonOptions common;
   cli::DistributedOptions distributed;
@@ -252,17 +245,15 @@ double max_difference(const std::vector<float>& a, const std::vector<float>& b, 
 }
 
 // A stage's run against stage 0's, the loss of every step and the final parameters, each beside stage
-// 0's noise floor: passes within kDriftFactor times it (or within the short-run tolerance, for runs too
-// short for the noise to show: 1e-3 x lr x steps, parallel::zero_stage_tolerance).
+// 0's noise floor (the same run with every micro-batch summed in reverse order): passes within
+// verify::kDriftFactor times it (or within the short-run tolerance, for runs too short for the noise to
+// show: 1e-3 x lr x steps, parallel::zero_stage_tolerance).
 bool matches(const StageRun& run, const StageRun& reference, const StageRun& reordered, double tolerance) {
   const verify::Drift params{max_difference(run.parameters, reference.parameters),
                              max_difference(reordered.parameters, reference.parameters)};
   const verify::Drift losses{max_difference(run.losses, reference.losses, static_cast<std::size_t>(run.first_step)),
                              max_difference(reordered.losses, reference.losses)};
-  auto within = [&](const verify::Drift& d) {
-    return d.difference <= tolerance || d.difference <= kDriftFactor * d.noise_floor;
-  };
-  const bool ok = within(params) && within(losses);
+  const bool ok = params.within(tolerance) && losses.within(tolerance);
   log("verify stage %d%s against stage 0: parameters within %.3g (noise floor %.3g, %.3gx), losses within %.3g "
       "(noise floor %.3g): %s\n",
       run.stage, run.prefetch ? " (prefetching)" : "", params.difference, params.noise_floor, params.ratio(), losses.difference, losses.noise_floor,

@@ -1,6 +1,8 @@
 // Chapter 08 graded from the outside: on every grid (TP 2 and 4; PP 2 and 4 with both schedules; DP 2
-// on top of TP 2 and of PP 2; TP 2 x PP 2; and 3D, DP 2 x TP 2 x PP 2 on 8 ranks), --verify finds the split GPT's losses and parameters
-// within the noise floor of the unsharded GPT's; every stage reports its measured bubble beside
+// on top of TP 2 and of PP 2; TP 2 x PP 2; 3D, DP 2 x TP 2 x PP 2 on 8 ranks; sequence parallelism at
+// TP 2, TP 4 and in 3D), --verify finds the split GPT's losses and parameters within the noise floor
+// of the unsharded GPT's, and the MLP's split in pairs the unsharded MLP's; sequence parallelism holds
+// fewer activations than TP alone; every stage reports its measured bubble beside
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
 // impossible grids and sizes are one line and exit code 2.
 #include <gtest/gtest.h>
@@ -44,7 +46,11 @@ TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
            {MPIRUN_NP4, "--tp 2 --pp 2"},
            {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2"},
            // Clipping that always acts: the global norm summed over the grid, each part once.
-           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --clip 0.1"}}) {
+           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --clip 0.1"},
+           // Sequence parallelism: the layer norms on shards of the sequence, alone and inside 3D.
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel"},
+           {MPIRUN_NP4, "--tp 4 --sequence-parallel"},
+           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --sequence-parallel"}}) {
     Outcome r = run(mpirun, grid + " --verify");
     ASSERT_EQ(r.process.exit_code, 0) << grid << "\n" << r.process.out << r.process.err;
     auto verify = events(r.records, "verify");
@@ -52,6 +58,31 @@ TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
     EXPECT_TRUE(verify[0]["passed"].get<bool>()) << grid;
     EXPECT_GT(verify[0]["param_floor"].get<double>(), 0.0) << grid;  // the noise floor was measured
   }
+}
+
+// The house-price MLP, its linear layers split in column-then-row pairs, with replicas on top.
+TEST(Chapter08, TheMlpSplitInPairsMatchesTheUnshardedMlp) {
+  for (const auto& [mpirun, grid] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--tp 2"}, {MPIRUN_NP4, "--tp 4"}, {MPIRUN_NP4, "--tp 2 --dp 2"}}) {
+    Outcome r = run(mpirun, "--model mlp " + grid + " --verify");
+    ASSERT_EQ(r.process.exit_code, 0) << grid << "\n" << r.process.out << r.process.err;
+    auto verify = events(r.records, "verify");
+    ASSERT_EQ(verify.size(), 1u) << grid;
+    EXPECT_TRUE(verify[0]["passed"].get<bool>()) << grid;
+    EXPECT_NE(r.process.out.find("unsharded MLP"), std::string::npos) << r.process.out;
+  }
+}
+
+// Sequence parallelism keeps each rank's shard of the layer norms' and residuals' activations, where
+// tensor parallelism alone keeps the whole sequence's on every rank.
+TEST(Chapter08, SequenceParallelismHoldsFewerActivations) {
+  Outcome tp = run(MPIRUN_NP2, "--tp 2"), sp = run(MPIRUN_NP2, "--tp 2 --sequence-parallel");
+  ASSERT_EQ(tp.process.exit_code, 0) << tp.process.out << tp.process.err;
+  ASSERT_EQ(sp.process.exit_code, 0) << sp.process.out << sp.process.err;
+  const auto a = events(tp.records, "activations"), b = events(sp.records, "activations");
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_LT(b[0]["peak_activation_bytes"].get<double>(), a[0]["peak_activation_bytes"].get<double>());
 }
 
 TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
@@ -120,7 +151,12 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"},   // 48 is not 5 micro-batches
            {MPIRUN_NP2, "--sweep", "--sweep"},                            // no pipeline to sweep
            {MPIRUN_NP2, "--tp 2 --fault skip-dp-average", "--fault"},    // no replicas to average
-           {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"}}) {          // 48 is not DP 2 x 16 micro-batches
+           {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"},             // 48 is not DP 2 x 16 micro-batches
+           {MPIRUN_NP2, "--sequence-parallel", "--sequence-parallel"},    // no TP group to split the sequence in
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --digits 3", "--sequence-parallel"},  // 11 tokens
+           {MPIRUN_NP2, "--model mlp --pp 2", "--pp"},                    // the MLP has no stages
+           {MPIRUN_NP2, "--model mlp --tp 2 --sequence-parallel", "--sequence-parallel"},
+           {MPIRUN_NP2, "--model mlp --tp 2 --hidden 255", "--hidden"}}) {
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

@@ -2,7 +2,8 @@
 // into stages, run by the GPipe and the 1F1B schedule with 1 to 8 micro-batches, gives the whole
 // model's loss, and every stage's gradients are the whole model's gradients of its layers (the tied
 // table's included, on the first and the last stage), also when each stage's blocks are tensor-parallel
-// (TP 2 x PP 2 at 4 ranks). 1F1B holds fewer activations than GPipe.
+// (TP 2 x PP 2 at 4 ranks), with or without sequence parallelism. 1F1B holds fewer activations than
+// GPipe.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,31 +100,24 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
   std::map<std::string, Tensor> whole;
   for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad();
 
-  parallel::PipelineStageGPT stage(full, *pp, tp.get());
   std::vector<Tensor> micro_ids, micro_targets;
   for (int i = 0; i < 4; ++i) {
     micro_ids.push_back(narrow(ids, i * 2, 2));
     micro_targets.push_back(narrow(target_tensor, i * 2 * kT, 2 * kT));
   }
-  const auto step = parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
-                                           micro_targets);
-  EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
-  for (const auto& [name, p] : stage.named_parameters()) {
-    ASSERT_TRUE(whole.count(name)) << name;
-    auto ends_with = [&](const std::string& tail) {
-      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    Tensor part = whole[name];
-    if (tp_size > 1) {
-      if (name == "transformer.wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
-        part = parallel::shard_of(part, 0, *tp, "test");
-      else if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias"))
-        part = parallel::shard_of_qkv(part, *tp);
-      else if (ends_with("c_proj.weight"))
-        part = parallel::shard_of(part, 1, *tp, "test");
+  // Without, then with sequence parallelism: the stages then pass each other shards of the sequence.
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
+    parallel::PipelineStageGPT stage(full, *pp, tp.get(), sequence_parallel);
+    const auto step = parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
+                                             micro_targets);
+    EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
+    for (const auto& [name, p] : stage.named_parameters()) {
+      ASSERT_TRUE(whole.count(name)) << name;
+      const Tensor part = stage.part_of(name, whole[name]);
+      EXPECT_EQ(p.shape(), part.shape()) << name;
+      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
     }
-    EXPECT_EQ(p.shape(), part.shape()) << name;
-    EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
   }
 }
 

@@ -4,7 +4,8 @@
 // and bias) is the matching slice of the unsharded gradient; forward and backward each cost one
 // all-reduce, of the output and of the input. The vocabulary-parallel embedding with its tied head and
 // the parallel cross-entropy give the unsharded loss and each rank's slice of the gradient, moving 3
-// floats per row.
+// floats per row. The GPT split by heads, with and without sequence parallelism, and the MLP split in
+// pairs give the whole model's loss and every gradient's part.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +15,9 @@
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/parallel/tensor_parallel.h"
+#include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
+#include "common/parallel/tensor_parallel_mlp.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -141,12 +144,16 @@ TEST(TensorParallel, ParallelCrossEntropyIsCrossEntropyOnEachSlice) {
   EXPECT_LE(max_difference(mine.grad().to_host(), columns_of(full.grad(), r * part, part)), kReorderTolerance);
 }
 
+// The whole GPT split by TP is a one-stage pipeline (PipelineStageGPT over a pipeline of one rank).
+// With sequence parallelism as well, the layer norms and residual adds run on each rank's quarter or
+// half of the sequence; once the whole parameters' partial gradients are added over the group, every
+// gradient is again the whole model's.
 TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
   comm::Communicator& tp = world();
+  auto alone = tp.split(tp.rank(), 0);  // a pipeline of one stage
   nn::GPTConfig config;
   config.n_layer = 2, config.n_head = 4, config.n_embd = 32, config.block_size = 8, config.vocab_size = 12;
   nn::GPT full(config, Device::cpu, 7);
-  parallel::TensorParallelGPT sharded(full, tp);
   std::vector<float> ids(3 * 8), targets(3 * 8);
   for (std::size_t i = 0; i < ids.size(); ++i) {
     ids[i] = static_cast<float>((i * 7 + 3) % 12);
@@ -155,33 +162,118 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
   const Tensor id_tensor = Tensor::from_host(ids, {3, 8}), target_tensor = Tensor::from_host(targets, {24});
   Tensor expected = cross_entropy(full(id_tensor), target_tensor);
   expected.backward();
-  Tensor loss = sharded.loss(id_tensor, target_tensor);
-  EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
-  loss.backward();
-
-  // Every sharded gradient is the matching part of the whole model's; the rest are whole on every rank.
   std::map<std::string, Tensor> whole;
   for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad();
-  std::size_t checked = 0;
-  for (const auto& [name, p] : sharded.named_parameters()) {
-    const std::string full_name = "transformer." + name;
-    ASSERT_TRUE(whole.count(full_name)) << name;
-    const Tensor& g = whole[full_name];
-    auto ends_with = [&](const std::string& tail) {
-      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    Tensor part = g;
-    if (name == "wte.weight" || ends_with("mlp.c_fc.weight") || ends_with("mlp.c_fc.bias"))
-      part = parallel::shard_of(g, 0, tp, "test");
-    else if (ends_with("attn.c_attn.weight") || ends_with("attn.c_attn.bias"))
-      part = parallel::shard_of_qkv(g, tp);
-    else if (ends_with("c_proj.weight"))
-      part = parallel::shard_of(g, 1, tp, "test");
-    EXPECT_EQ(p.shape(), part.shape()) << name;
-    EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
-    ++checked;
+
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
+    parallel::PipelineStageGPT sharded(full, *alone, &tp, sequence_parallel);
+    Tensor loss = sharded.loss(sharded(id_tensor), target_tensor, -100);
+    EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
+    loss.backward();
+    if (sequence_parallel && tp.size() > 1) {
+      // Before the sum over the group, a layer norm's gradient is only this rank's shard's part of it.
+      const std::string name = "transformer.h.0.ln_1.weight";
+      for (const auto& [n, p] : sharded.named_parameters()) {
+        if (n == name) {
+          EXPECT_GT(max_difference(p.grad().to_host(), whole[name].to_host()), 1e-4) << name;
+        }
+      }
+    }
+    sharded.sync_sequence_parallel_gradients();
+    // Every sharded gradient is the matching part of the whole model's; the rest are whole on every rank.
+    std::size_t checked = 0;
+    for (const auto& [name, p] : sharded.named_parameters()) {
+      ASSERT_TRUE(whole.count(name)) << name;
+      const Tensor part = sharded.part_of(name, whole[name]);
+      EXPECT_EQ(sharded.is_split(name), tp.size() > 1 && part.numel() < whole[name].numel()) << name;
+      EXPECT_EQ(p.shape(), part.shape()) << name;
+      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+      ++checked;
+    }
+    EXPECT_EQ(checked, full.named_parameters().size());
   }
-  EXPECT_EQ(checked, full.named_parameters().size());
+}
+
+// Sequence parallelism's f and g: gathering the shards is their concatenation along the sequence,
+// its backward the sum of every rank's gradient of this rank's shard (a reduce-scatter);
+// reduce-scattering is the sum of every rank's tensor, this rank's shard of it, its backward the
+// concatenation of every rank's gradient (an all-gather).
+TEST(TensorParallel, SequenceShardsGatherAndReduceScatter) {
+  comm::Communicator& tp = world();
+  const int n = tp.size(), r = tp.rank();
+  constexpr std::int64_t kB = 2, kShard = 3, kC = 4;
+  const std::int64_t t = kShard * n;
+  auto of_rank = [](int rank, const Shape& shape) { return Tensor::randn(shape, 100 + static_cast<std::uint64_t>(rank)); };
+  auto shard_rows = [&](const Tensor& whole, int rank) {  // [B, T, C] -> [B, kShard, C] of `rank`
+    const auto v = whole.to_host();
+    std::vector<float> out;
+    for (std::int64_t b = 0; b < kB; ++b)
+      out.insert(out.end(), v.begin() + (b * t + rank * kShard) * kC, v.begin() + (b * t + (rank + 1) * kShard) * kC);
+    return out;
+  };
+
+  Tensor mine = of_rank(r, {kB, kShard, kC});
+  mine.set_requires_grad(true);
+  Tensor gathered = parallel::gather_sequence(mine, tp);
+  ASSERT_EQ(gathered.shape(), (Shape{kB, t, kC}));
+  for (int k = 0; k < n; ++k) EXPECT_EQ(shard_rows(gathered, k), of_rank(k, {kB, kShard, kC}).to_host()) << "shard " << k;
+  const Tensor weight = Tensor::randn({kB, t, kC}, 7);  // the same on every rank
+  sum(mul(gathered, weight)).backward();
+  std::vector<float> expected = shard_rows(weight, r);
+  for (float& w : expected) w *= static_cast<float>(n);  // every rank's gradient of this shard, summed
+  EXPECT_LE(max_difference(mine.grad().to_host(), expected), kReorderTolerance);
+
+  Tensor whole = of_rank(r, {kB, t, kC});
+  whole.set_requires_grad(true);
+  Tensor scattered = parallel::reduce_scatter_sequence(whole, tp);
+  ASSERT_EQ(scattered.shape(), (Shape{kB, kShard, kC}));
+  std::vector<float> total(static_cast<std::size_t>(kB * kShard * kC), 0.0f);
+  for (int k = 0; k < n; ++k) {
+    const auto part = shard_rows(of_rank(k, {kB, t, kC}), r);
+    for (std::size_t i = 0; i < total.size(); ++i) total[i] += part[i];
+  }
+  EXPECT_LE(max_difference(scattered.to_host(), total), kReorderTolerance);
+  sum(mul(scattered, of_rank(r, {kB, kShard, kC}))).backward();
+  for (int k = 0; k < n; ++k)
+    EXPECT_EQ(shard_rows(whole.grad(), k), of_rank(k, {kB, kShard, kC}).to_host()) << "shard " << k;
+
+  Tensor same = Tensor::randn({kB, t, kC}, 9);
+  same.set_requires_grad(true);
+  Tensor shard = parallel::sequence_shard(same, tp);
+  EXPECT_EQ(shard.to_host(), shard_rows(same, r));
+  sum(shard).backward();  // every rank's shard gets ones: the gathered gradient is ones everywhere
+  EXPECT_EQ(same.grad().to_host(), std::vector<float>(static_cast<std::size_t>(kB * t * kC), 1.0f));
+}
+
+// The house-price MLP split in column-then-row pairs: 2 hidden layers leave its last linear layer
+// whole on every rank, 3 pair all four.
+TEST(TensorParallel, TheMlpSplitInPairsIsTheMlp) {
+  comm::Communicator& tp = world();
+  for (const int hidden_layers : {2, 3}) {
+    SCOPED_TRACE(std::to_string(hidden_layers) + " hidden layers");
+    auto full = nn::make_mlp(6, 16, hidden_layers, 1, nn::Activation::relu, Device::cpu, 11);
+    parallel::TensorParallelMLP sharded(*full, tp);
+    const Tensor input = Tensor::randn({5, 6}, 12), target = Tensor::randn({5, 1}, 13);
+    Tensor y_full = (*full)(input);
+    mse_loss(y_full, target).backward();
+    Tensor y = sharded(input);
+    EXPECT_LE(max_difference(y.to_host(), y_full.to_host()), kReorderTolerance);
+    mse_loss(y, target).backward();
+    std::map<std::string, Tensor> whole;
+    for (const auto& [name, p] : full->named_parameters()) whole[name] = p.grad();
+    std::size_t split = 0;
+    for (const auto& [name, p] : sharded.named_parameters()) {
+      ASSERT_TRUE(whole.count(name)) << name;
+      const Tensor part = sharded.part_of(name, whole[name]);
+      split += sharded.is_split(name);
+      EXPECT_EQ(p.shape(), part.shape()) << name;
+      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+    }
+    EXPECT_EQ(sharded.named_parameters().size(), whole.size());
+    // Each pair splits the column layer's weight and bias and the row layer's weight.
+    EXPECT_EQ(split, tp.size() > 1 ? 3u * static_cast<std::size_t>((hidden_layers + 1) / 2) : 0u);
+  }
 }
 
 TEST(TensorParallel, WhatDoesNotDivideIsNamed) {

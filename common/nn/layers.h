@@ -1,7 +1,9 @@
 // Layers: Linear, activations, Sequential, and the MLP built from them.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/nn/module.h"
 #include "common/ops/ops.h"
@@ -26,6 +28,7 @@ class GELU : public Module {
  public:
   explicit GELU(GeluApproximate approximate = GeluApproximate::none) : approximate_(approximate) {}
   Tensor forward(const Tensor& x) override;
+  GeluApproximate approximate() const { return approximate_; }
 
  private:
   GeluApproximate approximate_;
@@ -35,6 +38,7 @@ class Sequential : public Module {
  public:
   void add(std::shared_ptr<Module> module);  // named by its position: "0", "1", ...
   Tensor forward(const Tensor& x) override;
+  const std::vector<std::shared_ptr<Module>>& layers() const { return layers_; }
 
  private:
   std::vector<std::shared_ptr<Module>> layers_;

@@ -25,9 +25,10 @@ struct Named : nn::Module {
 
 }  // namespace
 
-PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp)
-    : config_(full.config()), pp_(pp), tp_(tp && tp->size() > 1 ? tp : nullptr), first_(pp.rank() == 0),
-      last_(pp.rank() + 1 == pp.size()) {
+PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp,
+                                   bool sequence_parallel)
+    : config_(full.config()), pp_(pp), tp_(tp && tp->size() > 1 ? tp : nullptr), sequence_parallel_(sequence_parallel && tp_),
+      first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
   if (tp_) check_tensor_parallel(config_, tp_->size());
   const std::int64_t stages = pp.size();
   if (config_.n_layer % stages != 0)
@@ -38,7 +39,7 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
   // GPT-2's names, so a stage's parameters read as the whole model's: "transformer.h.2.attn...".
   auto transformer = register_module("transformer", std::make_shared<Named>());
   if ((first_ || last_) && tp_)
-    wte_parallel_ = transformer->register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte, *tp_));
+    wte_parallel_ = transformer->register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte, *tp_, sequence_parallel_));
   else if (first_ || last_)
     wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
   if (first_) wpe_ = transformer->register_parameter("wpe.weight", copy_parameter(full.wpe));
@@ -47,7 +48,7 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
     // A copy of the whole model's block: the same layers, the same values, parameters of its own.
     const nn::Block& source = *full.blocks()[static_cast<std::size_t>(i)];
     if (tp_) {
-      blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<TensorParallelBlock>(source, config_, *tp_)));
+      blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<TensorParallelBlock>(source, config_, *tp_, sequence_parallel_)));
       continue;
     }
     auto block = std::make_shared<nn::Block>(config_, full.wte.device(), 0);
@@ -70,17 +71,40 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
 Tensor PipelineStageGPT::forward(const Tensor& input) {
   Tensor x = input;
   if (first_) {
-    const std::int64_t t = input.dim(1);
-    std::vector<float> positions(static_cast<std::size_t>(t));
-    for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    // The positions of the tokens this rank holds: all of them, or with sequence parallelism its shard's.
+    const std::int64_t t = input.dim(1), shard = sequence_parallel_ ? t / tp_->size() : t;
+    if (sequence_parallel_ && t % tp_->size() != 0)
+      throw std::invalid_argument("sequence parallelism: " + std::to_string(t) + " tokens do not divide among " +
+                                  std::to_string(tp_->size()) + " tensor-parallel ranks");
+    const std::int64_t first = sequence_parallel_ ? shard * tp_->rank() : 0;
+    std::vector<float> positions(static_cast<std::size_t>(shard));
+    for (std::int64_t i = 0; i < shard; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(first + i);
     Tensor tokens = tp_ ? (*wte_parallel_)(input) : embedding(input, wte_);
-    x = add(tokens, embedding(Tensor::from_host(positions, {t}, input.device()), wpe_));
+    x = add(tokens, embedding(Tensor::from_host(positions, {shard}, input.device()), wpe_));
   }
   for (auto& block : blocks_) x = (*block)(x);
   if (!last_) return x;
   x = (*ln_f_)(x);
-  Tensor rows = reshape(x, {x.dim(0) * x.dim(1), config_.n_embd});
-  return tp_ ? wte_parallel_->logits(rows) : matmul(rows, wte_, false, true);
+  if (tp_) return wte_parallel_->logits(x);  // gathers the sequence first, with sequence parallelism
+  return matmul(reshape(x, {x.dim(0) * x.dim(1), config_.n_embd}), wte_, false, true);
+}
+
+Shape PipelineStageGPT::activation_shape(std::int64_t batch, std::int64_t t) const {
+  return {batch, sequence_parallel_ ? t / tp_->size() : t, config_.n_embd};
+}
+
+bool PipelineStageGPT::is_split(const std::string& name) const { return tp_ && gpt_cut(name) != GptCut::whole; }
+
+Tensor PipelineStageGPT::part_of(const std::string& name, const Tensor& whole) const {
+  return tp_ ? gpt_part(name, whole, *tp_) : whole;
+}
+
+void PipelineStageGPT::sync_sequence_parallel_gradients() {
+  if (!sequence_parallel_) return;
+  std::vector<Tensor> whole;
+  for (const auto& [name, p] : named_parameters())
+    if (!is_split(name)) whole.push_back(p);
+  all_reduce_gradients(whole, *tp_);
 }
 
 Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets, int ignore_index) {
@@ -134,7 +158,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
       if (stage.is_first()) {
         inputs[i] = ids[i];
       } else {
-        inputs[i] = Tensor::empty({batch, t, stage.config().n_embd}, device);
+        inputs[i] = Tensor::empty(stage.activation_shape(batch, t), device);
         pp.recv(inputs[i], s - 1, tag(i, false));
         inputs[i].set_requires_grad(true);
         begin = since();
@@ -165,6 +189,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
   }
   for (auto& work : sends) work->wait();
   stage.sync_tied_gradients();
+  stage.sync_sequence_parallel_gradients();
   step.step_ms = since();
   step.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations) - before;
   // The loss is known on the last stage; every stage reports it.

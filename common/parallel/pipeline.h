@@ -6,7 +6,9 @@
 // each holds a copy, and after backward the two add each other's gradient (Megatron-LM's embedding
 // group), so the copies stay equal. With a tensor-parallel group as well, each stage's blocks are
 // tensor-parallel (tensor_parallel_gpt.h), the table and the head vocabulary-parallel, and the loss the
-// parallel cross-entropy: TP x PP, and with data parallelism on top, 3D.
+// parallel cross-entropy: TP x PP, and with data parallelism on top, 3D. With sequence parallelism
+// as well, the activations between blocks, and so those sent between stages, are each TP rank's
+// shard of the sequence, [micro-batch, T / tp, C]. A one-stage pipeline is the whole GPT, split by TP.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,15 +22,22 @@
 
 namespace course::parallel {
 
-class PipelineStageGPT : public nn::Module {
+class PipelineStageGPT : public TensorParallelModule {
  public:
   // Stage `pp.rank()` of `pp.size()`, taking its layers of `full` (which every rank made with the same
-  // seed), split across `tp` when given. Throws UsageError when the layers do not divide by the stages
-  // (or the heads or the vocabulary by the tensor-parallel ranks).
-  PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp = nullptr);
+  // seed), split across `tp` when given, and along the sequence too with `sequence_parallel`. Throws
+  // UsageError when the layers do not divide by the stages (or the heads, the vocabulary or, with
+  // sequence parallelism, the sequence by the tensor-parallel ranks).
+  PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp = nullptr,
+                   bool sequence_parallel = false);
   // First stage: ids [B, T] -> [B, T, C]; middle: [B, T, C] -> [B, T, C]; last: [B, T, C] (or ids, for
   // a single stage) -> logits [B * T, V] (this rank's vocabulary slice, [B * T, V / tp], with TP).
+  // With sequence parallelism, T / tp in place of T between stages.
   Tensor forward(const Tensor& input) override;
+  // What a stage receives for a micro-batch of `batch` sequences of `t` tokens (not the first stage).
+  Shape activation_shape(std::int64_t batch, std::int64_t t) const;
+  bool is_split(const std::string& name) const override;
+  Tensor part_of(const std::string& name, const Tensor& whole) const override;
   // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP).
   Tensor loss(const Tensor& logits, const Tensor& targets, int ignore_index);
   bool is_first() const { return first_; }
@@ -36,6 +45,10 @@ class PipelineStageGPT : public nn::Module {
   std::int64_t first_layer() const { return first_layer_; }
   // After backward: the first and the last stage add each other's gradient of the tied table.
   void sync_tied_gradients();
+  // After backward, with sequence parallelism: adds the partial gradients of the parameters whole on
+  // every TP rank over the TP group (all_reduce_gradients).
+  void sync_sequence_parallel_gradients();
+  bool sequence_parallel() const { return sequence_parallel_; }
   const nn::GPTConfig& config() const { return config_; }
 
  private:
@@ -43,6 +56,7 @@ class PipelineStageGPT : public nn::Module {
   Tensor& table();  // the token table this stage holds (the tied one)
   comm::Communicator& pp_;
   comm::Communicator* tp_;
+  bool sequence_parallel_;
   bool first_, last_;
   std::int64_t first_layer_ = 0;
   Tensor wte_, wpe_;  // wte_ on the first stage (embedding) and the last (head); wpe_ on the first
@@ -68,7 +82,8 @@ struct PipelineStep {
 // targets[i] (every stage gets them: the first for its input, the last for its loss, the others for
 // the shapes). Each micro-batch's loss is weighted by its share of the counted targets, so the
 // gradients are those of the whole batch's mean. Leaves the gradients accumulated in the parameters
-// (the tied table's synchronised); the optimizer step is the caller's.
+// (the tied table's synchronised, and with sequence parallelism the whole parameters' summed over the
+// TP group); the optimizer step is the caller's.
 PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100);
 

@@ -6,6 +6,7 @@
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/kernels/kernels.h"
 #include "common/ops/ops.h"
 
 namespace course::parallel {
@@ -23,6 +24,97 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, comm::Communicator& tp) {
   Tensor sum = x.detach().clone();
   if (tp.size() > 1) tp.all_reduce(sum, comm::ReduceOp::sum);
   return autograd::record(sum, "tp_reduce (g)", {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+namespace {
+
+// [B, T, rest...] as [T, B, rest] (a copy): the sequence first, so that each rank's shard of it is one
+// contiguous block for the collectives (Megatron-LM keeps its activations [s, b, h] for this reason).
+Tensor sequence_first(const Tensor& x) {
+  const std::int64_t batch = x.dim(0), t = x.dim(1);
+  return permute(reshape(x, {batch, t, x.numel() / (batch * t)}), {1, 0, 2});
+}
+// Back: [T', B, rest] -> [B, T', rest...] with the trailing dimensions of `like`.
+Tensor batch_first(const Tensor& x, const Shape& like) {
+  Shape shape = like;
+  shape[1] = x.dim(0);
+  return reshape(permute(x, {1, 0, 2}), shape);
+}
+
+void check_sequence(const Tensor& x, std::int64_t divide_by, const char* what) {
+  if (x.shape().size() < 2 || (divide_by > 1 && x.dim(1) % divide_by != 0))
+    throw std::invalid_argument(std::string(what) + ": " + shape_string(x.shape()) + " is not [B, T, ...] with T divisible by " +
+                                std::to_string(divide_by));
+}
+
+// The collectives themselves, on tensors outside the graph.
+Tensor all_gather_sequence(const Tensor& x, comm::Communicator& tp) {
+  Tensor shard = sequence_first(x);
+  Shape whole_shape = shard.shape();
+  whole_shape[0] *= tp.size();
+  Tensor whole = Tensor::empty(whole_shape, x.device());
+  tp.all_gather(shard, whole);
+  return batch_first(whole, x.shape());
+}
+Tensor reduce_scatter_of_sequence(const Tensor& x, comm::Communicator& tp) {
+  Tensor whole = sequence_first(x);
+  Shape shard_shape = whole.shape();
+  shard_shape[0] /= tp.size();
+  Tensor shard = Tensor::empty(shard_shape, x.device());
+  tp.reduce_scatter(whole, shard, comm::ReduceOp::sum);
+  return batch_first(shard, x.shape());
+}
+Tensor my_shard(const Tensor& x, comm::Communicator& tp) {
+  const std::int64_t part = x.dim(1) / tp.size();
+  return batch_first(narrow(sequence_first(x), part * tp.rank(), part), x.shape());
+}
+
+}  // namespace
+
+Tensor gather_sequence(const Tensor& x, comm::Communicator& tp) {
+  check_sequence(x, 1, "gather_sequence");
+  if (tp.size() == 1) return x;
+  return autograd::record(all_gather_sequence(x.detach(), tp), "sp_gather (f)", {x},
+                          [&tp](const Tensor& g) { return std::vector<Tensor>{reduce_scatter_of_sequence(g, tp)}; });
+}
+
+Tensor reduce_scatter_sequence(const Tensor& x, comm::Communicator& tp) {
+  check_sequence(x, tp.size(), "reduce_scatter_sequence");
+  if (tp.size() == 1) return x;
+  return autograd::record(reduce_scatter_of_sequence(x.detach(), tp), "sp_reduce_scatter (g)", {x},
+                          [&tp](const Tensor& g) { return std::vector<Tensor>{all_gather_sequence(g, tp)}; });
+}
+
+Tensor sequence_shard(const Tensor& x, comm::Communicator& tp) {
+  check_sequence(x, tp.size(), "sequence_shard");
+  if (tp.size() == 1) return x;
+  return autograd::record(my_shard(x.detach(), tp), "sp_shard", {x},
+                          [&tp](const Tensor& g) { return std::vector<Tensor>{all_gather_sequence(g, tp)}; });
+}
+
+void all_reduce_gradients(const std::vector<Tensor>& parameters, comm::Communicator& tp) {
+  if (tp.size() == 1) return;
+  std::size_t total = 0;
+  Device device = Device::cpu;
+  for (const Tensor& p : parameters)
+    if (p.grad().defined()) total += static_cast<std::size_t>(p.numel()), device = p.device();
+  if (total == 0) return;
+  Tensor flat = Tensor::empty({static_cast<std::int64_t>(total)}, device);
+  autograd::NoGradGuard no_grad;
+  std::size_t at = 0;
+  for (const Tensor& p : parameters)
+    if (p.grad().defined()) {
+      flat.view(at, p.shape()).copy_from(p.grad());
+      at += static_cast<std::size_t>(p.numel());
+    }
+  tp.all_reduce(flat, comm::ReduceOp::sum);
+  at = 0;
+  for (const Tensor& p : parameters)
+    if (p.grad().defined()) {
+      Tensor g = p.grad();
+      g.copy_from(flat.view(at, p.shape()));
+      at += static_cast<std::size_t>(p.numel());
+    }
 }
 
 Tensor shard_of(const Tensor& full, int dim, comm::Communicator& tp, const char* what) {
@@ -48,21 +140,55 @@ Tensor shard_of(const Tensor& full, int dim, comm::Communicator& tp, const char*
   return Tensor::from_host(mine, sharded, full.device());
 }
 
-ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, comm::Communicator& tp) : tp_(tp) {
+ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, comm::Communicator& tp, bool sequence_parallel)
+    : tp_(tp), sequence_parallel_(sequence_parallel) {
   weight = register_parameter("weight", shard_of(full.weight, 0, tp, "ColumnParallelLinear: out_features"));
   if (full.bias.defined()) bias = register_parameter("bias", shard_of(full.bias, 0, tp, "ColumnParallelLinear: out_features"));
 }
 
-ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp)
-    : tp_(tp) {
+ColumnParallelLinear::ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp,
+                                           bool sequence_parallel)
+    : tp_(tp), sequence_parallel_(sequence_parallel) {
   MemoryCategoryScope scope(MemoryCategory::parameters);
   weight = register_parameter("weight", weight_part.detach().clone());
   if (bias_part.defined()) bias = register_parameter("bias", bias_part.detach().clone());
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x) { return linear(copy_to_tensor_parallel(x, tp_), weight, bias); }
+Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  if (!sequence_parallel_ || tp_.size() == 1) return linear(copy_to_tensor_parallel(x, tp_), weight, bias);
+  // linear(gather_sequence(x)) would keep the gathered input, the whole sequence, for backward, which
+  // is what sequence parallelism set out to save. As Megatron-LM does (Korthikanti et al. 2022, section
+  // 4.2.2), keep only this rank's shard and gather it again in backward.
+  check_sequence(x, 1, "ColumnParallelLinear");
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    y = linear(all_gather_sequence(x.detach(), tp_), weight.detach(), bias.defined() ? bias.detach() : Tensor());
+  }
+  std::vector<Tensor> inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  return autograd::record(
+      y, "sp_gather_linear", inputs, [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), &tp = tp_](const Tensor& g) {
+        autograd::NoGradGuard no_grad;
+        const Tensor whole = all_gather_sequence(x, tp);
+        const std::int64_t in = w.dim(1), out = w.dim(0), rows = whole.numel() / in;
+        Kernels& k = kernels(g.device());
+        std::vector<Tensor> grads(has_bias ? 3 : 2);
+        Tensor dx = Tensor::empty(whole.shape(), g.device());  // dx = dy W, then each rank's shard of the sum
+        k.gemm(false, false, rows, in, out, 1.0f, g.data(), w.data(), 0.0f, dx.data());
+        grads[0] = reduce_scatter_of_sequence(dx, tp);
+        grads[1] = Tensor::empty(w.shape(), g.device());  // dW = dy^T x
+        k.gemm(true, false, out, in, rows, 1.0f, g.data(), whole.data(), 0.0f, grads[1].data());
+        if (has_bias) {  // db = the column sums of dy
+          grads[2] = Tensor::empty({out}, g.device());
+          k.sum_rows(g.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(out), grads[2].data());
+        }
+        return grads;
+      });
+}
 
-RowParallelLinear::RowParallelLinear(const nn::Linear& full, comm::Communicator& tp) : tp_(tp) {
+RowParallelLinear::RowParallelLinear(const nn::Linear& full, comm::Communicator& tp, bool sequence_parallel)
+    : tp_(tp), sequence_parallel_(sequence_parallel) {
   weight = register_parameter("weight", shard_of(full.weight, 1, tp, "RowParallelLinear: in_features"));
   if (full.bias.defined()) {
     MemoryCategoryScope scope(MemoryCategory::parameters);
@@ -72,11 +198,12 @@ RowParallelLinear::RowParallelLinear(const nn::Linear& full, comm::Communicator&
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor partial = linear(x, weight, Tensor());
-  Tensor sum = reduce_from_tensor_parallel(partial, tp_);
+  Tensor sum = sequence_parallel_ ? reduce_scatter_sequence(partial, tp_) : reduce_from_tensor_parallel(partial, tp_);
   return bias.defined() ? add(sum, bias) : sum;
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp) : tp_(tp) {
+VocabParallelEmbedding::VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp, bool sequence_parallel)
+    : tp_(tp), sequence_parallel_(sequence_parallel) {
   weight = register_parameter("weight", shard_of(full_table, 0, tp, "VocabParallelEmbedding: vocab_size"));
   first_ = weight.dim(0) * tp.rank();
 }
@@ -96,11 +223,13 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
   mask_shape.push_back(1);
   Tensor part = mul(embedding(Tensor::from_host(local, ids.shape(), ids.device()), weight),
                     Tensor::from_host(mask, mask_shape, ids.device()));
-  return reduce_from_tensor_parallel(part, tp_);
+  return sequence_parallel_ ? reduce_scatter_sequence(part, tp_) : reduce_from_tensor_parallel(part, tp_);
 }
 
 Tensor VocabParallelEmbedding::logits(const Tensor& x) {
-  return matmul(copy_to_tensor_parallel(x, tp_), weight, false, true);
+  Tensor whole = sequence_parallel_ ? gather_sequence(x, tp_) : copy_to_tensor_parallel(x, tp_);
+  const std::int64_t c = whole.shape().back();
+  return matmul(reshape(whole, {whole.numel() / c, c}), weight, false, true);
 }
 
 Tensor parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, std::int64_t first_column,

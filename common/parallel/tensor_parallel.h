@@ -10,8 +10,20 @@
 // one all-reduce forward (g, after the row layer) and one backward (f, before the column layer).
 //   f: identity forward, all-reduce backward         (copy_to_tensor_parallel)
 //   g: all-reduce forward, identity backward         (reduce_from_tensor_parallel)
+//
+// Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+// Models", 2022, section 4.2.2): outside f and g, between the row layer of one block and the column
+// layer of the next, every rank holds the same whole activations and repeats the same layer norms,
+// residual adds and dropouts on them. Split those along the sequence instead, each rank its shard
+// [B, T / size, C], and the two operators change:
+//   g -> reduce-scatter forward (each rank keeps the sum of its shard), all-gather backward
+//   f -> all-gather forward (the column layer needs the whole sequence), reduce-scatter backward
+// A ring all-reduce is a reduce-scatter then an all-gather, so the bytes on the wire are the same; the
+// activations outside the tensor-parallel region, and their work, are 1 / size.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/comm/communicator.h"
 #include "common/nn/layers.h"
@@ -22,28 +34,57 @@ namespace course::parallel {
 Tensor copy_to_tensor_parallel(const Tensor& x, comm::Communicator& tp);       // f
 Tensor reduce_from_tensor_parallel(const Tensor& x, comm::Communicator& tp);   // g
 
+// Sequence parallelism's f and g. Dimension 1 of x is the sequence ([B, T, ...]), cut in `size`
+// contiguous shards in rank order.
+Tensor gather_sequence(const Tensor& x, comm::Communicator& tp);          // [B, T/size, ...] -> [B, T, ...]
+Tensor reduce_scatter_sequence(const Tensor& x, comm::Communicator& tp);  // [B, T, ...] partial -> [B, T/size, ...] summed
+// This rank's shard of x (the same on every rank): [B, T, ...] -> [B, T/size, ...]; backward all-gathers.
+Tensor sequence_shard(const Tensor& x, comm::Communicator& tp);
+
+// Adds the gradients of these parameters over the group, in one all-reduce of them all: under
+// sequence parallelism a parameter whole on every rank (a layer norm's, a row layer's bias) saw only
+// its rank's shard of the sequence, so each rank holds a partial sum of its gradient (Megatron-LM
+// all-reduces its sequence-parallel gradients the same way, after backward).
+void all_reduce_gradients(const std::vector<Tensor>& parameters, comm::Communicator& tp);
+
+// A model split across a tensor-parallel group that can say how: its parameters keep the whole
+// model's names, and for each it knows whether the group splits it and which part of the whole
+// model's tensor of that name (a parameter or a gradient) this rank holds. Verification, clipping and
+// checkpoints need nothing else to relate a rank's parameters to the whole model's.
+class TensorParallelModule : public nn::Module {
+ public:
+  virtual bool is_split(const std::string& name) const = 0;
+  // This rank's part of `whole` (the whole model's tensor named `name`); `whole` itself if not split.
+  virtual Tensor part_of(const std::string& name, const Tensor& whole) const = 0;
+};
+
 // The part [rank x n / size, (rank + 1) x n / size) of dimension `dim` of `full` (a copy, on full's
 // device). Throws UsageError when the dimension does not divide by the group's size.
 Tensor shard_of(const Tensor& full, int dim, comm::Communicator& tp, const char* what);
 
 // Both layers are made from an ordinary nn::Linear that every rank built with the same seed, and take
 // their rank's part of it, so that the sharded model starts exactly where the unsharded one does.
+// With `sequence_parallel`, the column layer takes a sequence shard [B, T / size, in] and gathers the
+// sequence (f's replacement); the row layer returns a shard [B, T / size, out], its partial products
+// reduce-scattered (g's replacement) and the bias added to the shard.
 class ColumnParallelLinear : public nn::Module {
  public:
-  ColumnParallelLinear(const nn::Linear& full, comm::Communicator& tp);
+  ColumnParallelLinear(const nn::Linear& full, comm::Communicator& tp, bool sequence_parallel = false);
   // From this rank's part, already cut (c_attn's rows are cut head by head: shard_of_qkv).
-  ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp);
+  ColumnParallelLinear(const Tensor& weight_part, const Tensor& bias_part, comm::Communicator& tp,
+                       bool sequence_parallel = false);
   // x whole, [..., in]; returns this rank's slice of the output, [..., out / size].
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // [out / size, in], [out / size]
 
  private:
   comm::Communicator& tp_;
+  bool sequence_parallel_;
 };
 
 class RowParallelLinear : public nn::Module {
  public:
-  RowParallelLinear(const nn::Linear& full, comm::Communicator& tp);
+  RowParallelLinear(const nn::Linear& full, comm::Communicator& tp, bool sequence_parallel = false);
   // x is this rank's slice, [..., in / size] (a column-parallel layer's output); returns the whole
   // output, [..., out], the same on every rank: the partial products summed, then the bias added once.
   Tensor forward(const Tensor& x) override;
@@ -51,25 +92,30 @@ class RowParallelLinear : public nn::Module {
 
  private:
   comm::Communicator& tp_;
+  bool sequence_parallel_;
 };
 
 // The vocabulary split across the group (Megatron-LM's VocabParallelEmbedding): rank r holds rows
 // [r V / size, (r + 1) V / size) of the token table. Each rank looks up the ids it holds (zeros for the
 // others) and g sums the parts, so every rank gets the whole embedding; backward, each rank's rows get
 // the gradient of its own ids. With the head tied to the table, the logits come out split by vocabulary
-// too ([N, V / size] per rank), which parallel_cross_entropy takes as they are.
+// too ([N, V / size] per rank), which parallel_cross_entropy takes as they are. With
+// `sequence_parallel`, the parts are reduce-scattered instead (ids [B, T] -> this rank's shard
+// [B, T / size, C]) and the head gathers the sequence before its product.
 class VocabParallelEmbedding : public nn::Module {
  public:
   // This rank's rows of `full_table` [V, C], which every rank made with the same seed.
-  VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp);
+  VocabParallelEmbedding(const Tensor& full_table, comm::Communicator& tp, bool sequence_parallel = false);
   Tensor forward(const Tensor& ids) override;  // ids of any shape -> ids.shape + [C], the same on every rank
-  // The tied head: x [..., C] (the same on every rank) times this rank's rows, [..., V / size].
+  // The tied head: x [B, T, C] (the same on every rank; with sequence parallelism this rank's shard,
+  // [B, T / size, C]) times this rank's rows: [B * T, V / size].
   Tensor logits(const Tensor& x);
   std::int64_t first_row() const { return first_; }
   Tensor weight;  // [V / size, C]
 
  private:
   comm::Communicator& tp_;
+  bool sequence_parallel_;
   std::int64_t first_ = 0;
 };
 

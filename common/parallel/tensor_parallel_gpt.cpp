@@ -40,38 +40,39 @@ Tensor shard_of_qkv(const Tensor& full, comm::Communicator& tp) {
   return Tensor::from_host(mine, part_shape, full.device());
 }
 
-TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp)
+TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp,
+                                         bool sequence_parallel)
     : local_heads_(config.n_head / tp.size()) {
   ln_1_ = register_module("ln_1", copy_of(*full.ln_1));
   auto attn = register_module("attn", std::make_shared<Named>());
   c_attn_ = attn->register_module("c_attn", std::make_shared<ColumnParallelLinear>(
                                                 shard_of_qkv(full.attn->c_attn->weight, tp),
-                                                shard_of_qkv(full.attn->c_attn->bias, tp), tp));
-  attn_proj_ = attn->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.attn->c_proj, tp));
+                                                shard_of_qkv(full.attn->c_attn->bias, tp), tp, sequence_parallel));
+  attn_proj_ = attn->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.attn->c_proj, tp, sequence_parallel));
   ln_2_ = register_module("ln_2", copy_of(*full.ln_2));
   auto mlp = register_module("mlp", std::make_shared<Named>());
-  c_fc_ = mlp->register_module("c_fc", std::make_shared<ColumnParallelLinear>(*full.mlp->c_fc, tp));
-  mlp_proj_ = mlp->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.mlp->c_proj, tp));
+  c_fc_ = mlp->register_module("c_fc", std::make_shared<ColumnParallelLinear>(*full.mlp->c_fc, tp, sequence_parallel));
+  mlp_proj_ = mlp->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.mlp->c_proj, tp, sequence_parallel));
 }
 
 // nn::CausalSelfAttention's arithmetic on this rank's heads; the row-parallel projection sums them.
+// x is [B, T, C], or the sequence's shard [B, T / size, C], which c_attn gathers: the heads see the
+// whole sequence either way.
 Tensor TensorParallelBlock::attention(const Tensor& x) {
-  const std::int64_t batch = x.dim(0), t = x.dim(1), c = x.dim(2);
+  Tensor qkv = (*c_attn_)(x);  // [B, T, 3 C/size]
+  const std::int64_t batch = qkv.dim(0), t = qkv.dim(1);
   const std::int64_t local_c = c_attn_->weight.dim(0) / 3, head_size = local_c / local_heads_;
-  Tensor qkv = (*c_attn_)(reshape(x, {batch * t, c}));  // [B*T, 3 C/size]
   qkv = permute(reshape(qkv, {batch, t, 3, local_heads_, head_size}), {2, 0, 3, 1, 4});
   auto part = [&](std::int64_t i) { return reshape(narrow(qkv, i, 1), {batch * local_heads_, t, head_size}); };
   Tensor q = part(0), k = part(1), v = part(2);
   Tensor att = softmax(scale(bmm(q, k, false, true), 1.0f / std::sqrt(static_cast<float>(head_size))), true);
   Tensor y = bmm(att, v);
-  y = reshape(permute(reshape(y, {batch, local_heads_, t, head_size}), {0, 2, 1, 3}), {batch * t, local_c});
-  return reshape((*attn_proj_)(y), {batch, t, c});
+  y = reshape(permute(reshape(y, {batch, local_heads_, t, head_size}), {0, 2, 1, 3}), {batch, t, local_c});
+  return (*attn_proj_)(y);  // [B, T, C], or [B, T / size, C]
 }
 
 Tensor TensorParallelBlock::mlp(const Tensor& x) {
-  const std::int64_t batch = x.dim(0), t = x.dim(1), c = x.dim(2);
-  Tensor h = gelu((*c_fc_)(reshape(x, {batch * t, c})), GeluApproximate::tanh);
-  return reshape((*mlp_proj_)(h), {batch, t, c});
+  return (*mlp_proj_)(gelu((*c_fc_)(x), GeluApproximate::tanh));
 }
 
 Tensor TensorParallelBlock::forward(const Tensor& x) {
@@ -90,31 +91,29 @@ void check_tensor_parallel(const nn::GPTConfig& config, int ranks) {
     throw UsageError("dropout: tensor parallelism here needs dropout off (each rank's mask would differ)");
 }
 
-TensorParallelGPT::TensorParallelGPT(const nn::GPT& full, comm::Communicator& tp) : config_(full.config()), tp_(tp) {
-  check_tensor_parallel(config_, tp.size());
-  wte_ = register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte, tp));
-  {
-    MemoryCategoryScope scope(MemoryCategory::parameters);
-    wpe_ = register_parameter("wpe.weight", full.wpe.detach().clone());
+namespace {
+bool ends_with(const std::string& name, const std::string& tail) {
+  return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+GptCut gpt_cut(const std::string& name) {
+  if (name == "wte.weight" || name == "transformer.wte.weight" || ends_with(name, "mlp.c_fc.weight") ||
+      ends_with(name, "mlp.c_fc.bias"))
+    return GptCut::rows;
+  if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) return GptCut::qkv_rows;
+  if (ends_with(name, "c_proj.weight")) return GptCut::columns;
+  return GptCut::whole;
+}
+
+Tensor gpt_part(const std::string& name, const Tensor& whole, comm::Communicator& tp) {
+  switch (gpt_cut(name)) {
+    case GptCut::rows: return shard_of(whole, 0, tp, name.c_str());
+    case GptCut::qkv_rows: return shard_of_qkv(whole, tp);
+    case GptCut::columns: return shard_of(whole, 1, tp, name.c_str());
+    case GptCut::whole: break;
   }
-  auto layers = register_module("h", std::make_shared<Named>());
-  for (std::size_t i = 0; i < full.blocks().size(); ++i)
-    blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<TensorParallelBlock>(*full.blocks()[i], config_, tp)));
-  ln_f_ = register_module("ln_f", copy_of(full.ln_f()));
-}
-
-Tensor TensorParallelGPT::forward(const Tensor& ids) {
-  const std::int64_t batch = ids.dim(0), t = ids.dim(1), c = config_.n_embd;
-  std::vector<float> positions(static_cast<std::size_t>(t));
-  for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(i);
-  Tensor x = add((*wte_)(ids), embedding(Tensor::from_host(positions, {t}, ids.device()), wpe_));
-  for (auto& block : blocks_) x = (*block)(x);
-  x = (*ln_f_)(x);
-  return wte_->logits(reshape(x, {batch * t, c}));
-}
-
-Tensor TensorParallelGPT::loss(const Tensor& ids, const Tensor& targets, int ignore_index) {
-  return parallel_cross_entropy(forward(ids), targets, wte_->first_row(), tp_, ignore_index);
+  return whole;
 }
 
 }  // namespace course::parallel

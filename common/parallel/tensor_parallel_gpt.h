@@ -1,4 +1,4 @@
-// The GPT (nn::GPT) with every layer split across a tensor-parallel group, as Megatron-LM splits a
+// The GPT's blocks (nn::Block) split across a tensor-parallel group, as Megatron-LM splits a
 // transformer (Shoeybi et al. 2019, figure 3):
 //   attention: the heads are split; c_attn is column-parallel by head (each rank computes the queries,
 //              keys and values of its heads), c_proj row-parallel: one all-reduce forward (g), one
@@ -6,10 +6,13 @@
 //   MLP:       c_fc column-parallel, c_proj row-parallel.
 //   the token table vocabulary-parallel, the head tied to it, the loss the parallel cross-entropy.
 // Layer norms, the position table and the row-parallel biases are whole on every rank: their inputs
-// and their gradients are the same on every rank. Built from a whole nn::GPT that every rank made with
-// the same seed, so the sharded model starts exactly where the unsharded one does. Dropout must be off.
+// and their gradients are the same on every rank (without sequence parallelism). Built from a whole
+// nn::GPT that every rank made with the same seed, so the sharded model starts exactly where the
+// unsharded one does. Dropout must be off. The whole model split this way is a PipelineStageGPT of a
+// one-stage pipeline (pipeline.h), which holds the embeddings, the head and the loss.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/nn/gpt.h"
@@ -23,9 +26,13 @@ Tensor shard_of_qkv(const Tensor& full, comm::Communicator& tp);
 
 // One pre-norm block of nn::GPT with its attention's heads and its MLP's hidden units split across
 // the group: one all-reduce forward after attention and one after the MLP (g), and one each backward (f).
+// With `sequence_parallel` it takes and returns this rank's shard of the sequence, [B, T / size, C]:
+// the layer norms and the residual adds run on the shard, each all-reduce becomes a reduce-scatter
+// forward and an all-gather backward, and each f an all-gather forward and a reduce-scatter backward.
 class TensorParallelBlock : public nn::Module {
  public:
-  TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp);
+  TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp,
+                      bool sequence_parallel = false);
   Tensor forward(const Tensor& x) override;
 
  private:
@@ -43,24 +50,14 @@ std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& full);
 // Throws UsageError unless the heads and the vocabulary divide among the group and dropout is off.
 void check_tensor_parallel(const nn::GPTConfig& config, int ranks);
 
-class TensorParallelGPT : public nn::Module {
- public:
-  // Throws UsageError when the heads, the vocabulary or 4 x n_embd do not divide by the group's size,
-  // or when dropout is on.
-  TensorParallelGPT(const nn::GPT& full, comm::Communicator& tp);
-  // ids [B, T] -> this rank's slice of the logits, [B * T, vocab / size].
-  Tensor forward(const Tensor& ids) override;
-  // The mean cross-entropy of the whole vocabulary, the same on every rank.
-  Tensor loss(const Tensor& ids, const Tensor& targets, int ignore_index = -100);
-  const nn::GPTConfig& config() const { return config_; }
-
- private:
-  nn::GPTConfig config_;
-  comm::Communicator& tp_;
-  std::shared_ptr<VocabParallelEmbedding> wte_;
-  Tensor wpe_;
-  std::vector<std::shared_ptr<TensorParallelBlock>> blocks_;
-  std::shared_ptr<nn::LayerNorm> ln_f_;
-};
+// How tensor parallelism cuts the GPT's parameter of this GPT-2 name ("transformer.h.0.mlp.c_fc.weight",
+// with or without "transformer."): the token table and the column layers (c_fc, c_attn by head) by
+// rows, the row layers' weights (both c_proj) by columns; the rest (layer norms, the position table,
+// the row layers' biases) is whole on every rank. The one rule that the model, its verification and
+// its clipping share.
+enum class GptCut { whole, rows, qkv_rows, columns };
+GptCut gpt_cut(const std::string& name);
+// This rank's part of the whole GPT's tensor named `name` (a parameter or a gradient).
+Tensor gpt_part(const std::string& name, const Tensor& whole, comm::Communicator& tp);
 
 }  // namespace course::parallel

@@ -28,4 +28,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+bool Drift::within(double short_run_tolerance) const {
+  return difference <= short_run_tolerance || difference <= kDriftFactor * noise_floor;
+}
+
 }  // namespace course::verify

@@ -48,7 +48,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
 // Final parameters of two runs that cannot agree bit for bit diverge chaotically with the number of
 // steps, so they are compared with a measured noise floor: the drift between two single-rank runs
-// that differ only in summation order. The ratio is reported, not judged.
+// that differ only in summation order.
 struct Drift {
   double difference = 0;  // trained run against the single-rank reference
   double noise_floor = 0; // single-rank reference against itself with the batch order reversed
@@ -56,6 +56,15 @@ struct Drift {
     if (noise_floor > 0) return difference / noise_floor;
     return difference == 0 ? 0.0 : std::numeric_limits<double>::infinity();
   }
+  // The verdict of chapters 06-08: within kDriftFactor noise floors, or within `short_run_tolerance`
+  // for runs too short for any noise to show (0: none).
+  bool within(double short_run_tolerance = 0) const;
 };
+
+// How far a distributed run may drift from its single-rank reference, in noise floors. Splitting a
+// batch, a layer or the optimizer's state reorders sums and nothing more, and rounding differences
+// grow alike whatever their source; a wrong shard, a lost gradient, a replayed batch or a double
+// average lands orders of magnitude further out.
+constexpr double kDriftFactor = 100;
 
 }  // namespace course::verify
