@@ -1,10 +1,11 @@
 // One training run on the grid: each rank builds its part of the model, and every step runs the
-// schedule (the GPT) or accumulates the micro-batches (the MLP), averages over its DP group, clips by
-// the whole grid's norm and steps.
+// schedule (the GPT) or accumulates the micro-batches (the MLP) while chapter 04/05's DDP averages the
+// gradients over the DP group, then clips by the whole grid's norm and steps.
 #include "grid_training.h"
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "common/autograd/autograd.h"              // NoGradGuard, for clipping
 #include "common/core/errors.h"
@@ -73,9 +74,11 @@ double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, do
 }
 
 // The MLP's step on one replica: its micro-batches one after the other, each loss a 1/m share of the
-// mean (the micro-batches are the same size), timed like a one-stage pipeline.
+// mean (the micro-batches are the same size), timed like a one-stage pipeline; with DDP, all but the
+// last backward under no_sync (gradient accumulation, chapter 02).
 parallel::PipelineStep accumulate(nn::Module& model, const nn::TrainingTask& task,
-                                  const std::vector<std::vector<std::int64_t>>& micro_batches, Device device) {
+                                  const std::vector<std::vector<std::int64_t>>& micro_batches, Device device,
+                                  parallel::DistributedDataParallel* ddp) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
@@ -89,6 +92,8 @@ parallel::PipelineStep accumulate(nn::Module& model, const nn::TrainingTask& tas
     step.loss += loss.item();
     const double middle = since();
     step.timeline.push_back({{parallel::PipeOp::forward, static_cast<int>(i)}, begin, middle});
+    std::optional<parallel::DistributedDataParallel::NoSyncGuard> accumulate_only;
+    if (ddp && i + 1 < micro_batches.size()) accumulate_only.emplace(*ddp);
     loss.backward();
     step.timeline.push_back({{parallel::PipeOp::backward, static_cast<int>(i)}, middle, since()});
   }
@@ -108,13 +113,23 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   GridRun run;
   if (task.is_gpt()) {
     nn::GPT full(task.config, device, o.common.seed);
-    auto stage = std::make_unique<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group(),
+    auto stage = std::make_shared<parallel::PipelineStageGPT>(full, topology.pp_group(), &topology.tp_group(),
                                                               o.sequence_parallel);
     run.stage = stage.get();
     run.model = std::move(stage);
   } else {
     auto full = task.task.make_model(o.common.seed);
-    run.model = std::make_unique<parallel::TensorParallelMLP>(dynamic_cast<nn::Sequential&>(*full), topology.tp_group());
+    run.model = std::make_shared<parallel::TensorParallelMLP>(dynamic_cast<nn::Sequential&>(*full), topology.tp_group());
+  }
+  // Data parallelism on top: chapter 04/05's DDP on the DP group only, each rank with the ranks that
+  // hold the same part in the other replicas; it averages in buckets during the step's last backward.
+  // --fault skip-dp-average gives it a communication hook that does nothing: each replica keeps its
+  // own share's gradient.
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  if (dp > 1) {
+    ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group());
+    if (o.fault == "skip-dp-average")
+      ddp->register_comm_hook([](comm::Communicator&, Tensor&) { return comm::completed_work(); });
   }
   const auto schedule = parallel::make_schedule(schedule_name, p, m);
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
@@ -139,9 +154,10 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
         ids.push_back(b.ids);
         targets.push_back(b.targets);
       }
-      result = parallel::run_pipeline(*run.stage, topology.pp_group(), schedule, ids, targets, data::AdditionTask::kIgnore);
+      result = parallel::run_pipeline(*run.stage, topology.pp_group(), schedule, ids, targets, data::AdditionTask::kIgnore,
+                                      ddp.get());
     } else {
-      result = accumulate(*run.model, task.task, parts, device);
+      result = accumulate(*run.model, task.task, parts, device, ddp.get());
     }
     if (step > 0 || o.steps == 1) {  // the first step warms up allocators
       step_ms += result.step_ms;
@@ -149,13 +165,6 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     }
     peak = std::max(peak, result.peak_activation_bytes);
     last = result.timeline;
-    // Data parallelism on top: the replicas average their gradients over the DP group only.
-    // --fault skip-dp-average leaves each replica with its own share's gradient.
-    if (dp > 1 && o.fault != "skip-dp-average")
-      for (const Tensor& param : run.model->parameters()) {
-        Tensor g = param.grad();
-        topology.dp_group().all_reduce(g, comm::ReduceOp::average);
-      }
     if (o.clip > 0) clip_across_the_grid(run, topology, o.clip);
     trainer.step(step);
     if (step > 0 || o.steps == 1)

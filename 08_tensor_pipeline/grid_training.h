@@ -12,6 +12,7 @@
 #include "common/nn/tasks.h"
 #include "common/optim/lr_scheduler.h"
 #include "common/optim/optimizer.h"
+#include "common/parallel/ddp.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
 
@@ -62,7 +63,7 @@ struct Trainer {
 // step's loss (the global batch's), and for each stage (gathered on every rank) its bubble, its peak
 // activations and the timeline of its last step.
 struct GridRun {
-  std::unique_ptr<parallel::TensorParallelModule> model;  // this rank's part of the model
+  std::shared_ptr<parallel::TensorParallelModule> model;  // this rank's part of the model
   parallel::PipelineStageGPT* stage = nullptr;             // the same, for the GPT
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage

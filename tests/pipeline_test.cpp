@@ -2,8 +2,8 @@
 // into stages, run by the GPipe and the 1F1B schedule with 1 to 8 micro-batches, gives the whole
 // model's loss, and every stage's gradients are the whole model's gradients of its layers (the tied
 // table's included, on the first and the last stage), also when each stage's blocks are tensor-parallel
-// (TP 2 x PP 2 at 4 ranks), with or without sequence parallelism. 1F1B holds fewer activations than
-// GPipe.
+// (TP 2 x PP 2 at 4 ranks), with or without sequence parallelism, and with replicas averaging through
+// DDP. 1F1B holds fewer activations than GPipe.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -119,6 +119,39 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
       EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
     }
   }
+}
+
+// Data parallelism on top: each stage wrapped in DistributedDataParallel on its DP group, two
+// replicas each taking half the batch in two micro-batches. Every backward but the stage's last runs
+// under no_sync, so the replicas average once per step, and the gradients are the whole batch's.
+TEST(Pipeline, ReplicasOfThePipelineAverageOnceThroughDdp) {
+  const int dp_size = world().size() >= 2 ? 2 : 1, pp_size = world().size() / dp_size;
+  auto pp = world().split(world().rank() / pp_size, world().rank());  // one replica's stages
+  auto dp = world().split(world().rank() % pp_size, world().rank());  // the same stage in every replica
+  auto [ids, targets] = batch();
+  // Every target counts, so that each replica's mean weighs alike in the average.
+  auto counted = targets.to_host();
+  for (float& t : counted) t = t < 0 ? 0.0f : t;
+  targets = Tensor::from_host(counted, targets.shape());
+  nn::GPT full(small_gpt(), Device::cpu, 5);
+  Tensor expected = cross_entropy(full(ids), targets);
+  expected.backward();
+  std::map<std::string, std::vector<float>> whole;
+  for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad().to_host();
+
+  auto stage = std::make_shared<parallel::PipelineStageGPT>(full, *pp);
+  parallel::DistributedDataParallel ddp(stage, *dp);
+  const std::int64_t share = kBatch / dp_size, rows = share / 2;
+  std::vector<Tensor> micro_ids, micro_targets;
+  for (int i = 0; i < 2; ++i) {
+    const std::int64_t first = dp->rank() * share + i * rows;
+    micro_ids.push_back(narrow(ids, first, rows));
+    micro_targets.push_back(narrow(targets, first * kT, rows * kT));
+  }
+  parallel::run_pipeline(*stage, *pp, parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
+  EXPECT_EQ(ddp.synchronisations(), 1);
+  for (const auto& [name, p] : stage->named_parameters())
+    EXPECT_LE(max_difference(p.grad().to_host(), whole[name]), kReorderTolerance) << name;
 }
 
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

@@ -2,6 +2,7 @@
 #include "common/parallel/pipeline.h"
 
 #include <chrono>
+#include <optional>
 
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
@@ -128,7 +129,8 @@ void PipelineStageGPT::sync_tied_gradients() {
 }
 
 PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
-                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index) {
+                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
+                          DistributedDataParallel* ddp) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
@@ -150,7 +152,12 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
   PipelineStep step;
   double loss = 0;
   const auto tag = [](std::size_t i, bool gradient) { return static_cast<int>(2 * i + (gradient ? 1 : 0)); };
-  for (const PipeAction& a : schedule.at(static_cast<std::size_t>(s))) {
+  const auto& actions = schedule.at(static_cast<std::size_t>(s));
+  std::size_t last_backward = 0;
+  for (std::size_t k = 0; k < actions.size(); ++k)
+    if (actions[k].op == PipeOp::backward) last_backward = k;
+  for (std::size_t k = 0; k < actions.size(); ++k) {
+    const PipeAction& a = actions[k];
     const auto i = static_cast<std::size_t>(a.micro_batch);
     double begin = since();  // moved past any wait for the input: a stage waiting is the bubble
     const std::int64_t batch = ids[i].dim(0), t = ids[i].dim(1);
@@ -173,6 +180,8 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
         sends.push_back(pp.send_async(out.detach(), s + 1, tag(i, false)));
       }
     } else {
+      std::optional<DistributedDataParallel::NoSyncGuard> accumulate_only;  // the replicas average once, at the last
+      if (ddp && k != last_backward) accumulate_only.emplace(*ddp);
       if (stage.is_last()) {
         outputs[i].backward();
       } else {

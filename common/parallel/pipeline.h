@@ -17,6 +17,7 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/gpt.h"
+#include "common/parallel/ddp.h"
 #include "common/parallel/pipeline_schedule.h"
 #include "common/parallel/tensor_parallel.h"
 
@@ -83,8 +84,11 @@ struct PipelineStep {
 // the shapes). Each micro-batch's loss is weighted by its share of the counted targets, so the
 // gradients are those of the whole batch's mean. Leaves the gradients accumulated in the parameters
 // (the tied table's synchronised, and with sequence parallelism the whole parameters' summed over the
-// TP group); the optimizer step is the caller's.
+// TP group); the optimizer step is the caller's. With `ddp` (data parallelism on top: the stage wrapped
+// in chapter 04/05's DistributedDataParallel on its DP group), every backward but the stage's last runs
+// under no_sync, so the replicas average the accumulated gradients once, in buckets during the last.
 PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
-                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100);
+                          const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
+                          DistributedDataParallel* ddp = nullptr);
 
 }  // namespace course::parallel
