@@ -183,9 +183,7 @@ int run(const Options& o, cli::Session& session) {
   if (!o.sim_network.empty()) {
     auto model = comm::parse_network(o.sim_network);
     simulated = comm::simulate_network(world.split(0, world.rank()), model);
-    char text[96];
-    std::snprintf(text, sizeof text, " (simulated network: alpha %g us, %g GB/s)", model.alpha_us, model.gbps);
-    label = text;
+    label = " (simulated network: " + comm::describe(model) + ")";
   }
   comm::Communicator& group = simulated ? *simulated : world;
   log("Chapter 05: %d ranks, %s, global batch %lld, %d steps, comm hook %s%s\n", ranks, task.description.c_str(),

@@ -284,9 +284,7 @@ int run(const Options& o, cli::Session& session) {
   if (!o.sim_network.empty()) {
     const auto model = comm::parse_network(o.sim_network);
     simulated = comm::simulate_network(world.split(0, world.rank()), model);
-    char text[96];
-    std::snprintf(text, sizeof text, "alpha %g us, %g GB/s", model.alpha_us, model.gbps);
-    network = text;
+    network = comm::describe(model);
     label = ", simulated network: " + network;
   }
   comm::Communicator& group = simulated ? *simulated : world;

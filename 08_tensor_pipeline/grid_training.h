@@ -38,6 +38,7 @@ struct Options {
   std::string charts = "pipeline";
   std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
   std::string fault = "none";
+  std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
 };
 
 // What the chapter trains: the GPT on the addition task (`addition` set), or the house-price MLP.

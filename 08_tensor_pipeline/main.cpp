@@ -9,6 +9,7 @@
 // beside it and compares every step's loss and every rank's parameters with their part of it.
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
+#include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                       // rank 0 prints
 #include "common/metrics/charts.h"                 // the charts, through scripts/plot.py
 #include "common/metrics/trace.h"                  // the timeline as Chrome trace JSON
@@ -40,12 +41,13 @@ void write_timeline(const GridRun& run, const std::string& path, const std::stri
     log("timeline: %s (Chrome trace, opens in Perfetto); no PNG: %s\n", path.c_str(), why.c_str());
 }
 
+// `network`: ", simulated network: ..." when --sim-network is on, for every line that shows a time.
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
-                   const char* event) {
+                   const char* event, const std::string& network) {
   const int p = static_cast<int>(run.bubble.size());
   const double theory = parallel::bubble_fraction(p, m);
-  log("pipeline: %d stages, %d micro-batches, %s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n", p,
-      m, schedule.c_str(), theory);
+  log("pipeline: %d stages, %d micro-batches, %s%s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n", p,
+      m, schedule.c_str(), network.c_str(), theory);
   for (int s = 0; s < p; ++s) {
     log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
         format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
@@ -58,7 +60,7 @@ void report_stages(const GridRun& run, int m, const std::string& schedule, metri
 // --sweep: both schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
 // activations; the charts, and each schedule's timeline at 4 micro-batches.
 int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
-          metrics::MetricsWriter& metrics) {
+          metrics::MetricsWriter& metrics, const std::string& network) {
   const std::vector<int> counts = {1, 2, 4, 8, 16};
   if (o.global_batch % (static_cast<std::int64_t>(topology.dp_size()) * 16) != 0)
     throw UsageError("--global-batch: --sweep runs up to 16 micro-batches per replica, so " +
@@ -73,11 +75,12 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
         records.push_back({{"event", "pipeline_sweep"}, {"stage", s}, {"stages", p}, {"micro_batches", m},
                            {"schedule", schedule}, {"bubble", run.bubble[static_cast<std::size_t>(s)]},
                            {"theory", parallel::bubble_fraction(p, m)},
-                           {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
-      report_stages(run, m, schedule, metrics, "pipeline_sweep");
+                           {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]},
+                           {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
+      report_stages(run, m, schedule, metrics, "pipeline_sweep", network);
       if (m == 4 && topology.rank() == 0)
         write_timeline(run, o.charts + "_timeline_" + schedule + ".json",
-                       schedule + ", " + std::to_string(p) + " stages, 4 micro-batches: the last step");
+                       schedule + ", " + std::to_string(p) + " stages, 4 micro-batches: the last step" + network);
     }
   parallel::on_rank0(topology.world(), [&] {
     std::string why;
@@ -115,26 +118,37 @@ void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& t
 }
 
 int run(const Options& o, cli::Session& session) {
-  parallel::Topology& topology = *session.topology;
+  // --sim-network: the same grid over a world whose every message takes at least the alpha-beta time
+  // (chapter 05's decorator), so each group, TP, PP and DP, pays it on its own link.
+  std::unique_ptr<parallel::Topology> simulated;
+  std::string network;  // ", simulated network: alpha 10 us, 1.25 GB/s"
+  if (!o.sim_network.empty()) {
+    const auto model = comm::parse_network(o.sim_network);
+    comm::Communicator& world = session.topology->world();
+    simulated = std::make_unique<parallel::Topology>(comm::simulate_network(world.split(0, world.rank()), model),
+                                                     parallel::GridShape{o.tp, o.pp, o.dp});
+    network = ", simulated network: " + comm::describe(model);
+  }
+  parallel::Topology& topology = simulated ? *simulated : *session.topology;
   const Device device = session.device;
   const int dp = topology.dp_size();
   const ChapterTask task = make_task(o, device);
   check_grid(o, task, topology);
   const std::int64_t local_batch = o.global_batch / dp, micro = local_batch / o.micro_batches;
-  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps\n",
+  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
       task.task.description.c_str(), static_cast<long long>(o.global_batch), dp, o.micro_batches,
       static_cast<long long>(micro), topology.pp_size() > 1 ? (" (" + o.schedule + " schedule)").c_str() : "",
-      static_cast<long long>(o.steps));
+      static_cast<long long>(o.steps), network.c_str());
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
-    return sweep(o, task, topology, device, session.metrics);
+    return sweep(o, task, topology, device, session.metrics, network);
   }
   if (topology.pp_size() > 1)
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches)).c_str());
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics);
   if (topology.pp_size() > 1) {
-    report_stages(run, o.micro_batches, o.schedule, session.metrics, "pipeline_stage");
+    report_stages(run, o.micro_batches, o.schedule, session.metrics, "pipeline_stage", network);
   } else {
     log("peak activations: %s per rank\n", format_bytes(static_cast<std::int64_t>(run.peak_activations[0])).c_str());
     session.metrics.write({{"event", "activations"}, {"peak_activation_bytes", run.peak_activations[0]},
@@ -143,13 +157,14 @@ int run(const Options& o, cli::Session& session) {
   const std::string grid = topology.describe().substr(0, topology.describe().rfind("-Rank"));
   const double per_step = static_cast<double>(o.global_batch * task.tokens_per_sample());
   const char* unit = task.is_gpt() ? "tokens" : "samples";
-  log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first)\n", per_step / (run.step_ms / 1000.0),
-      unit, run.step_ms);
+  log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
+      unit, run.step_ms, network.c_str());
   session.metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
-                         {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms}});
+                         {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
+                         {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
-                                     std::to_string(o.micro_batches) + " micro-batches: the last step");
+                                     std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
   const bool passed = !o.verify || verify_against_unsharded(o, task, run, topology, session.metrics);
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
@@ -185,6 +200,7 @@ int main(int argc, char** argv) {
   app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
       ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
+  cli::add_sim_network_option(app, o.sim_network);
   app.add_flag("--verify", o.verify, "Check every step's loss and the final parameters against the unsharded model");
   app.add_option("--fault", o.fault, "Break the training on purpose, to see --verify catch it: none, or "
                                      "skip-dp-average (the replicas never average their gradients)")

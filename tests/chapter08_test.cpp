@@ -121,6 +121,25 @@ TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
     EXPECT_EQ(read_file(prefix + file).substr(0, 4), "\x89PNG") << prefix + file << "\n" << swept.process.out;
 }
 
+// --sim-network: every group pays an alpha-beta delay per message; every time shown says it is
+// simulated, and the arithmetic is untouched.
+TEST(Chapter08, ASimulatedNetworkIsLabelledAndChangesNoResult) {
+  Outcome r = run(MPIRUN_NP4, "--tp 2 --pp 2 --sim-network 50,0.125 --verify");
+  ASSERT_EQ(r.process.exit_code, 0) << r.process.out << r.process.err;
+  for (const char* line : {"Chapter 08: ", "pipeline: ", "throughput: "}) {
+    const auto at = r.process.out.find(line);
+    ASSERT_NE(at, std::string::npos) << line << "\n" << r.process.out;
+    const std::string text = r.process.out.substr(at, r.process.out.find('\n', at) - at);
+    EXPECT_NE(text.find("simulated network: alpha 50 us, 0.125 GB/s"), std::string::npos) << text;
+  }
+  auto throughput = events(r.records, "throughput");
+  ASSERT_EQ(throughput.size(), 1u);
+  EXPECT_EQ(throughput[0]["simulated_network"], "simulated 50,0.125");
+  auto verify = events(r.records, "verify");
+  ASSERT_EQ(verify.size(), 1u);
+  EXPECT_TRUE(verify[0]["passed"].get<bool>());
+}
+
 TEST(Chapter08, VerifyCatchesReplicasThatNeverAverage) {
   // 3D with the DP average left out: each replica follows its own half of the batch.
   Outcome r = run(MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --verify --fault skip-dp-average");
@@ -156,7 +175,8 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--tp 2 --sequence-parallel --digits 3", "--sequence-parallel"},  // 11 tokens
            {MPIRUN_NP2, "--model mlp --pp 2", "--pp"},                    // the MLP has no stages
            {MPIRUN_NP2, "--model mlp --tp 2 --sequence-parallel", "--sequence-parallel"},
-           {MPIRUN_NP2, "--model mlp --tp 2 --hidden 255", "--hidden"}}) {
+           {MPIRUN_NP2, "--model mlp --tp 2 --hidden 255", "--hidden"},
+           {MPIRUN_NP2, "--pp 2 --sim-network 10,fast", "--sim-network"}}) {
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

@@ -2,6 +2,7 @@
 #include "common/comm/simulated_network.h"
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <thread>
 
@@ -90,6 +91,12 @@ double NetworkModel::seconds(OpKind kind, double bytes, int ranks) const {
     case OpKind::reduce_scatter: return (n - 1) * alpha + (n - 1) / n * bytes * beta;
     default: return alpha + bytes * beta;
   }
+}
+
+std::string describe(const NetworkModel& model) {
+  char text[96];
+  std::snprintf(text, sizeof text, "alpha %g us, %g GB/s", model.alpha_us, model.gbps);
+  return text;
 }
 
 NetworkModel parse_network(const std::string& text) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "common/comm/communicator.h"
 
@@ -25,6 +26,8 @@ struct NetworkModel {
 
 // Parses "ALPHA_US,GBPS" (for example "10,1.25" for 10 GbE); throws UsageError otherwise.
 NetworkModel parse_network(const std::string& text);
+// "alpha 10 us, 1.25 GB/s", for the log's "simulated network: ..." label.
+std::string describe(const NetworkModel& model);
 
 std::unique_ptr<Communicator> simulate_network(std::unique_ptr<Communicator> inner, NetworkModel model);
 
