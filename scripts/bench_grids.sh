@@ -25,7 +25,10 @@ for grid in grids:
     name = grid.replace(" ", "").replace("-", "")
     record = [r for r in map(json.loads, open(os.path.join(out, name + ".jsonl"))) if r.get("event") == "throughput"][0]
     rows.append((record["grid"] + (" + SP" if record.get("sequence_parallel") else ""), record["tokens_per_s"], record["step_ms"]))
+    network = record.get("simulated_network") or ""
 base = rows[0][1]
+if network:
+    print(network.replace("simulated ", "simulated network ") + " (ALPHA_US,GBPS): every message delayed by the alpha-beta model")
 print(f"{'grid (8 ranks)':<26}{'tokens/s':>12}{'step ms':>10}{'vs DP alone':>14}")
 for grid, tps, ms in rows:
     print(f"{grid:<26}{tps:>12.0f}{ms:>10.2f}{tps / base:>14.2f}")
