@@ -125,11 +125,10 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // hold the same part in the other replicas; it averages in buckets during the step's last backward.
   // --fault skip-dp-average gives it a communication hook that does nothing: each replica keeps its
   // own share's gradient.
-  std::unique_ptr<parallel::DistributedDataParallel> ddp;
   if (dp > 1) {
-    ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group());
+    run.ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group());
     if (o.fault == "skip-dp-average")
-      ddp->register_comm_hook([](comm::Communicator&, Tensor&) { return comm::completed_work(); });
+      run.ddp->register_comm_hook([](comm::Communicator&, Tensor&) { return comm::completed_work(); });
   }
   const auto schedule = parallel::make_schedule(schedule_name, p, m);
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
@@ -155,9 +154,9 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
         targets.push_back(b.targets);
       }
       result = parallel::run_pipeline(*run.stage, topology.pp_group(), schedule, ids, targets, data::AdditionTask::kIgnore,
-                                      ddp.get());
+                                      run.ddp.get());
     } else {
-      result = accumulate(*run.model, task.task, parts, device, ddp.get());
+      result = accumulate(*run.model, task.task, parts, device, run.ddp.get());
     }
     if (step > 0 || o.steps == 1) {  // the first step warms up allocators
       step_ms += result.step_ms;

@@ -66,6 +66,9 @@ struct Trainer {
 struct GridRun {
   std::shared_ptr<parallel::TensorParallelModule> model;  // this rank's part of the model
   parallel::PipelineStageGPT* stage = nullptr;             // the same, for the GPT
+  // With DP: the model wrapped in DDP on the DP group. Its gradient hooks stay on the model's
+  // parameters, so it lives as long as the model does.
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step

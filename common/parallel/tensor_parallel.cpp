@@ -64,10 +64,6 @@ Tensor reduce_scatter_of_sequence(const Tensor& x, comm::Communicator& tp) {
   tp.reduce_scatter(whole, shard, comm::ReduceOp::sum);
   return batch_first(shard, x.shape());
 }
-Tensor my_shard(const Tensor& x, comm::Communicator& tp) {
-  const std::int64_t part = x.dim(1) / tp.size();
-  return batch_first(narrow(sequence_first(x), part * tp.rank(), part), x.shape());
-}
 
 }  // namespace
 
@@ -82,13 +78,6 @@ Tensor reduce_scatter_sequence(const Tensor& x, comm::Communicator& tp) {
   check_sequence(x, tp.size(), "reduce_scatter_sequence");
   if (tp.size() == 1) return x;
   return autograd::record(reduce_scatter_of_sequence(x.detach(), tp), "sp_reduce_scatter (g)", {x},
-                          [&tp](const Tensor& g) { return std::vector<Tensor>{all_gather_sequence(g, tp)}; });
-}
-
-Tensor sequence_shard(const Tensor& x, comm::Communicator& tp) {
-  check_sequence(x, tp.size(), "sequence_shard");
-  if (tp.size() == 1) return x;
-  return autograd::record(my_shard(x.detach(), tp), "sp_shard", {x},
                           [&tp](const Tensor& g) { return std::vector<Tensor>{all_gather_sequence(g, tp)}; });
 }
 

@@ -38,8 +38,6 @@ Tensor reduce_from_tensor_parallel(const Tensor& x, comm::Communicator& tp);   /
 // contiguous shards in rank order.
 Tensor gather_sequence(const Tensor& x, comm::Communicator& tp);          // [B, T/size, ...] -> [B, T, ...]
 Tensor reduce_scatter_sequence(const Tensor& x, comm::Communicator& tp);  // [B, T, ...] partial -> [B, T/size, ...] summed
-// This rank's shard of x (the same on every rank): [B, T, ...] -> [B, T/size, ...]; backward all-gathers.
-Tensor sequence_shard(const Tensor& x, comm::Communicator& tp);
 
 // Adds the gradients of these parameters over the group, in one all-reduce of them all: under
 // sequence parallelism a parameter whole on every rank (a layer norm's, a row layer's bias) saw only
