@@ -147,7 +147,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   if (!sequence_parallel_ || tp_.size() == 1) return linear(copy_to_tensor_parallel(x, tp_), weight, bias);
   // linear(gather_sequence(x)) would keep the gathered input, the whole sequence, for backward, which
   // is what sequence parallelism set out to save. As Megatron-LM does (Korthikanti et al. 2022, section
-  // 4.2.2), keep only this rank's shard and gather it again in backward.
+  // 4.2.2), keep only this rank's shard and gather it again in backward, overlapped with computing dx.
   check_sequence(x, 1, "ColumnParallelLinear");
   Tensor y;
   {
@@ -159,19 +159,35 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   return autograd::record(
       y, "sp_gather_linear", inputs, [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), &tp = tp_](const Tensor& g) {
         autograd::NoGradGuard no_grad;
-        const Tensor whole = all_gather_sequence(x, tp);
-        const std::int64_t in = w.dim(1), out = w.dim(0), rows = whole.numel() / in;
+        // Megatron-LM's overlap: the input's all-gather travels while dx = dy W is computed (dx does
+        // not need it), and dx's reduce-scatter while dW = dy^T x is.
+        Shape whole_shape = x.shape();
+        whole_shape[1] *= tp.size();
+        const Tensor shard = sequence_first(x);
+        Shape gathered_shape = shard.shape();
+        gathered_shape[0] *= tp.size();
+        Tensor gathered = Tensor::empty(gathered_shape, g.device());
+        comm::WorkHandle gathering = tp.all_gather_async(shard, gathered);
+        const std::int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() * tp.size() / in;
         Kernels& k = kernels(g.device());
         std::vector<Tensor> grads(has_bias ? 3 : 2);
-        Tensor dx = Tensor::empty(whole.shape(), g.device());  // dx = dy W, then each rank's shard of the sum
+        Tensor dx = Tensor::empty(whole_shape, g.device());  // dx = dy W, then each rank's shard of the sum
         k.gemm(false, false, rows, in, out, 1.0f, g.data(), w.data(), 0.0f, dx.data());
-        grads[0] = reduce_scatter_of_sequence(dx, tp);
+        const Tensor dx_by_sequence = sequence_first(dx);
+        Shape dx_shard_shape = dx_by_sequence.shape();
+        dx_shard_shape[0] /= tp.size();
+        Tensor dx_shard = Tensor::empty(dx_shard_shape, g.device());
+        comm::WorkHandle scattering = tp.reduce_scatter_async(dx_by_sequence, dx_shard, comm::ReduceOp::sum);
+        gathering->wait();
+        const Tensor whole = batch_first(gathered, whole_shape);
         grads[1] = Tensor::empty(w.shape(), g.device());  // dW = dy^T x
         k.gemm(true, false, out, in, rows, 1.0f, g.data(), whole.data(), 0.0f, grads[1].data());
         if (has_bias) {  // db = the column sums of dy
           grads[2] = Tensor::empty({out}, g.device());
           k.sum_rows(g.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(out), grads[2].data());
         }
+        scattering->wait();
+        grads[0] = batch_first(dx_shard, x.shape());
         return grads;
       });
 }
