@@ -7,8 +7,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/bench_grids}
-bin="$COURSE_BUILD/08_tensor_pipeline/08_tensor_pipeline"
-[ -x "$bin" ] || { echo "bench_grids: $bin is missing; run scripts/setup.sh first" >&2; exit 1; }
+bin=$(course_binary bench_grids 08_tensor_pipeline)
 mkdir -p "$out"
 grids=("--dp 8" "--tp 2 --dp 4" "--tp 2 --dp 4 --sequence-parallel" "--pp 2 --dp 4" "--tp 4 --dp 2"
        "--tp 4 --dp 2 --sequence-parallel" "--pp 4 --dp 2" "--tp 2 --pp 2 --dp 2" "--tp 2 --pp 2 --dp 2 --sequence-parallel")

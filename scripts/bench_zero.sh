@@ -8,8 +8,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/bench_zero}
-bin="$COURSE_BUILD/07_zero/07_zero"
-[ -x "$bin" ] || { echo "bench_zero: $bin is missing; run scripts/setup.sh first" >&2; exit 1; }
+bin=$(course_binary bench_zero 07_zero)
 mkdir -p "$out"
 for ranks in 2 4; do
   for network in none 10,1.25 50,0.125; do

@@ -21,3 +21,11 @@ course_python() {
   done
   echo python3
 }
+
+# The built binary of a chapter, or one line naming what is missing (and a failing status, which
+# `set -e` turns into an exit). Usage: bin=$(course_binary SCRIPT_NAME CHAPTER), e.g. 07_zero.
+course_binary() {
+  local bin="$COURSE_BUILD/$2/$2"
+  [ -x "$bin" ] || { echo "$1: $bin is missing; run scripts/setup.sh first" >&2; return 1; }
+  echo "$bin"
+}

@@ -9,8 +9,7 @@ out=${1:-$COURSE_ROOT/runs/04_ddp}
 shift || true
 ranks=("$@")
 [ ${#ranks[@]} -gt 0 ] || ranks=(1 2 4)
-bin="$COURSE_BUILD/04_ddp/04_ddp"
-[ -x "$bin" ] || { echo "sweep: $bin is missing; run scripts/setup.sh first" >&2; exit 1; }
+bin=$(course_binary sweep 04_ddp)
 mkdir -p "$out"
 strong=() weak=()
 for n in "${ranks[@]}"; do
