@@ -13,6 +13,7 @@
 #include "common/ops/ops.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
+#include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -22,13 +23,6 @@ namespace {
 // whole batch sums it inside one GEMM: the same terms in another order, a few float32 roundings of
 // gradients below 1 apart. A missing micro-batch or a lost tied gradient is off by whole terms.
 constexpr double kReorderTolerance = 2e-6;
-
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
 
 nn::GPTConfig small_gpt() {
   nn::GPTConfig c;
@@ -73,7 +67,7 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
       std::size_t checked = 0;
       for (const auto& [param, p] : stage.named_parameters()) {
         ASSERT_TRUE(whole.count(param)) << param;
-        EXPECT_LE(max_difference(p.grad().to_host(), whole[param]), kReorderTolerance) << param;
+        EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), whole[param]), kReorderTolerance) << param;
         ++checked;
       }
       // Every stage holds its share of the blocks, the first the tables, the last the final norm and
@@ -116,7 +110,7 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
       ASSERT_TRUE(whole.count(name)) << name;
       const Tensor part = stage.part_of(name, whole[name]);
       EXPECT_EQ(p.shape(), part.shape()) << name;
-      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+      EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
     }
   }
 }
@@ -151,7 +145,7 @@ TEST(Pipeline, ReplicasOfThePipelineAverageOnceThroughDdp) {
   parallel::run_pipeline(*stage, *pp, parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
   EXPECT_EQ(ddp.synchronisations(), 1);
   for (const auto& [name, p] : stage->named_parameters())
-    EXPECT_LE(max_difference(p.grad().to_host(), whole[name]), kReorderTolerance) << name;
+    EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), whole[name]), kReorderTolerance) << name;
 }
 
 TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {

@@ -18,6 +18,7 @@
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
 #include "common/parallel/tensor_parallel_mlp.h"
+#include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -27,13 +28,6 @@ namespace {
 // unsharded GEMM sums them in one pass: the same terms (below 4 in magnitude) in another order, a few
 // float32 roundings of the sum apart. Any wrong slice or missing reduction is off by whole terms.
 constexpr double kReorderTolerance = 1e-5;
-
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
 
 // Rows [first, first + count) of a row-major [rows, cols] matrix, or its columns.
 std::vector<float> rows_of(const Tensor& t, std::int64_t first, std::int64_t count) {
@@ -72,16 +66,16 @@ TEST(TensorParallel, ColumnThenRowIsTheUnshardedMlpBlock) {
   mse_loss(y, target).backward();
   const std::int64_t backward_bytes = tp.bytes_sent() - before - forward_bytes;
 
-  EXPECT_LE(max_difference(y.to_host(), y_full.to_host()), kReorderTolerance);
-  EXPECT_LE(max_difference(x.grad().to_host(), x_full.grad().to_host()), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(y.to_host(), y_full.to_host()), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(x.grad().to_host(), x_full.grad().to_host()), kReorderTolerance);
   const std::int64_t part = kHidden / n;
   EXPECT_EQ(column.weight.shape(), (Shape{part, kIn}));
   EXPECT_EQ(row.weight.shape(), (Shape{kOut, part}));
-  EXPECT_LE(max_difference(column.weight.grad().to_host(), rows_of(fc1.weight.grad(), r * part, part)), kReorderTolerance);
-  EXPECT_LE(max_difference(column.bias.grad().to_host(), rows_of(fc1.bias.grad(), r * part, part)),
+  EXPECT_LE(verify::max_abs_diff(column.weight.grad().to_host(), rows_of(fc1.weight.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(column.bias.grad().to_host(), rows_of(fc1.bias.grad(), r * part, part)),
             kReorderTolerance);
-  EXPECT_LE(max_difference(row.weight.grad().to_host(), columns_of(fc2.weight.grad(), r * part, part)), kReorderTolerance);
-  EXPECT_LE(max_difference(row.bias.grad().to_host(), fc2.bias.grad().to_host()), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(row.weight.grad().to_host(), columns_of(fc2.weight.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(row.bias.grad().to_host(), fc2.bias.grad().to_host()), kReorderTolerance);
   // g all-reduces the output forward, f the input's gradient backward, and nothing else moves.
   EXPECT_EQ(forward_bytes, n > 1 ? kBatch * kOut * 4 : 0);
   EXPECT_EQ(backward_bytes, n > 1 ? kBatch * kIn * 4 : 0);
@@ -120,7 +114,7 @@ TEST(TensorParallel, TheVocabularySplitsAndTheLogitsNeverMeet) {
   EXPECT_EQ(tp.bytes_sent() - before, n > 1 ? 3 * kRows * 4 : 0);
   EXPECT_NEAR(loss.item(), full_loss.item(), kReorderTolerance);
   loss.backward();
-  EXPECT_LE(max_difference(sharded.weight.grad().to_host(), rows_of(full.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(sharded.weight.grad().to_host(), rows_of(full.grad(), r * part, part)), kReorderTolerance);
 }
 
 TEST(TensorParallel, ParallelCrossEntropyIsCrossEntropyOnEachSlice) {
@@ -141,7 +135,7 @@ TEST(TensorParallel, ParallelCrossEntropyIsCrossEntropyOnEachSlice) {
   Tensor loss = parallel::parallel_cross_entropy(mine, target_tensor, r * part, tp);
   EXPECT_NEAR(loss.item(), expected.item(), kReorderTolerance);
   loss.backward();
-  EXPECT_LE(max_difference(mine.grad().to_host(), columns_of(full.grad(), r * part, part)), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(mine.grad().to_host(), columns_of(full.grad(), r * part, part)), kReorderTolerance);
 }
 
 // The whole GPT split by TP is a one-stage pipeline (PipelineStageGPT over a pipeline of one rank).
@@ -176,7 +170,7 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
       const std::string name = "transformer.h.0.ln_1.weight";
       for (const auto& [n, p] : sharded.named_parameters()) {
         if (n == name) {
-          EXPECT_GT(max_difference(p.grad().to_host(), whole[name].to_host()), 1e-4) << name;
+          EXPECT_GT(verify::max_abs_diff(p.grad().to_host(), whole[name].to_host()), 1e-4) << name;
         }
       }
     }
@@ -188,7 +182,7 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
       const Tensor part = sharded.part_of(name, whole[name]);
       EXPECT_EQ(sharded.is_split(name), tp.size() > 1 && part.numel() < whole[name].numel()) << name;
       EXPECT_EQ(p.shape(), part.shape()) << name;
-      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+      EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
       ++checked;
     }
     EXPECT_EQ(checked, full.named_parameters().size());
@@ -222,7 +216,7 @@ TEST(TensorParallel, SequenceShardsGatherAndReduceScatter) {
   sum(mul(gathered, weight)).backward();
   std::vector<float> expected = shard_rows(weight, r);
   for (float& w : expected) w *= static_cast<float>(n);  // every rank's gradient of this shard, summed
-  EXPECT_LE(max_difference(mine.grad().to_host(), expected), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(mine.grad().to_host(), expected), kReorderTolerance);
 
   Tensor whole = of_rank(r, {kB, t, kC});
   whole.set_requires_grad(true);
@@ -233,7 +227,7 @@ TEST(TensorParallel, SequenceShardsGatherAndReduceScatter) {
     const auto part = shard_rows(of_rank(k, {kB, t, kC}), r);
     for (std::size_t i = 0; i < total.size(); ++i) total[i] += part[i];
   }
-  EXPECT_LE(max_difference(scattered.to_host(), total), kReorderTolerance);
+  EXPECT_LE(verify::max_abs_diff(scattered.to_host(), total), kReorderTolerance);
   sum(mul(scattered, of_rank(r, {kB, kShard, kC}))).backward();
   for (int k = 0; k < n; ++k)
     EXPECT_EQ(shard_rows(whole.grad(), k), of_rank(k, {kB, kShard, kC}).to_host()) << "shard " << k;
@@ -251,7 +245,7 @@ TEST(TensorParallel, TheMlpSplitInPairsIsTheMlp) {
     Tensor y_full = (*full)(input);
     mse_loss(y_full, target).backward();
     Tensor y = sharded(input);
-    EXPECT_LE(max_difference(y.to_host(), y_full.to_host()), kReorderTolerance);
+    EXPECT_LE(verify::max_abs_diff(y.to_host(), y_full.to_host()), kReorderTolerance);
     mse_loss(y, target).backward();
     std::map<std::string, Tensor> whole;
     for (const auto& [name, p] : full->named_parameters()) whole[name] = p.grad();
@@ -261,7 +255,7 @@ TEST(TensorParallel, TheMlpSplitInPairsIsTheMlp) {
       const Tensor part = sharded.part_of(name, whole[name]);
       split += sharded.is_split(name);
       EXPECT_EQ(p.shape(), part.shape()) << name;
-      EXPECT_LE(max_difference(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+      EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
     }
     EXPECT_EQ(sharded.named_parameters().size(), whole.size());
     // Each pair splits the column layer's weight and bias and the row layer's weight.

@@ -14,6 +14,7 @@
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/zero.h"
+#include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -117,12 +118,6 @@ Result train(const TrainingRun& run) {
   return result;
 }
 
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
-
 TEST(Zero, StageZeroOnOneRankIsAdamWBitForBit) {
   // Every rank alone, in a group of its own, at any world size.
   auto alone = world().split(world().rank(), 0);
@@ -156,13 +151,13 @@ TEST_P(ZeroStages, EndWhereStageZeroEnds) {
   reference.stage = 0;
   const Result expected = train(reference), got = train(run);
   ASSERT_EQ(got.parameters.size(), expected.parameters.size());
-  EXPECT_LE(max_difference(got.parameters, expected.parameters), kStageTolerance);
-  EXPECT_LE(max_difference(got.losses, expected.losses), kStageTolerance);
+  EXPECT_LE(verify::max_abs_diff(got.parameters, expected.parameters), kStageTolerance);
+  EXPECT_LE(verify::max_abs_diff(got.losses, expected.losses), kStageTolerance);
   // And every rank holds the same parameters.
   Tensor mine = Tensor::from_host(got.parameters, {static_cast<std::int64_t>(got.parameters.size())});
   Tensor first = mine.clone();
   world().broadcast(first, 0);
-  EXPECT_EQ(max_difference(mine.to_host(), first.to_host()), 0.0);
+  EXPECT_EQ(verify::max_abs_diff(mine.to_host(), first.to_host()), 0.0);
 }
 
 // Units: one per layer (cap 0, the default), one for the whole model (25 MB), or many small ones cut
