@@ -253,11 +253,15 @@ bool matches(const StageRun& run, const StageRun& reference, const StageRun& reo
                              max_difference(reordered.parameters, reference.parameters)};
   const verify::Drift losses{max_difference(run.losses, reference.losses, static_cast<std::size_t>(run.first_step)),
                              max_difference(reordered.losses, reference.losses)};
-  const bool ok = params.within(tolerance) && losses.within(tolerance);
+  // And the first steps, before the noise has grown (verify::check_early_steps).
+  const verify::EarlySteps early =
+      verify::check_early_steps(run.losses, reference.losses, reordered.losses,
+                                tolerance / static_cast<double>(reference.losses.size()), static_cast<std::size_t>(run.first_step));
+  const bool ok = params.within(tolerance) && losses.within(tolerance) && early.passed();
   log("verify stage %d%s against stage 0: parameters within %.3g (noise floor %.3g, %.3gx), losses within %.3g "
-      "(noise floor %.3g): %s\n",
+      "(noise floor %.3g), the first %zu steps' within %.3g (tolerance %.3g): %s\n",
       run.stage, run.prefetch ? " (prefetching)" : "", params.difference, params.noise_floor, params.ratio(), losses.difference, losses.noise_floor,
-      ok ? "PASSED" : "FAILED");
+      early.checked, early.difference, early.tolerance, ok ? "PASSED" : "FAILED");
   return ok;
 }
 

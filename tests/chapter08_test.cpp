@@ -150,6 +150,26 @@ TEST(Chapter08, VerifyCatchesReplicasThatNeverAverage) {
   EXPECT_NE(r.process.out.find("FAILED"), std::string::npos);
 }
 
+// Over 1000 steps the unsharded run's own noise floor grows as large as a skipped average's effect, so
+// the final parameters alone would pass it; the first steps, before the noise has grown, catch it. The
+// same run without the fault passes.
+TEST(Chapter08, ALongRunsFaultIsCaughtInItsFirstSteps) {
+  const std::string metrics = temp_path("ch08_long.jsonl");
+  const std::string command = std::string(MPIRUN_NP2) + " " + kBinary +
+                              " --device cpu --dp 2 --n-layer 2 --n-head 2 --n-embd 16 --steps 1000 --log-every 1000"
+                              " --verify --metrics " + metrics;
+  auto faulty = run_process(command + " --fault skip-dp-average");
+  EXPECT_EQ(faulty.exit_code, 1) << faulty.out << faulty.err;
+  auto verify = events(read_metrics(metrics), "verify");
+  ASSERT_EQ(verify.size(), 1u) << faulty.out;
+  EXPECT_FALSE(verify[0]["passed"].get<bool>());
+  EXPECT_LE(verify[0]["param_diff"].get<double>(), 100 * verify[0]["param_floor"].get<double>());  // blind at the end
+  EXPECT_GT(verify[0]["early_diff"].get<double>(), verify[0]["early_tolerance"].get<double>());   // caught early
+  auto healthy = run_process(command);
+  EXPECT_EQ(healthy.exit_code, 0) << healthy.out << healthy.err;
+  std::remove(metrics.c_str());
+}
+
 // 120 steps of 48 cross the 4000 problems' epoch boundary at 3 replicas: every step still takes a whole
 // global batch, and the run stays within the unsharded run's noise floor.
 TEST(Chapter08, ALongRunAtThreeReplicasCrossesTheEpoch) {

@@ -17,6 +17,7 @@
 // rounding of zero flips, so the per-sample terms themselves differ. That comparison (chapter 02's
 // lesson, and the final parameters of every chapter) is made against a measured noise floor instead.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -60,6 +61,23 @@ struct Drift {
   // for runs too short for any noise to show (0: none).
   bool within(double short_run_tolerance = 0) const;
 };
+
+// The first steps of a run, before rounding noise has grown. The Drift of a whole run is judged
+// against the reference's noise floor at the end, and over a long run that floor grows as large as a
+// real fault's effect (a skipped DP average, 1000 steps: 0.48 against a floor of 0.40). A fault shows
+// from the first step, while rounding noise starts at a few ulps: so a step is *early* while
+// kDriftFactor times the floor reached by then (the reordered run against the reference, up to that
+// step) is within the step's tolerance, max((step + 1) x tolerance_per_step, kDriftFactor ulps of the
+// reference's loss), and an early step's loss must match the reference's within that tolerance.
+// run[i] is step first + i; reference and reordered start at step 0.
+struct EarlySteps {
+  std::size_t checked = 0;      // early steps compared
+  std::size_t worst_step = 0;   // the one nearest its tolerance
+  double difference = 0, tolerance = 0;
+  bool passed() const { return difference <= tolerance; }
+};
+EarlySteps check_early_steps(const std::vector<float>& run, const std::vector<float>& reference,
+                             const std::vector<float>& reordered, double tolerance_per_step, std::size_t first = 0);
 
 // How far a distributed run may drift from its single-rank reference, in noise floors. Splitting a
 // batch, a layer or the optimizer's state reorders sums and nothing more, and rounding differences
