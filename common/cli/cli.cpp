@@ -62,6 +62,25 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o) {
                         "Every rank logs (prefixed with its rank), not only rank 0");
 }
 
+void add_fault_options(CLI::App& app, FaultOptions& o, const std::vector<std::pair<std::string, std::string>>& faults) {
+  std::vector<std::string> names{"none"};
+  std::string help = "Break the run on purpose, to see --verify catch it: none";
+  for (const auto& [name, what] : faults) {
+    names.push_back(name);
+    help += "; " + name + " (" + what + ")";
+  }
+  app.add_option("--fault", o.fault, help)->check(CLI::IsMember(names))->capture_default_str();
+  app.add_option("--fault-from-step", o.from_step, "The step at which --fault begins (0: the first)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))->capture_default_str();
+}
+
+void check_fault_options(const FaultOptions& o, std::int64_t steps) {
+  if (o.from_step > 0 && o.fault == "none") throw UsageError("--fault-from-step: needs --fault, the fault to begin");
+  if (o.fault != "none" && o.from_step >= steps)
+    throw UsageError("--fault-from-step: step " + std::to_string(o.from_step) + " is never reached in " +
+                     std::to_string(steps) + " steps (--steps)");
+}
+
 namespace {
 CLI::Validator number_rule(const std::string& description, bool integer, bool allow_zero) {
   return CLI::Validator(

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -32,6 +33,20 @@ struct DistributedOptions {
   double timeout = 300;          // --timeout: seconds before the watchdog aborts a stuck collective
 };
 void add_distributed_options(CLI::App& app, DistributedOptions& options);
+
+// --fault F and --fault-from-step K: the chapter breaks its own computation on purpose, from step K on
+// (0: from the first), so that --verify can be seen, and tested, to catch a fault that begins at any step.
+struct FaultOptions {
+  std::string fault = "none";
+  std::int64_t from_step = 0;
+  // Whether fault `name` acts at `step`.
+  bool at(const std::string& name, std::int64_t step) const { return fault == name && step >= from_step; }
+};
+// `faults`: the chapter's faults besides "none", each with what it breaks, for the help.
+void add_fault_options(CLI::App& app, FaultOptions& options,
+                       const std::vector<std::pair<std::string, std::string>>& faults);
+// A UsageError for --fault-from-step without a fault, or at a step a run of `steps` steps never reaches.
+void check_fault_options(const FaultOptions& options, std::int64_t steps);
 
 // Thrown once the error has been printed (by the rank that saw it): run() returns `code` quietly.
 struct ReportedError {

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/comm/decorator.h"
 #include "common/core/errors.h"
 
 namespace course::comm {
@@ -27,13 +28,11 @@ class DelayedWork final : public Work {
   Clock::time_point deadline_;
 };
 
-class SimulatedNetwork final : public Communicator {
+class SimulatedNetwork final : public CommunicatorDecorator {
  public:
   SimulatedNetwork(std::unique_ptr<Communicator> inner, NetworkModel model)
-      : Communicator(inner->placement()), inner_(std::move(inner)), model_(model) {
-    set_timeout(inner_->timeout());
-  }
-  std::string backend_name() const override { return inner_->backend_name() + " (simulated network)"; }
+      : CommunicatorDecorator(std::move(inner)), model_(model) {}
+  std::string backend_name() const override { return CommunicatorDecorator::backend_name() + " (simulated network)"; }
 
  protected:
   WorkHandle start(const Collective& c) override {
@@ -51,30 +50,10 @@ class SimulatedNetwork final : public Communicator {
   }
 
   std::unique_ptr<Communicator> split_group(int color, int key) override {
-    return std::make_unique<SimulatedNetwork>(inner_->split(color, key), model_);
+    return std::make_unique<SimulatedNetwork>(inner().split(color, key), model_);
   }
 
  private:
-  // The same operation on the inner communicator, through its public interface.
-  WorkHandle forward(const Collective& c) {
-    Tensor in = c.input, out = c.output;
-    switch (c.kind) {
-      case OpKind::broadcast: return inner_->broadcast_async(out, c.root);
-      case OpKind::reduce: return inner_->reduce_async(out, c.root, c.op);
-      case OpKind::all_reduce: return inner_->all_reduce_async(out, c.op, c.element);
-      case OpKind::all_gather: return inner_->all_gather_async(in, out);
-      case OpKind::reduce_scatter: return inner_->reduce_scatter_async(in, out, c.op);
-      case OpKind::scatter: return inner_->scatter_async(in, out, c.root);
-      case OpKind::gather: return inner_->gather_async(in, out, c.root);
-      case OpKind::barrier: return inner_->barrier_async();
-      case OpKind::send: return inner_->send_async(in, c.root, c.tag);
-      case OpKind::recv: return inner_->recv_async(out, c.peer, c.tag);
-      case OpKind::send_recv: inner_->send_recv(in, c.root, out, c.peer, c.tag); return completed_work();
-    }
-    return completed_work();
-  }
-
-  std::unique_ptr<Communicator> inner_;
   NetworkModel model_;
   std::mutex mutex_;
   Clock::time_point link_free_{};

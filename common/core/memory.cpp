@@ -22,14 +22,17 @@ Counters& counters() {
   return *instance;
 }
 thread_local MemoryCategory t_category = MemoryCategory::activations;
+thread_local bool t_overridden = false;
+thread_local MemoryCategory t_override = MemoryCategory::verification;
 
 void count(Device device, MemoryCategory category, std::int64_t delta) {
   std::lock_guard<std::mutex> lock(counters().mutex);
   MemoryStats& s = counters().stats[static_cast<int>(device)];
   auto c = static_cast<std::size_t>(category);
   s.current[c] += delta;
-  s.current_total += delta;
   if (s.current[c] > s.peak[c]) s.peak[c] = s.current[c];
+  if (category == MemoryCategory::verification) return;  // apart from the run's totals
+  s.current_total += delta;
   if (s.current_total > s.peak_total) s.peak_total = s.current_total;
 }
 
@@ -42,6 +45,7 @@ const char* memory_category_name(MemoryCategory category) {
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::activations: return "activations";
     case MemoryCategory::communication: return "communication";
+    case MemoryCategory::verification: return "verification";
     default: return "unknown";
   }
 }
@@ -64,6 +68,17 @@ MemoryCategoryScope::MemoryCategoryScope(MemoryCategory category) : previous_(t_
 MemoryCategoryScope::~MemoryCategoryScope() { t_category = previous_; }
 MemoryCategory current_memory_category() { return t_category; }
 
+MemoryCategoryOverride::MemoryCategoryOverride(MemoryCategory category)
+    : had_previous_(t_overridden), previous_(t_override) {
+  t_overridden = true;
+  t_override = category;
+}
+MemoryCategoryOverride::~MemoryCategoryOverride() {
+  t_overridden = had_previous_;
+  t_override = previous_;
+}
+MemoryCategory effective_memory_category(MemoryCategory category) { return t_overridden ? t_override : category; }
+
 void set_memory_limit(Device device, std::int64_t bytes) {
   std::lock_guard<std::mutex> lock(counters().mutex);
   counters().limit[static_cast<int>(device)] = bytes;
@@ -80,7 +95,7 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
     std::lock_guard<std::mutex> lock(counters().mutex);
     const std::int64_t limit = counters().limit[static_cast<int>(device)];
     const std::int64_t in_use = counters().stats[static_cast<int>(device)].current_total;
-    if (limit > 0 && in_use + static_cast<std::int64_t>(bytes) > limit)
+    if (limit > 0 && category != MemoryCategory::verification && in_use + static_cast<std::int64_t>(bytes) > limit)
       throw OutOfMemory("out of memory: needs " + format_bytes(static_cast<std::int64_t>(bytes)) + ", limit " +
                         format_bytes(limit) + " (" + format_bytes(in_use) + " in use), category " +
                         memory_category_name(category));

@@ -12,7 +12,9 @@
 
 namespace course {
 
-enum class MemoryCategory { parameters, gradients, optimizer_state, activations, communication, count };
+// verification: a lock-step reference's model and passes (common/verify/lockstep.h), counted apart from
+// the run's memory: outside the totals, the peaks of the other categories and any budget.
+enum class MemoryCategory { parameters, gradients, optimizer_state, activations, communication, verification, count };
 constexpr std::size_t kMemoryCategories = static_cast<std::size_t>(MemoryCategory::count);
 const char* memory_category_name(MemoryCategory category);
 
@@ -42,6 +44,22 @@ class MemoryCategoryScope {
   MemoryCategory previous_;
 };
 MemoryCategory current_memory_category();
+
+// While one is alive on this thread, every new storage counts as `category` whatever scopes are opened
+// inside (the lock-step reference builds whole models and runs whole passes under verification).
+class MemoryCategoryOverride {
+ public:
+  explicit MemoryCategoryOverride(MemoryCategory category);
+  ~MemoryCategoryOverride();
+  MemoryCategoryOverride(const MemoryCategoryOverride&) = delete;
+  MemoryCategoryOverride& operator=(const MemoryCategoryOverride&) = delete;
+
+ private:
+  bool had_previous_;
+  MemoryCategory previous_;
+};
+// The category a storage asked for as `category` is counted under (the override's, while one is alive).
+MemoryCategory effective_memory_category(MemoryCategory category);
 
 // A per-process budget on a device's counted memory (chapter 07's --mem-limit-mb), 0 for none. An
 // allocation that would take the total past it throws OutOfMemory, naming what it needed, the limit,

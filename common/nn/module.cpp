@@ -1,6 +1,8 @@
 // Module parameter registry.
 #include "common/nn/module.h"
 
+#include <stdexcept>
+
 namespace course::nn {
 
 Tensor Module::operator()(const Tensor& x) {
@@ -44,6 +46,31 @@ std::vector<float> Module::parameters_to_host() const {
     out.insert(out.end(), values.begin(), values.end());
   }
   return out;
+}
+
+std::vector<float> Module::gradients_to_host() const {
+  std::vector<float> out;
+  for (auto& [name, tensor] : named_parameters()) {
+    Tensor g = tensor.grad();
+    auto values = g.defined() ? g.to_host() : std::vector<float>(static_cast<std::size_t>(tensor.numel()), 0.0f);
+    out.insert(out.end(), values.begin(), values.end());
+  }
+  return out;
+}
+
+void Module::load_parameters_from_host(const std::vector<float>& values) {
+  if (static_cast<std::int64_t>(values.size()) != parameter_count())
+    throw std::invalid_argument("load_parameters_from_host: " + std::to_string(values.size()) + " values for " +
+                                std::to_string(parameter_count()) + " parameters");
+  std::size_t at = 0;
+  for (auto& [name, tensor] : named_parameters()) {
+    const auto n = static_cast<std::size_t>(tensor.numel());
+    Tensor target = tensor;
+    target.copy_from(Tensor::from_host(std::vector<float>(values.begin() + static_cast<long>(at),
+                                                          values.begin() + static_cast<long>(at + n)),
+                                       tensor.shape(), tensor.device()));
+    at += n;
+  }
 }
 
 void Module::zero_grad() {

@@ -37,6 +37,11 @@ class Module {
   // Every parameter's values copied to the host and laid end to end, in registration order
   // (PyTorch's parameters_to_vector): for comparing two models.
   std::vector<float> parameters_to_host() const;
+  // The same for the gradients, zeros where a parameter has none.
+  std::vector<float> gradients_to_host() const;
+  // Overwrites every parameter with `values`, laid out as parameters_to_host() lays them; throws
+  // std::invalid_argument when the count differs.
+  void load_parameters_from_host(const std::vector<float>& values);
   void zero_grad();
 
  protected:

@@ -9,20 +9,21 @@
 namespace course::nn {
 
 TrainingTask mlp_task(std::int64_t samples, std::int64_t features, std::int64_t hidden, int layers, Device device,
-                      std::uint64_t seed) {
+                      std::uint64_t seed, Activation activation) {
   auto dataset = std::make_shared<data::Dataset>(data::make_house_prices_wide(samples, features, seed));
   TrainingTask t;
   t.name = "mlp";
   t.size = dataset->size;
   t.make_model = [=](std::uint64_t model_seed) -> std::shared_ptr<Module> {
-    return make_mlp(features, hidden, layers, 1, Activation::relu, device, model_seed);
+    return make_mlp(features, hidden, layers, 1, activation, device, model_seed);
   };
   t.loss = [dataset, device](Module& model, const std::vector<std::int64_t>& indices) {
     data::Batch batch = data::make_batch(*dataset, indices, device);
     return mse_loss(model(batch.x), batch.y);
   };
-  const auto params = make_mlp(features, hidden, layers, 1, Activation::relu, Device::cpu, 0)->parameter_count();
-  t.description = "MLP " + std::to_string(params) + " params on " + std::to_string(samples) + " house prices";
+  const auto params = make_mlp(features, hidden, layers, 1, activation, Device::cpu, 0)->parameter_count();
+  t.description = std::string("MLP ") + (activation == Activation::relu ? "" : "(GELU) ") + std::to_string(params) +
+                  " params on " + std::to_string(samples) + " house prices";
   return t;
 }
 

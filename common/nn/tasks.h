@@ -35,7 +35,7 @@ struct TrainingTask {
 
 // The MLP of `layers` hidden layers of `hidden`, on `samples` house prices of `features` features.
 TrainingTask mlp_task(std::int64_t samples, std::int64_t features, std::int64_t hidden, int layers, Device device,
-                      std::uint64_t seed);
+                      std::uint64_t seed, Activation activation = Activation::relu);
 
 // A GPT of `config` (vocab_size and block_size are set from the task) on `problems` addition problems of
 // `digits` digits, with `test_problems` held out. Throws UsageError for impossible sizes.

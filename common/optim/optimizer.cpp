@@ -95,6 +95,10 @@ std::vector<ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, f
   return {decay, no_decay};
 }
 
+float clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   double squares = 0.0;
   for (const auto& p : params) {
@@ -103,8 +107,8 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     for (float x : g.to_host()) squares += static_cast<double>(x) * x;
   }
   const double norm = std::sqrt(squares);
-  if (norm > max_norm) {
-    const auto factor = static_cast<float>(max_norm / (norm + 1e-6));
+  const float factor = clip_coefficient(norm, max_norm);
+  if (factor != 1.0f) {
     for (const auto& p : params) {
       Tensor g = p.grad();
       if (g.defined()) kernels(g.device()).scale(g.data(), factor, g.data(), static_cast<std::size_t>(g.numel()));

@@ -87,5 +87,10 @@ inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.0
 // max_norm, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
 // Under DDP, call it after the gradients are averaged: every rank then clips identically.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+// The factor that clipping scales every gradient by, given their global norm: max_norm / (norm + 1e-6)
+// in float32 when the norm exceeds max_norm, else 1 (no scaling). The one rule of every clip in the
+// course, whole (clip_grad_norm_) or over shards (ZeRO, the TP x PP grid), and of the lock-step
+// reference that repeats the run's update.
+float clip_coefficient(double norm, double max_norm);
 
 }  // namespace course::optim

@@ -21,8 +21,13 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
   }
 }
 
-void Recipe::step(std::int64_t step) {
-  if (clip_ > 0) clip_grad_norm_(optimizer_->params(), clip_);
+double Recipe::step(std::int64_t step) {
+  const double norm = clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : 0.0;
+  update(step);
+  return norm;
+}
+
+void Recipe::update(std::int64_t step) {
   if (schedule_) optimizer_->set_lr(schedule_->lr_at(step));
   optimizer_->step();
   optimizer_->zero_grad();

@@ -22,9 +22,13 @@ class Recipe {
   // Throws std::invalid_argument for a name other than sgd, adam or adamw.
   Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps);
 
-  // After backward (and after the gradients are averaged): clip, set the rate of `step` (counted from
-  // 0 over the whole run, so a resumed run continues the schedule), update, clear the gradients.
-  void step(std::int64_t step);
+  // After backward (and after the gradients are averaged): clip, then update(step). Returns the
+  // gradients' norm before clipping (0 when the recipe does not clip).
+  double step(std::int64_t step);
+  // Set the rate of `step` (counted from 0 over the whole run, so a resumed run continues the
+  // schedule), update, clear the gradients: the step without clipping, for a caller that has clipped
+  // (the lock-step reference repeats the run's update with the run's own clipping).
+  void update(std::int64_t step);
 
   Optimizer& optimizer() { return *optimizer_; }
   const Optimizer& optimizer() const { return *optimizer_; }

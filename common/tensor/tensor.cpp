@@ -26,7 +26,7 @@ std::string shape_string(const Shape& shape) {
   return out.str();
 }
 
-Storage::Storage(Device d, std::size_t n, MemoryCategory c) : bytes(n), device(d), category(c) {
+Storage::Storage(Device d, std::size_t n, MemoryCategory c) : bytes(n), device(d), category(effective_memory_category(c)) {
   data = allocate_bytes(device, bytes, category);
 }
 Storage::~Storage() { free_bytes(device, data, bytes, category); }
