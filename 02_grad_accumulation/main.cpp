@@ -98,21 +98,27 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
   return result;
 }
 
-// From the same weights at every step, the accumulated gradient against the exact sum of its parts.
+// From the same weights at every step, the accumulated gradient against the exact sum of its parts, and
+// the update against SGD's from it (verify/lockstep.h).
 verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
   auto model = make_model(o, dataset, device);
   optim::SGD sgd(model->parameters(), o.lr);
-  verify::LockstepVerifier verifier(make_model(o, dataset, device), nullptr);
+  auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
+  optim::SGD reference_sgd(reference->parameters(), o.lr);
+  verify::Lockstep check(reference, [&](std::int64_t) {
+    reference_sgd.step();
+    reference_sgd.zero_grad();
+  }, nullptr);
   std::int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
     for (auto& global : data::split_batches(order, o.micro_batch * o.accum)) {
-      verifier.begin_step(*model);
+      check.begin_step(step, *model);
       float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device);
       // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
       // accumulated .grad must be their sum, up to the rounding of the += additions.
       auto micro = data::split_batches(global, o.micro_batch);
-      verifier.check(step++, *model, accumulated, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
+      check.check_parts(step, *model, accumulated, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
         Tensor loss = scale(batch_loss(reference, dataset, micro[m], device),
                             static_cast<float>(micro[m].size()) / static_cast<float>(global.size()));
         loss.backward();
@@ -120,9 +126,10 @@ verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset,
       });
       sgd.step();
       sgd.zero_grad();
+      check.check_update(step++);
     }
   }
-  return verifier.finish();
+  return check.finish(*model);
 }
 
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {

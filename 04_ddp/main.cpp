@@ -1,8 +1,9 @@
 // Chapter 04: distributed data parallel. Every rank holds the whole MLP and trains on its own share of
 // each global batch; DDP broadcasts the initial weights and averages the gradients, so all ranks take
-// the same step. The program checks that the ranks end bit-identical and, with --verify, that every
-// step's averaged gradient equals the single-rank gradient of the global batch (lock-step), and how
-// far the final weights are from a single-rank run compared with that run's own rounding noise.
+// the same step. The program checks that the ranks end bit-identical and, with --verify, that at every
+// step the averaged gradient equals the single-rank gradient of the global batch and the update is the
+// one the single-rank optimizer makes from it (lock-step); with --drift also how far the final weights
+// are from a free-running single-rank run, compared with that run's own rounding noise.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,8 +43,8 @@ struct Options {
   std::int64_t hidden = 256;
   int layers = 2;
   int log_every = 10;
-  bool verify = false;
-  std::string fault = "none";
+  bool verify = false, drift = false;
+  cli::FaultOptions faults;  // --fault, --fault-from-step
   std::string save;
   std::string init;  // start from these parameters (--save of any chapter, or 07's consolidated checkpoint)
   cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
@@ -106,19 +107,19 @@ float forward_backward(parallel::DistributedDataParallel& ddp, const nn::Trainin
   });
 }
 
-// --fault: a deliberately wrong average, to watch --verify catch it (and to test that it can).
-void install_fault(parallel::DistributedDataParallel& ddp, const std::string& fault) {
-  if (fault == "average-twice")
-    ddp.register_comm_hook([](comm::Communicator& group, Tensor& g) {
+// --fault: a deliberately wrong average from step --fault-from-step on, to watch --verify catch it (and
+// to test that it can). `step` is the step being taken.
+void install_fault(parallel::DistributedDataParallel& ddp, const cli::FaultOptions& faults, const std::int64_t& step) {
+  if (faults.fault == "none") return;
+  ddp.register_comm_hook([&faults, &step](comm::Communicator& group, Tensor& g) {
+    if (faults.at("average-twice", step)) {
       group.all_reduce(g, comm::ReduceOp::average);
       g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));  // divided by the world size twice
       return comm::completed_work();
-    });
-  if (fault == "skip-rank-share")
-    ddp.register_comm_hook([](comm::Communicator& group, Tensor& g) {
-      if (group.rank() == group.size() - 1) g.fill_(0.0f);  // the last rank's share never arrives
-      return group.all_reduce_async(g, comm::ReduceOp::average);
-    });
+    }
+    if (faults.at("skip-rank-share", step) && group.rank() == group.size() - 1) g.fill_(0.0f);  // never arrives
+    return group.all_reduce_async(g, comm::ReduceOp::average);
+  });
 }
 
 // One rank, the same initial weights (rank 0's), the same global batches, free-running. With
@@ -161,7 +162,8 @@ int run(const Options& o, cli::Session& session) {
   parallel::ReducerOptions one_by_one;
   one_by_one.per_parameter = true;
   parallel::DistributedDataParallel ddp(model, group, one_by_one);
-  install_fault(ddp, o.fault);
+  std::int64_t step = 0;
+  install_fault(ddp, o.faults, step);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
 
   const std::int64_t local_batch = o.global_batch / ranks;
@@ -170,22 +172,31 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError("--epochs: " + std::to_string(o.epochs) + " epochs of " + std::to_string(steps_per_epoch) +
                      " steps exceed " + std::to_string(kMaxSteps) + " steps");
   const std::int64_t total_steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.steps;
+  cli::check_fault_options(o.faults, total_steps);
   optim::Recipe training(o.optimizer, model->parameters(), o.lr, total_steps);
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", ranks,
       static_cast<long long>(local_batch), static_cast<long long>(o.global_batch), o.accum, task.description.c_str(),
       static_cast<long long>(total_steps), o.lr);
   if (all_ranks_log()) log("%s\n", topology.describe().c_str());
 
-  std::unique_ptr<verify::LockstepVerifier> lockstep;
-  if (o.verify) lockstep = std::make_unique<verify::LockstepVerifier>(task.make_model(o.common.seed), &group);
+  // --verify: a single-rank reference beside the run, re-synced to the run's parameters every step, with
+  // the run's own optimizer to repeat its updates.
+  std::unique_ptr<optim::Recipe> reference_training;
+  std::unique_ptr<verify::Lockstep> lockstep;
+  if (o.verify) {
+    auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
+    reference_training = std::make_unique<optim::Recipe>(o.optimizer, reference->parameters(), o.lr, total_steps);
+    lockstep = std::make_unique<verify::Lockstep>(
+        reference, [&](std::int64_t s) { reference_training->update(s); }, &group, reference_training->clip());
+  }
 
   double total_ms = 0, compute_ms = 0, comm_ms = 0;
   std::int64_t timed_samples = 0;
   bool diverged = false;
-  for (std::int64_t step = 0; step < total_steps; ++step) {
+  for (step = 0; step < total_steps; ++step) {
     auto share = sampler.batch(step, local_batch);
     cli::fail_here_if_asked("train", step, topology.rank());
-    if (lockstep) lockstep->begin_step(*model);
+    if (lockstep) lockstep->begin_step(step, *model);
 
     ddp.take_communication_ms();
     auto begin = Clock::now();
@@ -197,18 +208,19 @@ int run(const Options& o, cli::Session& session) {
     group.all_reduce(loss, comm::ReduceOp::average);
     const float global_loss = loss.item();
     if (lockstep) {
-      // The reference: one rank recomputes every rank's share of the global batch (positions r, r+R, ...)
-      // as that rank did, and averages them exactly.
+      // The reference: each rank's share of the global batch (positions r, r+R, ...) recomputed from the
+      // global batch as that rank computed it, and averaged exactly.
       const auto global = sampler.global_batch(step, local_batch);
-      lockstep->check(step, *model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
-                      [&](nn::Module& reference, std::size_t r) {
-                        const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                        return accumulate(reference, task, theirs, o.accum, [](Tensor& loss, bool) { loss.backward(); });
-                      });
+      lockstep->check_parts(step, *model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
+                            [&](nn::Module& reference, std::size_t r) {
+                              const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
+                              return accumulate(reference, task, theirs, o.accum, [](Tensor& loss, bool) { loss.backward(); });
+                            });
     }
     begin = Clock::now();
-    training.step(step);
+    const double norm = training.step(step);
     step_ms += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+    if (lockstep) lockstep->check_update(step, norm);
 
     if (step > 0 || total_steps == 1) {  // the first step warms up allocators and caches
       total_ms += step_ms;
@@ -239,15 +251,18 @@ int run(const Options& o, cli::Session& session) {
   verify::LockstepSummary check;
   verify::Drift drift;
   if (lockstep && !diverged) {
-    check = lockstep->finish();
+    check = lockstep->finish(*model);
     if (check.passed)
       log("lock-step check, %lld steps: every averaged gradient within its float32 bound of the single-rank gradient "
-          "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound)\n",
+          "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "
+          "single-rank optimizer's, bit for bit\n",
           static_cast<long long>(check.steps), check.worst_gradient_diff, check.worst_gradient_ratio,
           check.worst_loss_diff, check.worst_loss_ratio);
     else
       log("lock-step check FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
           check.first_failure.c_str());
+  }
+  if (o.drift && !diverged) {
     parallel::on_rank0(group, [&] {
       auto reference = single_rank_run(o, task, sampler, local_batch, total_steps, false);
       auto reordered = single_rank_run(o, task, sampler, local_batch, total_steps, true);
@@ -272,7 +287,8 @@ int run(const Options& o, cli::Session& session) {
                          {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
                          {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                          {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
-                         {"drift_ratio", drift.ratio()}, {"diverged", diverged}, {"passed", passed}, {"fault", o.fault},
+                         {"drift_ratio", drift.ratio()}, {"diverged", diverged}, {"passed", passed},
+                         {"fault", o.faults.fault}, {"fault_from_step", o.faults.from_step},
                          {"backend", group.backend_name()}, {"device", device_name(device)}, {"model", o.models.model},
                          {"local_size", group.local_size()}, {"cores", std::thread::hardware_concurrency()}});
   log("%s\n", passed ? "PASSED" : "FAILED");
@@ -309,11 +325,12 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step), and the "
-                                     "final parameters against that run's noise floor");
-  app.add_option("--fault", o.fault, "Break the gradient average on purpose, to see --verify catch it: none, "
-                                     "average-twice or skip-rank-share")
-      ->check(CLI::IsMember({"none", "average-twice", "skip-rank-share"}))->capture_default_str();
+  app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step): the "
+                                     "averaged gradient, the loss and the update");
+  app.add_flag("--drift", o.drift, "Also train one rank free-running, twice (the second summing each batch in reverse), "
+                                   "and report how far the final parameters drift against that noise floor");
+  cli::add_fault_options(app, o.faults, {{"average-twice", "the average divided by the world size twice"},
+                                         {"skip-rank-share", "the last rank's share of the gradient never arrives"}});
   return cli::run(app, argc, argv, [&] {
     o.samples_given = app.count("--samples") > 0;
     cli::Session session = cli::start_session(o.common, o.distributed);

@@ -39,11 +39,12 @@ struct Options {
   int steps = 8;
   float lr = 0.001f;
   double bucket_mb = 25, first_bucket_mb = 1;
-  std::string sim_network, trace = "trace.json", comm_hook = "none";
+  std::string sim_network, trace, comm_hook = "none";  // no trace unless asked: nothing lands in the current folder
   std::string save;
   cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
   bool samples_given = false;
   bool sweep_buckets = false, verify = true;  // the lesson is only worth its speed-up if every mode is right
+  cli::FaultOptions faults;  // --fault, --fault-from-step
 };
 
 struct Mode {
@@ -74,26 +75,64 @@ struct ModeResult {
   parallel::Timeline timeline;  // the last step (overlap mode)
 };
 
+// --fault: a bucket handled wrongly from --fault-from-step on, as a bug in a reducer would handle it,
+// around the chosen hook `inner`. `launched` counts the buckets launched in this step's backward:
+// buckets launch in bucket order, so it is the bucket's index.
+parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner, parallel::Reducer& reducer,
+                              const std::int64_t& step, std::size_t& launched) {
+  if (faults.fault == "none") return inner;
+  return [&faults, inner, &reducer, &step, &launched](comm::Communicator& group, Tensor& buffer) {
+    const std::size_t b = launched++, buckets = reducer.buckets().size();
+    if (faults.at("skip-bucket", step) && b == 0) return comm::completed_work();  // never all-reduced
+    if (faults.at("launch-early", step) && b == 0) {
+      // Launched before its last gradient was in: the all-reduce averages the rest, and that gradient
+      // lands afterwards, this rank's own.
+      const std::size_t late = reducer.buckets()[0].offsets.back(), n = static_cast<std::size_t>(buffer.numel()) - late;
+      Tensor own = buffer.flat_view(late, n).clone();
+      inner(group, buffer)->wait();
+      buffer.flat_view(late, n).copy_from(own);
+      return comm::completed_work();
+    }
+    if (faults.at("step-early", step) && b + 1 == buckets) {
+      // The optimizer steps before the last bucket's average lands: it reads this rank's own gradients.
+      Tensor copy = buffer.clone();
+      inner(group, copy)->wait();
+      return comm::completed_work();
+    }
+    return inner(group, buffer);
+  };
+}
+
 ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, const nn::TrainingTask& task,
                  int steps) {
   const int ranks = group.size();
   auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
   parallel::DistributedDataParallel ddp(model, group, mode.options);
-  ddp.register_comm_hook(parallel::comm_hook_named(o.comm_hook));
+  std::int64_t step = 0;
+  std::size_t launched = 0;
+  ddp.register_comm_hook(with_fault(o.faults, parallel::comm_hook_named(o.comm_hook), ddp.reducer(), step, launched));
   optim::SGD sgd(model->parameters(), o.lr);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = o.global_batch / ranks;
-  std::unique_ptr<verify::LockstepVerifier> lockstep;
+  // --verify: one rank's model and SGD beside the run, re-synced to it every step (chapter 04).
+  std::unique_ptr<optim::SGD> reference_sgd;
+  std::unique_ptr<verify::Lockstep> lockstep;
   if (o.verify) {
-    lockstep = std::make_unique<verify::LockstepVerifier>(task.make_model(o.common.seed), &group);
+    auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
+    reference_sgd = std::make_unique<optim::SGD>(reference->parameters(), o.lr);
+    lockstep = std::make_unique<verify::Lockstep>(reference, [&](std::int64_t) {
+      reference_sgd->step();
+      reference_sgd->zero_grad();
+    }, &group);
     // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
     if (o.comm_hook == "fp16") lockstep->set_rounding(verify::kFloat16Rounding);
     if (o.comm_hook == "bf16") lockstep->set_rounding(verify::kBfloat16Rounding);
   }
   ModeResult result;
   std::int64_t bytes_before = 0;
-  for (int step = 0; step < steps; ++step) {
-    if (lockstep) lockstep->begin_step(*model);
+  for (step = 0; step < steps; ++step) {
+    if (lockstep) lockstep->begin_step(step, *model);
+    launched = 0;
     const auto share = sampler.batch(step, local);
     if (step == 1) bytes_before = ddp.reducer().bytes_communicated();
     group.barrier();  // every rank starts the step together, so the times compare
@@ -109,23 +148,24 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
       Tensor global_loss = Tensor::from_host({loss.item()}, {1});
       group.all_reduce(global_loss, comm::ReduceOp::average);
       const auto global = sampler.global_batch(step, local);
-      lockstep->check(step, *model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
-                      [&](nn::Module& reference, std::size_t r) {
-                        const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                        Tensor l = task.loss(reference, theirs);
-                        l.backward();
-                        return l.item();
-                      });
+      lockstep->check_parts(step, *model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+                            [&](nn::Module& reference, std::size_t r) {
+                              const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
+                              Tensor l = task.loss(reference, theirs);
+                              l.backward();
+                              return l.item();
+                            });
     }
     sgd.step();
     sgd.zero_grad();
+    if (lockstep) lockstep->check_update(step);
   }
   result.buckets = ddp.reducer().buckets().size();
   result.bytes_per_step = (ddp.reducer().bytes_communicated() - bytes_before) / std::max(1, steps - 1);
   result.timeline = ddp.reducer().last_timeline();
   result.parameters = model->parameters_to_host();
   result.model = model;
-  if (lockstep) result.check = lockstep->finish();
+  if (lockstep) result.check = lockstep->finish(*model);
   return result;
 }
 
@@ -218,6 +258,7 @@ int run(const Options& o, cli::Session& session) {
                            {"verified", o.verify},
                            {"passed", ok},
                            {"gradient_bound_ratio", r.check.worst_gradient_ratio},
+                           {"first_failed_step", r.check.first_failed_step},
                            {"diff_vs_per_parameter", diff},
                            {"ranks", ranks},
                            {"simulated_network", label},
@@ -306,11 +347,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();
   app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
+  cli::add_fault_options(app, o.faults,
+                         {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
+                          {"launch-early", "the first bucket is launched before its last gradient is in"},
+                          {"step-early", "the optimizer steps before the last bucket's average lands"}});
   app.add_flag(
       "--verify,!--no-verify", o.verify,
       "Check every mode, every step, against one rank in lock-step (on by default; --no-verify for timing runs)");
   return cli::run(app, argc, argv, [&] {
     o.samples_given = app.count("--samples") > 0;
+    cli::check_fault_options(o.faults, o.steps);
+    if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; drop --no-verify");
     cli::Session session = cli::start_session(o.common, o.distributed);
     return run(o, session);
   });

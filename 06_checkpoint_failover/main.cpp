@@ -3,7 +3,9 @@
 // where training stands (step, global sample position, world size). A job that dies resumes from the
 // newest good checkpoint and, because everything that decides the next step was saved, continues to
 // exactly the result it would have reached without the failure: bit for bit at the same world size.
-// scripts/failover.py restarts the job after a failure, as torchrun --max-restarts does.
+// scripts/failover.py restarts the job after a failure, as torchrun --max-restarts does. With --verify
+// every step of the run, from the one it starts or resumes at, is checked in lock-step against one
+// rank that read the same checkpoint itself.
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -28,6 +30,7 @@
 #include "common/parallel/distributed_sampler.h" // share_of: each rank's part of the global batch
 #include "common/parallel/replicas.h"          // checksums, on_rank0
 #include "common/verify/compare.h"             // max_abs_diff
+#include "common/verify/lockstep.h"            // the step-by-step check against one rank
 
 using namespace course;
 
@@ -52,7 +55,8 @@ struct Options {
   int fail_rank = 0;
   bool fail_during_save = false;
   bool verify = false;
-  std::string fault = "none";
+  cli::FaultOptions faults;        // --fault, --fault-from-step
+  bool fault_step_given = false;   // without --fault-from-step the fault breaks the resume itself
   std::string save;
   double mtbf_hours = 24;
   cli::ModelOptions models;  // --model mlp|gpt, the GPT's sizes, --data
@@ -60,11 +64,6 @@ struct Options {
 };
 
 constexpr std::int64_t kMaxSteps = 10'000'000;
-// A run whose world size changed cannot match the uninterrupted run bit for bit (its sums were added
-// in another order for part of the way), so it is judged like chapter 02: against the noise floor
-// (the same run with each rank's share summed in reverse). Rounding-level differences grow alike
-// whatever their source; a lost optimizer state or a replayed batch moves the weights by orders of
-// magnitude more (verify::kDriftFactor).
 
 // The attempt number, set by the launcher (scripts/failover.py) as torchrun sets
 // TORCHELASTIC_RESTART_COUNT: the injected faults fire on the first attempt only.
@@ -118,17 +117,35 @@ struct Trainer {
   optim::Optimizer& optimizer() { return recipe->optimizer(); }
 
   // Step `step` on the global batch at `position` of the sample stream; this rank takes its share.
-  // With `reversed`, the share is summed in reverse order (the noise floor of --verify).
+  // With `check` (--verify), in lock-step against one rank.
   float step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step, std::int64_t position,
-             std::int64_t global_batch, comm::Communicator& group, bool reversed = false) {
+             std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check = nullptr) {
+    if (check) check->begin_step(step, *model);
     auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
-    if (reversed) std::reverse(share.begin(), share.end());
     Tensor loss = task.loss(*model, share);
     loss.backward();  // DDP averages the gradients across ranks
-    recipe->step(step);
     Tensor global = Tensor::from_host({loss.item()}, {1});
     group.all_reduce(global, comm::ReduceOp::average);
+    if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global.item());
+    const double norm = recipe->step(step);
+    if (check) check->check_update(step, norm);
     return global.item();
+  }
+
+  // The step's averaged gradient against one rank's: every rank's share of the global batch that step
+  // `step` must train on (at position step x global_batch, whatever the run's own bookkeeping says),
+  // recomputed as that rank computed it.
+  static void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& task,
+                                     const data::SampleStream& stream, std::int64_t step, std::int64_t global_batch,
+                                     comm::Communicator& group, const nn::Module& model, float loss) {
+    const auto global = stream.take(step * global_batch, global_batch);
+    const int ranks = group.size();
+    check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
+                      [&](nn::Module& reference, std::size_t r) {
+                        Tensor l = task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                        l.backward();
+                        return l.item();
+                      });
   }
 
   std::vector<float> optimizer_state_to_host() const {
@@ -181,6 +198,15 @@ int run(const Options& o, cli::Session& session) {
       static_cast<long long>(o.global_batch), static_cast<long long>(o.ckpt_every), o.ckpt_dir.c_str(), o.keep,
       restart_count() ? (", restart " + std::to_string(restart_count())).c_str() : "");
 
+  // --verify: one rank's model and optimizer beside the run, starting where the run starts (the same
+  // initialisation, or the checkpoint resumed, restored into it on its own).
+  std::shared_ptr<nn::Module> reference;
+  std::unique_ptr<optim::Recipe> reference_recipe;
+  if (o.verify) {
+    reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
+    reference_recipe = std::make_unique<optim::Recipe>(recipe_of(o), reference->parameters(), o.lr, o.steps);
+  }
+
   // ---- where to start: fresh, or from the newest good checkpoint -------------------------------------
   checkpoint::TrainingState state;
   state.seed = o.common.seed;
@@ -229,8 +255,10 @@ int run(const Options& o, cli::Session& session) {
       throw UsageError("--steps: " + std::to_string(o.steps) + " is fewer than the checkpoint's " +
                        std::to_string(state.step));
     checkpoint::restore(found->loaded, *trainer.model, trainer.optimizer());
-    if (o.fault == "lose-optimizer-state") trainer.reset_optimizer(o);
-    if (o.fault == "repeat-batch" && state.samples_seen >= o.global_batch) state.samples_seen -= o.global_batch;
+    if (reference) {
+      MemoryCategoryOverride verification(MemoryCategory::verification);
+      checkpoint::restore(found->loaded, *reference, reference_recipe->optimizer());
+    }
     if (state.world_size != ranks) state.world_history += " " + std::to_string(ranks) + "@" + std::to_string(state.step);
     resumed_from = found->path;
     log("resumed from step %lld (%s, saved at %d ranks; sample position %lld, epoch %lld)\n",
@@ -241,6 +269,13 @@ int run(const Options& o, cli::Session& session) {
   }
   const std::int64_t start_step = state.step;
   state.world_size = ranks;
+  // --fault breaks the resume itself, or with --fault-from-step K the run at step K: the optimizer's
+  // state is lost, or the data goes back one batch.
+  const std::int64_t fault_step = o.fault_step_given ? o.faults.from_step : (o.resume ? start_step : -1);
+  std::unique_ptr<verify::Lockstep> lockstep;
+  if (reference)
+    lockstep = std::make_unique<verify::Lockstep>(
+        reference, [&](std::int64_t s) { reference_recipe->update(s); }, &group, reference_recipe->clip());
   if (first_attempt && o.fail_at_step >= 0)
     log("fault injection: rank %d will be killed (SIGKILL) %s step %lld, on this first attempt only\n", o.fail_rank,
         o.fail_during_save ? "halfway through writing the checkpoint of" : "at the start of",
@@ -255,8 +290,10 @@ int run(const Options& o, cli::Session& session) {
   for (std::int64_t step = start_step; step < o.steps; ++step) {
     if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
       std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
+    if (step == fault_step && o.faults.fault == "lose-optimizer-state") trainer.reset_optimizer(o);
+    if (step == fault_step && o.faults.fault == "repeat-batch") state.samples_seen -= o.global_batch;
     const auto step_begin = std::chrono::steady_clock::now();
-    const float loss = trainer.step(task, stream, step, state.samples_seen, o.global_batch, group);
+    const float loss = trainer.step(task, stream, step, state.samples_seen, o.global_batch, group, lockstep.get());
     if (step > start_step) {  // the first step warms up allocators and caches
       step_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_begin).count();
       ++timed_steps;
@@ -321,33 +358,38 @@ int run(const Options& o, cli::Session& session) {
       static_cast<unsigned long long>(checksum), static_cast<unsigned long long>(optimizer_checksum),
       static_cast<long long>(state.step), identical ? "yes" : "NO");
   const bool same_world = state.world_history.find(' ') == std::string::npos;
-  double difference = 0, optimizer_difference = 0, noise_floor = 0;
+  double difference = 0, optimizer_difference = 0;
+  verify::LockstepSummary check;
   bool passed = identical && !diverged;
-  if (o.verify && !diverged) {
-    // The run without interruption, at this world size, in this job: the same seeds, the same data.
-    Trainer reference(o, task, group);
-    for (std::int64_t step = 0; step < o.steps; ++step)
-      reference.step(task, stream, step, step * o.global_batch, o.global_batch, group);
-    difference = verify::max_abs_diff(trainer.model->parameters_to_host(), reference.model->parameters_to_host());
-    optimizer_difference = verify::max_abs_diff(trainer.optimizer_state_to_host(), reference.optimizer_state_to_host());
+  if (lockstep && !diverged) {
+    check = lockstep->finish(*trainer.model);
+    if (check.passed)
+      log("verify: steps %lld-%lld in lock-step against one rank (started from %s): every averaged gradient within its "
+          "float32 bound (%.3g of it), every update the optimizer's, bit for bit\n",
+          static_cast<long long>(start_step), static_cast<long long>(state.step) - 1,
+          resumed_from.empty() ? "the same initialisation" : "the checkpoint, restored on its own",
+          check.worst_gradient_ratio);
+    else
+      log("verify: lock-step FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
+          check.first_failure.c_str());
+    passed = passed && check.passed;
     if (same_world) {
-      const bool bit_identical = checksum == parallel::parameter_checksum(reference.model->parameters()) &&
+      // And the run without interruption, at this world size, in this job: the same seeds, the same data.
+      Trainer uninterrupted(o, task, group);
+      for (std::int64_t step = 0; step < o.steps; ++step)
+        uninterrupted.step(task, stream, step, step * o.global_batch, o.global_batch, group);
+      difference = verify::max_abs_diff(trainer.model->parameters_to_host(), uninterrupted.model->parameters_to_host());
+      optimizer_difference =
+          verify::max_abs_diff(trainer.optimizer_state_to_host(), uninterrupted.optimizer_state_to_host());
+      const bool bit_identical = checksum == parallel::parameter_checksum(uninterrupted.model->parameters()) &&
                                  difference == 0 && optimizer_difference == 0 &&
-                                 trainer.optimizer().steps_taken() == reference.optimizer().steps_taken();
+                                 trainer.optimizer().steps_taken() == uninterrupted.optimizer().steps_taken();
       log("verify: against the uninterrupted run at %d ranks: parameters and optimizer state %s (largest differences "
           "%.3g and %.3g)\n", ranks, bit_identical ? "bit-identical" : "DIFFER", difference, optimizer_difference);
       passed = passed && bit_identical;
     } else {
-      Trainer reordered(o, task, group);
-      for (std::int64_t step = 0; step < o.steps; ++step)
-        reordered.step(task, stream, step, step * o.global_batch, o.global_batch, group, true);
-      noise_floor = verify::max_abs_diff(reference.model->parameters_to_host(), reordered.model->parameters_to_host());
-      const verify::Drift drift{difference, noise_floor};
-      const double ratio = drift.ratio();
-      log("verify: world sizes %s; against the uninterrupted run at %d ranks the largest parameter difference is %.3g, "
-          "%.3g x its noise floor %.3g (limit %g x)\n", state.world_history.c_str(), ranks, difference, ratio,
-          noise_floor, verify::kDriftFactor);
-      passed = passed && drift.within();
+      log("verify: world sizes %s: bit for bit applies at an unchanged world size only; the steps since the change "
+          "are the ones checked in lock-step above\n", state.world_history.c_str());
     }
   }
   if (!diverged) cli::report_evaluation(task, *trainer.model, group, session.metrics);
@@ -364,8 +406,9 @@ int run(const Options& o, cli::Session& session) {
                          {"identical", identical}, {"checkpoints", checkpoints},
                          {"write_mb_per_s", write_ms > 0 ? written_mb / (write_ms / 1000.0) : 0.0},
                          {"verified", o.verify}, {"same_world", same_world}, {"max_diff", difference},
-                         {"optimizer_max_diff", optimizer_difference}, {"noise_floor", noise_floor},
-                         {"fault", o.fault}, {"diverged", diverged}, {"passed", passed}});
+                         {"optimizer_max_diff", optimizer_difference}, {"lockstep_passed", check.passed},
+                         {"first_failed_step", check.first_failed_step}, {"gradient_bound_ratio", check.worst_gradient_ratio},
+                         {"fault", o.faults.fault}, {"fault_step", fault_step}, {"diverged", diverged}, {"passed", passed}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }
@@ -409,12 +452,17 @@ int main(int argc, char** argv) {
   app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
                                                "(Young's approximation)")
       ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();
-  app.add_flag("--verify", o.verify, "Compare with the uninterrupted run: bit-identical at an unchanged world size, "
-                                     "within the noise floor after a change");
-  app.add_option("--fault", o.fault, "Break the resume on purpose, to see --verify catch it: none, "
-                                     "lose-optimizer-state or repeat-batch")
-      ->check(CLI::IsMember({"none", "lose-optimizer-state", "repeat-batch"}))->capture_default_str();
+  app.add_flag("--verify", o.verify, "Check every step in lock-step against one rank, and compare with the "
+                                     "uninterrupted run: bit-identical at an unchanged world size");
+  cli::add_fault_options(app, o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
+                                         {"repeat-batch", "the data goes back one batch"}});
   return cli::run(app, argc, argv, [&] {
+    // Without --fault-from-step, the fault breaks the resume (the first step of a resumed run).
+    o.fault_step_given = app.count("--fault-from-step") > 0;
+    cli::check_fault_options(o.faults, o.steps);
+    if (o.fault_step_given && o.faults.from_step == 0 && o.faults.fault != "none")
+      throw UsageError("--fault-from-step: chapter 06's faults break what a step inherits from the one before (the "
+                       "optimizer's state, the place in the data), which step 0 has not; give 1 or more");
     if (o.fail_during_save && o.fail_at_step < 0)
       throw UsageError("--fail-during-save: needs --fail-at-step K, the checkpoint step to fail in");
     o.samples_given = app.count("--samples") > 0;

@@ -15,6 +15,7 @@
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
+#include "common/verify/lockstep.h"
 
 namespace course::chapter08 {
 
@@ -37,7 +38,7 @@ struct Options {
   bool sweep = false;         // both schedules at m = 1..16, with the charts
   std::string charts = "pipeline";
   std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
-  std::string fault = "none";
+  cli::FaultOptions faults;   // --fault, --fault-from-step
   std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
 };
 
@@ -73,8 +74,15 @@ struct GridRun {
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
   double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
+  verify::LockstepSummary check;  // with --verify
 };
+// With `verified`, every step is checked in lock-step against the unsharded model (verify_grid.h).
 GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
-                   const std::string& schedule_name, int m, metrics::MetricsWriter* metrics);
+                   const std::string& schedule_name, int m, metrics::MetricsWriter* metrics, bool verified = false);
+
+// Whether this rank's copy of parameter `name` is the one that counts in sums over the TP group and the
+// pipeline (clipping's norm, the whole model of --verify): a part TP splits, on every TP rank; what TP
+// keeps whole, on TP rank 0 only; the tied table, on the first stage only.
+bool counts_once(const GridRun& run, parallel::Topology& topology, const std::string& name);
 
 }  // namespace course::chapter08

@@ -5,8 +5,8 @@
 // along (GPipe or 1F1B; common/parallel/pipeline.h); data parallelism runs copies of the whole
 // arrangement and averages their gradients over the DP group only. The topology
 // (common/parallel/topology.h) owns the TP x PP x DP grid; nothing here computes a rank. The run is in
-// grid_training.cpp; --verify (verify_grid.cpp) trains the unsharded model on the whole global batch
-// beside it and compares every step's loss and every rank's parameters with their part of it.
+// grid_training.cpp; --verify (verify_grid.cpp) checks every step in lock-step against the unsharded
+// model on the whole global batch: the grid's gradient, its loss and its update.
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
@@ -96,8 +96,17 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
 // The grid and the model must fit each other; each mismatch is one line naming the flag.
 void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
   const int dp = topology.dp_size(), tp = topology.tp_size();
-  if (o.fault == "skip-dp-average" && dp < 2)
+  const std::string& fault = o.faults.fault;
+  if (fault == "skip-dp-average" && dp < 2)
     throw UsageError("--fault: skip-dp-average needs data parallelism (--dp 2 or more)");
+  if (fault == "skip-tp-all-reduce" && tp < 2)
+    throw UsageError("--fault: skip-tp-all-reduce needs tensor parallelism (--tp 2 or more)");
+  if (fault == "lose-micro-batch" && o.micro_batches < 2)
+    throw UsageError("--fault: lose-micro-batch needs two or more micro-batches (--micro-batches)");
+  if (fault == "skip-tied-exchange" && (!task.is_gpt() || topology.pp_size() < 2))
+    throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
+  if (fault == "skip-sp-sum" && !o.sequence_parallel)
+    throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
   if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
                      std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
@@ -146,7 +155,8 @@ int run(const Options& o, cli::Session& session) {
   }
   if (topology.pp_size() > 1)
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches)).c_str());
-  GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics);
+  cli::check_fault_options(o.faults, o.steps);
+  GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   if (topology.pp_size() > 1) {
     report_stages(run, o.micro_batches, o.schedule, session.metrics, "pipeline_stage", network);
   } else {
@@ -165,7 +175,7 @@ int run(const Options& o, cli::Session& session) {
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
                                      std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
-  const bool passed = !o.verify || verify_against_unsharded(o, task, run, topology, session.metrics);
+  const bool passed = !o.verify || report_check(run.check, task, session.metrics);
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }
@@ -201,10 +211,14 @@ int main(int argc, char** argv) {
       ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   cli::add_sim_network_option(app, o.sim_network);
-  app.add_flag("--verify", o.verify, "Check every step's loss and the final parameters against the unsharded model");
-  app.add_option("--fault", o.fault, "Break the training on purpose, to see --verify catch it: none, or "
-                                     "skip-dp-average (the replicas never average their gradients)")
-      ->check(CLI::IsMember({"none", "skip-dp-average"}))->capture_default_str();
+  app.add_flag("--verify", o.verify, "Check every step in lock-step against the unsharded model on the whole global "
+                                     "batch: the gradient, the loss and the update");
+  cli::add_fault_options(app, o.faults,
+                         {{"skip-dp-average", "the replicas never average their gradients"},
+                          {"skip-tp-all-reduce", "the TP group's all-reduces never happen"},
+                          {"lose-micro-batch", "each step's last micro-batch never runs"},
+                          {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
+                          {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
                                      "PNG beside it");
   app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "

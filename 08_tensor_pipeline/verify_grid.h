@@ -1,13 +1,39 @@
-// --verify: the unsharded model trained on the whole global batch on one rank, beside the grid's run.
+// --verify: the unsharded model beside the grid, in lock-step (common/verify/lockstep.h). Every step the
+// grid's parameters and gradients are put back together (common/parallel/whole_model.h) and compared
+// with the unsharded model's over the whole global batch, which the ranks compute piece by piece; the
+// tolerance is the step's own noise floor, since tensor and pipeline parallelism reorder the sums.
 #pragma once
+#include <cstdint>
+#include <memory>
+
+#include "common/data/sampling.h"
+#include "common/metrics/metrics.h"
+#include "common/parallel/whole_model.h"
+#include "common/verify/lockstep.h"
 #include "grid_training.h"
 
 namespace course::chapter08 {
 
-// Compares every step's loss and every rank's parameters with their part of the reference, each
-// against the reference's noise floor (the same run with each batch in reverse order), and logs the
-// verdict. True when both are within verify::kDriftFactor noise floors.
-bool verify_against_unsharded(const Options& o, const ChapterTask& task, const GridRun& run,
-                              parallel::Topology& topology, metrics::MetricsWriter& metrics);
+class GridCheck {
+ public:
+  GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology);
+  void begin_step(std::int64_t step);                  // the grid's parameters: the predicted ones?
+  void check_gradient(std::int64_t step, float loss);  // after the gradient fix-ups, before clipping
+  void check_update(std::int64_t step, double norm);   // after the optimizer step (norm: clipping's)
+  verify::LockstepSummary finish();
+
+ private:
+  const Options& o_;
+  const ChapterTask& task_;
+  parallel::Topology& topology_;
+  data::SampleStream stream_;  // the reference's own copy of the sample order
+  std::shared_ptr<nn::Module> reference_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<parallel::WholeModelGather> gather_;
+  std::unique_ptr<verify::Lockstep> lockstep_;
+};
+
+// Logs the verdict in one line and writes the verify metric; true when it passed.
+bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, metrics::MetricsWriter& metrics);
 
 }  // namespace course::chapter08

@@ -1,7 +1,9 @@
 // Chapter 04 graded from the outside: --verify (lock-step against one rank) passes at 1 to 4 ranks,
 // for 60, 300 and 1000 steps, with accumulation and with a dataset that does not divide, and fails,
-// naming the step, when the average is deliberately wrong; the metrics report throughput and the
-// compute/communication split; a diverged run fails; bad input exits 2 with one line.
+// naming the step, when the average is deliberately wrong, from the first step or from a late one
+// (--fault-from-step); --drift reports the free-running drift against its noise floor; the metrics
+// report throughput and the compute/communication split; a diverged run fails; bad input exits 2
+// with one line.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -33,7 +35,6 @@ void expect_lockstep(const nlohmann::json& s) {
   EXPECT_EQ(s["first_failed_step"].get<int>(), -1);
   EXPECT_LE(s["gradient_bound_ratio"].get<double>(), 1.0);
   EXPECT_LE(s["loss_bound_ratio"].get<double>(), 1.0);
-  EXPECT_GT(s["noise_floor"].get<double>(), 0.0);  // the reference's own rounding noise was measured
 }
 
 TEST(Chapter04, VerifyPassesAtEveryRankCount) {
@@ -44,6 +45,15 @@ TEST(Chapter04, VerifyPassesAtEveryRankCount) {
     EXPECT_GT(s["samples_per_s"].get<double>(), 0.0);
     EXPECT_NEAR(s["step_ms"].get<double>(), s["compute_ms"].get<double>() + s["comm_ms"].get<double>(), 1e-6);
   }
+}
+
+TEST(Chapter04, DriftIsAFigureBesideTheVerdict) {
+  auto s = run_verified(MPIRUN_NP2, "--drift");
+  expect_lockstep(s);
+  EXPECT_GT(s["noise_floor"].get<double>(), 0.0);  // the reference's own rounding noise was measured
+  EXPECT_GE(s["max_diff"].get<double>(), 0.0);
+  auto plain = run_verified(MPIRUN_NP2, "");
+  EXPECT_EQ(plain["noise_floor"].get<double>(), 0.0);  // not asked for: not run
 }
 
 TEST(Chapter04, VerifyHoldsOverLongRuns) {
@@ -62,12 +72,35 @@ TEST(Chapter04, VerifyFailsAtTheFirstStepOfAWrongAverage) {
     auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --verify --steps 5 --fault " + fault +
                          " --metrics " + metrics);
     EXPECT_NE(r.exit_code, 0) << fault;
-    EXPECT_NE(r.out.find("lock-step check FAILED at step 0: gradient of"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("lock-step check FAILED at step 0: the gradient of"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("FAILED"), std::string::npos) << r.out;
     auto summary = events(read_metrics(metrics), "ddp_summary");
     ASSERT_EQ(summary.size(), 1u);
     EXPECT_FALSE(summary[0]["passed"].get<bool>());
     EXPECT_EQ(summary[0]["first_failed_step"].get<int>(), 0);
+  }
+}
+
+// A fault that begins late, in a long run, at 2 and 3 ranks: caught at the step it begins.
+TEST(Chapter04, VerifyFailsAtTheStepALateFaultBeginsInLongRuns) {
+  for (const auto& [mpirun, fault, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP3, "skip-rank-share", 700}, {MPIRUN_NP2, "average-twice", 999}}) {
+    std::string metrics = temp_path("ch04_late.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --steps 1000 --global-batch 48 --hidden 32 "
+                         "--log-every 1000 --fault " + fault + " --fault-from-step " + std::to_string(from) +
+                         " --metrics " + metrics);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("lock-step check FAILED at step " + std::to_string(from) + ": "), std::string::npos) << r.out;
+    auto summary = events(read_metrics(metrics), "ddp_summary");
+    ASSERT_EQ(summary.size(), 1u);
+    EXPECT_EQ(summary[0]["first_failed_step"].get<int>(), from);
+    EXPECT_EQ(summary[0]["fault_from_step"].get<int>(), from);
+  }
+  // A step the run never reaches, or a step without a fault: one line naming the flag.
+  for (const std::string flags : {"--steps 10 --fault average-twice --fault-from-step 10", "--fault-from-step 3"}) {
+    auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu " + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << r.out;
+    EXPECT_NE(r.err.find("--fault-from-step"), std::string::npos) << r.err;
   }
 }
 

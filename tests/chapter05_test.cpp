@@ -49,6 +49,27 @@ TEST(Chapter05, EveryModePassesAtTwoThreeAndFourRanks) {
   }
 }
 
+// Each bucket fault, from the first step at 2 ranks and from a late step at 3: every mode fails at
+// the step the fault begins, and says what differed.
+TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
+  for (const std::string fault : {"skip-bucket", "launch-early", "step-early"})
+    for (const auto& [mpirun, from] : std::vector<std::pair<std::string, int>>{{MPIRUN_NP2, 0}, {MPIRUN_NP3, 9}}) {
+      std::string metrics = temp_path("ch05_fault.jsonl");
+      auto r = run_process(mpirun + " " + kBinary +
+                           " --device cpu --depth 4 --width 128 --features 16 --samples 512 --global-batch 48"
+                           " --steps 12 --bucket-mb 0.05 --first-bucket-mb 0.01" +
+                           " --fault " + fault + " --fault-from-step " + std::to_string(from) + " --metrics " + metrics);
+      EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
+      auto modes = events(read_metrics(metrics), "mode");
+      ASSERT_EQ(modes.size(), 4u) << fault;
+      for (auto& m : modes) {
+        EXPECT_FALSE(m["passed"].get<bool>()) << fault << " " << m["mode"];
+        EXPECT_EQ(m["first_failed_step"].get<int>(), from) << fault << " " << m["mode"];
+      }
+      EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from)), std::string::npos) << r.out;
+    }
+}
+
 TEST(Chapter05, SimulatedNetworkIsLabelledAndTheSweepRuns) {
   std::string metrics = temp_path("ch05_sim.jsonl"), trace = temp_path("ch05_sim.json");
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --sim-network 10,1.25 --sweep-buckets" +

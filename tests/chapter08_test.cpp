@@ -1,7 +1,8 @@
 // Chapter 08 graded from the outside: on every grid (TP 2 and 4; PP 2 and 4 with both schedules; DP 2
 // on top of TP 2 and of PP 2; TP 2 x PP 2; 3D, DP 2 x TP 2 x PP 2 on 8 ranks; sequence parallelism at
-// TP 2, TP 4 and in 3D), --verify finds the split GPT's losses and parameters within the noise floor
-// of the unsharded GPT's, and the MLP's split in pairs the unsharded MLP's; sequence parallelism holds
+// TP 2, TP 4 and in 3D), --verify finds every step of the split GPT, in lock-step, within its noise
+// floor of the unsharded GPT, and the MLP's split in pairs of the unsharded MLP; every fault fails at
+// the step it begins, from the first and from a late one of a 1000-step run; sequence parallelism holds
 // fewer activations than TP alone; every stage reports its measured bubble beside
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
 // impossible grids and sizes are one line and exit code 2.
@@ -56,7 +57,8 @@ TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
     auto verify = events(r.records, "verify");
     ASSERT_EQ(verify.size(), 1u) << grid;
     EXPECT_TRUE(verify[0]["passed"].get<bool>()) << grid;
-    EXPECT_GT(verify[0]["param_floor"].get<double>(), 0.0) << grid;  // the noise floor was measured
+    EXPECT_GT(verify[0]["noise_floor"].get<double>(), 0.0) << grid;  // the noise floor was measured
+    EXPECT_EQ(verify[0]["steps"].get<int>(), 6) << grid;
   }
 }
 
@@ -150,24 +152,48 @@ TEST(Chapter08, VerifyCatchesReplicasThatNeverAverage) {
   EXPECT_NE(r.process.out.find("FAILED"), std::string::npos);
 }
 
-// Over 1000 steps the unsharded run's own noise floor grows as large as a skipped average's effect, so
-// the final parameters alone would pass it; the first steps, before the noise has grown, catch it. The
-// same run without the fault passes.
-TEST(Chapter08, ALongRunsFaultIsCaughtInItsFirstSteps) {
-  const std::string metrics = temp_path("ch08_long.jsonl");
-  const std::string command = std::string(MPIRUN_NP2) + " " + kBinary +
-                              " --device cpu --dp 2 --n-layer 2 --n-head 2 --n-embd 16 --steps 1000 --log-every 1000"
-                              " --verify --metrics " + metrics;
-  auto faulty = run_process(command + " --fault skip-dp-average");
-  EXPECT_EQ(faulty.exit_code, 1) << faulty.out << faulty.err;
-  auto verify = events(read_metrics(metrics), "verify");
-  ASSERT_EQ(verify.size(), 1u) << faulty.out;
-  EXPECT_FALSE(verify[0]["passed"].get<bool>());
-  EXPECT_LE(verify[0]["param_diff"].get<double>(), 100 * verify[0]["param_floor"].get<double>());  // blind at the end
-  EXPECT_GT(verify[0]["early_diff"].get<double>(), verify[0]["early_tolerance"].get<double>());   // caught early
-  auto healthy = run_process(command);
+// Every fault of the chapter, on a grid that has what it breaks, from the first step: caught at step 0,
+// naming what differed.
+TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--dp 2 --fault skip-dp-average"},
+           {MPIRUN_NP2, "--tp 2 --fault skip-tp-all-reduce"},
+           {MPIRUN_NP2, "--pp 2 --fault lose-micro-batch"},
+           {MPIRUN_NP2, "--pp 2 --fault skip-tied-exchange"},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --fault skip-sp-sum"},
+           {MPIRUN_NP2, "--model mlp --tp 2 --fault skip-tp-all-reduce"},
+           {MPIRUN_NP4, "--tp 2 --pp 2 --fault lose-micro-batch"}}) {
+    Outcome r = run(mpirun, flags + " --verify");
+    EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+    auto verify = events(r.records, "verify");
+    ASSERT_EQ(verify.size(), 1u) << flags << r.process.out;
+    EXPECT_FALSE(verify[0]["passed"].get<bool>()) << flags;
+    EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), 0) << flags;
+    EXPECT_NE(r.process.out.find("FAILED at step 0: the gradient of"), std::string::npos) << r.process.out;
+  }
+}
+
+// Faults that begin late in 1000-step runs, at 2 and 3 ranks, the GPT and the MLP: caught at that step.
+// Without the fault the same runs pass.
+TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
+  const std::string small = " --device cpu --n-layer 3 --n-head 3 --n-embd 24 --global-batch 48 --steps 1000 "
+                            "--log-every 1000 --verify";
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP3, "--dp 3 --fault skip-dp-average", 700},
+           {MPIRUN_NP3, "--pp 3 --fault skip-tied-exchange", 500},
+           {MPIRUN_NP3, "--tp 3 --fault skip-tp-all-reduce", 999},
+           {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2 --fault lose-micro-batch", 700}}) {
+    const std::string metrics = temp_path("ch08_late.jsonl");
+    auto faulty = run_process(mpirun + " " + kBinary + small + " " + flags + " --fault-from-step " +
+                              std::to_string(from) + " --metrics " + metrics);
+    EXPECT_EQ(faulty.exit_code, 1) << flags << "\n" << faulty.out << faulty.err;
+    auto verify = events(read_metrics(metrics), "verify");
+    ASSERT_EQ(verify.size(), 1u) << faulty.out;
+    EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), from) << flags << "\n" << faulty.out;
+    std::remove(metrics.c_str());
+  }
+  auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " --tp 3");
   EXPECT_EQ(healthy.exit_code, 0) << healthy.out << healthy.err;
-  std::remove(metrics.c_str());
 }
 
 // 120 steps of 48 cross the 4000 problems' epoch boundary at 3 replicas: every step still takes a whole
@@ -190,6 +216,11 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --micro-batches 5", "--global-batch"},   // 48 is not 5 micro-batches
            {MPIRUN_NP2, "--sweep", "--sweep"},                            // no pipeline to sweep
            {MPIRUN_NP2, "--tp 2 --fault skip-dp-average", "--fault"},    // no replicas to average
+           {MPIRUN_NP2, "--dp 2 --fault skip-tp-all-reduce", "--fault"},  // no TP group
+           {MPIRUN_NP2, "--pp 2 --micro-batches 1 --fault lose-micro-batch", "--fault"},  // nothing left to run
+           {MPIRUN_NP2, "--tp 2 --fault skip-tied-exchange", "--fault"},  // one stage holds the table
+           {MPIRUN_NP2, "--tp 2 --fault skip-sp-sum", "--fault"},         // no sequence parallelism
+           {MPIRUN_NP2, "--dp 2 --fault skip-dp-average --fault-from-step 6", "--fault-from-step"},  // never reached
            {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"},             // 48 is not DP 2 x 16 micro-batches
            {MPIRUN_NP2, "--sequence-parallel", "--sequence-parallel"},    // no TP group to split the sequence in
            {MPIRUN_NP2, "--tp 2 --sequence-parallel --digits 3", "--sequence-parallel"},  // 11 tokens

@@ -67,10 +67,15 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
   optim::SGD sgd(model.parameters(), s.lr, 0.9f);
   parallel::DistributedSampler sampler(d.size, world(), 3);
   const std::int64_t local = s.global_batch / ranks;
-  verify::LockstepVerifier lockstep(mlp(1), &world());
+  auto reference = mlp(1);
+  optim::SGD reference_sgd(reference->parameters(), s.lr, 0.9f);
+  verify::Lockstep lockstep(reference, [&](std::int64_t) {
+    reference_sgd.step();
+    reference_sgd.zero_grad();
+  }, &world());
   for (int step = 0; step < s.steps; ++step) {
     step_now = step;
-    lockstep.begin_step(model);
+    lockstep.begin_step(step, model);
     float mine = accumulate(model, d, sampler.batch(step, local), s.accum, [&](Tensor& loss, bool last) {
       if (last) {
         loss.backward();
@@ -82,15 +87,16 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
     Tensor loss = Tensor::from_host({mine}, {1});
     world().all_reduce(loss, comm::ReduceOp::average);
     const auto global = sampler.global_batch(step, local);
-    lockstep.check(step, model, loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+    lockstep.check_parts(step, model, loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                    [&](nn::Module& reference, std::size_t r) {
                      const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                      return accumulate(reference, d, theirs, s.accum, [](Tensor& l, bool) { l.backward(); });
                    });
     sgd.step();
     sgd.zero_grad();
+    lockstep.check_update(step);
   }
-  return lockstep.finish();
+  return lockstep.finish(model);
 }
 
 verify::LockstepSummary run(const RunSetup& s) {

@@ -3,7 +3,7 @@
 // model's loss, and every stage's gradients are the whole model's gradients of its layers (the tied
 // table's included, on the first and the last stage), also when each stage's blocks are tensor-parallel
 // (TP 2 x PP 2 at 4 ranks), with or without sequence parallelism, and with replicas averaging through
-// DDP. 1F1B holds fewer activations than GPipe.
+// DDP. 1F1B holds fewer activations than GPipe. The grid's parts put back together are the whole model.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "common/ops/ops.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
+#include "common/parallel/whole_model.h"
 #include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
@@ -62,6 +63,7 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
       }
       const auto step = parallel::run_pipeline(stage, pp, parallel::make_schedule(name, pp.size(), m), micro_ids,
                                                micro_targets);
+      parallel::finish_gradients(stage);
       EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
       EXPECT_EQ(step.timeline.size(), static_cast<std::size_t>(2 * m));
       std::size_t checked = 0;
@@ -105,6 +107,7 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
     parallel::PipelineStageGPT stage(full, *pp, tp.get(), sequence_parallel);
     const auto step = parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
                                              micro_targets);
+    parallel::finish_gradients(stage);
     EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
     for (const auto& [name, p] : stage.named_parameters()) {
       ASSERT_TRUE(whole.count(name)) << name;
@@ -112,6 +115,43 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
       EXPECT_EQ(p.shape(), part.shape()) << name;
       EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
     }
+  }
+}
+
+// The parts of TP x PP put back together (each element from the one rank responsible for it: TP rank 0
+// for what every TP rank holds whole, the first stage for the tied table) are the whole model's
+// parameters bit for bit, and after a step its gradients.
+TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
+  const int tp_size = world().size() >= 4 ? 2 : 1, pp_size = world().size() / tp_size;
+  auto tp = world().split(world().rank() / tp_size, world().rank());
+  auto pp = world().split(world().rank() % tp_size, world().rank());
+  nn::GPTConfig config = small_gpt();
+  config.vocab_size = 12;
+  nn::GPT full(config, Device::cpu, 5);
+  const auto [ids, targets] = batch();
+  Tensor expected = cross_entropy(full(ids), targets);
+  expected.backward();
+  parallel::PipelineStageGPT stage(full, *pp, tp.get());
+  auto responsible = [&](const std::string& name) {
+    const bool tied_copy = name == "transformer.wte.weight" && stage.is_last() && !stage.is_first();
+    return (stage.is_split(name) || tp->rank() == 0) && !tied_copy;
+  };
+  parallel::WholeModelGather gather(stage, full, world(), responsible);
+  const auto parameters = gather.parameters();
+  if (world().rank() == 0) EXPECT_EQ(parameters, full.parameters_to_host());
+  else EXPECT_TRUE(parameters.empty());
+  std::vector<Tensor> micro_ids{ids}, micro_targets{targets};
+  parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 1), micro_ids, micro_targets);
+  parallel::finish_gradients(stage);
+  const auto gradients = gather.gradients();
+  if (world().rank() == 0) EXPECT_LE(verify::max_abs_diff(gradients, full.gradients_to_host()), kReorderTolerance);
+  // A rule that takes a copy twice (every TP rank's copy of a layer norm) is off by whole values.
+  if (tp_size > 1) {
+    parallel::WholeModelGather twice(stage, full, world(), [&](const std::string& name) {
+      return name.find("wte") == std::string::npos || stage.is_first();
+    });
+    const auto doubled = twice.parameters();
+    if (world().rank() == 0) EXPECT_GT(verify::max_abs_diff(doubled, full.parameters_to_host()), 0.01);
   }
 }
 
@@ -143,6 +183,7 @@ TEST(Pipeline, ReplicasOfThePipelineAverageOnceThroughDdp) {
     micro_targets.push_back(narrow(targets, first * kT, rows * kT));
   }
   parallel::run_pipeline(*stage, *pp, parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
+  parallel::finish_gradients(*stage);
   EXPECT_EQ(ddp.synchronisations(), 1);
   for (const auto& [name, p] : stage->named_parameters())
     EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), whole[name]), kReorderTolerance) << name;

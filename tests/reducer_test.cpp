@@ -44,10 +44,15 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
   optim::SGD sgd(ddp.module().parameters(), 0.02f, 0.9f);
   parallel::DistributedSampler sampler(d.size, world(), 3);
   const std::int64_t local = 12;
-  verify::LockstepVerifier lockstep(mlp(1), &world());
+  auto reference = mlp(1);
+  optim::SGD reference_sgd(reference->parameters(), 0.02f, 0.9f);
+  verify::Lockstep lockstep(reference, [&](std::int64_t) {
+    reference_sgd.step();
+    reference_sgd.zero_grad();
+  }, &world());
   lockstep.set_rounding(rounding);
   for (int step = 0; step < steps; ++step) {
-    lockstep.begin_step(ddp.module());
+    lockstep.begin_step(step, ddp.module());
     auto share = sampler.batch(step, local);
     auto micro = data::split_batches(share, (local + accum - 1) / accum);
     float loss_sum = 0;
@@ -64,7 +69,7 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
     Tensor loss = Tensor::from_host({loss_sum}, {1});
     world().all_reduce(loss, comm::ReduceOp::average);
     const auto global = sampler.global_batch(step, local);
-    lockstep.check(step, ddp.module(), loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+    lockstep.check_parts(step, ddp.module(), loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
                    [&](nn::Module& reference, std::size_t r) {
                      const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                      auto pieces = data::split_batches(theirs, (local + accum - 1) / accum);
@@ -78,11 +83,12 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
                    });
     sgd.step();
     sgd.zero_grad();
+    lockstep.check_update(step);
   }
   if (bytes) *bytes = ddp.reducer().bytes_communicated();
   EXPECT_TRUE(ddp.parameters_identical());
   EXPECT_EQ(ddp.reducer().rebuilt(), options.rebuild_buckets && !options.per_parameter && steps > 0);
-  return lockstep.finish();
+  return lockstep.finish(ddp.module());
 }
 
 TEST(Reducer, BucketsInReverseOrderWithinTheirCaps) {

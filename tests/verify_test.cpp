@@ -1,60 +1,240 @@
-// The early-step check of a run's losses (common/verify/compare.h): rounding-level differences pass, a
-// difference from the first steps fails however large the reference's floor grows later, and a
-// difference once the noise has grown is left to the whole run's Drift.
+// The verification's tolerances (common/verify/compare.h) tested directly: random sums added in random
+// orders in float32 stay within the derived bound, and the same sums with a doubled scale do not; a
+// norm from float32 partial sums stays within its bound, and one that counts a part twice does not;
+// the noise-floor rule pools the floors of tiny tensors. Then the lock-step check itself
+// (common/verify/lockstep.h) on one process: a correct run passes every step, and a wrong gradient, a
+// wrong loss, a wrong update or a wrong start fails at the step where it begins, named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <stdexcept>
+#include <cstring>
+#include <numeric>
+#include <random>
 #include <vector>
 
+#include "common/nn/layers.h"
+#include "common/ops/ops.h"
+#include "common/optim/optimizer.h"
 #include "common/verify/compare.h"
+#include "common/verify/lockstep.h"
 
 namespace course::testing {
 namespace {
 
-constexpr double kPerStep = 3e-6;  // 1e-3 x lr at lr 3e-3, as chapters 07 and 08 use
-
-// A reference whose reordered run agrees exactly for 5 steps, then drifts by 1e-3 growing x10 a step.
-std::vector<float> reference() { return std::vector<float>(10, 2.0f); }
-std::vector<float> reordered() {
-  std::vector<float> r = reference();
-  for (std::size_t i = 5; i < r.size(); ++i) r[i] += 1e-3f * static_cast<float>(i - 4);
-  return r;
+// R parts of n terms each, of mixed signs and magnitudes.
+std::vector<std::vector<float>> random_parts(std::mt19937& rng, int parts, int n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-6.0f, 3.0f);
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(parts), std::vector<float>(static_cast<std::size_t>(n)));
+  for (auto& part : out)
+    for (float& x : part) x = normal(rng) * std::pow(10.0f, exponent(rng));
+  return out;
 }
 
-TEST(EarlySteps, RoundingLevelDifferencesPass) {
-  std::vector<float> run = reference();
-  run[0] = std::nextafter(2.0f, 3.0f);  // one ulp
-  run[3] = std::nextafter(2.0f, 1.0f);
-  const auto early = verify::check_early_steps(run, reference(), reordered(), kPerStep);
-  EXPECT_EQ(early.checked, 5u);  // steps 0-4; at step 5 the floor is 1e-3, 100 x it beyond any tolerance
-  EXPECT_TRUE(early.passed()) << early.difference << " at step " << early.worst_step;
+TEST(SummationBound, RandomSumsInRandomOrdersStayWithinIt) {
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int parts = 2 + trial % 15;
+    const auto terms = random_parts(rng, parts, 64);
+    const double scale = 1.0 / parts;  // DDP's average
+    for (std::size_t i = 0; i < 64; ++i) {
+      std::vector<int> order(static_cast<std::size_t>(parts));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      float sum = 0;  // the run: float32 additions in some order, then the scaling
+      double exact = 0, magnitude = 0;
+      for (int r : order) sum += terms[static_cast<std::size_t>(r)][i];
+      for (int r = 0; r < parts; ++r) {
+        exact += scale * terms[static_cast<std::size_t>(r)][i];
+        magnitude += std::fabs(scale * terms[static_cast<std::size_t>(r)][i]);
+      }
+      const float computed = sum * static_cast<float>(scale);
+      const double bound = verify::summation_bound(magnitude, parts + 1);
+      EXPECT_LE(std::fabs(computed - exact), bound) << "trial " << trial << " element " << i;
+      // Averaged twice (the scale doubled, or halved): far outside, unless the sum itself vanishes.
+      if (std::fabs(exact) > 10 * bound) {
+        EXPECT_GT(std::fabs(2 * computed - exact), bound);
+        EXPECT_GT(std::fabs(0.5f * computed - exact), bound);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
-TEST(EarlySteps, AFaultFromTheFirstStepsFails) {
-  std::vector<float> run = reference();
-  for (std::size_t i = 1; i < run.size(); ++i) run[i] += 0.02f;  // a skipped average shows at step 1
-  const auto early = verify::check_early_steps(run, reference(), reordered(), kPerStep);
-  EXPECT_FALSE(early.passed());
-  EXPECT_EQ(early.worst_step, 1u);  // the first, where the tolerance is tightest
-  EXPECT_NEAR(early.difference, 0.02, 1e-6);
+TEST(SummationBound, SixteenBitPartsNeedTheirOwnUnitRoundoff) {
+  // Parts rounded to bf16 before a float32 sum differ from the exact sum by far more than float32's
+  // bound allows, and stay within bf16's.
+  std::mt19937 rng(3);
+  const auto terms = random_parts(rng, 4, 256);
+  double worst_float = 0, worst_bf16 = 0;
+  for (std::size_t i = 0; i < 256; ++i) {
+    double exact = 0, magnitude = 0;
+    float sum = 0;
+    for (const auto& part : terms) {
+      exact += part[i];
+      magnitude += std::fabs(part[i]);
+      std::uint32_t bits;
+      std::memcpy(&bits, &part[i], 4);
+      bits = (bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff0000u;  // round to nearest even, to bf16
+      float rounded;
+      std::memcpy(&rounded, &bits, 4);
+      sum += rounded;
+    }
+    const double diff = std::fabs(sum - exact);
+    worst_float = std::max(worst_float, diff / verify::summation_bound(magnitude, 5));
+    worst_bf16 = std::max(worst_bf16, diff / verify::summation_bound(magnitude, 6, verify::kBfloat16Rounding));
+  }
+  EXPECT_GT(worst_float, 1.0);
+  EXPECT_LE(worst_bf16, 1.0);
 }
 
-TEST(EarlySteps, LateDifferencesAreLeftToTheWholeRun) {
-  std::vector<float> run = reordered();
-  for (std::size_t i = 6; i < run.size(); ++i) run[i] += 0.5f;  // after the noise has grown
-  EXPECT_TRUE(verify::check_early_steps(run, reference(), reordered(), kPerStep).passed());
+TEST(NormBound, APartitionedNormStaysWithinItAndADoubleCountDoesNot) {
+  std::mt19937 rng(11);
+  for (int partials : {1, 2, 3, 4, 8}) {
+    const auto parts = random_parts(rng, partials, 1000);
+    double exact_squares = 0;
+    float total = 0;  // each rank's sum of squares in double, sent in float32, added in float32
+    for (const auto& part : parts) {
+      double squares = 0;
+      for (float g : part) squares += static_cast<double>(g) * g;
+      exact_squares += squares;
+      total += static_cast<float>(squares);
+    }
+    const double exact = std::sqrt(exact_squares), run = std::sqrt(static_cast<double>(total));
+    EXPECT_LE(std::fabs(run - exact), verify::norm_bound(exact, partials)) << partials << " partial sums";
+    // The first part counted twice (a tied table on two stages): outside.
+    double first = 0;
+    for (float g : parts[0]) first += static_cast<double>(g) * g;
+    EXPECT_GT(std::fabs(std::sqrt(exact_squares + first) - exact), verify::norm_bound(exact, partials));
+  }
 }
 
-TEST(EarlySteps, AResumedRunIsComparedFromItsFirstStep) {
-  const std::vector<float> whole = reference();
-  std::vector<float> run(whole.begin() + 2, whole.end());  // steps 2-9
-  run[1] += 0.02f;                                                      // step 3
-  const auto early = verify::check_early_steps(run, reference(), reordered(), kPerStep, 2);
-  EXPECT_EQ(early.checked, 3u);  // steps 2, 3, 4
-  EXPECT_FALSE(early.passed());
-  EXPECT_EQ(early.worst_step, 3u);
-  EXPECT_THROW(verify::check_early_steps(run, reference(), reordered(), kPerStep, 3), std::invalid_argument);
+TEST(NoiseFloor, SmallTensorsTakeThePooledFloorsAndNoneIsBelowOneRounding) {
+  // Three large tensors with relative floors 1e-6, 2e-6 and 4e-6, and a one-element bias whose two
+  // passes happened to agree.
+  const std::vector<double> floors{1e-6, 2e-6, 4e-6, 0.0}, largest{1.0, 1.0, 1.0, 0.5};
+  const auto tolerances = verify::noise_floor_tolerances(floors, largest, {4096, 4096, 4096, 1});
+  ASSERT_EQ(tolerances.size(), 4u);
+  EXPECT_DOUBLE_EQ(tolerances[0], verify::kNoiseFloorFactor * 2e-6);  // raised to the median
+  EXPECT_DOUBLE_EQ(tolerances[2], verify::kNoiseFloorFactor * 4e-6);  // its own
+  EXPECT_DOUBLE_EQ(tolerances[3], verify::kNoiseFloorFactor * 4e-6 * 0.5);  // small: the largest relative floor
+  // A model whose floors all vanished still allows one rounding of each tensor's largest gradient.
+  const auto exact = verify::noise_floor_tolerances({0.0, 0.0}, {1.0, 8.0}, {1000, 1000});
+  EXPECT_DOUBLE_EQ(exact[1], verify::kNoiseFloorFactor * 8.0 * verify::kUnitRoundoff);
+  EXPECT_THROW(verify::noise_floor_tolerances({0.0}, {1.0, 2.0}, {1, 1}), std::invalid_argument);
+}
+
+// ---- the lock-step check on one process ------------------------------------------------------------
+
+constexpr int kSteps = 6, kParts = 3;
+
+std::shared_ptr<nn::Module> small_mlp() { return nn::make_mlp(4, 8, 1, 1, nn::Activation::gelu, Device::cpu, 3); }
+
+Tensor inputs(int step, int part) {
+  std::vector<float> x(2 * 4);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7f * static_cast<float>(i + 13 * step + 5 * part));
+  return Tensor::from_host(x, {2, 4});
+}
+
+// How a run can go wrong, from step kFrom on.
+enum class Fault { none, gradient, loss, update, start };
+constexpr int kFrom = 4;
+
+verify::LockstepSummary run_with(Fault fault, bool reordered) {
+  auto model = small_mlp();
+  optim::SGD sgd(model->parameters(), 0.1f);
+  auto reference = verify::make_reference(small_mlp);
+  optim::SGD reference_sgd(reference->parameters(), 0.1f);
+  verify::Lockstep check(reference, [&](std::int64_t) {
+    reference_sgd.step();
+    reference_sgd.zero_grad();
+  }, nullptr);
+  auto part_loss = [](nn::Module& m, int step, std::size_t part) {
+    Tensor l = scale(sum(m(inputs(step, static_cast<int>(part)))), 1.0f / kParts);
+    l.backward();
+    return l.item();
+  };
+  if (fault == Fault::start) model->parameters().front().fill_(0.5f);
+  for (int step = 0; step < kSteps; ++step) {
+    check.begin_step(step, *model);
+    float loss = 0;
+    for (std::size_t p = 0; p < kParts; ++p) loss += part_loss(*model, step, p);  // accumulation
+    if (fault == Fault::gradient && step >= kFrom) model->parameters().front().grad().fill_(1.0f);
+    if (fault == Fault::loss && step >= kFrom) loss *= 2;
+    if (reordered)
+      check.check_reordered(step, model->gradients_to_host(), loss, [&](nn::Module& m, bool reversed) {
+        float l = 0;
+        for (std::size_t k = 0; k < kParts; ++k) l += part_loss(m, step, reversed ? kParts - 1 - k : k);
+        return l;
+      });
+    else
+      check.check_parts(step, *model, loss, kParts, 1.0, [&](nn::Module& m, std::size_t p) { return part_loss(m, step, p); });
+    sgd.step();
+    if (fault == Fault::update && step >= kFrom) model->parameters().back().fill_(0.25f);
+    sgd.zero_grad();
+    check.check_update(step);
+  }
+  return check.finish(*model);
+}
+
+TEST(Lockstep, ACorrectRunPassesEveryStepAndEveryUpdate) {
+  for (bool reordered : {false, true}) {
+    const auto summary = run_with(Fault::none, reordered);
+    EXPECT_TRUE(summary.passed) << summary.first_failure;
+    EXPECT_EQ(summary.steps, kSteps);
+    EXPECT_EQ(summary.updates, kSteps);
+    EXPECT_LE(summary.worst_gradient_ratio, 1.0);
+  }
+}
+
+TEST(Lockstep, EachFaultFailsAtTheStepItBegins) {
+  for (bool reordered : {false, true}) {
+    for (Fault fault : {Fault::gradient, Fault::loss, Fault::update}) {
+      const auto summary = run_with(fault, reordered);
+      EXPECT_FALSE(summary.passed);
+      EXPECT_EQ(summary.first_failed_step, kFrom) << summary.first_failure;
+    }
+    const auto started = run_with(Fault::start, reordered);
+    EXPECT_FALSE(started.passed);
+    EXPECT_EQ(started.first_failed_step, 0);
+    EXPECT_NE(started.first_failure.find("starts from"), std::string::npos) << started.first_failure;
+  }
+  EXPECT_NE(run_with(Fault::update, false).first_failure.find("after the update"), std::string::npos);
+  EXPECT_NE(run_with(Fault::gradient, false).first_failure.find("'0.weight'"), std::string::npos);
+}
+
+// Clipping: the run's norm must be its gradient's, and the reference repeats the run's factor.
+TEST(Lockstep, ANormThatIsNotTheGradientsFails) {
+  auto model = small_mlp();
+  auto reference = verify::make_reference(small_mlp);
+  optim::SGD reference_sgd(reference->parameters(), 0.1f);
+  for (double wrong : {1.0, 2.0}) {  // the right norm, then the norm doubled
+    verify::Lockstep check(reference, [&](std::int64_t) {
+      reference_sgd.step();
+      reference_sgd.zero_grad();
+    }, nullptr, 1e-3);
+    optim::SGD sgd(model->parameters(), 0.1f);
+    check.begin_step(0, *model);
+    Tensor l = sum((*model)(inputs(0, 0)));
+    l.backward();
+    check.check_parts(0, *model, l.item(), 1, 1.0, [&](nn::Module& m, std::size_t) {
+      Tensor r = sum(m(inputs(0, 0)));
+      r.backward();
+      return r.item();
+    });
+    const double norm = optim::clip_grad_norm_(model->parameters(), 1e-3);
+    sgd.step();
+    sgd.zero_grad();
+    check.check_update(0, norm * wrong);
+    const auto summary = check.finish(*model);
+    if (wrong == 1.0) EXPECT_TRUE(summary.passed) << summary.first_failure;
+    else EXPECT_NE(summary.first_failure.find("norm"), std::string::npos) << summary.first_failure;
+    model = small_mlp();  // the same start for the second round
+    reference->load_parameters_from_host(model->parameters_to_host());
+  }
 }
 
 }  // namespace

@@ -197,8 +197,6 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
     step.timeline.push_back({a, begin, since()});
   }
   for (auto& work : sends) work->wait();
-  stage.sync_tied_gradients();
-  stage.sync_sequence_parallel_gradients();
   step.step_ms = since();
   step.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations) - before;
   // The loss is known on the last stage; every stage reports it.
@@ -206,6 +204,11 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
   pp.broadcast(global, pp.size() - 1);
   step.loss = global.item();
   return step;
+}
+
+void finish_gradients(PipelineStageGPT& stage) {
+  stage.sync_sequence_parallel_gradients();
+  stage.sync_tied_gradients();
 }
 
 }  // namespace course::parallel

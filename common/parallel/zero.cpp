@@ -10,6 +10,7 @@
 #include "common/kernels/kernels.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
+#include "common/optim/optimizer.h"
 
 namespace course::parallel {
 namespace {
@@ -252,19 +253,69 @@ void ZeroOptimizer::release_unit(std::size_t u) {
   if (!unit_storage_[u]->released()) unit_storage_[u]->release();
 }
 
-std::vector<float> ZeroOptimizer::full_parameters() {
-  std::vector<bool> was_released(unit_storage_.size());
-  for (std::size_t u = 0; u < unit_storage_.size(); ++u) {
-    was_released[u] = unit_storage_[u]->released();
-    gather_unit(u);
+// What full_parameters and gather_flat send is inspection, not training: left out of the step's bytes.
+class ZeroOptimizer::Uncounted {
+ public:
+  explicit Uncounted(ZeroOptimizer& zero) : zero_(zero), sent_(zero.group_.bytes_sent()), ring_(zero.ring_bytes_) {}
+  ~Uncounted() {
+    zero_.bytes_at_last_step_ += zero_.group_.bytes_sent() - sent_;
+    zero_.ring_bytes_ = ring_;
+  }
+
+ private:
+  ZeroOptimizer& zero_;
+  std::int64_t sent_, ring_;
+};
+
+std::vector<float> ZeroOptimizer::gather_flat(const Tensor& buffer) {
+  const Uncounted inspection(*this);
+  std::vector<float> whole;
+  if (options_.stage == 0) {
+    whole = buffer.to_host();
+  } else {
+    whole.resize(static_cast<std::size_t>(layout_.padded()));
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const FlatUnit& unit = layout_.units()[u];
+      const Tensor mine = buffer.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
+      Tensor gathered = Tensor::empty({unit.padded}, buffer.device());
+      if (group_.size() == 1) gathered.copy_from(mine);
+      else group_.all_gather(mine, gathered);
+      const auto values = gathered.to_host();
+      std::copy(values.begin(), values.end(), whole.begin() + unit.offset);
+    }
   }
   std::vector<float> out;
-  for (const Tensor& p : params_) {
-    auto values = p.to_host();
-    out.insert(out.end(), values.begin(), values.end());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto at = whole.begin() + layout_.offset_of(i);
+    out.insert(out.end(), at, at + params_[i].numel());
   }
-  for (std::size_t u = 0; u < unit_storage_.size(); ++u)
-    if (was_released[u]) release_unit(u);
+  return out;
+}
+
+std::vector<float> ZeroOptimizer::full_gradients() {
+  return gather_flat(options_.stage == 0 ? flat_grads_ : grad_shard_);  // the averages
+}
+
+ZeroOptimizer::FullState ZeroOptimizer::full_optimizer_state() {
+  return {gather_flat(exp_avg_), gather_flat(exp_avg_sq_)};
+}
+
+std::vector<float> ZeroOptimizer::full_parameters() {
+  const Uncounted inspection(*this);
+  // Unit by unit, each released again before the next is gathered: no more memory than a forward holds.
+  std::vector<std::size_t> offset(params_.size(), 0);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) offset[i] = total, total += static_cast<std::size_t>(params_[i].numel());
+  std::vector<float> out(total);
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const bool was_released = u < unit_storage_.size() && unit_storage_[u]->released();
+    if (u < unit_storage_.size()) gather_unit(u);
+    for (std::size_t i : layout_.units()[u].params) {
+      const auto values = params_[i].to_host();
+      std::copy(values.begin(), values.end(), out.begin() + static_cast<long>(offset[i]));
+    }
+    if (was_released) release_unit(u);
+  }
   return out;
 }
 
@@ -315,6 +366,11 @@ void ZeroOptimizer::finish_reductions() {
 }
 
 double ZeroOptimizer::step() {
+  reduce_gradients();
+  return apply();
+}
+
+void ZeroOptimizer::reduce_gradients() {
   autograd::NoGradGuard no_grad;
   for (auto& gathering : gathering_)  // a prefetch that no pass used lands before the shards change
     if (gathering) {
@@ -335,6 +391,10 @@ double ZeroOptimizer::step() {
   } else {
     finish_reductions();
   }
+}
+
+double ZeroOptimizer::apply() {
+  autograd::NoGradGuard no_grad;
   const double norm = clip();
   update();
   gather_parameters();
@@ -360,11 +420,10 @@ double ZeroOptimizer::clip() {
     squares = total.item();
   }
   const double norm = std::sqrt(squares);
-  const double coefficient = options_.max_grad_norm / (norm + 1e-6);
-  if (coefficient < 1.0) {
+  const float coefficient = optim::clip_coefficient(norm, options_.max_grad_norm);
+  if (coefficient != 1.0f) {
     Tensor scaled = held;
-    kernels(held.device()).scale(held.data(), static_cast<float>(coefficient), scaled.data(),
-                                 static_cast<std::size_t>(held.numel()));
+    kernels(held.device()).scale(held.data(), coefficient, scaled.data(), static_cast<std::size_t>(held.numel()));
   }
   return norm;
 }

@@ -84,8 +84,22 @@ class ZeroOptimizer {
 
   // After backward on this rank's share (the loss a mean over it): average the gradients over the
   // group, clip, update, and leave every rank with the same new parameters. Returns the gradient norm
-  // before clipping (0 when clipping is off).
+  // before clipping (0 when clipping is off). The same as reduce_gradients() then apply().
   double step();
+  // The step's two halves. reduce_gradients: the average over the group (stage 0 all-reduces, stages
+  // 1-3 reduce-scatter, each rank keeping its part). apply: clip, update this rank's part with its part
+  // of Adam's state, all-gather the parameters (stages 1 and 2); returns the norm before clipping.
+  void reduce_gradients();
+  double apply();
+  // Between the two: the averaged gradient of every parameter in registration order, gathered from
+  // the ranks' parts at stages 1-3 (collective), for the lock-step check.
+  std::vector<float> full_gradients();
+  // Adam's two moments of every parameter in registration order, gathered the same way (collective):
+  // what a lock-step reference starts from after a resume.
+  struct FullState {
+    std::vector<float> exp_avg, exp_avg_sq;
+  };
+  FullState full_optimizer_state();
   void zero_grad();
   void set_lr(float lr) { options_.lr = lr; }
   long steps_taken() const { return steps_; }
@@ -121,6 +135,10 @@ class ZeroOptimizer {
   void update();
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
+  // Every parameter's values in registration order from a buffer laid out as the flat units: [padded]
+  // at stage 0, this rank's [shard] above (all-gathered unit by unit; collective).
+  std::vector<float> gather_flat(const Tensor& buffer);
+  class Uncounted;  // while alive, what is sent counts in neither bytes_sent_last_step nor ring_bytes
   void shard_parameters(nn::Module& model);  // stage 3's construction
   void gather_unit(std::size_t unit);        // stage 3: the unit's parameters, gathered, before returning
   void start_gather(std::size_t unit);       // stage 3: materialise the unit and start its all-gather

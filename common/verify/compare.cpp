@@ -29,33 +29,31 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
-bool Drift::within(double short_run_tolerance) const {
-  return difference <= short_run_tolerance || difference <= kDriftFactor * noise_floor;
+std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, const std::vector<double>& largest,
+                                           const std::vector<std::int64_t>& elements) {
+  if (floors.size() != largest.size() || floors.size() != elements.size())
+    throw std::invalid_argument("noise_floor_tolerances: " + std::to_string(floors.size()) + " floors for " +
+                                std::to_string(largest.size()) + " tensors of " + std::to_string(elements.size()) +
+                                " sizes");
+  std::vector<double> relative;
+  for (std::size_t t = 0; t < floors.size(); ++t)
+    if (largest[t] > 0 && std::isfinite(floors[t])) relative.push_back(floors[t] / largest[t]);
+  double median = 0, most = 0;
+  if (!relative.empty()) {
+    most = *std::max_element(relative.begin(), relative.end());
+    std::nth_element(relative.begin(), relative.begin() + static_cast<long>(relative.size() / 2), relative.end());
+    median = relative[relative.size() / 2];
+  }
+  std::vector<double> tolerances;
+  for (std::size_t t = 0; t < floors.size(); ++t) {
+    const double pooled = elements[t] < kStableFloorElements ? most : median;
+    tolerances.push_back(kNoiseFloorFactor * std::max({floors[t], pooled * largest[t], kUnitRoundoff * largest[t]}));
+  }
+  return tolerances;
 }
 
-EarlySteps check_early_steps(const std::vector<float>& run, const std::vector<float>& reference,
-                             const std::vector<float>& reordered, double tolerance_per_step, std::size_t first) {
-  if (first + run.size() > reference.size() || reordered.size() != reference.size())
-    throw std::invalid_argument("check_early_steps: " + std::to_string(run.size()) + " steps from step " +
-                                std::to_string(first) + " against a reference of " + std::to_string(reference.size()) +
-                                " and a reordered run of " + std::to_string(reordered.size()));
-  EarlySteps result;
-  double floor = 0, worst_share = -1;
-  for (std::size_t step = 0; step < first + run.size(); ++step) {
-    floor = std::max(floor, std::fabs(static_cast<double>(reordered[step]) - reference[step]));
-    const float magnitude = std::fabs(reference[step]);
-    const double ulp = static_cast<double>(std::nextafter(magnitude, INFINITY) - magnitude);
-    const double tolerance = std::max(tolerance_per_step * static_cast<double>(step + 1), kDriftFactor * ulp);
-    if (kDriftFactor * floor > tolerance) break;  // the noise has grown: the whole run's Drift judges from here
-    if (step < first) continue;
-    const double difference = std::fabs(static_cast<double>(run[step - first]) - reference[step]);
-    ++result.checked;
-    if (difference / tolerance > worst_share) {
-      worst_share = difference / tolerance;
-      result.worst_step = step, result.difference = difference, result.tolerance = tolerance;
-    }
-  }
-  return result;
+double norm_bound(double norm, std::int64_t partial_sums) {
+  return (0.5 * gamma(2 * std::max<std::int64_t>(1, partial_sums)) + kUnitRoundoff) * norm;
 }
 
 }  // namespace course::verify

@@ -1,25 +1,16 @@
-// The lock-step comparison: rank 0 recomputes every part of the step and adds them exactly.
+// The lock-step check: the ranks compute the reference's parts or pieces, rank 0 adds them up, compares
+// the gradient and the loss, repeats the run's update and compares the parameters it predicted.
 #include "common/verify/lockstep.h"
 
 #include <cmath>
 #include <cstdio>
-#include <vector>
+#include <limits>
 
-#include "common/verify/compare.h"
+#include "common/kernels/kernels.h"
+#include "common/optim/optimizer.h"
 
 namespace course::verify {
 namespace {
-
-// Every parameter's gradient, flattened in registration order (zeros where there is none).
-std::vector<float> gradients_to_host(const nn::Module& model) {
-  std::vector<float> out;
-  for (const auto& [name, p] : model.named_parameters()) {
-    Tensor g = p.grad();
-    std::vector<float> values = g.defined() ? g.to_host() : std::vector<float>(static_cast<std::size_t>(p.numel()), 0.0f);
-    out.insert(out.end(), values.begin(), values.end());
-  }
-  return out;
-}
 
 // Which parameter, and which element of it, flat index i falls in.
 std::string locate(const nn::Module& model, std::size_t i) {
@@ -31,94 +22,287 @@ std::string locate(const nn::Module& model, std::size_t i) {
   return "?";
 }
 
-double ratio_of(double diff, double bound) { return bound > 0 ? diff / bound : (diff == 0 ? 0.0 : INFINITY); }
+double ratio_of(double diff, double tolerance) {
+  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+  return tolerance > 0 ? diff / tolerance : (diff == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+}
+
+std::string text(const char* format, auto... values) {
+  char buffer[400];
+  std::snprintf(buffer, sizeof buffer, format, values...);
+  return buffer;
+}
+
+// Every value moved by one unit in the last place, up or down as a hash of its index and the step
+// says: a perturbation of every term of the computation by one rounding.
+std::vector<float> nudged(std::vector<float> values, std::int64_t step) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(step + 1) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 31)) * 0x94d049bb133111ebull;
+    values[i] = std::nextafter(values[i], (h >> 63) != 0 ? INFINITY : -INFINITY);
+  }
+  return values;
+}
 
 }  // namespace
 
-LockstepVerifier::LockstepVerifier(std::shared_ptr<nn::Module> reference, comm::Communicator* group)
-    : reference_(std::move(reference)), group_(group) {}
-
-void LockstepVerifier::begin_step(const nn::Module& trained) {
-  if (group_ && group_->rank() != 0) return;
-  auto mine = reference_->named_parameters();
-  auto theirs = trained.named_parameters();
-  if (mine.size() != theirs.size()) throw std::invalid_argument("LockstepVerifier: the models differ in parameters");
-  for (std::size_t i = 0; i < mine.size(); ++i) mine[i].second.copy_from(theirs[i].second);
+std::shared_ptr<nn::Module> make_reference(const std::function<std::shared_ptr<nn::Module>()>& make) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  return make();
 }
 
-void LockstepVerifier::check(std::int64_t step, const nn::Module& trained, float loss, std::size_t parts, double scale,
-                             const PartFunction& part) {
-  ++summary_.steps;
-  if (group_ && group_->rank() != 0) return;
+Lockstep::Lockstep(std::shared_ptr<nn::Module> reference, UpdateFunction update, comm::Communicator* group,
+                   double max_norm)
+    : reference_(std::move(reference)), update_(std::move(update)), group_(group), max_norm_(max_norm) {
+  if (judges()) predicted_ = reference_->parameters_to_host();
+}
+
+void Lockstep::record(std::int64_t step, const std::string& what) {
+  if (!summary_.passed) return;  // the first failure is the one worth reading
+  summary_.passed = false;
+  summary_.first_failed_step = step;
+  summary_.first_failure = what;
+}
+
+void Lockstep::reduce(std::vector<float>& values) {
+  if (!group_ || group_->size() == 1) return;
+  const Device device = reference_->parameters().front().device();
+  Tensor t = Tensor::from_host(values, {static_cast<std::int64_t>(values.size())}, device);
+  group_->reduce(t, 0, comm::ReduceOp::sum);
+  if (group_->rank() == 0) values = t.to_host();
+}
+
+// Bit for bit: the same parameters, the same gradient and the same optimizer state give the same update.
+void Lockstep::compare_parameters(std::int64_t step, const std::vector<float>& run_parameters) {
+  if (run_parameters.size() != predicted_.size())
+    throw std::invalid_argument("Lockstep: " + std::to_string(run_parameters.size()) + " parameters against the "
+                                "reference's " + std::to_string(predicted_.size()));
+  for (std::size_t i = 0; i < predicted_.size(); ++i) {
+    if (run_parameters[i] == predicted_[i]) continue;
+    const std::string where = locate(*reference_, i);
+    if (predicted_by_ < 0)
+      record(step, text("the run starts from %s = %.9g, the reference from %.9g (the same "
+                                  "initialisation or checkpoint must give the same parameters)",
+                                  where.c_str(), run_parameters[i], predicted_[i]));
+    else
+      record(predicted_by_, text("after the update, %s is %.9g; the reference's optimizer, applied to the run's own "
+                                 "gradient, gives %.9g",
+                                 where.c_str(), run_parameters[i], predicted_[i]));
+    return;
+  }
+}
+
+void Lockstep::begin_step(std::int64_t step, const std::vector<float>& run_parameters) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  if (judges()) compare_parameters(step, run_parameters);
+  // Every rank's reference takes rank 0's view of the run's parameters, so a rank whose own copy
+  // differs computes its part from the wrong weights and the sum shows it.
+  std::vector<float> values = judges() ? run_parameters : std::vector<float>(predicted_.size());
+  if (group_ && group_->size() > 1) {
+    const Device device = reference_->parameters().front().device();
+    Tensor t = group_->rank() == 0 ? Tensor::from_host(values, {static_cast<std::int64_t>(values.size())}, device)
+                                   : Tensor::zeros({reference_->parameter_count()}, device);
+    group_->broadcast(t, 0);
+    values = t.to_host();
+  }
+  reference_->load_parameters_from_host(values);
+}
+
+void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_gradient, float run_loss,
+                           std::size_t parts, double scale, const PartFunction& part) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto count = static_cast<std::size_t>(reference_->parameter_count());
-  // The exact combination (in double; its own rounding is ~1e-16, far below the float32 bound) and
-  // the sum of the scaled parts' magnitudes, which the bound is proportional to.
-  std::vector<double> exact(count, 0.0), magnitude(count, 0.0);
-  double exact_loss = 0, loss_magnitude = 0;
-  for (std::size_t r = 0; r < parts; ++r) {
+  // This rank's parts, added in double (their own rounding is ~1e-16, far below the float32 bound),
+  // with the sum of their magnitudes, which the bound is proportional to: [sum, magnitude, loss, |loss|].
+  std::vector<double> sum(count, 0.0), magnitude(count, 0.0);
+  double loss = 0, loss_magnitude = 0;
+  const int me = group_ ? group_->rank() : 0;
+  for (std::size_t r = static_cast<std::size_t>(me); r < parts; r += static_cast<std::size_t>(ranks())) {
     reference_->zero_grad();
-    const double part_loss = part(*reference_, r);
-    exact_loss += scale * part_loss;
-    loss_magnitude += std::fabs(scale * part_loss);
-    const auto g = gradients_to_host(*reference_);
+    const double part_loss = scale * part(*reference_, r);
+    loss += part_loss;
+    loss_magnitude += std::fabs(part_loss);
+    const auto g = reference_->gradients_to_host();
     for (std::size_t i = 0; i < count; ++i) {
-      exact[i] += scale * g[i];
+      sum[i] += scale * g[i];
       magnitude[i] += std::fabs(scale * g[i]);
     }
   }
-  // R parts: R-1 additions and the scaling (and in 16 bits, each part's conversion before the sum).
+  std::vector<float> all(2 * count + 2);
+  for (std::size_t i = 0; i < count; ++i) all[i] = static_cast<float>(sum[i]), all[count + i] = static_cast<float>(magnitude[i]);
+  all[2 * count] = static_cast<float>(loss);
+  all[2 * count + 1] = static_cast<float>(loss_magnitude);
+  reduce(all);
+  ++summary_.steps;
+  if (!judges()) return;
+  run_gradient_ = run_gradient;
+  if (run_gradient.size() != count)
+    throw std::invalid_argument("Lockstep: a gradient of " + std::to_string(run_gradient.size()) + " values for " +
+                                std::to_string(count) + " parameters");
+  // The run: R parts, R - 1 additions and the scaling (in 16 bits, each part's conversion too). The
+  // reference: its float32 sum over the ranks, one rounding per rank and one for the result.
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
-  const auto roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
-  const auto loss_roundings = static_cast<std::int64_t>(parts) + 1;  // the loss is averaged in float32
-  auto record = [&](const char* text) {
-    if (!summary_.passed) return;
-    summary_.passed = false;
-    summary_.first_failed_step = step;
-    summary_.first_failure = text;
-  };
-  const auto got = gradients_to_host(trained);
+  const auto run_roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
+  const auto reference_roundings = static_cast<std::int64_t>(ranks()) + 1;
+  bool reported = false;
   for (std::size_t i = 0; i < count; ++i) {
-    const double diff = std::fabs(static_cast<double>(got[i]) - exact[i]);
-    const double bound = summation_bound(magnitude[i], roundings, rounding_);
-    summary_.worst_gradient_diff = std::max(summary_.worst_gradient_diff, diff);
+    const double m = all[count + i];
+    const double diff = std::fabs(static_cast<double>(run_gradient[i]) - all[i]);
+    const double bound = summation_bound(m, run_roundings, rounding_) + summation_bound(m, reference_roundings);
+    summary_.worst_gradient_diff = std::max(summary_.worst_gradient_diff, std::isnan(diff) ? INFINITY : diff);
     summary_.worst_gradient_ratio = std::max(summary_.worst_gradient_ratio, ratio_of(diff, bound));
-    if (!(diff <= bound)) {
-      char text[320];
-      std::snprintf(text, sizeof text, "gradient of %s is %.9g, the single-rank reference gives %.9g (bound %.3g)",
-                    locate(trained, i).c_str(), got[i], exact[i], bound);
-      record(text);
+    if (!(diff <= bound) && !reported) {
+      record(step, text("the gradient of %s is %.9g; the single-rank reference gives %.9g (bound %.3g)",
+                        locate(*reference_, i).c_str(), run_gradient[i], all[i], bound));
+      reported = true;
     }
   }
-  const double diff = std::fabs(static_cast<double>(loss) - exact_loss);
-  const double bound = summation_bound(loss_magnitude, loss_roundings);
-  summary_.worst_loss_diff = std::max(summary_.worst_loss_diff, diff);
+  const double m = all[2 * count + 1];
+  const double diff = std::fabs(static_cast<double>(run_loss) - all[2 * count]);
+  const auto loss_roundings = static_cast<std::int64_t>(parts) + 1;  // the loss is averaged in float32
+  const double bound = summation_bound(m, loss_roundings) + summation_bound(m, reference_roundings);
+  summary_.worst_loss_diff = std::max(summary_.worst_loss_diff, std::isnan(diff) ? INFINITY : diff);
   summary_.worst_loss_ratio = std::max(summary_.worst_loss_ratio, ratio_of(diff, bound));
-  if (!(diff <= bound)) {
-    char text[320];
-    std::snprintf(text, sizeof text, "loss is %.9g, the single-rank reference gives %.9g (bound %.3g)", loss,
-                  exact_loss, bound);
-    record(text);
-  }
+  if (!(diff <= bound))
+    record(step, text("the loss is %.9g; the single-rank reference gives %.9g (bound %.3g)", run_loss,
+                      all[2 * count], bound));
 }
 
-LockstepSummary LockstepVerifier::finish() {
+void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_gradient, float run_loss,
+                               const PieceFunction& piece) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  const auto count = static_cast<std::size_t>(reference_->parameter_count());
+  // [in order, reversed, loss in order, loss reversed], added over the ranks.
+  std::vector<float> all(2 * count + 2);
+  for (bool reversed : {false, true}) {
+    std::vector<float> exact;
+    if (reversed) {  // the noise floor's pass: every parameter one rounding away, up or down
+      exact = reference_->parameters_to_host();
+      reference_->load_parameters_from_host(nudged(exact, step));
+    }
+    reference_->zero_grad();
+    all[2 * count + (reversed ? 1 : 0)] = piece(*reference_, reversed);
+    const auto g = reference_->gradients_to_host();
+    std::copy(g.begin(), g.end(), all.begin() + static_cast<long>(reversed ? count : 0));
+    if (!exact.empty()) reference_->load_parameters_from_host(exact);
+  }
+  reduce(all);
+  ++summary_.steps;
+  if (!judges()) return;
+  run_gradient_ = run_gradient;
+  if (run_gradient.size() != count)
+    throw std::invalid_argument("Lockstep: a gradient of " + std::to_string(run_gradient.size()) + " values for " +
+                                std::to_string(count) + " parameters");
+  // Per tensor: the floor (in order against nudged and reversed), the largest gradient, the run's difference.
+  const auto named = reference_->named_parameters();
+  std::vector<double> floors, largest, diffs;
+  std::vector<std::int64_t> elements;
+  std::vector<std::size_t> worst;
+  std::size_t at = 0;
+  for (const auto& [name, p] : named) {
+    const auto n = static_cast<std::size_t>(p.numel());
+    double floor = 0, big = 0, diff = 0;
+    std::size_t where = at;
+    for (std::size_t i = at; i < at + n; ++i) {
+      floor = std::max(floor, std::fabs(static_cast<double>(all[i]) - all[count + i]));
+      big = std::max(big, std::fabs(static_cast<double>(all[i])));
+      const double d = std::fabs(static_cast<double>(run_gradient[i]) - all[i]);
+      if (!(d <= diff)) diff = d, where = i;  // a NaN difference wins
+    }
+    floors.push_back(floor), largest.push_back(big), diffs.push_back(diff), worst.push_back(where);
+    elements.push_back(p.numel());
+    at += n;
+  }
+  const auto tolerances = noise_floor_tolerances(floors, largest, elements);
+  for (std::size_t t = 0; t < named.size(); ++t) {
+    const double diff = diffs[t], tolerance = tolerances[t];
+    summary_.worst_floor = std::max(summary_.worst_floor, floors[t]);
+    summary_.worst_gradient_diff = std::max(summary_.worst_gradient_diff, std::isnan(diff) ? INFINITY : diff);
+    summary_.worst_gradient_ratio = std::max(summary_.worst_gradient_ratio, ratio_of(diff, tolerance));
+    if (!(diff <= tolerance))
+      record(step, text("the gradient of %s is %.9g; the unsharded reference gives %.9g (tolerance %.3g: %g x the "
+                        "step's noise floor on '%s', %.3g)",
+                        locate(*reference_, worst[t]).c_str(), run_gradient[worst[t]], all[worst[t]], tolerance,
+                        kNoiseFloorFactor, named[t].first.c_str(), tolerance / kNoiseFloorFactor));
+  }
+  const double floor = std::fabs(static_cast<double>(all[2 * count]) - all[2 * count + 1]);
+  // The loss: one number, its floor the one measurement there is.
+  const double tolerance = kNoiseFloorFactor * std::max(floor, kUnitRoundoff * std::fabs(all[2 * count]));
+  const double diff = std::fabs(static_cast<double>(run_loss) - all[2 * count]);
+  summary_.worst_loss_diff = std::max(summary_.worst_loss_diff, std::isnan(diff) ? INFINITY : diff);
+  summary_.worst_loss_ratio = std::max(summary_.worst_loss_ratio, ratio_of(diff, tolerance));
+  if (!(diff <= tolerance))
+    record(step, text("the loss is %.9g; the unsharded reference gives %.9g (tolerance %.3g)", run_loss,
+                      all[2 * count], tolerance));
+}
+
+void Lockstep::check_update(std::int64_t step, double run_norm) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  ++summary_.updates;
+  if (!judges()) return;
+  float factor = 1.0f;
+  if (max_norm_ > 0) {
+    double squares = 0;
+    for (float g : run_gradient_) squares += static_cast<double>(g) * g;
+    const double norm = std::sqrt(squares);
+    const double bound = norm_bound(norm, ranks());
+    if (!(std::fabs(run_norm - norm) <= bound))
+      record(step, text("the run clipped by a gradient norm of %.9g; its gradient's norm is %.9g (bound %.3g)",
+                        run_norm, norm, bound));
+    factor = optim::clip_coefficient(run_norm, max_norm_);
+  }
+  // The run's gradient, scaled by the run's clipping factor as the run scales it, into the reference.
+  std::size_t at = 0;
+  for (auto& [name, p] : reference_->named_parameters()) {
+    const auto n = static_cast<std::size_t>(p.numel());
+    Tensor g = Tensor::from_host(std::vector<float>(run_gradient_.begin() + static_cast<long>(at),
+                                                    run_gradient_.begin() + static_cast<long>(at + n)),
+                                 p.shape(), p.device());
+    if (factor != 1.0f) kernels(g.device()).scale(g.data(), factor, g.data(), n);
+    Tensor param = p;
+    param.set_grad(g);
+    at += n;
+  }
+  update_(step);
+  predicted_ = reference_->parameters_to_host();
+  predicted_by_ = step;
+}
+
+LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  if (judges() && predicted_by_ >= 0) compare_parameters(predicted_by_ + 1, final_parameters);
   if (!group_ || group_->size() == 1) return summary_;
   // Rank 0 judged; everyone learns the verdict and the numbers (the text stays on rank 0, which logs).
   Tensor verdict = Tensor::from_host({summary_.passed ? 1.0f : 0.0f, static_cast<float>(summary_.first_failed_step),
                                       static_cast<float>(summary_.worst_gradient_diff),
                                       static_cast<float>(summary_.worst_gradient_ratio),
                                       static_cast<float>(summary_.worst_loss_diff),
-                                      static_cast<float>(summary_.worst_loss_ratio)},
-                                     {6});
+                                      static_cast<float>(summary_.worst_loss_ratio),
+                                      static_cast<float>(summary_.worst_floor)},
+                                     {7}, reference_->parameters().front().device());
   group_->broadcast(verdict, 0);
-  auto v = verdict.to_host();
+  const auto v = verdict.to_host();
   summary_.passed = v[0] == 1.0f;
   summary_.first_failed_step = static_cast<std::int64_t>(v[1]);
   summary_.worst_gradient_diff = v[2];
   summary_.worst_gradient_ratio = v[3];
   summary_.worst_loss_diff = v[4];
   summary_.worst_loss_ratio = v[5];
+  summary_.worst_floor = v[6];
   return summary_;
+}
+
+void Lockstep::begin_step(std::int64_t step, const nn::Module& run) {
+  begin_step(step, judges() ? run.parameters_to_host() : std::vector<float>());
+}
+
+void Lockstep::check_parts(std::int64_t step, const nn::Module& run, float run_loss, std::size_t parts, double scale,
+                           const PartFunction& part) {
+  check_parts(step, judges() ? run.gradients_to_host() : std::vector<float>(), run_loss, parts, scale, part);
+}
+
+LockstepSummary Lockstep::finish(const nn::Module& run) {
+  return finish(judges() ? run.parameters_to_host() : std::vector<float>());
 }
 
 }  // namespace course::verify

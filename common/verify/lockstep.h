@@ -1,24 +1,39 @@
-// The lock-step check of a distributed (or accumulated) training run: at every step, from the same
-// parameters, the gradient and loss the run is about to apply must equal a single-rank reference
-// within the float32 bound derived in compare.h. The reference re-takes the trained parameters
-// before every step, so no chaotic drift between the runs enters the comparison, however many
-// steps are taken. Used by 02, 04 and every later chapter (buckets, resume, ZeRO, TP/PP).
+// The lock-step check of a training run. At every step:
+//   1. The run's parameters at the start of the step must be the ones the reference predicted, bit for
+//      bit: at the first step the parameters the reference starts from (its initialisation, or the
+//      checkpoint resumed), later the run's own update repeated by the reference. An optimizer's update
+//      is elementwise, so sharding the parameters across ranks changes none of its arithmetic.
+//   2. From those parameters, the gradient the run is about to apply (averaged over the ranks, summed
+//      over its parts, before clipping) must equal the reference's gradient of the whole global batch,
+//      and its loss the reference's loss, within a tolerance (compare.h):
+//        parts:     the run's gradient is scale x (part 0 + ... + part R-1), and the reference can
+//                   compute every part exactly as the run did (DDP's shares, accumulation's
+//                   micro-batches, ZeRO's reduce-scatter): within the float32 bound of those additions;
+//        reordered: the run reorders the computation itself (tensor and pipeline parallelism): within
+//                   kNoiseFloorFactor times the step's own noise floor, the reference's gradient against
+//                   itself from every parameter nudged by one rounding, its samples reversed.
+//   3. The norm the run clipped by must be the norm of that gradient, within the rounding of its
+//      partial sums. The reference then applies the run's gradient with the run's optimizer and the
+//      run's clipping factor, which predicts the next step's parameters (1).
+// The reference re-takes the run's parameters every step, so no chaotic drift between two runs enters
+// any comparison, however long the run: a fault that begins at any step fails at that step, and the
+// summary names it. The reference's work is spread over the ranks: each computes its parts (or its
+// piece of the global batch) on its own copy of the whole model, and rank 0 adds them up, compares
+// and predicts. Chapters 02 and 04-08.
 //
-// The run's step gradient is scale * (part 0 + ... + part R-1): the ranks' shares of the global batch
-// (averaged by DDP: scale 1/R), or micro-batches (accumulated: scale 1). The reference, on one rank,
-// recomputes every part exactly as the run did (same samples, same shapes, same weights), adds them
-// exactly, and checks that the run's combination is that sum up to the rounding of R additions. A
-// wrong average (divided twice, a share skipped, a rank's gradient left out) fails at its first step.
-//
-//   begin_step(trained)                       the reference copies the trained parameters
-//   ... the run's forward, backward and gradient synchronisation ...
-//   check(step, trained, loss, parts, ...)    before the optimizer step
-//   finish()                                  the verdict, on every rank
+//   Lockstep check(reference, update, group, max_norm);
+//   every step:  check.begin_step(step, the run's parameters)
+//                ... the run's forward, backward and gradient synchronisation ...
+//                check.check_parts(...) or check.check_reordered(...)
+//                ... the run clips (its norm) and steps ...
+//                check.check_update(step, norm)
+//   at the end:  check.finish(the run's final parameters)      the verdict, the same on every rank
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
@@ -29,40 +44,89 @@ namespace course::verify {
 // Computes part `index` of the step into `model`'s gradients (zeroed beforehand), exactly as the run
 // computes it, and returns that part's loss.
 using PartFunction = std::function<float(nn::Module& model, std::size_t index)>;
+// Computes this rank's piece of the step's global batch into `model`'s gradients (zeroed beforehand),
+// its loss weighted by its share of the batch, with the piece's samples in order or `reversed` (the
+// noise floor's pass, from parameters each nudged by one rounding); returns the weighted loss. The
+// pieces of all the ranks make the global batch.
+using PieceFunction = std::function<float(nn::Module& model, bool reversed)>;
+// Steps the reference's optimizer from the gradients in the reference's parameters, as the run's
+// optimizer steps at `step` (its rate schedule included, its clipping not).
+using UpdateFunction = std::function<void(std::int64_t step)>;
 
 struct LockstepSummary {
   bool passed = true;
-  std::int64_t steps = 0;
-  std::int64_t first_failed_step = -1;
-  double worst_gradient_diff = 0, worst_gradient_ratio = 0;  // ratio: difference / its bound
+  std::int64_t steps = 0;               // steps whose gradient was checked
+  std::int64_t updates = 0;             // updates the reference repeated (checked bit for bit)
+  std::int64_t first_failed_step = -1;  // -1: none
+  std::string first_failure;            // what differed there (rank 0, which logs, has the text)
+  double worst_gradient_diff = 0, worst_gradient_ratio = 0;  // ratio: difference / its tolerance
   double worst_loss_diff = 0, worst_loss_ratio = 0;
-  std::string first_failure;  // what differed at the first failed step (on rank 0, which logs)
+  double worst_floor = 0;  // reordered: the largest noise floor measured on a tensor (0 for parts)
 };
 
-class LockstepVerifier {
+// Builds the reference's model with its memory counted as MemoryCategory::verification, apart from the
+// run's own accounting and budget (core/memory.h); everything the Lockstep computes is counted so too.
+std::shared_ptr<nn::Module> make_reference(const std::function<std::shared_ptr<nn::Module>()>& make);
+
+class Lockstep {
  public:
-  // `reference`: a model of the trained model's architecture (its values are overwritten each step).
-  // `group`: the ranks that run the step together, or nullptr for one process; rank 0 checks.
-  LockstepVerifier(std::shared_ptr<nn::Module> reference, comm::Communicator* group);
+  // `reference`: a whole model of the run's architecture, made on every rank of `group` (nullptr for one
+  // process), holding the parameters the run starts from (its initialisation, or the checkpoint the run
+  // resumes: the reference reads them from the file itself). `update`: the reference's optimizer (called
+  // on rank 0 only). `max_norm`: the run's gradient clipping (0: none).
+  Lockstep(std::shared_ptr<nn::Module> reference, UpdateFunction update, comm::Communicator* group, double max_norm = 0);
 
-  void begin_step(const nn::Module& trained);
-
-  // The format the run adds its parts in: float32 (the default), or a 16-bit format when a
-  // compression hook sums the gradients in 16 bits. The bound grows with its unit roundoff.
+  // The format the run adds its parts in: float32 (the default), or a 16-bit format when a compression
+  // hook sums the gradients in 16 bits. The bound of check_parts grows with its unit roundoff.
   void set_rounding(Rounding rounding) { rounding_ = rounding; }
 
-  // `trained`'s gradients and `loss` are what the run is about to apply: scale * the sum of `parts`
-  // parts, each computed by `part`.
-  void check(std::int64_t step, const nn::Module& trained, float loss, std::size_t parts, double scale,
-             const PartFunction& part);
+  // Step `step` begins: `run_parameters` are the run's whole parameters in the reference's order (read
+  // on rank 0). They must be what the reference predicted; every rank's reference copy takes them.
+  void begin_step(std::int64_t step, const std::vector<float>& run_parameters);
 
-  // The verdict, the same on every rank of the group. Collective.
-  LockstepSummary finish();
+  // The run's gradient (whole, before clipping; read on rank 0) and loss are scale x the sum of `parts`
+  // parts. Rank r computes the parts r, r + size, r + 2 size, ... Collective.
+  void check_parts(std::int64_t step, const std::vector<float>& run_gradient, float run_loss, std::size_t parts,
+                   double scale, const PartFunction& part);
+
+  // The run's gradient (whole, before clipping; read on rank 0) and loss, against the whole global
+  // batch, each rank computing its piece twice: as it is, and for the noise floor from nudged
+  // parameters with its samples reversed (compare.h). Collective.
+  void check_reordered(std::int64_t step, const std::vector<float>& run_gradient, float run_loss,
+                       const PieceFunction& piece);
+
+  // The run has clipped by `run_norm` (ignored without clipping) and stepped: the reference repeats the
+  // update on the gradient just checked, which predicts the next step's parameters.
+  void check_update(std::int64_t step, double run_norm = 0);
+
+  // The run's final parameters against the last prediction, and the verdict, the same on every rank of
+  // the group. Collective.
+  LockstepSummary finish(const std::vector<float>& final_parameters);
+
+  // The same, for a run whose model is whole on every rank (data parallelism): its parameters and
+  // gradients are read from it, on rank 0.
+  void begin_step(std::int64_t step, const nn::Module& run);
+  void check_parts(std::int64_t step, const nn::Module& run, float run_loss, std::size_t parts, double scale,
+                   const PartFunction& part);
+  LockstepSummary finish(const nn::Module& run);
 
  private:
+  bool judges() const { return !group_ || group_->rank() == 0; }
+  int ranks() const { return group_ ? group_->size() : 1; }
+  void record(std::int64_t step, const std::string& text);
+  // The run's parameters at the start of `step` against the prediction.
+  void compare_parameters(std::int64_t step, const std::vector<float>& run_parameters);
+  // Adds `values` over the group onto rank 0 (in place; nothing without a group).
+  void reduce(std::vector<float>& values);
+
   std::shared_ptr<nn::Module> reference_;
+  UpdateFunction update_;
   comm::Communicator* group_;
+  double max_norm_;
   Rounding rounding_ = kFloat32Rounding;
+  std::vector<float> run_gradient_;  // rank 0: the gradient of the step being checked
+  std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
+  std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
 };
 
