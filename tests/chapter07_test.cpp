@@ -180,6 +180,22 @@ TEST(Chapter07, ShardedResumeIsBitIdenticalAndConsolidates) {
   }
 }
 
+// A resumed run is checked in lock-step from the step it resumed at: a fault after the resume fails at
+// the step it begins.
+TEST(Chapter07, AFaultAfterAResumeFailsAtItsStep) {
+  for (int from : {6, 9}) {
+    const std::string dir = fresh("ch07_resume_fault");
+    Trained first = train(MPIRUN_NP2, "--stage 3 --steps 6 --ckpt-every 6 --ckpt-dir " + dir);
+    ASSERT_EQ(first.process.exit_code, 0) << first.process.out << first.process.err;
+    Trained resumed = train(MPIRUN_NP2, "--stage 3 --steps 12 --ckpt-every 6 --ckpt-dir " + dir +
+                                            " --resume --verify --fault skip-rank-share --fault-from-step " +
+                                            std::to_string(from));
+    EXPECT_EQ(resumed.process.exit_code, 1) << resumed.process.out << resumed.process.err;
+    EXPECT_NE(resumed.process.out.find("verify stage 3 FAILED at step " + std::to_string(from) + ": "),
+              std::string::npos) << resumed.process.out;
+  }
+}
+
 TEST(Chapter07, TheConsolidatedFileStartsChapter04) {
   const std::string dir = fresh("ch07_to_04"), file = temp_path("ch07_to_04.safetensors");
   ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 200 --lr 0.01 --ckpt-every 200 --ckpt-dir " + dir).process.exit_code, 0);
