@@ -43,7 +43,8 @@ def summary(path):
         text = (f"{first['stages']} stages, {first['micro_batches']} micro-batches, {first['schedule']}: bubble "
                 + ", ".join(f"{r['bubble']:.2f}" for r in pipeline) + f" (theory {first['theory']:.2f})")
         if verify:
-            text += f"; parameters within {verify['param_diff']:.2g} of the unsharded GPT (noise floor {verify['param_floor']:.2g})"
+            text += (f"; {verify['steps']} steps in lock-step with the unsharded GPT, at most "
+                     f"{verify['gradient_ratio']:.2g} of the noise-floor tolerance")
         return text
     stages = events(records, "zero_stage")
     if stages:
@@ -62,9 +63,12 @@ def summary(path):
             text += f", resumed from step {failover['start_step']} after restart {failover['restart_count']}"
         text += f", {failover['checkpoints']} checkpoints at {failover['write_mb_per_s']:.0f} MB/s"
         if failover["verified"]:
-            text += (", bit-identical to the uninterrupted run" if failover["same_world"] and failover["passed"] else
-                     f", {failover['max_diff'] / max(failover['noise_floor'], 1e-300):.2f}x noise floor "
-                     f"(world sizes {failover['world_history']})")
+            text += ", every step in lock-step" if failover["lockstep_passed"] else (
+                f", lock-step FAILED at step {failover['first_failed_step']}")
+            if failover["same_world"]:
+                text += ", bit-identical to the uninterrupted run" if failover["passed"] else ", NOT bit-identical"
+            else:
+                text += f" (world sizes {failover['world_history']})"
         return text
     if overlap:
         modes = {r["mode"]: r for r in events(records, "mode")}
@@ -75,8 +79,9 @@ def summary(path):
         text = (f"{ddp['ranks']} ranks, {ddp['samples_per_s']:.0f} samples/s, step {ddp['step_ms']:.2f} ms "
                 f"(communication {ddp['comm_ms']:.2f})")
         if ddp["verified"]:
-            text += (f", lock-step {ddp['gradient_bound_ratio']:.2f} of the fp32 bound, final drift "
-                     f"{ddp['drift_ratio']:.2f}x noise floor")
+            text += f", lock-step {ddp['gradient_bound_ratio']:.2f} of the fp32 bound"
+        if ddp["noise_floor"] > 0:  # --drift
+            text += f", final drift {ddp['drift_ratio']:.2f}x noise floor"
         return text
     bench = events(records, "bench")
     if bench:

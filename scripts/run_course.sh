@@ -31,7 +31,7 @@ echo "== Running the course (outputs under ${RUNS#$COURSE_ROOT/}/) =="
 run_chapter 01_single_gpu 1
 run_chapter 02_grad_accumulation 1
 run_chapter 03_collectives 4
-run_chapter 04_ddp 4 --verify
+run_chapter 04_ddp 4 --verify --drift
 run_chapter 05_bucketing_overlap 2 --verify --trace "$RUNS/05_bucketing_overlap/trace.json"
 if [ -f "$RUNS/05_bucketing_overlap/metrics.jsonl" ]; then
   # The same chapter on a simulated 10 GbE network, with the bucket sweep; then the charts.

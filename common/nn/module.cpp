@@ -1,6 +1,7 @@
 // Module parameter registry.
 #include "common/nn/module.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace course::nn {
@@ -65,10 +66,14 @@ void Module::load_parameters_from_host(const std::vector<float>& values) {
   std::size_t at = 0;
   for (auto& [name, tensor] : named_parameters()) {
     const auto n = static_cast<std::size_t>(tensor.numel());
-    Tensor target = tensor;
-    target.copy_from(Tensor::from_host(std::vector<float>(values.begin() + static_cast<long>(at),
-                                                          values.begin() + static_cast<long>(at + n)),
-                                       tensor.shape(), tensor.device()));
+    if (tensor.device() == Device::cpu) {  // straight into the storage: no temporary per step
+      std::copy(values.begin() + static_cast<long>(at), values.begin() + static_cast<long>(at + n), tensor.data());
+    } else {
+      Tensor target = tensor;
+      target.copy_from(Tensor::from_host(std::vector<float>(values.begin() + static_cast<long>(at),
+                                                            values.begin() + static_cast<long>(at + n)),
+                                         tensor.shape(), tensor.device()));
+    }
     at += n;
   }
 }

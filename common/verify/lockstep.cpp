@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <limits>
 
 #include "common/kernels/kernels.h"
@@ -114,7 +115,9 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   const auto count = static_cast<std::size_t>(reference_->parameter_count());
   // This rank's parts, added in double (their own rounding is ~1e-16, far below the float32 bound),
   // with the sum of their magnitudes, which the bound is proportional to: [sum, magnitude, loss, |loss|].
-  std::vector<double> sum(count, 0.0), magnitude(count, 0.0);
+  std::vector<double>& sum = sum_, &magnitude = magnitude_;
+  sum.assign(count, 0.0);
+  magnitude.assign(count, 0.0);
   double loss = 0, loss_magnitude = 0;
   const int me = group_ ? group_->rank() : 0;
   for (std::size_t r = static_cast<std::size_t>(me); r < parts; r += static_cast<std::size_t>(ranks())) {
@@ -128,7 +131,8 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
       magnitude[i] += std::fabs(scale * g[i]);
     }
   }
-  std::vector<float> all(2 * count + 2);
+  std::vector<float>& all = all_;
+  all.resize(2 * count + 2);
   for (std::size_t i = 0; i < count; ++i) all[i] = static_cast<float>(sum[i]), all[count + i] = static_cast<float>(magnitude[i]);
   all[2 * count] = static_cast<float>(loss);
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
@@ -144,11 +148,14 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
   const auto run_roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
   const auto reference_roundings = static_cast<std::int64_t>(ranks()) + 1;
+  // summation_bound(m, r) = gamma(r) m + r x subnormal: its factors once, not per element.
+  const double per_magnitude = gamma(run_roundings, rounding_.unit_roundoff) + gamma(reference_roundings);
+  const double absolute = summation_bound(0.0, run_roundings, rounding_) + summation_bound(0.0, reference_roundings);
   bool reported = false;
   for (std::size_t i = 0; i < count; ++i) {
     const double m = all[count + i];
     const double diff = std::fabs(static_cast<double>(run_gradient[i]) - all[i]);
-    const double bound = summation_bound(m, run_roundings, rounding_) + summation_bound(m, reference_roundings);
+    const double bound = per_magnitude * m + absolute;
     summary_.worst_gradient_diff = std::max(summary_.worst_gradient_diff, std::isnan(diff) ? INFINITY : diff);
     summary_.worst_gradient_ratio = std::max(summary_.worst_gradient_ratio, ratio_of(diff, bound));
     if (!(diff <= bound) && !reported) {
@@ -255,12 +262,17 @@ void Lockstep::check_update(std::int64_t step, double run_norm) {
   std::size_t at = 0;
   for (auto& [name, p] : reference_->named_parameters()) {
     const auto n = static_cast<std::size_t>(p.numel());
-    Tensor g = Tensor::from_host(std::vector<float>(run_gradient_.begin() + static_cast<long>(at),
-                                                    run_gradient_.begin() + static_cast<long>(at + n)),
-                                 p.shape(), p.device());
+    Tensor g = p.grad();
+    if (g.defined() && g.device() == Device::cpu) {  // into the gradient the last pass left: no temporary
+      std::copy(run_gradient_.begin() + static_cast<long>(at), run_gradient_.begin() + static_cast<long>(at + n), g.data());
+    } else {
+      g = Tensor::from_host(std::vector<float>(run_gradient_.begin() + static_cast<long>(at),
+                                               run_gradient_.begin() + static_cast<long>(at + n)),
+                            p.shape(), p.device());
+      Tensor param = p;
+      param.set_grad(g);
+    }
     if (factor != 1.0f) kernels(g.device()).scale(g.data(), factor, g.data(), n);
-    Tensor param = p;
-    param.set_grad(g);
     at += n;
   }
   update_(step);

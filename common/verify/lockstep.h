@@ -125,6 +125,8 @@ class Lockstep {
   double max_norm_;
   Rounding rounding_ = kFloat32Rounding;
   std::vector<float> run_gradient_;  // rank 0: the gradient of the step being checked
+  std::vector<double> sum_, magnitude_;  // check_parts' buffers, kept from step to step
+  std::vector<float> all_;
   std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
   std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
