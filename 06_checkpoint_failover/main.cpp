@@ -110,6 +110,14 @@ struct Trainer {
     ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
     reset_optimizer(o);
   }
+  // --fault lose-optimizer-state: Adam's moments are zeroed and its step count kept, as a restore that
+  // forgot them would leave them (the checkpoints it writes then stay consistent, and load).
+  void lose_optimizer_moments() {
+    for (auto& [name, t] : recipe->optimizer().state()) {
+      Tensor moment = t;
+      moment.fill_(0.0f);
+    }
+  }
   // A fresh optimizer: no moments, no steps taken.
   void reset_optimizer(const Options& o) {
     recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.lr, o.steps);
@@ -158,15 +166,6 @@ struct Trainer {
   }
 };
 
-// Rank 0 alone looks at the folder (other ranks may not even see it); every rank learns the outcome,
-// so they fail together with the same line.
-void agree_on(comm::Communicator& group, const std::function<std::string()>& rank0_check) {
-  std::string error;
-  if (group.rank() == 0) error = rank0_check();
-  checkpoint::broadcast_string(group, error, 0);
-  if (!error.empty()) throw UsageError(error);
-}
-
 int run(const Options& o, cli::Session& session) {
   comm::Communicator& group = session.topology->dp_group();
   const Device device = session.device;
@@ -213,25 +212,11 @@ int run(const Options& o, cli::Session& session) {
   state.global_batch = o.global_batch;
   std::string resumed_from;
   int rejected = 0;
+  checkpoint::prepare_checkpoint_folder(
+      group, o.ckpt_dir, o.resume, [&] { return folder.remove_partial_writes(); }, [&] { return folder.has_checkpoints(); });
   if (!o.resume) {
-    agree_on(group, [&]() -> std::string {
-      if (folder.has_checkpoints())
-        return "--ckpt-dir: " + o.ckpt_dir + " already holds checkpoints; pass --resume to continue from them, or "
-               "choose another folder";
-      std::error_code error;
-      std::filesystem::create_directories(o.ckpt_dir, error);
-      if (error || !std::filesystem::is_directory(o.ckpt_dir))
-        return "--ckpt-dir: " + o.ckpt_dir + " cannot be created (" + error.message() + ")";
-      return "";
-    });
     state.world_history = std::to_string(ranks) + "@0";
   } else {
-    agree_on(group, [&]() -> std::string {
-      if (!std::filesystem::is_directory(o.ckpt_dir)) return "--resume: the folder " + o.ckpt_dir + " does not exist";
-      for (const auto& name : folder.remove_partial_writes())
-        log("removed %s: a checkpoint whose writer died before finishing it\n", name.c_str());
-      return "";
-    });
     std::string why;
     auto found = checkpoint::load_latest_good(
         group, folder,
@@ -290,7 +275,7 @@ int run(const Options& o, cli::Session& session) {
   for (std::int64_t step = start_step; step < o.steps; ++step) {
     if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
       std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
-    if (step == fault_step && o.faults.fault == "lose-optimizer-state") trainer.reset_optimizer(o);
+    if (step == fault_step && o.faults.fault == "lose-optimizer-state") trainer.lose_optimizer_moments();
     if (step == fault_step && o.faults.fault == "repeat-batch") state.samples_seen -= o.global_batch;
     const auto step_begin = std::chrono::steady_clock::now();
     const float loss = trainer.step(task, stream, step, state.samples_seen, o.global_batch, group, lockstep.get());
@@ -319,9 +304,14 @@ int run(const Options& o, cli::Session& session) {
           if (2 * written >= total) std::raise(SIGKILL);
         };
       const auto begin = std::chrono::steady_clock::now();
-      const std::size_t bytes =
-          folder.save(state.step, checkpoint::training_tensors(*trainer.model, trainer.optimizer()),
-                      checkpoint::training_metadata(state, config, trainer.optimizer()), die_halfway);
+      // What the loader would reject is never written: with --keep it would replace the good ones.
+      checkpoint::Loaded outgoing;
+      outgoing.tensors = checkpoint::training_tensors(*trainer.model, trainer.optimizer());
+      outgoing.metadata = checkpoint::training_metadata(state, config, trainer.optimizer());
+      outgoing.checksummed = true;  // the file will carry one
+      checkpoint::check_training_checkpoint(folder.path_for(state.step), outgoing, *trainer.model, config,
+                                            trainer.optimizer());
+      const std::size_t bytes = folder.save(state.step, outgoing.tensors, outgoing.metadata, die_halfway);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
       write_ms += ms;
       written_mb += static_cast<double>(bytes) / 1e6;

@@ -97,6 +97,7 @@ Formula formula(int stage, double psi, int n) {
 double ring_theory(int stage, double psi, int n) { return (stage == 3 ? 3 : 2) * 4 * psi * (n - 1) / n; }
 
 nn::TrainingTask make_task(const Options& o, Device device) {
+  if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
   if (o.models.model == "mlp") return nn::mlp_task(4096, 16, o.hidden, o.layers, device, o.common.seed);
   return cli::gpt_training_task(o.models, 0, false, device, o.common.seed);
 }
@@ -253,7 +254,8 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
                  {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
                  {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
-                 {"step_ms", run.step_ms}, {"final_loss", run.losses.back()}, {"checksum", run.checksum},
+                 {"step_ms", run.step_ms}, {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
+                 {"checksum", run.checksum},
                  {"first_step", run.first_step}, {"prefetch", run.prefetch},
                  {"simulated_network", o.sim_network.empty() ? "" : "simulated " + o.sim_network}};
   metrics.write(run.record);
@@ -344,19 +346,9 @@ int run(const Options& o, cli::Session& session) {
     throw UsageError(std::string(o.ckpt_dir.empty() ? "--save" : "--ckpt-dir") +
                      ": checkpoints are of one stage's run; leave out --compare");
   if (!o.ckpt_dir.empty()) {
-    std::string error;
-    if (group.rank() == 0) {
-      const checkpoint::ShardedFolder folder(o.ckpt_dir, o.keep);
-      if (!o.resume && folder.has_checkpoints())
-        error = "--ckpt-dir: " + o.ckpt_dir + " already holds checkpoints; pass --resume to continue from them, or "
-                "choose another folder";
-      std::error_code e;
-      std::filesystem::create_directories(o.ckpt_dir, e);
-      if (error.empty() && (e || !std::filesystem::is_directory(o.ckpt_dir)))
-        error = "--ckpt-dir: " + o.ckpt_dir + " cannot be created (" + (e ? e.message() : "not a folder") + ")";
-    }
-    checkpoint::broadcast_string(group, error, 0);
-    if (!error.empty()) throw UsageError(error);
+    const checkpoint::ShardedFolder folder(o.ckpt_dir, o.keep);
+    checkpoint::prepare_checkpoint_folder(
+        group, o.ckpt_dir, o.resume, [&] { return folder.remove_incomplete(); }, [&] { return folder.has_checkpoints(); });
   }
   bool passed = true;
   std::vector<StageRun> runs;

@@ -8,7 +8,9 @@ Each attempt runs `mpirun -np N PROGRAM ARGS` with COURSE_RESTART_COUNT set to t
 with --resume when its --ckpt-dir holds a checkpoint, so it continues from the newest good one. With
 --min-ranks below --np the restart is elastic: it assumes the failed rank's machine is gone and
 restarts with one rank fewer each time, never fewer than --min-ranks. A usage error (exit code 2)
-is not retried: the same flags would fail again. Standard library only.
+is not retried: the same flags would fail again; nor is a job that mpirun could not start at all (a
+missing program, too few slots). SIGTERM and SIGINT sent to the launcher go to the job, as torchrun
+passes them to its workers, and end the launcher without a restart. Standard library only.
 """
 import argparse
 import os
@@ -19,6 +21,20 @@ import subprocess
 import sys
 
 RESUMED = re.compile(r"resumed from step (\d+)")
+# What mpirun says when it cannot start the job at all (its exit code then means nothing of signals).
+LAUNCH_FAILED = re.compile(r"mpirun was unable to (launch|find)|processes failed to start|not enough slots available|"
+                           r"mpirun could not find")
+
+# The job in flight, and the signal that asked the launcher to stop.
+current_job = None
+stopping = None
+
+
+def forward(signum, _frame):
+    global stopping
+    stopping = signum
+    if current_job is not None and current_job.poll() is None:
+        current_job.send_signal(signum)
 
 
 def say(text):
@@ -60,18 +76,25 @@ def describe_exit(code):
 
 
 def run_attempt(command, attempt):
-    """Runs one attempt, passing its output through; returns (exit code, step resumed from or None)."""
+    """Runs one attempt, passing its output through; returns (exit code, step resumed from or None,
+    whether mpirun could not start it)."""
+    global current_job
     env = dict(os.environ, COURSE_RESTART_COUNT=str(attempt))
-    resumed = None
+    resumed, launch_failed = None, False
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                           bufsize=1) as job:
+        current_job = job
+        if stopping is not None:  # a signal that came between two attempts
+            job.send_signal(stopping)
         for line in job.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
             match = RESUMED.search(line)
             if match:
                 resumed = int(match.group(1))
-    return job.returncode, resumed
+            launch_failed = launch_failed or LAUNCH_FAILED.search(line) is not None
+    current_job = None
+    return job.returncode, resumed, launch_failed
 
 
 def main():
@@ -96,12 +119,14 @@ def main():
 
     ranks, folder = args.np, checkpoint_folder(program)
     history = []
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     for attempt in range(args.max_restarts + 1):
         command = program
         if attempt > 0 and has_checkpoint(folder) and "--resume" not in program:
             command = program + ["--resume"]
         say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {ranks} ranks: {' '.join(command)}")
-        code, resumed = run_attempt(mpirun_command(args.mpirun, ranks, command), attempt)
+        code, resumed, launch_failed = run_attempt(mpirun_command(args.mpirun, ranks, command), attempt)
         if resumed is not None:
             say(f"attempt {attempt + 1} resumed from step {resumed}")
             history.append(f"attempt {attempt + 1} resumed from step {resumed} at {ranks} ranks")
@@ -109,9 +134,15 @@ def main():
             restarts = f"{attempt} restart{'s' if attempt != 1 else ''}"
             say(f"finished after {restarts}" + (f" ({'; '.join(history)})" if history else ""))
             return 0
+        if stopping is not None:
+            say(f"stopped by {signal.Signals(stopping).name}, passed to the job (exit code {code}); not restarting")
+            return 128 + stopping
         if code == 2:
             say("the job rejected its flags (exit code 2); restarting would not help")
             return 2
+        if launch_failed:
+            say(f"mpirun could not start the job (exit code {code}; see its message above); restarting would not help")
+            return code
         say(f"attempt {attempt + 1} failed: {describe_exit(code)}")
         if attempt == args.max_restarts:
             break

@@ -134,6 +134,44 @@ TEST(Chapter06, TheLauncherRecoversFromAKilledRank) {
   expect_same_result(summary[0], reference);
 }
 
+// The launcher as torchrun's: a job that mpirun could not start at all is not retried; SIGTERM sent to
+// the launcher reaches the job, which ends at once, and the launcher ends too, without a restart.
+TEST(Chapter06, TheLauncherPassesSignalsOnAndDoesNotRetryALaunchFailure) {
+  auto missing = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 3 -- /nonexistent/program");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.out.find("mpirun could not start the job"), std::string::npos) << missing.out;
+  EXPECT_EQ(missing.out.find("attempt 2"), std::string::npos) << missing.out;
+  const std::string dir = fresh_folder();
+  auto stopped = run_process(std::string("( python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
+                             with_defaults("--ckpt-dir " + dir + " --steps 1000000 --log-every 1000000") +
+                             " & launcher=$!; sleep 3; kill -TERM $launcher; wait $launcher; echo \"launcher exit $?\"; "
+                             // A rank alive (not a zombie waiting to be reaped) 3 s later: a process whose
+                             // command is the binary, not this shell's line naming it.
+                             "sleep 3; ps -eo stat=,args= | grep -v '^Z' | grep -q -- '^[^ ]* */[^ ]*[0]6_checkpoint_failover "
+                             ".*--ckpt-dir " + dir + " ' && echo 'job still running' || echo 'job gone' )");
+  EXPECT_NE(stopped.out.find("stopped by SIGTERM, passed to the job"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("launcher exit 143"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("job gone"), std::string::npos) << stopped.out;
+  EXPECT_EQ(stopped.out.find("attempt 2"), std::string::npos) << stopped.out;
+}
+
+// A kill during the very first checkpoint leaves only a temporary; the restart, with nothing to resume
+// from, starts afresh and removes it. A `latest` that is not a file is refused at start-up.
+TEST(Chapter06, WhatADeadWriterLeftIsRemovedAndALatestFolderRefused) {
+  const std::string dir = fresh_folder();
+  fs::create_directories(dir);
+  std::ofstream(dir + "/.step_00000010.safetensors.tmp.99999") << "half a checkpoint";
+  Outcome fresh = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10");
+  expect_passed(fresh);
+  EXPECT_NE(fresh.process.out.find("removed .step_00000010.safetensors.tmp.99999"), std::string::npos) << fresh.process.out;
+  EXPECT_FALSE(fs::exists(dir + "/.step_00000010.safetensors.tmp.99999"));
+  const std::string other = fresh_folder();
+  fs::create_directories(other + "/latest");
+  Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + other + " --steps 10");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out;
+  EXPECT_NE(refused.process.err.find("latest is not a regular file"), std::string::npos) << refused.process.err;
+}
+
 TEST(Chapter06, AKillDuringASaveLeavesThePreviousCheckpoint) {
   const auto reference = uninterrupted(MPIRUN_NP2, 40);
   const std::string dir = fresh_folder();

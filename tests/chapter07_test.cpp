@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/process.h"
@@ -233,18 +234,62 @@ TEST(Chapter07, AResumeMustMatchAndNeverLoadsAnUnfinishedCheckpoint) {
   expect_usage(MPIRUN_NP2, "--stage 3 --steps 8 --resume --lr 0.01", "--lr: 0.00999999978 differs");
   expect_usage(MPIRUN_NP3, "--stage 3 --steps 8 --resume", "was written by 2 ranks; this run has 3");
   expect_usage(MPIRUN_NP2, "--stage 3 --steps 2 --resume", "--steps: 2 is fewer than the checkpoint's 4");
-  // A job that died while saving step 4 left shards but no index: the resume takes step 2.
+  // A job that died while saving step 4 left shards but no index: a temporary, removed; the resume takes step 2.
   fs::remove(dir + "/step_00000004/index.json");
   Trained resumed = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + dir);
   EXPECT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+  EXPECT_NE(resumed.process.out.find("removed " + dir + "/step_00000004"), std::string::npos) << resumed.process.out;
   EXPECT_NE(resumed.process.out.find("resumed from step 2"), std::string::npos) << resumed.process.out;
-  // A damaged shard is named, on every rank's behalf, and nothing hangs.
+  // A damaged shard is named, on every rank's behalf, and the resume falls back to the older checkpoint.
   const std::string shard = dir + "/step_00000004/shard_00001_of_00002.safetensors";
   fs::resize_file(shard, fs::file_size(shard) / 2);
-  expect_usage(MPIRUN_NP2, "--stage 3 --steps 8 --resume", "shard_00001_of_00002.safetensors");
+  Trained fallback = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + dir);
+  EXPECT_EQ(fallback.process.exit_code, 0) << fallback.process.out << fallback.process.err;
+  EXPECT_NE(fallback.process.out.find("shard_00001_of_00002.safetensors"), std::string::npos) << fallback.process.out;
+  EXPECT_NE(fallback.process.out.find("trying an older one"), std::string::npos) << fallback.process.out;
+  EXPECT_NE(fallback.process.out.find("resumed from step 2"), std::string::npos) << fallback.process.out;
   auto c = run_process(kBinary + std::string(" --device cpu --consolidate ") + dir + " --save " + temp_path("x.st"));
   EXPECT_EQ(c.exit_code, 2) << c.out;
   EXPECT_NE(c.err.find("has no index.json"), std::string::npos) << c.err;
+}
+
+// Mixed state is never loaded: a shard of another run (the same step, another seed) does not match
+// the checksum its index records, so the resume falls back and consolidation refuses; a layout whose
+// numbers lie outside the buffers is refused, not followed; resuming at the final step trains nothing
+// and passes; --resume of a folder that does not exist refuses without creating it.
+TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
+  const std::string mine = fresh("ch07_mine"), other = fresh("ch07_other");
+  ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 4 --ckpt-every 2 --ckpt-dir " + mine).process.exit_code, 0);
+  ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 4 --ckpt-every 2 --seed 7 --ckpt-dir " + other).process.exit_code, 0);
+  // Resuming at the final step: nothing to train, the checksum of the run it continues.
+  Trained final_step = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + mine);
+  EXPECT_EQ(final_step.process.exit_code, 0) << final_step.process.out << final_step.process.err;
+  fs::copy_file(other + "/step_00000004/shard_00001_of_00002.safetensors",
+                mine + "/step_00000004/shard_00001_of_00002.safetensors", fs::copy_options::overwrite_existing);
+  const std::string out = temp_path("ch07_mixed.safetensors");
+  auto c = run_process(kBinary + std::string(" --device cpu --consolidate ") + mine + "/step_00000004 --save " + out);
+  EXPECT_EQ(c.exit_code, 2) << c.out;
+  EXPECT_NE(c.err.find("is not the shard its index lists"), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(out));
+  Trained resumed = train(MPIRUN_NP2, "--stage 3 --steps 6 --resume --ckpt-dir " + mine);
+  EXPECT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+  EXPECT_NE(resumed.process.out.find("rejected " + mine + "/step_00000004/shard_00001_of_00002.safetensors: is not the"),
+            std::string::npos) << resumed.process.out;
+  EXPECT_NE(resumed.process.out.find("resumed from step 2"), std::string::npos) << resumed.process.out;
+  // An index whose layout points outside the buffers.
+  const std::string index_path = other + "/step_00000002/index.json";
+  auto index = nlohmann::json::parse(read_file(index_path));
+  index["layout"]["units"][0]["offset"] = 1000000000000LL;
+  std::ofstream(index_path) << index.dump();
+  auto broken = run_process(kBinary + std::string(" --device cpu --consolidate ") + other + "/step_00000002 --save " + out);
+  EXPECT_EQ(broken.exit_code, 2) << broken.out << broken.err;
+  EXPECT_NE(broken.err.find("lies outside the buffers"), std::string::npos) << broken.err;
+  // --resume of a folder that does not exist: refused, and not created.
+  const std::string missing = fresh("ch07_missing");
+  Trained refused = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --ckpt-dir " + missing);
+  EXPECT_EQ(refused.process.exit_code, 2);
+  EXPECT_NE(refused.process.err.find("does not exist"), std::string::npos) << refused.process.err;
+  EXPECT_FALSE(fs::exists(missing));
 }
 
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {

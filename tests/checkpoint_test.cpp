@@ -98,6 +98,7 @@ struct Saved {
     s.world_history = "2@0";
     loaded.tensors = checkpoint::training_tensors(*model, adam);
     loaded.metadata = checkpoint::training_metadata(s, config, adam);
+    loaded.checksummed = true;  // as load_safetensors reports a file whose checksum matched
   }
   checkpoint::TrainingState check() const {
     return checkpoint::check_training_checkpoint("f", loaded, *model, config, adam);
@@ -174,6 +175,11 @@ TEST(TrainingCheckpoint, WhatDoesNotFitIsRejectedWithTheReason) {
     Saved s;
     s.loaded.metadata["optimizer"] = "sgd";
     expect_rejected(s, "holds sgd state; this run uses adam");
+  }
+  {
+    Saved s;  // its checksum deleted from the metadata: damaged, not a file to trust without one
+    s.loaded.checksummed = false;
+    expect_rejected(s, "has no checksum");
   }
 }
 

@@ -1,5 +1,10 @@
-// The CLI helpers: byte sizes with suffixes, checked against overflow and limits.
+// The CLI helpers: byte sizes with suffixes, checked against overflow and limits; integer flags read
+// in decimal whatever their leading zeros, and never in another base.
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/cli/cli.h"
 #include "common/core/errors.h"
@@ -24,6 +29,28 @@ TEST(ParseBytes, RejectsWhatIsNotASizeNamingTheFlag) {
       EXPECT_EQ(std::string(e.what()).rfind("-e: ", 0), 0u) << e.what();
     }
   }
+}
+
+// Parses `--n text` through cli::run; returns the exit code and the value read.
+std::pair<int, std::int64_t> parse_n(const std::string& text) {
+  CLI::App app;
+  std::int64_t n = -1;
+  app.add_option("--n", n);
+  std::vector<std::string> words{"program", "--n", text};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  const int code = cli::run(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; });
+  return {code, n};
+}
+
+TEST(IntegerFlags, AreDecimalWhateverTheirLeadingZeros) {
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"10", 10}, {"010", 10}, {"0007", 7}, {"0", 0}, {"000", 0}, {"-012", -12}, {"+08", 8}}) {
+    const auto [code, n] = parse_n(text);
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_EQ(n, expected) << text;
+  }
+  for (const char* other_base : {"0x10", "0X1f", "0b11", "0o7", "-0x3"}) EXPECT_EQ(parse_n(other_base).first, 2) << other_base;
 }
 
 }  // namespace

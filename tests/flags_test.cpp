@@ -96,7 +96,8 @@ struct Try {
 // flag and saturate the other). Text values (paths) may be anything.
 bool never_valid(const Flag& f, const std::string& value) {
   if (f.type == "TEXT" || f.type.empty()) return false;
-  return value == " -1" || (f.type != "FLOAT" && value == " 99999999999999999999");
+  // Integer flags are decimal: hex is refused, never read as another number.
+  return value == " -1" || (f.type != "FLOAT" && (value == " 99999999999999999999" || value == " 0x10"));
 }
 
 // One try: either a usage error naming the flag, or a run that reaches its verdict.
@@ -127,7 +128,7 @@ void expect_handled(const Try& t) {
 }
 
 const std::vector<std::string> kValues = {
-    " 0", " -1", " nan", " inf", " 1e30", " 99999999999", " 99999999999999999999", " abc", " ''", ""};
+    " 0", " -1", " nan", " inf", " 1e30", " 99999999999", " 99999999999999999999", " abc", " ''", "", " 0x10"};
 
 void try_every_flag(const Chapter& c) {
   // Runs write their metrics (and any file a flag names) into a scratch folder.

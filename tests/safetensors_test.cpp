@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +130,32 @@ TEST(Safetensors, AFlippedBitInAnyDataByteIsFound) {
 TEST(Safetensors, MissingFileAndFolderAreNamed) {
   EXPECT_THROW(checkpoint::load_safetensors("/nonexistent/x.safetensors"), CheckpointError);
   EXPECT_THROW(checkpoint::save_safetensors("/nonexistent/folder/x.safetensors", sample()), CheckpointError);
+}
+
+// A write replaces only a regular file, and a read reads only one: a folder, a pipe, a link or a
+// device is refused with its name, left as it was, and never waited on.
+TEST(Safetensors, OnlyARegularFileIsReplacedOrRead) {
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_path("special");
+  fs::create_directories(dir / "folder");
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0644), 0);
+  fs::create_symlink(dir / "elsewhere", dir / "link");
+  std::vector<fs::path> special{dir / "folder", dir / "pipe", dir / "link"};
+  if (::mknod((dir / "null").c_str(), S_IFCHR | 0644, ::makedev(1, 3)) == 0) special.push_back(dir / "null");  // as root
+  for (const auto& path : special) {
+    const auto before = fs::symlink_status(path).type();
+    EXPECT_THROW(checkpoint::save_safetensors(path.string(), sample()), CheckpointError) << path;
+    EXPECT_EQ(fs::symlink_status(path).type(), before) << path << " was replaced";
+    if (path.filename() != "link") {
+      try {
+        checkpoint::load_safetensors(path.string());
+        ADD_FAILURE() << "read " << path;
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+      }
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Safetensors, PythonStandardLibraryReadsIt) {

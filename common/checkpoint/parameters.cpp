@@ -1,6 +1,8 @@
 // Saving a module's parameters.
 #include "common/checkpoint/parameters.h"
 
+#include <climits>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -47,6 +49,13 @@ void check_writable(const std::string& path) {
   std::error_code error;
   if (target.filename().empty() || std::filesystem::is_directory(target, error))
     throw UsageError(path + ": is a folder, not a file name");
+  // What is there must be a regular file, to be replaced (never a device, a pipe or a link).
+  const auto status = std::filesystem::symlink_status(target, error);
+  if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw UsageError(path + ": is not a regular file (a device, a pipe or a link); choose a file name");
+  // The atomic write's temporary, ".NAME.tmp.PID", must fit the file system's limit on a name.
+  if (target.filename().string().size() + 20 > static_cast<std::size_t>(NAME_MAX))
+    throw UsageError(path + ": the file name is longer than the " + std::to_string(NAME_MAX - 20) + " characters it may have");
   if (!std::filesystem::is_directory(folder, error) || ::access(folder.c_str(), W_OK) != 0)
     throw UsageError(path + ": its folder " + folder.string() + " does not exist or is not writable");
 }

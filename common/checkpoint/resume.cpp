@@ -1,8 +1,14 @@
 // Finding and broadcasting the checkpoint to resume from.
 #include "common/checkpoint/resume.h"
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "common/core/errors.h"
+#include "common/core/log.h"
 
 namespace course::checkpoint {
 
@@ -53,6 +59,7 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
     if (found) {
       s["path"] = found->path;
       s["metadata"] = found->loaded.metadata;
+      s["checksummed"] = found->loaded.checksummed;  // rank 0 verified it; the others read no file
       for (const auto& [name, t] : found->loaded.tensors) s["tensors"].push_back({name, t.shape()});
     } else {
       s["why"] = candidates.empty() && problems.empty()
@@ -71,12 +78,49 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
     Resumed r;
     r.path = s["path"].get<std::string>();
     r.loaded.metadata = s["metadata"].get<Metadata>();
+    r.loaded.checksummed = s["checksummed"].get<bool>();
     for (const auto& entry : s["tensors"])
       r.loaded.tensors.emplace_back(entry[0].get<std::string>(), Tensor::zeros(entry[1].get<Shape>()));
     found = std::move(r);
   }
   for (auto& [name, t] : found->loaded.tensors) group.broadcast(t, 0);
   return found;
+}
+
+void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir, bool resume,
+                               const std::function<std::vector<std::string>()>& remove_partial,
+                               const std::function<bool()>& holds) {
+  namespace fs = std::filesystem;
+  std::string error;
+  if (group.rank() == 0) {
+    std::error_code e;
+    const bool exists = fs::exists(fs::symlink_status(dir, e));
+    if (exists && !fs::is_directory(dir, e)) {
+      error = "--ckpt-dir: " + dir + " is not a folder";
+    } else if (resume && !exists) {
+      error = "--resume: the folder " + dir + " does not exist";
+    } else {
+      if (exists)
+        for (const auto& name : remove_partial())
+          log("removed %s: a checkpoint whose writer died before finishing it\n", name.c_str());
+      const fs::path pointer = fs::path(dir) / "latest";
+      const auto pointed = fs::symlink_status(pointer, e);
+      if (fs::exists(pointed) && !fs::is_regular_file(pointed)) {
+        error = "--ckpt-dir: " + pointer.string() + " is not a regular file (the pointer to the newest checkpoint "
+                "is); remove it";
+      } else if (!resume && holds()) {
+        error = "--ckpt-dir: " + dir + " already holds checkpoints; pass --resume to continue from them, or choose "
+                "another folder";
+      } else if (!resume) {
+        fs::create_directories(dir, e);
+        if (e || !fs::is_directory(dir)) error = "--ckpt-dir: " + dir + " cannot be created (" + e.message() + ")";
+      }
+      if (error.empty() && ::access(dir.c_str(), W_OK | X_OK) != 0)
+        error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
+    }
+  }
+  broadcast_string(group, error, 0);
+  if (!error.empty()) throw UsageError(error);
 }
 
 }  // namespace course::checkpoint

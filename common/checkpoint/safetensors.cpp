@@ -2,6 +2,7 @@
 #include "common/checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,6 +104,9 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
   hidden += ".tmp.";
   hidden += std::to_string(::getpid());
   const std::string temporary = (folder / hidden).string();
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
+    fail(path, "is not a regular file (a folder, a device, a pipe or a link); a checkpoint replaces only a regular file");
   int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
   // Straight from each piece's memory, in chunks: progress is reported between them, and the
@@ -159,7 +163,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   write_atomically(path, pieces, progress, {});
 }
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
+std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
                       const WriteProgress& progress) {
   // The bytes go from each tensor's memory to the file: no copy on the CPU, one to the host for CUDA.
   std::vector<std::vector<float>> staged;  // CUDA tensors' values, kept alive until written
@@ -200,15 +204,24 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   const std::string placeholder = header_bytes(std::string(16, '0'));  // a checksum is 16 hex digits
   std::vector<std::string_view> pieces{placeholder};
   pieces.insert(pieces.end(), data.begin(), data.end());
+  std::string written;
   try {
-    write_atomically(path, pieces, progress, [&] { return header_bytes(checksum.get()); });
+    write_atomically(path, pieces, progress, [&] {
+      written = checksum.get();
+      return header_bytes(written);
+    });
   } catch (...) {
     if (checksum.valid()) checksum.wait();  // the thread reads `header` and `data`: let it finish first
     throw;
   }
+  return written;
 }
 
 Loaded load_safetensors(const std::string& path) {
+  // Only a regular file: a folder reads as endless garbage and a pipe never ends.
+  struct stat what {};
+  if (::stat(path.c_str(), &what) == 0 && !S_ISREG(what.st_mode))
+    fail(path, "is not a regular file (a folder, a device or a pipe)");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "cannot be opened (missing or unreadable)");
   std::string file(static_cast<std::size_t>(in.tellg()), '\0');
@@ -296,6 +309,8 @@ Loaded load_safetensors(const std::string& path) {
   if (checksum != loaded.metadata.end() &&
       checksum->second != checksum_of(header, {std::string_view(data, static_cast<std::size_t>(data_size))}))
     fail(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
+  loaded.checksummed = checksum != loaded.metadata.end();
+  if (loaded.checksummed) loaded.checksum = checksum->second;
   loaded.metadata.erase("checksum");
   return loaded;
 }

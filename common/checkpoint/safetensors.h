@@ -32,13 +32,16 @@ struct CheckpointError : std::runtime_error {
 // --fail-during-save, which kills the writer halfway to show that the previous checkpoint survives.
 using WriteProgress = std::function<void(std::size_t written, std::size_t total)>;
 
-// Writes `tensors` (float32, any device) and `metadata` to `path` atomically. Throws CheckpointError.
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {},
+// Writes `tensors` (float32, any device) and `metadata` to `path` atomically, and returns the checksum it
+// recorded (16 hex digits). Throws CheckpointError.
+std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {},
                       const WriteProgress& progress = {});
 
 struct Loaded {
   NamedTensors tensors;  // on the CPU, in the file's order of offsets
   Metadata metadata;
+  bool checksummed = false;  // the file carried a checksum, and it matched (the course's checkpoints always do)
+  std::string checksum;      // that checksum
 };
 // Reads and validates `path`: the header length within the file, valid JSON, known dtypes, shapes that
 // match their byte ranges, offsets inside the data section that neither overlap nor leave holes, and the
@@ -46,7 +49,9 @@ struct Loaded {
 // returns a partial load.
 Loaded load_safetensors(const std::string& path);
 
-// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
+// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder). What it
+// replaces must be a regular file (or nothing yet): a device, a folder, a pipe or a link is refused
+// with CheckpointError, never replaced.
 void write_file_atomically(const std::string& path, const std::string& bytes, const WriteProgress& progress = {});
 // The same for bytes in several places, written one after the other.
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces,

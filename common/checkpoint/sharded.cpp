@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kIndex = "index.json";
-constexpr const char* kFormat = "course-sharded-1";
+constexpr const char* kFormat = "course-sharded-2";  // 2: each shard's checksum in the index
 
 std::int64_t step_of_folder(const std::string& name) {
   const std::string prefix = "step_";
@@ -35,6 +35,33 @@ void agree(comm::Communicator& group, const std::string& my_error) {
   std::string message = my_error;
   broadcast_string(group, message, first);
   throw CheckpointError(message);
+}
+
+// A checksum (16 hex digits, 64 bits) as four 16-bit values, each exact in a float, for a collective.
+std::vector<float> checksum_as_floats(const std::string& text) {
+  const std::uint64_t value = text.empty() ? 0 : std::stoull(text, nullptr, 16);
+  return {static_cast<float>(value & 0xffff), static_cast<float>((value >> 16) & 0xffff),
+          static_cast<float>((value >> 32) & 0xffff), static_cast<float>(value >> 48)};
+}
+std::string checksum_from_floats(const float* v) {
+  std::uint64_t value = 0;
+  for (int i = 3; i >= 0; --i) value = (value << 16) | static_cast<std::uint64_t>(v[i]);
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+// A shard read whole and checked, then against the index: the checksum the index recorded for it. A
+// shard of another run or another step, or an index from another run, differs there.
+Loaded load_listed_shard(const std::string& path, const nlohmann::json& entry) {
+  Loaded shard = load_safetensors(path);
+  const std::string listed = entry.value("checksum", "");
+  if (!shard.checksummed || shard.checksum != listed)
+    throw CheckpointError(path + ": is not the shard its index lists (checksum " +
+                          (shard.checksummed ? shard.checksum : std::string("none")) + ", the index records " +
+                          (listed.empty() ? std::string("none") : listed) +
+                          "): a shard or an index from another run or another step");
+  return shard;
 }
 
 std::string read_text(const std::string& path) {
@@ -104,6 +131,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
   if (!error.empty()) throw CheckpointError(error);
 
   std::size_t bytes = 0;
+  std::string checksum;
   try {
     if (!mine.empty()) {
       Metadata m = metadata;
@@ -111,13 +139,18 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
       m["shard"] = std::to_string(group.rank());
       m["shards"] = std::to_string(shards);
       const std::string path = (fs::path(folder) / shard_name(group.rank(), shards)).string();
-      save_safetensors(path, mine, m);
+      checksum = save_safetensors(path, mine, m);
       bytes = static_cast<std::size_t>(fs::file_size(path));
     }
   } catch (const std::exception& e) {
     error = e.what();
   }
   agree(group, error);  // every shard is in place (or every rank throws)
+  // Rank 0 records every shard's checksum in the index.
+  Tensor mine_sum = Tensor::from_host(checksum_as_floats(checksum), {4});
+  Tensor sums = Tensor::zeros({4 * static_cast<std::int64_t>(group.size())});
+  group.all_gather(mine_sum, sums);
+  const auto sum_values = sums.to_host();
 
   if (group.rank() == 0) {
     try {
@@ -128,7 +161,8 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
         const auto size = fs::file_size(path, e);
         if (e) throw CheckpointError(path.string() + ": missing after every rank wrote its shard (is " + dir_ +
                                      " on storage every rank shares?)");
-        files.push_back({{"file", shard_name(r, shards)}, {"bytes", size}});
+        files.push_back({{"file", shard_name(r, shards)}, {"bytes", size},
+                         {"checksum", checksum_from_floats(sum_values.data() + 4 * r)}});
       }
       nlohmann::json index = {{"format", kFormat}, {"step", step}, {"world_size", group.size()}, {"shards", files},
                               {"metadata", metadata}, {"layout", layout}};
@@ -149,7 +183,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
 std::optional<std::int64_t> ShardedFolder::latest_complete() const {
   std::error_code error;
   const fs::path pointer = fs::path(dir_) / "latest";
-  if (fs::exists(pointer, error)) {
+  if (fs::is_regular_file(fs::symlink_status(pointer, error))) {  // never a pipe to wait on, nor a folder
     std::ifstream in(pointer);
     std::string name;
     std::getline(in, name);
@@ -159,6 +193,24 @@ std::optional<std::int64_t> ShardedFolder::latest_complete() const {
   for (const auto& [step, path] : steps_on_disk())
     if (fs::exists(fs::path(path) / kIndex, error)) return step;
   return std::nullopt;
+}
+
+std::vector<std::int64_t> ShardedFolder::complete_steps() const {
+  std::vector<std::int64_t> steps;
+  if (const auto latest = latest_complete()) steps.push_back(*latest);
+  std::error_code error;
+  for (const auto& [step, path] : steps_on_disk())
+    if (fs::exists(fs::path(path) / kIndex, error) && std::find(steps.begin(), steps.end(), step) == steps.end())
+      steps.push_back(step);
+  return steps;
+}
+
+std::vector<std::string> ShardedFolder::remove_incomplete() const {
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (const auto& [step, path] : steps_on_disk())
+    if (!fs::exists(fs::path(path) / kIndex, error) && fs::remove_all(path, error) > 0) removed.push_back(path);
+  return removed;
 }
 
 nlohmann::json ShardedFolder::index(std::int64_t step) const {
@@ -192,7 +244,7 @@ Loaded ShardedFolder::load_shard(comm::Communicator& group, std::int64_t step) c
       if (fs::file_size(path, e) != entry.at("bytes").get<std::uintmax_t>() || e)
         throw CheckpointError(path + ": is not the file the index lists (" + std::to_string(entry.at("bytes").get<std::uintmax_t>()) +
                               " bytes)");
-      loaded = load_safetensors(path);
+      loaded = load_listed_shard(path, entry);
       if (loaded.metadata["step"] != std::to_string(step) || loaded.metadata["shard"] != std::to_string(group.rank()))
         throw CheckpointError(path + ": holds shard " + loaded.metadata["shard"] + " of step " + loaded.metadata["step"] +
                               ", not shard " + std::to_string(group.rank()) + " of step " + std::to_string(step));
@@ -218,11 +270,27 @@ void consolidate(const std::string& step_dir, const std::string& out, const Meta
     const auto& layout = index.at("layout");
     const auto shards = layout.at("shards").get<int>();
     const auto shard_len = layout.at("shard").get<std::int64_t>();
-    std::vector<float> flat(layout.at("padded").get<std::size_t>());
+    const auto padded = layout.at("padded").get<std::int64_t>();
+    // An index is read from disk: every number it gives is checked before it places a value.
+    const auto bad = [&](const std::string& what) { throw CheckpointError(index_path + ": " + what); };
+    if (shards < 1 || shard_len < 0 || padded < 0 || static_cast<std::int64_t>(shards) * shard_len < padded ||
+        padded > (std::int64_t{1} << 40) || index.at("shards").size() != static_cast<std::size_t>(shards))
+      bad("its layout's sizes do not fit together (" + std::to_string(shards) + " shards of " +
+          std::to_string(shard_len) + " for " + std::to_string(padded) + " elements, " +
+          std::to_string(index.at("shards").size()) + " files)");
+    for (const auto& unit : layout.at("units")) {
+      const auto part = unit.at("part").get<std::int64_t>(), offset = unit.at("offset").get<std::int64_t>();
+      const auto shard_offset = unit.at("shard_offset").get<std::int64_t>();
+      if (part < 0 || offset < 0 || shard_offset < 0 || shard_offset + part > shard_len ||
+          offset + static_cast<std::int64_t>(shards) * part > padded)
+        bad("a unit of its layout lies outside the buffers (offset " + std::to_string(offset) + ", part " +
+            std::to_string(part) + ", shard offset " + std::to_string(shard_offset) + ")");
+    }
+    std::vector<float> flat(static_cast<std::size_t>(padded));
     for (int r = 0; r < shards; ++r) {
-      const std::string path = (fs::path(step_dir) / index.at("shards").at(static_cast<std::size_t>(r)).at("file")
-                                                           .get<std::string>()).string();
-      const Loaded shard = load_safetensors(path);
+      const auto& entry = index.at("shards").at(static_cast<std::size_t>(r));
+      const std::string path = (fs::path(step_dir) / entry.at("file").get<std::string>()).string();
+      const Loaded shard = load_listed_shard(path, entry);
       const Tensor* param = nullptr;
       for (const auto& [name, t] : shard.tensors)
         if (name == "param") param = &t;
@@ -239,8 +307,14 @@ void consolidate(const std::string& step_dir, const std::string& out, const Meta
     for (const auto& p : layout.at("parameters")) {
       const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
       std::int64_t numel = 1;
-      for (auto d : shape) numel *= d;
-      const auto begin = flat.begin() + p.at("offset").get<std::int64_t>();
+      for (auto d : shape) {
+        if (d < 0 || (d > 0 && numel > padded / d)) bad("parameter '" + p.at("name").get<std::string>() + "' has a shape larger than the buffer");
+        numel *= d;
+      }
+      const auto at = p.at("offset").get<std::int64_t>();
+      if (at < 0 || at + numel > padded)
+        bad("parameter '" + p.at("name").get<std::string>() + "' lies outside the buffer (offset " + std::to_string(at) + ")");
+      const auto begin = flat.begin() + at;
       tensors.emplace_back(p.at("name").get<std::string>(), Tensor::from_host(std::vector<float>(begin, begin + numel), shape));
     }
     save_safetensors(out, tensors, metadata);

@@ -43,6 +43,12 @@ class ShardedFolder {
   bool has_checkpoints() const;
   // The newest step whose index is in place, the one `latest` names first; nullopt when none is.
   std::optional<std::int64_t> latest_complete() const;
+  // Every step whose index is in place, the one `latest` names first, then newest first: what a resume
+  // tries in turn when a newer one turns out damaged.
+  std::vector<std::int64_t> complete_steps() const;
+  // Removes the step folders without an index (their writers died before the commit: temporaries, as
+  // chapter 06's ".tmp" files); returns what it removed.
+  std::vector<std::string> remove_incomplete() const;
   // The index of `step`. Throws CheckpointError naming the file.
   nlohmann::json index(std::int64_t step) const;
 

@@ -70,6 +70,8 @@ Metadata training_metadata(const TrainingState& s, const std::string& model_conf
 TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
                                         const std::string& model_config, const optim::Optimizer& optimizer) {
   const Metadata& m = loaded.metadata;
+  // Every checkpoint this course writes carries a checksum: one without is damaged (or another writer's).
+  if (!loaded.checksummed) fail(path, "has no checksum: damaged, or not a checkpoint of this course");
   if (text(path, m, "format") != kFormat) fail(path, "format '" + m.at("format") + "' is not " + kFormat);
   // The hash covers the configuration text, so a damaged configuration is caught as well as another model.
   if (text(path, m, "model_config_hash") != config_hash(text(path, m, "model_config")))

@@ -123,10 +123,28 @@ const CLI::Validator NotEmpty(
     [](std::string& input) -> std::string { return input.empty() ? "must not be empty" : std::string(); }, "", "");
 }  // namespace
 
+// Integer flags are decimal, as their help says. CLI11 reads a leading 0 as octal and 0x as hex
+// (--steps 010 would run 8 steps): leading zeros are dropped ("010" is ten), and another base is refused.
+const CLI::Validator Decimal(
+    [](std::string& input) -> std::string {
+      std::size_t digits = input.empty() || (input[0] != '-' && input[0] != '+') ? 0 : 1;
+      if (input.size() > digits + 1 && input[digits] == '0') {
+        for (std::size_t i = digits; i < input.size(); ++i)
+          if (!std::isdigit(static_cast<unsigned char>(input[i]))) return "must be a decimal integer, got '" + input + "'";
+        const std::size_t first = input.find_first_not_of('0', digits);
+        input.erase(digits, (first == std::string::npos ? input.size() - 1 : first) - digits);
+      }
+      return {};
+    },
+    "", "");
+
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
-    for (CLI::Option* option : app.get_options())
+    for (CLI::Option* option : app.get_options()) {
       if (option->get_items_expected_min() > 0) option->check(NotEmpty);
+      const std::string type = option->get_type_name();
+      if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) option->transform(Decimal);
+    }
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
     if (is_log_rank()) std::printf("%s", app.help().c_str());

@@ -2,6 +2,7 @@
 #include "common/parallel/zero_checkpoint.h"
 
 #include "common/core/errors.h"
+#include "common/core/log.h"
 
 namespace course::parallel {
 
@@ -17,31 +18,37 @@ std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::
 
 std::int64_t resume_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,
                                     ZeroOptimizer& zero, const checkpoint::Metadata& settings) {
-  // Every rank reads the same index on the shared folder, so they agree on the step and the settings.
-  const auto step = folder.latest_complete();
-  if (!step) throw UsageError("--resume: " + folder.dir() + " holds no complete sharded checkpoint");
-  nlohmann::json index;
-  try {
-    index = folder.index(*step);
-  } catch (const checkpoint::CheckpointError& e) {
-    throw UsageError(std::string("--resume: ") + e.what());
+  // Every rank reads the same indexes on the shared folder, so they agree on the steps and the settings.
+  const auto steps = folder.complete_steps();
+  if (steps.empty()) throw UsageError("--resume: " + folder.dir() + " holds no complete sharded checkpoint");
+  std::string rejected;
+  for (const std::int64_t step : steps) {
+    nlohmann::json index;
+    checkpoint::Loaded loaded;
+    try {
+      index = folder.index(step);
+      const auto saved = index.at("metadata").get<checkpoint::Metadata>();
+      for (const auto& [flag, value] : settings) {
+        const auto it = saved.find(flag);
+        const std::string theirs = it == saved.end() ? "(none)" : it->second;
+        if (theirs != value)
+          throw UsageError("--" + flag + ": " + value + " differs from the checkpoint's " + theirs + " (" +
+                           folder.step_dir(step) + ")");
+      }
+      loaded = folder.load_shard(group, step);  // every rank throws alike when any shard is damaged
+      zero.load_state_shard(loaded.tensors, std::stol(saved.at("optimizer_step")));
+      return step;
+    } catch (const checkpoint::CheckpointError& e) {  // damaged: the next older one, as chapter 06 does
+      log("rejected %s%s\n", e.what(), step == steps.back() ? "" : "; trying an older one");
+      rejected = e.what();
+    } catch (const nlohmann::json::exception& e) {
+      log("rejected %s: its index is incomplete (%s)%s\n", folder.step_dir(step).c_str(), e.what(),
+          step == steps.back() ? "" : "; trying an older one");
+      rejected = e.what();
+    }
   }
-  const auto saved = index.at("metadata").get<checkpoint::Metadata>();
-  for (const auto& [flag, value] : settings) {
-    const auto it = saved.find(flag);
-    const std::string theirs = it == saved.end() ? "(none)" : it->second;
-    if (theirs != value)
-      throw UsageError("--" + flag + ": " + value + " differs from the checkpoint's " + theirs + " (" +
-                       folder.step_dir(*step) + ")");
-  }
-  checkpoint::Loaded loaded;
-  try {
-    loaded = folder.load_shard(group, *step);
-  } catch (const checkpoint::CheckpointError& e) {
-    throw UsageError(std::string("--resume: ") + e.what());
-  }
-  zero.load_state_shard(loaded.tensors, std::stol(saved.at("optimizer_step")));
-  return *step;
+  throw UsageError("--resume: no good sharded checkpoint in " + folder.dir() + " (" + std::to_string(steps.size()) +
+                   " rejected; the last: " + rejected + ")");
 }
 
 }  // namespace course::parallel
