@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cli::add_sim_network_option(app, o.sim_network);
   app.add_option("--trace", o.trace, "Write the timeline of the last overlapped step here (Chrome trace JSON)")
-      ->capture_default_str();
+      ->check(cli::OutputFile)->capture_default_str();
   app.add_option("--comm-hook", o.comm_hook, "How buckets travel: none (float32), fp16 or bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();

@@ -220,11 +220,11 @@ int main(int argc, char** argv) {
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
-                                     "PNG beside it");
+                                     "PNG beside it")->check(cli::OutputFile);
   app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "
                                    "activations against them");
   app.add_option("--charts", o.charts, "With --sweep: PREFIX_bubble.png, PREFIX_activations.png and the timelines")
-      ->capture_default_str();
+      ->check(cli::OutputFile)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
     if (!o.models.data.empty()) throw UsageError("--data: chapter 08 trains on the addition task only");
     auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp});

@@ -104,6 +104,24 @@ TEST(Chapter04, VerifyFailsAtTheStepALateFaultBeginsInLongRuns) {
   }
 }
 
+// Output files: a metrics file that cannot be written is an error naming --metrics, never a PASSED run
+// with an empty file; a usage error found after start-up leaves an existing metrics file as it was.
+TEST(Chapter04, OutputThatCannotBeWrittenIsAnErrorAndNothingWrittenIsLost) {
+  auto full = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 2 --metrics /dev/full");
+  EXPECT_EQ(full.exit_code, 1) << full.out << full.err;
+  EXPECT_NE(full.err.find("--metrics: /dev/full: the write failed"), std::string::npos) << full.err;
+  EXPECT_EQ(full.out.find("PASSED"), std::string::npos) << full.out;
+  const std::string kept = temp_path("ch04_kept.jsonl");
+  { std::ofstream(kept) << "{\"event\":\"earlier\"}\n"; }
+  auto usage = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --global-batch 7 --metrics " + kept);
+  EXPECT_EQ(usage.exit_code, 2) << usage.out << usage.err;
+  EXPECT_EQ(read_file(kept), "{\"event\":\"earlier\"}\n");
+  auto missing = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --metrics /nonexistent/m.jsonl");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("--metrics"), std::string::npos) << missing.err;
+  std::remove(kept.c_str());
+}
+
 TEST(Chapter04, ADivergedRunFails) {
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 20 --lr 1e30");
   EXPECT_NE(r.exit_code, 0);

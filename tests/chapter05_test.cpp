@@ -4,6 +4,8 @@
 // bad input exits 2 with one line naming the flag.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -68,6 +70,30 @@ TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
       }
       EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from)), std::string::npos) << r.out;
     }
+}
+
+// An unwritable --trace is refused when the flags are read, by every rank alike, before any training
+// (not found by rank 0 alone after it, while the others wait in a collective); no trace is written
+// unless asked, so nothing lands in the current folder.
+TEST(Chapter05, AnUnwritableTraceIsRefusedBeforeTraining) {
+  const auto begin = std::chrono::steady_clock::now();
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --trace /nonexistent/trace.json");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--trace: /nonexistent/trace.json"), std::string::npos) << r.err;
+  int error_lines = 0;  // one, from one rank (mpirun adds its own lines about the exit code)
+  for (std::size_t at = r.err.find("error:"); at != std::string::npos; at = r.err.find("error:", at + 1)) ++error_lines;
+  EXPECT_EQ(error_lines, 1) << r.err;
+  EXPECT_EQ(r.out.find("mode "), std::string::npos) << "trained before refusing:\n" << r.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(30));
+  const auto here = std::filesystem::current_path();
+  const auto scratch = std::filesystem::temp_directory_path() / ("ch05_cwd_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  std::filesystem::current_path(scratch);
+  auto plain = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall);
+  std::filesystem::current_path(here);
+  EXPECT_EQ(plain.exit_code, 0) << plain.out << plain.err;
+  EXPECT_TRUE(std::filesystem::is_empty(scratch)) << "wrote into the current folder";
+  std::filesystem::remove_all(scratch);
 }
 
 TEST(Chapter05, SimulatedNetworkIsLabelledAndTheSweepRuns) {

@@ -3,8 +3,12 @@
 // string and no value at all; flags without a value are given one. Each run must either end within
 // seconds with exit code 2 and one line naming the flag (from one rank only), or run to its verdict
 // (PASSED with 0, FAILED with 1). Never a crash, a hang, another exit code or a silent wrong answer.
-// Flags added to later chapters are covered without new code.
+// Integer flags are also given hex (refused: they are decimal), and every path flag a folder, a pipe and
+// a device (a copy of /dev/null): none may hang, and none may be replaced by a file. Flags added to later
+// chapters are covered without new code.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <atomic>
 #include <filesystem>
@@ -137,6 +141,13 @@ void try_every_flag(const Chapter& c) {
   std::filesystem::current_path(scratch);
   auto flags = flags_of(c.binary);
   ASSERT_GE(flags.size(), 5u) << "could not read the flags from --help";
+  // What a path flag may be given that is not a regular file: each must be refused or read, never
+  // waited on, and never replaced.
+  const auto folder = scratch / "a_folder", pipe = scratch / "a_pipe", device = scratch / "a_device";
+  std::filesystem::create_directories(folder);
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0644), 0);
+  std::vector<std::string> specials{" " + folder.string(), " " + pipe.string()};
+  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) specials.push_back(" " + device.string());  // as root
   std::vector<Try> tries;
   auto add = [&](const Flag& f, const std::string& value, const std::string& launcher) {
     tries.push_back({&c, f, launcher, command(c, f, value, launcher), value, {}});
@@ -149,6 +160,8 @@ void try_every_flag(const Chapter& c) {
       continue;
     }
     for (const auto& value : kValues) add(f, value, "");
+    if (f.type == "TEXT")
+      for (const auto& special : specials) add(f, special, "");
     // Every rank fails alike, and one reports. Letters fail in parsing, before any rank talks to
     // another, exactly as in the single-process try; 0 is the value that passes parsing and must be
     // refused (or run) by all ranks together, so it is the one tried under mpirun.
@@ -163,6 +176,9 @@ void try_every_flag(const Chapter& c) {
     });
   for (auto& worker : workers) worker.join();
   for (const auto& t : tries) expect_handled(t);
+  EXPECT_TRUE(std::filesystem::is_fifo(pipe)) << "the pipe was replaced";
+  EXPECT_TRUE(std::filesystem::is_directory(folder)) << "the folder was replaced";
+  if (std::filesystem::exists(device)) EXPECT_TRUE(std::filesystem::is_character_file(device)) << "the device was replaced";
   auto unknown = run_process(c.binary + " --no-such-flag 3");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;

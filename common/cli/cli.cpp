@@ -6,6 +6,9 @@
 #include <cctype>
 #include <cstdlib>
 #include <new>
+#include <filesystem>
+#include <climits>
+#include <unistd.h>
 #include <string>
 
 #include <mpi.h>
@@ -18,11 +21,31 @@
 
 namespace course::cli {
 
+const CLI::Validator OutputFile(
+    [](std::string& input) -> std::string {
+      namespace fs = std::filesystem;
+      const fs::path target(input);
+      const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+      std::error_code error;
+      if (target.filename().empty() || fs::is_directory(target, error)) return input + ": is a folder, not a file name";
+      if (target.filename().string().size() > static_cast<std::size_t>(NAME_MAX))
+        return input + ": the file name is longer than the " + std::to_string(NAME_MAX) + " characters it may have";
+      if (!fs::is_directory(folder, error) || ::access(folder.c_str(), W_OK | X_OK) != 0)
+        return input + ": its folder " + folder.string() + " does not exist or is not writable";
+      if (fs::exists(target, error) && ::access(target.c_str(), W_OK) != 0) return input + ": is not writable";
+      // A named pipe blocks the writer until something reads it: refused, where /dev/stdout and a shell's
+      // /dev/fd/N (process substitution, read already) are not.
+      if (fs::is_fifo(target, error) && input.rfind("/dev/", 0) != 0)
+        return input + ": is a named pipe, which would hold the run until something reads it; give a file";
+      return {};
+    },
+    "FILE", "");
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--device", o.device, "Where to run: auto (CUDA when a GPU is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--seed", o.seed, "Seed for data and initial weights")->check(Seed)->capture_default_str();
-  app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines");
+  app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines")->check(OutputFile);
 }
 
 void add_save_option(CLI::App& app, std::string& path) {

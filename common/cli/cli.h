@@ -58,6 +58,13 @@ struct ReportedError {
 std::size_t parse_bytes(const std::string& text, const std::string& flag, std::size_t multiple = 1,
                         std::size_t limit = std::size_t{1} << 40);
 
+// An output file a flag names (--metrics, --trace, a --charts prefix): not a folder, a name the file
+// system allows, in a folder that exists and can be written; a file already there must be writable (a
+// device such as /dev/stdout may be; a named pipe outside /dev may not). Checked when the flags are read,
+// on every rank alike, so a bad path
+// stops the job before any work instead of after it.
+extern const CLI::Validator OutputFile;
+
 // Validators whose messages name the rule that was broken.
 extern const CLI::Validator PositiveInteger;  // >= 1
 extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite

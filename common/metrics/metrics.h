@@ -10,14 +10,19 @@ namespace course::metrics {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: write() does nothing
-  // Opens (truncates) `path`; an empty path writes nothing. Throws UsageError when it cannot be written.
+  // Writes to `path` (an empty path: nothing), which is opened, and so truncated, at the first record:
+  // a run stopped by a usage error before it wrote anything leaves an existing file as it was. Throws
+  // UsageError when `path` cannot be written.
   explicit MetricsWriter(const std::string& path);
   MetricsWriter(MetricsWriter&&) = default;
   MetricsWriter& operator=(MetricsWriter&&) = default;
-  bool enabled() const { return out_.is_open(); }
-  void write(const nlohmann::json& record);  // one line, flushed, so a crash keeps what was written
+  bool enabled() const { return !path_.empty(); }
+  // One line, flushed, so a crash keeps what was written. A write that fails (a full disk) throws
+  // std::runtime_error naming the file: a run whose record is lost does not pass.
+  void write(const nlohmann::json& record);
 
  private:
+  std::string path_;
   std::ofstream out_;
 };
 

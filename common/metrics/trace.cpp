@@ -1,6 +1,10 @@
 // Chrome trace events, with names for every rank and lane.
 #include "common/metrics/trace.h"
 
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
 #include <fstream>
 
 #include "common/core/errors.h"
@@ -29,6 +33,8 @@ void ChromeTrace::write(const std::string& path) const {
   if (!out) throw UsageError(path + ": cannot open for writing");
   nlohmann::json doc = {{"traceEvents", events_}, {"displayTimeUnit", "ms"}, {"metadata", {{"label", label_}}}};
   out << doc.dump(1) << '\n';
+  out.flush();
+  if (!out) throw std::runtime_error(path + ": the trace could not be written (" + std::strerror(errno) + ")");
 }
 
 }  // namespace course::metrics
