@@ -18,6 +18,7 @@
 #include "common/checkpoint/resume.h"          // rank 0 reads, validates and broadcasts
 #include "common/checkpoint/training_state.h"  // what a checkpoint holds, and the checks before loading
 #include "common/cli/cli.h"                    // common flags, validators, exit codes
+#include "common/cli/kill_options.h"           // --fail-at-step: a rank killed on purpose
 #include "common/cli/session.h"                // device, topology and metrics, set up once
 #include "common/comm/environment.h"           // MPI start-up
 #include "common/core/log.h"                   // rank 0 prints
@@ -51,9 +52,7 @@ struct Options {
   std::int64_t hidden = 256;
   int layers = 2;
   int log_every = 20;
-  std::int64_t fail_at_step = -1;
-  int fail_rank = 0;
-  bool fail_during_save = false;
+  cli::KillOptions kill;  // --fail-at-step, --fail-rank, --fail-during-save
   bool verify = false;
   cli::FaultOptions faults;        // --fault, --fault-from-step
   bool fault_step_given = false;   // without --fault-from-step the fault breaks the resume itself
@@ -64,13 +63,6 @@ struct Options {
 };
 
 constexpr std::int64_t kMaxSteps = 10'000'000;
-
-// The attempt number, set by the launcher (scripts/failover.py) as torchrun sets
-// TORCHELASTIC_RESTART_COUNT: the injected faults fire on the first attempt only.
-int restart_count() {
-  const char* text = std::getenv("COURSE_RESTART_COUNT");
-  return text ? std::atoi(text) : 0;
-}
 
 nn::TrainingTask make_task(const Options& o, Device device) {
   if (!o.models.data.empty() && o.models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
@@ -173,18 +165,7 @@ int run(const Options& o, cli::Session& session) {
   if (o.global_batch % ranks != 0)
     throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by the " +
                      std::to_string(ranks) + " ranks");
-  const bool first_attempt = restart_count() == 0;  // the faults fire on the first attempt only
-  if (first_attempt && o.fail_at_step >= 0 && o.fail_rank >= ranks)
-    throw UsageError("--fail-rank: " + std::to_string(o.fail_rank) + " is outside the world of " +
-                     std::to_string(ranks) + " ranks");
-  if (o.fail_at_step >= o.steps)
-    throw UsageError("--fail-at-step: " + std::to_string(o.fail_at_step) + " is never reached in --steps " +
-                     std::to_string(o.steps));
-  if (o.fail_during_save && (o.fail_at_step < 1 || (o.fail_at_step % o.ckpt_every != 0)))
-    throw UsageError("--fail-during-save: --fail-at-step must name a step that writes a checkpoint (a multiple of "
-                     "--ckpt-every " + std::to_string(o.ckpt_every) + ")");
-  if (o.fail_during_save && o.fail_rank != 0)
-    throw UsageError("--fail-during-save: rank 0 writes the checkpoints, so --fail-rank must be 0");
+  cli::check_kill_options(o.kill, o.steps, o.ckpt_every, ranks, /*only_rank0_writes=*/true);
 
   const nn::TrainingTask task = make_task(o, device);  // the same data on every rank
   data::SampleStream stream(task.size, o.common.seed);
@@ -195,7 +176,7 @@ int run(const Options& o, cli::Session& session) {
       "steps into %s (keeping %d)%s\n",
       ranks, task.description.c_str(), trainer.optimizer().name().c_str(), o.lr, static_cast<long long>(o.steps),
       static_cast<long long>(o.global_batch), static_cast<long long>(o.ckpt_every), o.ckpt_dir.c_str(), o.keep,
-      restart_count() ? (", restart " + std::to_string(restart_count())).c_str() : "");
+      cli::KillOptions::restart_count() ? (", restart " + std::to_string(cli::KillOptions::restart_count())).c_str() : "");
 
   // --verify: one rank's model and optimizer beside the run, starting where the run starts (the same
   // initialisation, or the checkpoint resumed, restored into it on its own).
@@ -261,10 +242,7 @@ int run(const Options& o, cli::Session& session) {
   if (reference)
     lockstep = std::make_unique<verify::Lockstep>(
         reference, [&](std::int64_t s) { reference_recipe->update(s); }, &group, reference_recipe->clip());
-  if (first_attempt && o.fail_at_step >= 0)
-    log("fault injection: rank %d will be killed (SIGKILL) %s step %lld, on this first attempt only\n", o.fail_rank,
-        o.fail_during_save ? "halfway through writing the checkpoint of" : "at the start of",
-        static_cast<long long>(o.fail_at_step));
+  if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
 
   // ---- training, with a checkpoint every --ckpt-every steps and at the end ---------------------------
   double write_ms = 0, written_mb = 0;
@@ -273,8 +251,7 @@ int run(const Options& o, cli::Session& session) {
   double step_ms = 0;
   std::int64_t timed_steps = 0;
   for (std::int64_t step = start_step; step < o.steps; ++step) {
-    if (first_attempt && step == o.fail_at_step && !o.fail_during_save && group.rank() == o.fail_rank)
-      std::raise(SIGKILL);  // a node lost mid-training: no handler, no goodbye
+    o.kill.at_step_start(step, group.rank());  // a node lost mid-training, when asked
     if (step == fault_step && o.faults.fault == "lose-optimizer-state") trainer.lose_optimizer_moments();
     if (step == fault_step && o.faults.fault == "repeat-batch") state.samples_seen -= o.global_batch;
     const auto step_begin = std::chrono::steady_clock::now();
@@ -298,11 +275,7 @@ int run(const Options& o, cli::Session& session) {
     }
     if (state.step % o.ckpt_every != 0 && state.step != o.steps) continue;
     parallel::on_rank0(group, [&] {  // the ranks hold the same state: one writer, one copy
-      checkpoint::WriteProgress die_halfway;
-      if (first_attempt && o.fail_during_save && state.step == o.fail_at_step)
-        die_halfway = [](std::size_t written, std::size_t total) {
-          if (2 * written >= total) std::raise(SIGKILL);
-        };
+      const checkpoint::WriteProgress die_halfway = o.kill.during_save_of(state.step, group.rank());
       const auto begin = std::chrono::steady_clock::now();
       // What the loader would reject is never written: with --keep it would replace the good ones.
       checkpoint::Loaded outgoing;
@@ -391,7 +364,7 @@ int run(const Options& o, cli::Session& session) {
     });
   session.metrics.write({{"event", "failover_summary"}, {"ranks", ranks}, {"steps", state.step},
                          {"start_step", start_step}, {"resumed_from", resumed_from}, {"rejected", rejected},
-                         {"restart_count", restart_count()}, {"world_history", state.world_history},
+                         {"restart_count", cli::KillOptions::restart_count()}, {"world_history", state.world_history},
                          {"checksum", checksum}, {"optimizer_checksum", optimizer_checksum},
                          {"identical", identical}, {"checkpoints", checkpoints},
                          {"write_mb_per_s", write_ms > 0 ? written_mb / (write_ms / 1000.0) : 0.0},
@@ -432,13 +405,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", o.layers, "Hidden layers")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)
       ->capture_default_str();
-  app.add_option("--fail-at-step", o.fail_at_step, "Fault injection: kill --fail-rank with SIGKILL at the start of "
-                                                   "step K (first attempt only)")
-      ->check(CLI::Range(std::int64_t{0}, kMaxSteps));
-  app.add_option("--fail-rank", o.fail_rank, "The rank --fail-at-step kills")->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_flag("--fail-during-save", o.fail_during_save,
-               "With --fail-at-step K: kill rank 0 halfway through writing the checkpoint of step K instead");
+  cli::add_kill_options(app, o.kill, kMaxSteps);
   app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
                                                "(Young's approximation)")
       ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();
@@ -453,8 +420,6 @@ int main(int argc, char** argv) {
     if (o.fault_step_given && o.faults.from_step == 0 && o.faults.fault != "none")
       throw UsageError("--fault-from-step: chapter 06's faults break what a step inherits from the one before (the "
                        "optimizer's state, the place in the data), which step 0 has not; give 1 or more");
-    if (o.fail_during_save && o.fail_at_step < 0)
-      throw UsageError("--fail-during-save: needs --fail-at-step K, the checkpoint step to fail in");
     o.samples_given = app.count("--samples") > 0;
     cli::Session session = cli::start_session(o.common, o.distributed);
     return run(o, session);

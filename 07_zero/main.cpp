@@ -15,6 +15,7 @@
 #include "common/checkpoint/resume.h"            // broadcast_string: rank 0 checks the folder
 #include "common/checkpoint/sharded.h"           // consolidate: the shards as one ordinary file
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
+#include "common/cli/kill_options.h"             // --fail-at-step: a rank killed on purpose
 #include "common/cli/model_options.h"            // --model mlp|gpt and the GPT's flags
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
@@ -52,6 +53,7 @@ struct Options {
   bool verify = false, compare = false, prefetch = false;
   double mem_limit_mb = 0;
   cli::FaultOptions faults;      // --fault, --fault-from-step
+  cli::KillOptions kill;         // --fail-at-step: a rank killed on purpose, in the checkpointed run
   std::string ckpt_dir;          // sharded checkpoints of the chosen stage's run
   std::int64_t ckpt_every = 10;
   int keep = 2;
@@ -177,6 +179,7 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   double total_ms = 0;
   // ---- the training step ------------------------------------------------------------------------------
   for (std::int64_t step = run.first_step; step < o.steps; ++step) {
+    if (plan.checkpointed) o.kill.at_step_start(step, group.rank());  // a node lost, when asked
     const auto begin = Clock::now();
     double checking_ms = 0;  // the verification's own work, left out of the step time
     auto checking = [&](auto&& work) {
@@ -214,7 +217,8 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     if (folder && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
       const auto begin_save = Clock::now();
       const std::size_t bytes =
-          parallel::save_zero_checkpoint(*folder, group, zero, *model, step + 1, settings(o, stage, task));
+          parallel::save_zero_checkpoint(*folder, group, zero, *model, step + 1, settings(o, stage, task),
+                                         o.kill.during_save_of(step + 1, group.rank()));
       log("checkpoint of step %lld: %s, %s from this rank in %.1f ms\n", static_cast<long long>(step + 1),
           folder->step_dir(step + 1).c_str(), format_bytes(static_cast<std::int64_t>(bytes)).c_str(),
           std::chrono::duration<double, std::milli>(Clock::now() - begin_save).count());
@@ -342,6 +346,10 @@ int run(const Options& o, cli::Session& session) {
       o.prefetch ? ", stage 3 prefetching" : "", label.c_str(),
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   cli::check_fault_options(o.faults, o.steps);
+  if (o.kill.at_step >= 0 && o.ckpt_dir.empty())
+    throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
+  cli::check_kill_options(o.kill, o.steps, o.ckpt_every, ranks, /*only_rank0_writes=*/false);
+  if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
   if (o.compare && (!o.ckpt_dir.empty() || !o.save.empty()))
     throw UsageError(std::string(o.ckpt_dir.empty() ? "--save" : "--ckpt-dir") +
                      ": checkpoints are of one stage's run; leave out --compare");
@@ -483,6 +491,7 @@ int main(int argc, char** argv) {
       ->check(cli::OutputFile)->capture_default_str();
   app.add_flag("--no-charts", o.no_charts, "With --compare: draw no charts");
   cli::add_fault_options(app, o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
+  cli::add_kill_options(app, o.kill, 1000000);
   return cli::run(app, argc, argv, [&] {
     if (o.resume && o.ckpt_dir.empty()) throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
     auto session = cli::start_session(o.common, o.distributed);

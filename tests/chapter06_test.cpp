@@ -172,6 +172,24 @@ TEST(Chapter06, WhatADeadWriterLeftIsRemovedAndALatestFolderRefused) {
   EXPECT_NE(refused.process.err.find("latest is not a regular file"), std::string::npos) << refused.process.err;
 }
 
+// Killed halfway through the very first checkpoint: nothing to resume from, the restart starts afresh,
+// removes the temporary, and ends bit-identical to the uninterrupted run.
+TEST(Chapter06, AKillDuringTheFirstSaveRecoversFromTheStart) {
+  const std::string reference_dir = fresh_folder();
+  Outcome reference = run(MPIRUN_NP2, "--ckpt-dir " + reference_dir + " --steps 30");
+  expect_passed(reference);
+  const std::string dir = fresh_folder(), metrics = temp_path("ch06_first.jsonl");
+  auto r = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
+                       with_defaults("--ckpt-dir " + dir + " --steps 30 --fail-at-step 10 --fail-during-save --verify") +
+                       " --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("restarting with 2 ranks, from the start (no checkpoint yet)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("removed .step_00000010.safetensors.tmp."), std::string::npos) << r.out;
+  auto summary = events(read_metrics(metrics), "failover_summary");
+  ASSERT_EQ(summary.size(), 1u);
+  expect_same_result(summary[0], reference.summary);
+}
+
 TEST(Chapter06, AKillDuringASaveLeavesThePreviousCheckpoint) {
   const auto reference = uninterrupted(MPIRUN_NP2, 40);
   const std::string dir = fresh_folder();

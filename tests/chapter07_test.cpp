@@ -197,6 +197,27 @@ TEST(Chapter07, AFaultAfterAResumeFailsAtItsStep) {
   }
 }
 
+// A rank killed at any moment of a sharded checkpoint's write (halfway through its shard of the first
+// checkpoint, halfway through rank 0's of a later one) or between checkpoints: the launcher restarts the
+// job, the half-written step folder is removed, and the run ends where the uninterrupted one does.
+TEST(Chapter07, AKilledRankRecoversToTheUninterruptedRun) {
+  const std::string flags = "--stage 3 --steps 30 --ckpt-every 10 --verify";
+  Trained reference = train(MPIRUN_NP2, flags + " --ckpt-dir " + fresh("ch07_uninterrupted"));
+  ASSERT_EQ(reference.process.exit_code, 0) << reference.process.out << reference.process.err;
+  for (const std::string kill : {"--fail-at-step 10 --fail-rank 1 --fail-during-save",
+                                 "--fail-at-step 20 --fail-rank 0 --fail-during-save", "--fail-at-step 15 --fail-rank 1"}) {
+    const std::string dir = fresh("ch07_killed"), metrics = temp_path("ch07_killed.jsonl");
+    auto r = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
+                         " --device cpu --hidden 64 --layers 4 --global-batch 48 " + flags + " --ckpt-dir " + dir + " " +
+                         kill + " --metrics " + metrics);
+    EXPECT_EQ(r.exit_code, 0) << kill << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("attempt 1 failed: exit code 137"), std::string::npos) << kill << "\n" << r.out;
+    auto stages = events(read_metrics(metrics), "zero_stage");
+    ASSERT_EQ(stages.size(), 1u) << kill << "\n" << r.out;
+    EXPECT_EQ(stages[0]["checksum"].get<std::uint64_t>(), reference.stage["checksum"].get<std::uint64_t>()) << kill;
+  }
+}
+
 TEST(Chapter07, TheConsolidatedFileStartsChapter04) {
   const std::string dir = fresh("ch07_to_04"), file = temp_path("ch07_to_04.safetensors");
   ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 200 --lr 0.01 --ckpt-every 200 --ckpt-dir " + dir).process.exit_code, 0);

@@ -119,7 +119,8 @@ bool ShardedFolder::has_checkpoints() const {
 }
 
 std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, int shards, const NamedTensors& mine,
-                                const Metadata& metadata, const nlohmann::json& layout) const {
+                                const Metadata& metadata, const nlohmann::json& layout,
+                                const WriteProgress& progress) const {
   const std::string folder = step_dir(step);
   std::string error;
   if (group.rank() == 0) {
@@ -139,7 +140,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
       m["shard"] = std::to_string(group.rank());
       m["shards"] = std::to_string(shards);
       const std::string path = (fs::path(folder) / shard_name(group.rank(), shards)).string();
-      checksum = save_safetensors(path, mine, m);
+      checksum = save_safetensors(path, mine, m, progress);
       bytes = static_cast<std::size_t>(fs::file_size(path));
     }
   } catch (const std::exception& e) {

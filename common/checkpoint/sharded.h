@@ -37,7 +37,7 @@ class ShardedFolder {
   // `shards`; once every rank has, rank 0 writes the index (with `metadata` and `layout`) and points
   // `latest` at the step, then keeps only the newest `keep` steps. Returns the bytes this rank wrote.
   std::size_t save(comm::Communicator& group, std::int64_t step, int shards, const NamedTensors& mine,
-                   const Metadata& metadata, const nlohmann::json& layout) const;
+                   const Metadata& metadata, const nlohmann::json& layout, const WriteProgress& progress = {}) const;
 
   // Whether the folder holds any step folder or pointer (a fresh run refuses to overwrite them).
   bool has_checkpoints() const;

@@ -40,6 +40,11 @@ Session start_session(const CommonOptions& common) {
 }
 
 Session start_session(const CommonOptions& common, const DistributedOptions& distributed, parallel::GridShape shape) {
+  if (distributed.timeout < 1e-3) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", distributed.timeout);
+    throw UsageError(std::string("--timeout: ") + text + " s is less than a millisecond, the watchdog's resolution");
+  }
   if (distributed.timeout > comm::kMaxTimeoutSeconds)
     throw UsageError("--timeout: " + std::to_string(distributed.timeout) + " is more than a week (" +
                      std::to_string(static_cast<long>(comm::kMaxTimeoutSeconds)) + " s)");

@@ -8,12 +8,12 @@ namespace course::parallel {
 
 std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,
                                  const ZeroOptimizer& zero, const nn::Module& model, std::int64_t step,
-                                 const checkpoint::Metadata& settings) {
+                                 const checkpoint::Metadata& settings, const checkpoint::WriteProgress& progress) {
   checkpoint::Metadata metadata = settings;
   metadata["optimizer_step"] = std::to_string(zero.steps_taken());
   metadata["world_size"] = std::to_string(group.size());
   return folder.save(group, step, zero.layout().shards(), zero.state_shard(), metadata,
-                     checkpoint::describe_layout(zero.layout(), model));
+                     checkpoint::describe_layout(zero.layout(), model), progress);
 }
 
 std::int64_t resume_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,

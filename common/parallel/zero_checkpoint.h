@@ -13,7 +13,7 @@ namespace course::parallel {
 // run's values; a resume must match every one. Returns the bytes this rank wrote.
 std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,
                                  const ZeroOptimizer& zero, const nn::Module& model, std::int64_t step,
-                                 const checkpoint::Metadata& settings);
+                                 const checkpoint::Metadata& settings, const checkpoint::WriteProgress& progress = {});
 
 // Restores the newest complete checkpoint in `folder` into `zero` (collective) and returns its step.
 // Throws UsageError naming the flag whose value differs from the checkpoint's ("--stage: 3 differs from
