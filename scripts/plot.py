@@ -17,6 +17,7 @@
                                        weak: fixed per-rank batch)
 """
 import json
+import os
 import sys
 
 
@@ -332,10 +333,27 @@ def speedup_chart(out, modes):
     fig.savefig(out, dpi=120)
 
 
+def ensure_matplotlib():
+    """The charts need matplotlib. scripts/setup.sh installs Debian's python3-matplotlib, which only the
+    system's /usr/bin/python3 sees; another python3 first on PATH (pyenv, a virtual environment) may
+    lack it. Then the script runs again under the system's."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    system = "/usr/bin/python3"
+    if os.access(system, os.X_OK) and os.path.realpath(system) != os.path.realpath(sys.executable):
+        os.execv(system, [system] + sys.argv)
+    sys.exit("plot.py: matplotlib is missing: install python3-matplotlib (scripts/setup.sh does)")
+
+
 def main(argv):
     if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    if argv[1] != "summary":
+        ensure_matplotlib()
     if argv[1] == "summary":
         print(summary(argv[2]))
     elif argv[1] == "loss":

@@ -109,6 +109,18 @@ void Lockstep::begin_step(std::int64_t step, const std::vector<float>& run_param
   reference_->load_parameters_from_host(values);
 }
 
+bool Lockstep::gather_step(std::vector<float>& all, const std::vector<float>& run_gradient) {
+  reduce(all);
+  ++summary_.steps;
+  if (!judges()) return false;
+  const auto count = static_cast<std::size_t>(reference_->parameter_count());
+  if (run_gradient.size() != count)
+    throw std::invalid_argument("Lockstep: a gradient of " + std::to_string(run_gradient.size()) + " values for " +
+                                std::to_string(count) + " parameters");
+  run_gradient_ = run_gradient;
+  return true;
+}
+
 void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_gradient, float run_loss,
                            std::size_t parts, double scale, const PartFunction& part) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
@@ -136,13 +148,7 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   for (std::size_t i = 0; i < count; ++i) all[i] = static_cast<float>(sum[i]), all[count + i] = static_cast<float>(magnitude[i]);
   all[2 * count] = static_cast<float>(loss);
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
-  reduce(all);
-  ++summary_.steps;
-  if (!judges()) return;
-  run_gradient_ = run_gradient;
-  if (run_gradient.size() != count)
-    throw std::invalid_argument("Lockstep: a gradient of " + std::to_string(run_gradient.size()) + " values for " +
-                                std::to_string(count) + " parameters");
+  if (!gather_step(all, run_gradient)) return;
   // The run: R parts, R - 1 additions and the scaling (in 16 bits, each part's conversion too). The
   // reference: its float32 sum over the ranks, one rounding per rank and one for the result.
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
@@ -193,13 +199,7 @@ void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_
     std::copy(g.begin(), g.end(), all.begin() + static_cast<long>(reversed ? count : 0));
     if (!exact.empty()) reference_->load_parameters_from_host(exact);
   }
-  reduce(all);
-  ++summary_.steps;
-  if (!judges()) return;
-  run_gradient_ = run_gradient;
-  if (run_gradient.size() != count)
-    throw std::invalid_argument("Lockstep: a gradient of " + std::to_string(run_gradient.size()) + " values for " +
-                                std::to_string(count) + " parameters");
+  if (!gather_step(all, run_gradient)) return;
   // Per tensor: the floor (in order against nudged and reversed), the largest gradient, the run's difference.
   const auto named = reference_->named_parameters();
   std::vector<double> floors, largest, diffs;

@@ -118,6 +118,9 @@ class Lockstep {
   void compare_parameters(std::int64_t step, const std::vector<float>& run_parameters);
   // Adds `values` over the group onto rank 0 (in place; nothing without a group).
   void reduce(std::vector<float>& values);
+  // The reference's sums of this step onto rank 0, the step counted, and on rank 0 the run's gradient
+  // kept for the update; true on the rank that judges.
+  bool gather_step(std::vector<float>& all, const std::vector<float>& run_gradient);
 
   std::shared_ptr<nn::Module> reference_;
   UpdateFunction update_;

@@ -1,0 +1,148 @@
+// Every command a chapter's README shows in its code blocks, run as written, in the README's order: with
+// the --allow-run-as-root the READMEs ask for as root and the --oversubscribe they ask for beyond the
+// cores, the build folder and scripts/ found from the source tree, and /tmp/ moved into a scratch folder
+// (so that nothing lands in the source tree or collides with another test). Each must end with the exit
+// code its README implies (1 where it shows a fault failing, 0 otherwise), and every output line the
+// README shows under it must appear in its output, numbers masked (timings and rounding vary; the words,
+// the order of fields and the verdicts may not).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Command {
+  int line = 0;                       // in the README, for the failure message
+  std::string text;                   // as written (continuations joined)
+  std::vector<std::string> expected;  // the output lines shown under it
+};
+
+bool is_command(const std::string& line) {
+  static const std::regex start(R"(^(mpirun |\$B |B=|rm -rf |python3 scripts/|build/release/))");
+  return std::regex_search(line, start);
+}
+
+// The commands of a README's code blocks, each with the output lines shown after it: in its own block,
+// or in a block that opens on the very next line (a command block, then its output block).
+std::vector<Command> commands_of(const std::string& readme) {
+  std::vector<Command> out;
+  std::istringstream in(read_file(readme));
+  bool in_block = false;
+  Command* current = nullptr;
+  int number = 0, closed_at = -2;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.rfind("```", 0) == 0) {
+      in_block = !in_block;
+      if (in_block && number == closed_at + 1 && !out.empty()) current = &out.back();  // the block just closed's output
+      else current = nullptr;
+      if (!in_block) closed_at = number;
+      continue;
+    }
+    if (!in_block) continue;
+    if (is_command(line)) {
+      out.push_back({number, line, {}});
+      current = &out.back();
+      while (!current->text.empty() && current->text.back() == '\\' && std::getline(in, line)) {
+        ++number;
+        current->text.pop_back();
+        current->text += " " + line.substr(line.find_first_not_of(' '));
+      }
+      const auto comment = current->text.find("  #");
+      if (comment != std::string::npos) current->text.erase(comment);
+      continue;
+    }
+    if (current && !line.empty() && line != "..." && line.rfind("  ...", 0) != 0) current->expected.push_back(line);
+  }
+  return out;
+}
+
+// Every number as "#", so that timings and last digits may differ and nothing else.
+std::string masked(const std::string& text) {
+  static const std::regex number(R"([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)");
+  return std::regex_replace(text, number, "#");
+}
+
+// The command as this machine runs it: the flags the READMEs ask for, the build and scripts found, /tmp
+// in the scratch folder.
+std::string adapted(std::string text, const fs::path& scratch) {
+  const std::string build = fs::path(CHAPTER01_BINARY).parent_path().parent_path().string() + "/";
+  const std::string root = fs::path(SOURCE_ROOT).string() + "/";
+  auto replace_all = [&](const std::string& from, const std::string& to) {
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  };
+  replace_all("/tmp/", (scratch / "tmp").string() + "/");
+  replace_all("build/release/", build);
+  replace_all("python3 scripts/", "python3 " + root + "scripts/");
+  replace_all("python3 tests/", "python3 " + root + "tests/");
+  static const std::regex np(R"(^mpirun -np (\d+))");
+  std::smatch m;
+  if (std::regex_search(text, m, np)) {
+    std::string flags = ::getuid() == 0 ? " --allow-run-as-root" : "";
+    if (std::stoi(m[1]) > static_cast<int>(std::thread::hardware_concurrency()) &&
+        text.find("--oversubscribe") == std::string::npos)
+      flags += " --oversubscribe";
+    text.insert(static_cast<std::size_t>(m.length(0)), flags);
+  }
+  return text;
+}
+
+void run_readme(const std::string& chapter) {
+  const std::string readme = std::string(SOURCE_ROOT) + "/" + chapter + "/README.md";
+  const auto commands = commands_of(readme);
+  ASSERT_FALSE(commands.empty()) << readme;
+  const fs::path scratch = temp_path("readme_" + chapter);
+  fs::create_directories(scratch / "tmp");
+  const fs::path here = fs::current_path();
+  fs::current_path(scratch);
+  std::string environment;  // B=... assignments, in force for the commands after them
+  for (const Command& c : commands) {
+    SCOPED_TRACE(readme + ":" + std::to_string(c.line) + ": " + c.text);
+    const std::string text = adapted(c.text, scratch);
+    if (c.text.rfind("B=", 0) == 0) {
+      environment += text + "\n";
+      continue;
+    }
+    if (c.text.find("--hostfile") != std::string::npos) continue;  // needs the machines it names
+    const fs::path script = scratch / "command.sh";
+    { std::ofstream(script) << environment << text << "\n"; }
+    const auto r = run_process("bash " + script.string());
+    // A command the README shows failing (a fault injected, an error line, a FAILED verdict) must fail.
+    bool shows_failure = c.text.find("--fault ") != std::string::npos;
+    for (const auto& want : c.expected)
+      shows_failure = shows_failure || want.rfind("error:", 0) == 0 || want.find("FAILED") != std::string::npos;
+    if (shows_failure) EXPECT_NE(r.exit_code, 0) << r.out.substr(0, 4000) << r.err.substr(0, 2000);
+    else EXPECT_EQ(r.exit_code, 0) << r.out.substr(0, 4000) << r.err.substr(0, 2000);
+    std::vector<std::string> got;
+    std::istringstream lines(r.out + r.err);
+    for (std::string line; std::getline(lines, line);) got.push_back(masked(line));
+    for (const auto& want : c.expected)
+      EXPECT_NE(std::find(got.begin(), got.end(), masked(adapted(want, scratch))), got.end())
+          << "the README shows\n  " << want << "\nwhich the output lacks:\n" << r.out.substr(0, 6000);
+  }
+  fs::current_path(here);
+  fs::remove_all(scratch);
+}
+
+TEST(Readme, Chapter01) { run_readme("01_single_gpu"); }
+TEST(Readme, Chapter02) { run_readme("02_grad_accumulation"); }
+TEST(Readme, Chapter03) { run_readme("03_collectives"); }
+TEST(Readme, Chapter04) { run_readme("04_ddp"); }
+TEST(Readme, Chapter05) { run_readme("05_bucketing_overlap"); }
+TEST(Readme, Chapter06) { run_readme("06_checkpoint_failover"); }
+TEST(Readme, Chapter07) { run_readme("07_zero"); }
+TEST(Readme, Chapter08) { run_readme("08_tensor_pipeline"); }
+
+}  // namespace
+}  // namespace course::testing
