@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Command 2: the whole test suite, after the same setup as the course. Extra arguments go to ctest
-# (for example: ./scripts/run_tests.sh -L 04_ddp).
+# Command 2: the test suite, after the same setup as the course. By default every test but the long
+# ones (label long: training runs of 1000 steps, the README commands, the jobs killed on purpose; label
+# flags: every flag of every chapter with bad values), which take most of the time: a few minutes on
+# two cores. --long runs those alone, --all everything. Other arguments go to ctest (for example:
+# ./scripts/run_tests.sh -L 04_ddp, which grades one chapter, long tests included).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 "$COURSE_ROOT/scripts/setup.sh"
-ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$COURSE_CORES" "$@"
+selection=(-LE "long|flags")
+case "${1:-}" in
+  --long) selection=(-L "long|flags"); shift ;;
+  --all) selection=(); shift ;;
+  "") ;;
+  *) selection=() ;;  # the caller chooses
+esac
+ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$COURSE_CORES" ${selection[@]+"${selection[@]}"} "$@"

@@ -119,6 +119,14 @@ TEST(Chapter04, OutputThatCannotBeWrittenIsAnErrorAndNothingWrittenIsLost) {
   auto missing = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --metrics /nonexistent/m.jsonl");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("--metrics"), std::string::npos) << missing.err;
+  // A --save name too long for its atomic write, and a watchdog timeout below its resolution: refused at
+  // start-up, naming the flag, not after training.
+  for (const auto& flags : std::vector<std::string>{"--save /tmp/" + std::string(300, 'a'), "--timeout 0.0000001"}) {
+    auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu " + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << r.out;
+    EXPECT_NE(r.err.find(flags.substr(0, flags.find(' '))), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << "trained before refusing";
+  }
   std::remove(kept.c_str());
 }
 

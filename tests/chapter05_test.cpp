@@ -85,6 +85,10 @@ TEST(Chapter05, AnUnwritableTraceIsRefusedBeforeTraining) {
   EXPECT_EQ(error_lines, 1) << r.err;
   EXPECT_EQ(r.out.find("mode "), std::string::npos) << "trained before refusing:\n" << r.out;
   EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(30));
+  // A trace that cannot be written in full (a full disk) is an error, not a PASSED run.
+  auto full = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --trace /dev/full");
+  EXPECT_EQ(full.exit_code, 1) << full.out << full.err;
+  EXPECT_NE(full.err.find("/dev/full: the trace could not be written"), std::string::npos) << full.err;
   const auto here = std::filesystem::current_path();
   const auto scratch = std::filesystem::temp_directory_path() / ("ch05_cwd_" + std::to_string(::getpid()));
   std::filesystem::create_directories(scratch);

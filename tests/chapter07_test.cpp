@@ -316,7 +316,9 @@ TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
   for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0", "--global-batch 7", "--resume",
                                   "--ckpt-every 0", "--consolidate /nonexistent/step_00000001 --save /tmp/x.st",
-                                  "--compare --ckpt-dir /tmp/ch07_compare"}) {
+                                  "--compare --ckpt-dir /tmp/ch07_compare",
+                                  "--data /nonexistent/text.txt",  // the MLP reads no text: refused, not ignored
+                                  "--fail-at-step 3 --steps 4"}) {  // a kill with no --ckpt-dir to recover from
     auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.out << r.err;
     const std::string flag = flags.substr(0, flags.find(' '));

@@ -55,8 +55,9 @@ std::vector<Command> commands_of(const std::string& readme) {
       current = &out.back();
       while (!current->text.empty() && current->text.back() == '\\' && std::getline(in, line)) {
         ++number;
-        current->text.pop_back();
-        current->text += " " + line.substr(line.find_first_not_of(' '));
+        current->text.back() = ' ';
+        const auto start = line.find_first_not_of(' ');
+        if (start != std::string::npos) current->text.append(line, start, std::string::npos);
       }
       const auto comment = current->text.find("  #");
       if (comment != std::string::npos) current->text.erase(comment);
@@ -67,10 +68,13 @@ std::vector<Command> commands_of(const std::string& readme) {
   return out;
 }
 
-// Every number as "#", so that timings and last digits may differ and nothing else.
+// Every number as "#" and every run of spaces as one, so that timings, last digits and the columns they
+// take may differ, and nothing else.
 std::string masked(const std::string& text) {
-  static const std::regex number(R"([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)");
-  return std::regex_replace(text, number, "#");
+  static const std::regex number(R"([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)"), spaces(R"(\s+)");
+  const std::string out = std::regex_replace(std::regex_replace(text, number, "#"), spaces, " ");
+  const auto first = out.find_first_not_of(' '), last = out.find_last_not_of(' ');
+  return first == std::string::npos ? std::string() : out.substr(first, last - first + 1);
 }
 
 // The command as this machine runs it: the flags the READMEs ask for, the build and scripts found, /tmp

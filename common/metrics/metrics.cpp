@@ -1,6 +1,7 @@
 // JSON-lines writer.
 #include "common/metrics/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,11 +16,16 @@ namespace course::metrics {
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   namespace fs = std::filesystem;
-  const fs::path target(path), folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path target(path);
+  // Opened once now without truncating, so that what cannot be written is found at start-up (on the
+  // rank that writes), and a file that was not there is not left behind empty.
   std::error_code error;
-  const bool writable = fs::exists(target, error) ? ::access(path.c_str(), W_OK) == 0 && !fs::is_directory(target, error)
-                                                  : ::access(folder.c_str(), W_OK | X_OK) == 0;
-  if (!writable) throw UsageError(path + ": cannot be written (" + std::strerror(errno) + ")");
+  const bool existed = fs::exists(target, error);
+  if (fs::is_directory(target, error)) throw UsageError(path + ": cannot open for writing (a folder)");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK, 0644);
+  if (fd < 0) throw UsageError(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+  ::close(fd);
+  if (!existed) fs::remove(target, error);
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
