@@ -247,10 +247,15 @@ TEST(Chapter06, VerifyCatchesAFaultThatBeginsLate) {
   // The same faults begun at a late step of a run that never stopped: caught at that step. Step 0 has
   // nothing of a previous step to lose, so it is refused.
   for (const auto& [fault, from] : {std::pair<std::string, int>{"lose-optimizer-state", 70}, {"repeat-batch", 99}}) {
-    Outcome broken = run(MPIRUN_NP2, "--ckpt-dir " + fresh_folder() + " --steps 100 --ckpt-every 50 --verify --fault " +
-                                         fault + " --fault-from-step " + std::to_string(from));
+    const std::string dir = fresh_folder();
+    Outcome broken = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 100 --ckpt-every 50 --verify --fault " + fault +
+                                         " --fault-from-step " + std::to_string(from));
     EXPECT_EQ(broken.process.exit_code, 1) << fault << broken.process.out;
     EXPECT_EQ(broken.summary["first_failed_step"].get<int>(), from) << broken.process.out;
+    // What such a run wrote still loads: a state its loader would reject is never written.
+    Outcome again = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 110 --ckpt-every 50 --resume");
+    expect_passed(again);
+    EXPECT_NE(again.process.out.find("resumed from step 100"), std::string::npos) << again.process.out;
   }
   Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + fresh_folder() + " --fault repeat-batch --fault-from-step 0");
   EXPECT_EQ(refused.process.exit_code, 2);

@@ -297,6 +297,13 @@ TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
   EXPECT_NE(resumed.process.out.find("rejected " + mine + "/step_00000004/shard_00001_of_00002.safetensors: is not the"),
             std::string::npos) << resumed.process.out;
   EXPECT_NE(resumed.process.out.find("resumed from step 2"), std::string::npos) << resumed.process.out;
+  // An index of another run (another seed) over this run's shards (rank 0's is this run's): refused
+  // before anything loads.
+  fs::copy_file(other + "/step_00000004/index.json", mine + "/step_00000004/index.json", fs::copy_options::overwrite_existing);
+  auto mixed = run_process(kBinary + std::string(" --device cpu --consolidate ") + mine + "/step_00000004 --save " + out);
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.out;
+  EXPECT_NE(mixed.err.find("is not the shard its index lists"), std::string::npos) << mixed.err;
+  EXPECT_FALSE(fs::exists(out));
   // An index whose layout points outside the buffers.
   const std::string index_path = other + "/step_00000002/index.json";
   auto index = nlohmann::json::parse(read_file(index_path));

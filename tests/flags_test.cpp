@@ -3,9 +3,9 @@
 // string and no value at all; flags without a value are given one. Each run must either end within
 // seconds with exit code 2 and one line naming the flag (from one rank only), or run to its verdict
 // (PASSED with 0, FAILED with 1). Never a crash, a hang, another exit code or a silent wrong answer.
-// Integer flags are also given hex (refused: they are decimal), and every path flag a folder, a pipe and
-// a device (a copy of /dev/null): none may hang, and none may be replaced by a file. Flags added to later
-// chapters are covered without new code.
+// Integer flags are also given hex (refused: they are decimal) and a leading zero (read as decimal), and
+// every path flag a folder, a pipe and a device (a copy of /dev/null): none may hang, and none may be
+// replaced by a file. Flags added to later chapters are covered without new code.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -132,7 +132,7 @@ void expect_handled(const Try& t) {
 }
 
 const std::vector<std::string> kValues = {
-    " 0", " -1", " nan", " inf", " 1e30", " 99999999999", " 99999999999999999999", " abc", " ''", "", " 0x10"};
+    " 0", " -1", " nan", " inf", " 1e30", " 99999999999", " 99999999999999999999", " abc", " ''", "", " 0x10", " 010"};
 
 void try_every_flag(const Chapter& c) {
   // Runs write their metrics (and any file a flag names) into a scratch folder.
@@ -146,8 +146,9 @@ void try_every_flag(const Chapter& c) {
   const auto folder = scratch / "a_folder", pipe = scratch / "a_pipe", device = scratch / "a_device";
   std::filesystem::create_directories(folder);
   ASSERT_EQ(::mkfifo(pipe.c_str(), 0644), 0);
-  std::vector<std::string> specials{" " + folder.string(), " " + pipe.string()};
-  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) specials.push_back(" " + device.string());  // as root
+  const auto value = [](const std::filesystem::path& p) { return std::string(" ").append(p.string()); };
+  std::vector<std::string> specials{value(folder), value(pipe)};
+  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) specials.push_back(value(device));  // as root
   std::vector<Try> tries;
   auto add = [&](const Flag& f, const std::string& value, const std::string& launcher) {
     tries.push_back({&c, f, launcher, command(c, f, value, launcher), value, {}});
@@ -178,7 +179,9 @@ void try_every_flag(const Chapter& c) {
   for (const auto& t : tries) expect_handled(t);
   EXPECT_TRUE(std::filesystem::is_fifo(pipe)) << "the pipe was replaced";
   EXPECT_TRUE(std::filesystem::is_directory(folder)) << "the folder was replaced";
-  if (std::filesystem::exists(device)) EXPECT_TRUE(std::filesystem::is_character_file(device)) << "the device was replaced";
+  if (std::filesystem::exists(device)) {
+    EXPECT_TRUE(std::filesystem::is_character_file(device)) << "the device was replaced";
+  }
   auto unknown = run_process(c.binary + " --no-such-flag 3");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
