@@ -138,20 +138,27 @@ TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
   };
   parallel::WholeModelGather gather(stage, full, world(), responsible);
   const auto parameters = gather.parameters();
-  if (world().rank() == 0) EXPECT_EQ(parameters, full.parameters_to_host());
-  else EXPECT_TRUE(parameters.empty());
+  if (world().rank() == 0) {
+    EXPECT_EQ(parameters, full.parameters_to_host());
+  } else {
+    EXPECT_TRUE(parameters.empty());
+  }
   std::vector<Tensor> micro_ids{ids}, micro_targets{targets};
   parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 1), micro_ids, micro_targets);
   parallel::finish_gradients(stage);
   const auto gradients = gather.gradients();
-  if (world().rank() == 0) EXPECT_LE(verify::max_abs_diff(gradients, full.gradients_to_host()), kReorderTolerance);
+  if (world().rank() == 0) {
+    EXPECT_LE(verify::max_abs_diff(gradients, full.gradients_to_host()), kReorderTolerance);
+  }
   // A rule that takes a copy twice (every TP rank's copy of a layer norm) is off by whole values.
   if (tp_size > 1) {
     parallel::WholeModelGather twice(stage, full, world(), [&](const std::string& name) {
       return name.find("wte") == std::string::npos || stage.is_first();
     });
     const auto doubled = twice.parameters();
-    if (world().rank() == 0) EXPECT_GT(verify::max_abs_diff(doubled, full.parameters_to_host()), 0.01);
+    if (world().rank() == 0) {
+      EXPECT_GT(verify::max_abs_diff(doubled, full.parameters_to_host()), 0.01);
+    }
   }
 }
 

@@ -22,7 +22,7 @@ namespace {
 
 constexpr double kLr = 1e-2;
 constexpr int kSteps = 4;
-const double kStageTolerance = parallel::zero_stage_tolerance(kLr, kSteps);  // its reason is in zero.h
+const double kStageTolerance = verify::short_run_tolerance(kLr, kSteps);  // its reason is in verify/compare.h
 constexpr double kFormulaTolerance = 0.05;  // the 5%: padding adds at most N-1 elements per unit
 
 TEST(FlatLayout, PadsEveryUnitAndCoversEveryElementOnce) {

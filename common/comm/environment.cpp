@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "common/comm/backends.h"
@@ -11,21 +12,50 @@
 
 namespace course::comm {
 
-Environment::Environment(int& argc, char**& argv) {
+namespace {
+
+int* g_argc = nullptr;
+char*** g_argv = nullptr;
+
+// The rank the launcher gave this process, before MPI starts: Open MPI's, or a PMI launcher's.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* text = std::getenv(name)) return std::atoi(text);
+  return 0;
+}
+
+void start_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Init_thread(g_argc, g_argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
     std::fprintf(stderr, "error: this MPI library does not support MPI_THREAD_MULTIPLE\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  set_log_rank(rank);
+  set_log_rank(rank, all_ranks_log());  // --verbose, read with the flags, stays
 }
 
-Environment::~Environment() { MPI_Finalize(); }
+}  // namespace
+
+Environment::Environment(int& argc, char**& argv) {
+  g_argc = &argc;
+  g_argv = &argv;
+  set_log_rank(launcher_rank());
+}
+
+Environment::~Environment() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+}
 
 Placement world_placement() {
+  start_mpi();
   Placement p;
   MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &p.size);

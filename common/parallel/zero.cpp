@@ -74,8 +74,6 @@ Tensor run_before_backward(const Tensor& output, std::function<void()> before) {
 
 }  // namespace
 
-double zero_stage_tolerance(double lr, long steps) { return 1e-3 * lr * static_cast<double>(steps); }
-
 bool default_unit_policy(const std::string&, nn::Module& module) {
   return dynamic_cast<nn::Block*>(&module) != nullptr || dynamic_cast<nn::Linear*>(&module) != nullptr;
 }

@@ -63,13 +63,6 @@ struct ZeroOptions {
   bool prefetch = false;
 };
 
-// How far a stage's run may end from stage 0's after `steps` AdamW steps of learning rate `lr`: stages
-// 1-3 average by reduce-scatter where stage 0 all-reduces (the same sums, possibly added in another
-// order: one float32 rounding of each averaged gradient), and clipping's norm comes from N partial sums.
-// AdamW moves a parameter by about lr per step at most, whatever the gradient's size, so rounding can
-// only change a small fraction of that movement: a thousandth of lr x steps. A wrong shard, a missing
-// unit or a double average changes whole updates, about lr each.
-double zero_stage_tolerance(double lr, long steps);
 
 class ZeroOptimizer {
  public:

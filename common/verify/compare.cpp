@@ -29,6 +29,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+double short_run_tolerance(double lr, long steps) { return 1e-3 * lr * static_cast<double>(steps); }
+
 std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, const std::vector<double>& largest,
                                            const std::vector<std::int64_t>& elements) {
   if (floors.size() != largest.size() || floors.size() != elements.size())

@@ -48,6 +48,13 @@ double summation_bound(double absolute_sum, std::int64_t roundings, Rounding rou
 // The largest |a[i] - b[i]|; throws std::invalid_argument when the sizes differ.
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
+// How far two free-running AdamW runs that differ by rounding alone may end apart after `steps` steps of
+// learning rate `lr`, for runs too short for the chaotic growth to show (a few steps; the unit tests of
+// ZeRO's stages against stage 0): AdamW moves a parameter by about lr per step at most, whatever the
+// gradient's size, so rounding can only change a small fraction of that movement, a thousandth of
+// lr x steps. A wrong shard, a missing unit or a double average changes whole updates, about lr each.
+double short_run_tolerance(double lr, long steps);
+
 // How far the final parameters of two free-running runs that cannot agree bit for bit end apart, beside
 // a measured noise floor: the drift between two single-rank runs that differ only in summation order.
 // A figure the chapters report (02, 04 --drift), never a verdict: the runs diverge chaotically, so over
