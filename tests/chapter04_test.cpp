@@ -43,7 +43,9 @@ TEST(Chapter04, VerifyPassesAtEveryRankCount) {
     expect_lockstep(s);
     EXPECT_EQ(s["steps"].get<int>(), 60);
     EXPECT_GT(s["samples_per_s"].get<double>(), 0.0);
-    EXPECT_NEAR(s["step_ms"].get<double>(), s["compute_ms"].get<double>() + s["comm_ms"].get<double>(), 1e-6);
+    // Measured, not defined: the all-reduces take time and are part of the step, never all of it.
+    EXPECT_GT(s["comm_ms"].get<double>(), 0.0);
+    EXPECT_LT(s["comm_ms"].get<double>(), s["step_ms"].get<double>());
   }
 }
 
@@ -263,8 +265,16 @@ TEST(Chapter04, HelpAndBadInput) {
   // Divisibility depends on the rank count: 3 ranks cannot split a global batch of 100.
   auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + " --device cpu --global-batch 100");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("error: --global-batch: 100 is not divisible by ranks x --accum (3 x 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: --global-batch: 100 is not divisible by 3 ranks"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("error:"), r.err.rfind("error:")) << "only rank 0 reports: " << r.err;
+  auto accum = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --global-batch 100 --accum 3");
+  EXPECT_NE(accum.err.find("error: --global-batch: 100 is not divisible by ranks x --accum (2 x 3)"), std::string::npos)
+      << accum.err;
+  // The default global batch (240) is rounded up where the ranks do not divide it, and the log says so.
+  auto seven = run_process(std::string(MPIRUN_NP7) + " " + kBinary + " --device cpu --steps 2 --hidden 8 --verify");
+  EXPECT_EQ(seven.exit_code, 0) << seven.out << seven.err;
+  EXPECT_NE(seven.out.find("global batch 245: the default 240 rounded up to a multiple of 7 ranks"), std::string::npos)
+      << seven.out;
 }
 
 TEST(Chapter04, AnErrorOnOneRankEndsTheWholeJobWithinSeconds) {

@@ -16,7 +16,7 @@ namespace course::testing {
 namespace {
 
 const std::string kBinary = CHAPTER05_BINARY;
-const std::string kSmall = " --device cpu --depth 4 --width 128 --features 16 --samples 512 --global-batch 48 --steps 4";
+const std::string kSmall = " --device cpu --layers 4 --hidden 128 --features 16 --samples 512 --global-batch 48 --steps 4";
 
 TEST(Chapter05, EveryModePassesAtTwoThreeAndFourRanks) {
   for (const std::string& mpirun : {std::string(MPIRUN_NP2), std::string(MPIRUN_NP3), std::string(MPIRUN_NP4)}) {
@@ -32,10 +32,14 @@ TEST(Chapter05, EveryModePassesAtTwoThreeAndFourRanks) {
       names.push_back(m["mode"]);
       EXPECT_TRUE(m["passed"].get<bool>()) << m.dump();
       EXPECT_LE(m["gradient_bound_ratio"].get<double>(), 1.0) << m.dump();
-      EXPECT_NEAR(m["step_ms"].get<double>(), m["compute_ms"].get<double>() + m["exposed_ms"].get<double>(), 1e-6);
+      // The step's parts are measured, not defined: communication that overlap did not hide is part of
+      // the step, never more than it, and some of the step is always compute.
+      EXPECT_GT(m["exposed_ms"].get<double>(), 0.0) << m.dump();
+      EXPECT_LT(m["exposed_ms"].get<double>(), m["step_ms"].get<double>()) << m.dump();
       EXPECT_EQ(m["bytes_per_step"], modes[0]["bytes_per_step"]) << "every mode sends the whole gradient once";
     }
     EXPECT_EQ(names, (std::vector<std::string>{"per-parameter", "flat", "buckets", "buckets+overlap"}));
+    EXPECT_EQ(modes[0]["buckets"].get<int>(), 10);  // chapter 04: one message per gradient, 5 layers x 2
     EXPECT_EQ(modes[1]["buckets"].get<int>(), 1);
     EXPECT_GT(modes[3]["buckets"].get<int>(), 2);
     // The trace: complete events on a compute and a communication lane for every rank.
@@ -58,7 +62,7 @@ TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
     for (const auto& [mpirun, from] : std::vector<std::pair<std::string, int>>{{MPIRUN_NP2, 0}, {MPIRUN_NP3, 9}}) {
       std::string metrics = temp_path("ch05_fault.jsonl");
       auto r = run_process(mpirun + " " + kBinary +
-                           " --device cpu --depth 4 --width 128 --features 16 --samples 512 --global-batch 48"
+                           " --device cpu --layers 4 --hidden 128 --features 16 --samples 512 --global-batch 48"
                            " --steps 12 --bucket-mb 0.05 --first-bucket-mb 0.01" +
                            " --fault " + fault + " --fault-from-step " + std::to_string(from) + " --metrics " + metrics);
       EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
@@ -150,7 +154,7 @@ TEST(Chapter05, SavesTheFinalParametersAsSafetensors) {
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --save " + saved);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto loaded = checkpoint::load_safetensors(saved);
-  // --depth 4 --width 128 --features 16: five linear layers, a weight and a bias each.
+  // --layers 4 --hidden 128 --features 16: five linear layers, a weight and a bias each.
   ASSERT_EQ(loaded.tensors.size(), 10u);
   EXPECT_EQ(loaded.tensors.front().first, "0.weight");
   EXPECT_EQ(loaded.tensors.front().second.shape(), (Shape{128, 16}));  // PyTorch's Linear: [out, in]
@@ -161,13 +165,25 @@ TEST(Chapter05, SavesTheFinalParametersAsSafetensors) {
   EXPECT_NE(bad.err.find("--save"), std::string::npos) << bad.err;
 }
 
+// The defaults run at any world size: the default global batch (128) is rounded up to a multiple of the
+// ranks and the log says so; the same number given as a flag is the user's, and is refused.
+TEST(Chapter05, TheDefaultGlobalBatchRunsAtThreeRanks) {
+  const std::string sizes = " --device cpu --layers 2 --hidden 32 --features 8 --samples 512 --steps 2";
+  auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + sizes);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("global batch 129: the default 128 rounded up to a multiple of 3 ranks"), std::string::npos) << r.out;
+  auto given = run_process(std::string(MPIRUN_NP3) + " " + kBinary + sizes + " --global-batch 128");
+  EXPECT_EQ(given.exit_code, 2) << given.out << given.err;
+  EXPECT_NE(given.err.find("--global-batch: 128 is not divisible by 3 ranks"), std::string::npos) << given.err;
+}
+
 TEST(Chapter05, BadInput) {
   for (auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--bucket-mb 0", "--bucket-mb"},          {"--bucket-mb -1", "--bucket-mb"},
            {"--bucket-mb nan", "--bucket-mb"},        {"--first-bucket-mb 0", "--first-bucket-mb"},
            {"--sim-network 1,0", "--sim-network"},    {"--sim-network fast", "--sim-network"},
            {"--sim-network 10,nan", "--sim-network"}, {"--steps 1", "--steps"},
-           {"--global-batch 8192", "--global-batch"}, {"--width 0", "--width"},
+           {"--global-batch 8192", "--global-batch"}, {"--hidden 0", "--hidden"},
            {"--comm-hook xyz", "--comm-hook"}}) {
     auto r = run_process(kBinary + " --device cpu " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "04_ddp/data_parallel.h"
 #include "common/data/house_prices.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
@@ -197,14 +198,12 @@ TEST(DistributedDataParallel, NamesAParameterThatGotNoGradientWhenBackwardEnds) 
   EXPECT_NO_THROW(sum(ddp(x)).backward());
 }
 
-TEST(DistributedDataParallel, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
-  // The GPT's head is its token table: the weight is used twice in the forward, yet it is one
-  // parameter, its hook fires once both contributions are in, and it is all-reduced once.
+TEST(DataParallelNaive, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
+  // Chapter 04's DDP. The GPT's head is its token table: the weight is used twice in the forward, yet
+  // it is one parameter with one gradient, all-reduced once.
   nn::GPTConfig c{1, 2, 16, 8, 12, 0.0f};
   auto gpt = std::make_shared<nn::GPT>(c, Device::cpu, 3 + static_cast<std::uint64_t>(world().rank()));
-  parallel::ReducerOptions one_by_one;
-  one_by_one.per_parameter = true;
-  parallel::DistributedDataParallel ddp(gpt, world(), one_by_one);
+  chapter04::DataParallelNaive ddp(gpt, world());
   // The same weights, outside DDP, for each rank's local gradient.
   auto local = std::make_shared<nn::GPT>(c, Device::cpu, 99);
   for (std::size_t i = 0; i < local->parameters().size(); ++i) local->parameters()[i].copy_from(gpt->parameters()[i]);
@@ -216,8 +215,10 @@ TEST(DistributedDataParallel, ATiedWeightIsOneParameterOneGradientOneAllReduce) 
   auto loss = [&](nn::GPT& m) { return cross_entropy(m(Tensor::from_host(ids, {2, 8})), Tensor::from_host(targets, {16})); };
   loss(*gpt).backward();
   loss(*local).backward();
-  EXPECT_EQ(ddp.reducer().buckets().size(), gpt->parameters().size());
-  EXPECT_EQ(ddp.reducer().bytes_communicated(), 4 * gpt->parameter_count());
+  ddp.all_reduce_gradients();
+  EXPECT_EQ(ddp.messages_per_step(), gpt->parameters().size());
+  EXPECT_EQ(ddp.bytes_communicated(), 4 * gpt->parameter_count());
+  EXPECT_TRUE(ddp.parameters_identical());  // the broadcast made them so, whatever each rank's seed
   Tensor expected = local->wte.grad();
   world().all_reduce(expected, comm::ReduceOp::average);
   EXPECT_EQ(gpt->wte.grad().to_host(), expected.to_host());

@@ -87,7 +87,7 @@ verify::LockstepSummary train(const parallel::ReducerOptions& options, int steps
   }
   if (bytes) *bytes = ddp.reducer().bytes_communicated();
   EXPECT_TRUE(ddp.parameters_identical());
-  EXPECT_EQ(ddp.reducer().rebuilt(), options.rebuild_buckets && !options.per_parameter && steps > 0);
+  EXPECT_EQ(ddp.reducer().rebuilt(), options.rebuild_buckets && steps > 0);
   return lockstep.finish(ddp.module());
 }
 
@@ -119,8 +119,7 @@ TEST(Reducer, BucketsInReverseOrderWithinTheirCaps) {
 }
 
 TEST(Reducer, EveryModeMatchesOneRankInLockStep) {
-  parallel::ReducerOptions per_parameter, flat, buckets, overlap, tiny, huge, no_rebuild;
-  per_parameter.per_parameter = true;
+  parallel::ReducerOptions flat, buckets, overlap, tiny, huge, no_rebuild;
   flat.bucket_cap_mb = flat.first_bucket_mb = 1e6;
   flat.overlap = false;
   buckets.bucket_cap_mb = 20 * kKiB;
@@ -130,7 +129,7 @@ TEST(Reducer, EveryModeMatchesOneRankInLockStep) {
   tiny.bucket_cap_mb = tiny.first_bucket_mb = 1e-6;  // smaller than the smallest parameter
   huge.bucket_cap_mb = huge.first_bucket_mb = 1e6;   // larger than the whole model
   no_rebuild.rebuild_buckets = false;
-  for (const auto& options : {per_parameter, flat, buckets, overlap, tiny, huge, no_rebuild}) {
+  for (const auto& options : {flat, buckets, overlap, tiny, huge, no_rebuild}) {
     auto summary = train(options, 6);  // the rebuild happens after step 0
     EXPECT_TRUE(summary.passed) << summary.first_failure;
     EXPECT_EQ(summary.steps, 6);

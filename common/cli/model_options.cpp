@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "common/cli/cli.h"
+#include "common/cli/limits.h"
 #include "common/core/errors.h"
 #include "common/core/log.h"
 #include "common/parallel/replicas.h"
@@ -34,6 +36,31 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--val-fraction", o.val_fraction, "The share of --data held out for validation")
       ->check(CLI::Range(0.001, 0.999))
       ->capture_default_str();
+}
+
+void add_mlp_options(CLI::App& app, MlpOptions& o) {
+  app.add_option("--samples", o.samples, "Dataset size (for the GPT: training problems)")
+      ->check(PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 24))
+      ->each([&o](const std::string&) { o.samples_given = true; })
+      ->capture_default_str();
+  app.add_option("--features", o.features, "Input features (MLP)")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Hidden width (MLP)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 14))
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "Hidden layers (MLP)")->check(CLI::Range(1, 64))->capture_default_str();
+}
+
+nn::TrainingTask training_task(const ModelOptions& models, const MlpOptions& mlp, std::int64_t global_batch,
+                               int copies, int ranks_here, Device device, std::uint64_t seed) {
+  if (!models.data.empty() && models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
+  if (models.model == "gpt") return gpt_training_task(models, mlp.samples, mlp.samples_given, device, seed);
+  check_memory(copies * mlp_training_bytes(mlp.samples, mlp.features, mlp.hidden, mlp.layers, global_batch),
+               "--samples " + std::to_string(mlp.samples) + ", --hidden " + std::to_string(mlp.hidden) +
+                   ", --layers " + std::to_string(mlp.layers) + " and --global-batch",
+               ranks_here);
+  return nn::mlp_task(mlp.samples, mlp.features, mlp.hidden, mlp.layers, device, seed);
 }
 
 nn::TrainingTask gpt_training_task(const ModelOptions& o, std::int64_t samples, bool samples_given, Device device,

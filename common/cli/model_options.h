@@ -20,6 +20,21 @@ struct ModelOptions {
 };
 void add_model_options(CLI::App& app, ModelOptions& options);
 
+// The MLP's sizes (--samples, --features, --hidden, --layers): one name and one bound each, in every
+// chapter that trains the MLP. The chapter sets its defaults in the struct before adding the flags.
+struct MlpOptions {
+  std::int64_t samples = 8192, features = 16, hidden = 256;
+  int layers = 2;
+  bool samples_given = false;  // --samples was given (the GPT then takes it as its number of problems)
+};
+void add_mlp_options(CLI::App& app, MlpOptions& options);
+
+// The task of --model: the MLP of `mlp`'s sizes on the house-price data, or the GPT on addition or
+// --data. Refuses --data with the MLP, and an MLP whose training (`copies` of it: 2 with a reference
+// beside the run) would not fit this machine's memory beside `ranks_here` others, naming the flags.
+nn::TrainingTask training_task(const ModelOptions& models, const MlpOptions& mlp, std::int64_t global_batch,
+                               int copies, int ranks_here, Device device, std::uint64_t seed);
+
 // The GPT's task (the MLP's is the chapter's own, with its own sizes). `samples` is the chapter's
 // --samples, used as the number of training problems when `samples_given`; otherwise 4000 problems
 // (fewer for one digit), with 500 more held out. Throws UsageError naming the flag at fault.

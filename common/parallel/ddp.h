@@ -45,8 +45,7 @@ class DistributedDataParallel {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  // How a bucket of gradients is synchronised (PyTorch's register_comm_hook), see reducer.h. With
-  // per_parameter (chapter 04) each bucket is one gradient.
+  // How a bucket of gradients is synchronised (PyTorch's register_comm_hook), see reducer.h.
   void register_comm_hook(CommHook hook) { reducer_.register_comm_hook(std::move(hook)); }
   Reducer& reducer() { return reducer_; }
 

@@ -39,7 +39,7 @@ void Reducer::build(const std::vector<std::size_t>& order) {
   for (std::size_t index : order) {
     const std::size_t size = parameters_[index].second.nbytes();
     const bool full = !buckets.empty() && !buckets.back().parameters.empty() && bytes + size > cap;
-    if (buckets.empty() || options_.per_parameter || full) {
+    if (buckets.empty() || full) {
       if (!buckets.empty()) cap = megabytes_to_bytes(options_.bucket_cap_mb);
       buckets.emplace_back();
       bytes = 0;
@@ -98,7 +98,7 @@ void Reducer::mark_ready(std::size_t index, bool sync) {
   }
   last_ready_ms_ = t;
   --buckets_[bucket_of_[index]].pending;
-  if (sync && options_.overlap && !options_.per_parameter) launch_ready_buckets(false);
+  if (sync && options_.overlap) launch_ready_buckets(false);
 }
 
 void Reducer::launch_ready_buckets(bool all) {
@@ -174,7 +174,7 @@ void Reducer::finalize(bool sync) {
   pass_started_ = false;
   if (!sync || first_sync_done_) return;
   first_sync_done_ = true;
-  if (!options_.rebuild_buckets || options_.per_parameter) return;
+  if (!options_.rebuild_buckets) return;
   // Rebuild once, in the order the gradients became ready: rank 0's, so every rank builds the same.
   for (std::size_t i : unused) order.push_back(i);
   std::vector<float> as_float(order.begin(), order.end());

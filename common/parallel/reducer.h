@@ -29,7 +29,6 @@ struct ReducerOptions {
   double bucket_cap_mb = 25;           // PyTorch's default
   double first_bucket_mb = 1;          // PyTorch's default: the first bucket starts communication early
   bool overlap = true;                 // launch each bucket as soon as it is complete
-  bool per_parameter = false;          // chapter 04's lesson: one all-reduce per gradient, after backward
   bool find_unused_parameters = false; // a parameter without a gradient counts as zero instead of an error
   bool rebuild_buckets = true;         // after the first step, rebuild in the observed gradient order
   bool record_timeline = false;        // record when each gradient and bucket finished (for the trace)

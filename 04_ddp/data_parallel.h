@@ -1,0 +1,73 @@
+// Chapter 04's data parallelism, whole: broadcast the parameters once, then after every backward
+// all-reduce each gradient and divide by the number of ranks. Picotron's DataParallelNaive; chapter 05
+// times it beside its buckets (its "per-parameter" mode) and then does the same work in fewer, larger,
+// overlapped messages (common/parallel/ddp.h, PyTorch's DistributedDataParallel).
+//
+// Why the average: each rank's loss is the mean over its equal share of the global batch, so the mean
+// of the R ranks' gradients is the gradient of the mean loss over the whole batch, which is what one
+// rank would have computed. Every rank then applies the same update to the same parameters, and the
+// replicas stay identical without ever sending a parameter again.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "common/comm/communicator.h"
+#include "common/nn/module.h"
+#include "common/parallel/comm_hooks.h"  // CommHook: how one gradient travels (the default all-reduces)
+#include "common/parallel/replicas.h"    // parameters_identical
+
+namespace course::chapter04 {
+
+class DataParallelNaive {
+ public:
+  // `group` is every rank that holds a replica (pure data parallelism: the world).
+  DataParallelNaive(std::shared_ptr<nn::Module> module, comm::Communicator& group)
+      : module_(std::move(module)), group_(group), parameters_(module_->parameters()) {
+    // Once, before training: every rank starts from rank 0's parameters, even if it initialised with
+    // its own seed. From here on the identical updates keep them identical.
+    for (Tensor& p : parameters_) group_.broadcast(p, 0);
+  }
+
+  nn::Module& module() { return *module_; }
+  comm::Communicator& communicator() { return group_; }
+
+  // After the last backward of the step (gradient accumulation's micro-batches just add into .grad
+  // first): one all-reduce per gradient, each finished before the next starts. The hook does the
+  // all-reduce and the division (ReduceOp::average); chapter 05's hooks send it in 16 bits.
+  void all_reduce_gradients() {
+    const auto begin = std::chrono::steady_clock::now();
+    const std::int64_t bytes_before = group_.bytes_sent();
+    for (Tensor& p : parameters_) {
+      Tensor gradient = p.grad();
+      if (!gradient.defined()) throw std::logic_error("DataParallelNaive: a parameter received no gradient");
+      hook_(group_, gradient)->wait();
+    }
+    bytes_ += group_.bytes_sent() - bytes_before;
+    communication_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  }
+
+  // PyTorch's register_comm_hook, here per gradient: what to do instead of the plain average.
+  void register_comm_hook(parallel::CommHook hook) { hook_ = std::move(hook); }
+
+  // True when every rank holds bit-identical parameters. Collective.
+  bool parameters_identical() { return parallel::parameters_identical(group_, parameters_); }
+
+  // Time spent in all_reduce_gradients since the last call (ms); bytes sent since construction.
+  double take_communication_ms() { return std::exchange(communication_ms_, 0.0); }
+  std::int64_t bytes_communicated() const { return bytes_; }
+  std::size_t messages_per_step() const { return parameters_.size(); }
+
+ private:
+  std::shared_ptr<nn::Module> module_;
+  comm::Communicator& group_;
+  std::vector<Tensor> parameters_;
+  parallel::CommHook hook_ = parallel::allreduce_hook();
+  double communication_ms_ = 0;
+  std::int64_t bytes_ = 0;
+};
+
+}  // namespace course::chapter04

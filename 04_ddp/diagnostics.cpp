@@ -1,0 +1,156 @@
+// Chapter 04's timings, lock-step check, drift figure, metrics and verdict.
+#include "04_ddp/diagnostics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "common/checkpoint/parameters.h"
+#include "common/cli/model_options.h"
+#include "common/core/log.h"
+#include "common/parallel/replicas.h"
+#include "common/verify/compare.h"
+
+namespace course::chapter04 {
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+}  // namespace
+
+Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task,
+                         const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
+                         std::int64_t total_steps, ShareStep share_step)
+    : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
+      global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
+      share_step_(std::move(share_step)) {
+  log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", group_.size(),
+      static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum, task.description.c_str(),
+      static_cast<long long>(total_steps), o.training.lr);
+  if (all_ranks_log()) log("%s\n", session.topology->describe().c_str());
+  if (!o.verify) return;
+  // A single-rank reference beside the run, re-synced to the run's parameters every step, with the
+  // run's own optimizer to repeat its updates.
+  auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
+  reference_training_ = std::make_unique<optim::Recipe>(o.optimizer, reference->parameters(), o.training.lr, total_steps);
+  lockstep_ = std::make_unique<verify::Lockstep>(
+      reference, [this](std::int64_t s) { reference_training_->update(s); }, &group_, reference_training_->clip());
+}
+
+void Diagnostics::begin_step(std::int64_t step) {
+  if (lockstep_) lockstep_->begin_step(step, model_);
+  began_ = Clock::now();
+}
+
+void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double communication_ms) {
+  step_ms_ = ms_since(began_);
+  step_comm_ms_ = communication_ms;
+  Tensor loss = Tensor::from_host({local_loss}, {1});  // the global batch's loss: the ranks' mean
+  group_.all_reduce(loss, comm::ReduceOp::average);
+  global_loss_ = loss.item();
+  if (lockstep_) {
+    // The reference: each rank's share of the global batch (positions r, r+R, ...) recomputed from the
+    // global batch as that rank computed it, and averaged exactly.
+    const int ranks = group_.size();
+    const auto global = sampler_.global_batch(step, local_batch_);
+    lockstep_->check_parts(step, model_, global_loss_, static_cast<std::size_t>(ranks), 1.0 / ranks,
+                           [&](nn::Module& reference, std::size_t r) {
+                             return share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                           });
+  }
+  began_ = Clock::now();
+}
+
+bool Diagnostics::end_step(std::int64_t step, double norm) {
+  step_ms_ += ms_since(began_);
+  if (lockstep_) lockstep_->check_update(step, norm);
+  if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
+    total_ms_ += step_ms_;
+    comm_ms_ += step_comm_ms_;
+    compute_ms_ += step_ms_ - step_comm_ms_;
+    timed_samples_ += global_batch_;
+  }
+  if (!std::isfinite(global_loss_)) {
+    log("step %4lld  loss %g: training diverged; lower the learning rate (--lr %g)\n", static_cast<long long>(step),
+        global_loss_, o_.training.lr);
+    diverged_ = true;
+    return false;
+  }
+  if (step % o_.log_every == 0 || step + 1 == total_steps_) {
+    log("step %4lld  loss %.6f  %.2f ms (compute %.2f, communication %.2f)\n", static_cast<long long>(step), global_loss_,
+        step_ms_, step_ms_ - step_comm_ms_, step_comm_ms_);
+    session_.metrics.write({{"event", "step"}, {"step", step}, {"loss", global_loss_}, {"step_ms", step_ms_},
+                            {"compute_ms", step_ms_ - step_comm_ms_}, {"comm_ms", step_comm_ms_}});
+  }
+  return true;
+}
+
+// One rank, the same initial weights (rank 0's), the same global batches, free-running. With
+// `reversed`, each batch's samples come in reverse order: the same sums, added in another order.
+std::vector<float> Diagnostics::single_rank_run(bool reversed) const {
+  auto model = task_.make_model(o_.common.seed);
+  optim::Recipe training(o_.optimizer, model->parameters(), o_.training.lr, total_steps_);
+  for (std::int64_t step = 0; step < total_steps_; ++step) {
+    auto batch = sampler_.global_batch(step, local_batch_);
+    if (reversed) std::reverse(batch.begin(), batch.end());
+    task_.loss(*model, batch).backward();
+    training.step(step);
+  }
+  return model->parameters_to_host();
+}
+
+int Diagnostics::finish(bool identical) {
+  const int ranks = group_.size();
+  const double timed_steps = static_cast<double>(std::max<std::int64_t>(1, total_steps_ - 1));
+  const double samples_per_s = total_ms_ > 0 ? static_cast<double>(timed_samples_) / (total_ms_ / 1000.0) : 0.0;
+  log("throughput: %.0f samples/s; per step %.2f ms = compute %.2f + communication %.2f\n", samples_per_s,
+      total_ms_ / timed_steps, compute_ms_ / timed_steps, comm_ms_ / timed_steps);
+  log("parameters identical on all %d ranks: %s\n", ranks, identical ? "yes" : "NO");
+  verify::LockstepSummary check;
+  verify::Drift drift;
+  if (lockstep_ && !diverged_) {
+    check = lockstep_->finish(model_);
+    if (check.passed)
+      log("lock-step check, %lld steps: every averaged gradient within its float32 bound of the single-rank gradient "
+          "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "
+          "single-rank optimizer's, bit for bit\n",
+          static_cast<long long>(check.steps), check.worst_gradient_diff, check.worst_gradient_ratio,
+          check.worst_loss_diff, check.worst_loss_ratio);
+    else
+      log("lock-step check FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
+          check.first_failure.c_str());
+  }
+  if (o_.drift && !diverged_) {
+    parallel::on_rank0(group_, [&] {
+      auto reference = single_rank_run(false);
+      auto reordered = single_rank_run(true);
+      drift = {verify::max_abs_diff(model_.parameters_to_host(), reference), verify::max_abs_diff(reference, reordered)};
+    });
+    log("final parameters: largest difference from the single-rank run %.3g; its noise floor (the same run with "
+        "each batch summed in reverse order) %.3g; ratio %.3g\n", drift.difference, drift.noise_floor, drift.ratio());
+  }
+  if (!diverged_) cli::report_evaluation(task_, model_, group_, session_.metrics);
+  const bool passed = identical && check.passed && !diverged_;
+  if (!o_.save.empty())
+    parallel::on_rank0(group_, [&] {  // the ranks hold the same parameters: rank 0 writes them
+      checkpoint::save_parameters(o_.save, model_, {{"chapter", "04_ddp"}, {"ranks", std::to_string(ranks)},
+                                                    {"steps", std::to_string(total_steps_)}});
+      log("parameters saved to %s\n", o_.save.c_str());
+    });
+  session_.metrics.write({{"event", "ddp_summary"}, {"ranks", ranks}, {"global_batch", global_batch_},
+                          {"per_rank_batch", local_batch_}, {"accum", o_.accum}, {"steps", total_steps_},
+                          {"samples_per_s", samples_per_s}, {"step_ms", total_ms_ / timed_steps},
+                          {"compute_ms", compute_ms_ / timed_steps}, {"comm_ms", comm_ms_ / timed_steps},
+                          {"parameters", model_.parameter_count()}, {"identical", identical}, {"verified", o_.verify},
+                          {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
+                          {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
+                          {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
+                          {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
+                          {"fault", o_.faults.fault}, {"fault_from_step", o_.faults.from_step},
+                          {"backend", group_.backend_name()}, {"device", device_name(session_.device)},
+                          {"model", o_.models.model}, {"local_size", group_.local_size()},
+                          {"cores", std::thread::hardware_concurrency()}});
+  log("%s\n", passed ? "PASSED" : "FAILED");
+  return passed ? 0 : 1;
+}
+
+}  // namespace course::chapter04

@@ -1,0 +1,30 @@
+// Chapter 04's flags.
+#include "04_ddp/options.h"
+
+namespace course::chapter04 {
+
+void add_options(CLI::App& app, Options& o) {
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
+  app.add_option("--init", o.init, "Start from the parameters in this safetensors file (names and shapes must match "
+                                   "the model)")->check(CLI::ExistingFile);
+  auto* steps = cli::add_training_options(app, o.training, "Learning rate (scale it with the global batch, see README)");
+  app.add_option("--accum", o.accum, "Micro-batches per step on each rank (gradient accumulation)")
+      ->check(cli::PositiveInteger & CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Train whole epochs instead of --steps")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->excludes(steps);
+  cli::add_mlp_options(app, o.mlp);
+  cli::add_model_options(app, o.models);
+  app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
+  app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step): the "
+                                     "averaged gradient, the loss and the update");
+  app.add_flag("--drift", o.drift, "Also train one rank free-running, twice (the second summing each batch in reverse), "
+                                   "and report how far the final parameters drift against that noise floor");
+  cli::add_fault_options(app, o.faults, {{"average-twice", "the average divided by the world size twice"},
+                                         {"skip-rank-share", "the last rank's share of the gradient never arrives"}});
+}
+
+}  // namespace course::chapter04

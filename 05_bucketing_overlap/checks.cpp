@@ -1,0 +1,75 @@
+// Chapter 05's lock-step check and its bucket faults.
+#include "05_bucketing_overlap/checks.h"
+
+namespace course::chapter05 {
+
+StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
+                       const parallel::DistributedSampler& sampler, std::int64_t local_batch)
+    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch) {
+  if (!o.verify) return;
+  // One rank's model and SGD beside the run, re-synced to it every step (chapter 04).
+  auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
+  reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.training.lr);
+  lockstep_ = std::make_unique<verify::Lockstep>(reference, [this](std::int64_t) {
+    reference_sgd_->step();
+    reference_sgd_->zero_grad();
+  }, &group);
+  // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
+  if (o.comm_hook == "fp16") lockstep_->set_rounding(verify::kFloat16Rounding);
+  if (o.comm_hook == "bf16") lockstep_->set_rounding(verify::kBfloat16Rounding);
+}
+
+void StepChecks::begin_step(std::int64_t step, const nn::Module& model) {
+  if (lockstep_) lockstep_->begin_step(step, model);
+}
+
+void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, float local_loss) {
+  if (!lockstep_) return;
+  Tensor global_loss = Tensor::from_host({local_loss}, {1});
+  group_.all_reduce(global_loss, comm::ReduceOp::average);
+  const int ranks = group_.size();
+  const auto global = sampler_.global_batch(step, local_batch_);
+  lockstep_->check_parts(step, model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+                         [&](nn::Module& reference, std::size_t r) {
+                           const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
+                           Tensor l = task_.loss(reference, theirs);
+                           l.backward();
+                           return l.item();
+                         });
+}
+
+void StepChecks::check_update(std::int64_t step) {
+  if (lockstep_) lockstep_->check_update(step);
+}
+
+void StepChecks::finish(const nn::Module& model, ModeResult& result) {
+  if (lockstep_) result.check = lockstep_->finish(model);
+}
+
+parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
+                              std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched) {
+  if (faults.fault == "none") return inner;
+  return [&faults, inner, messages, &step, &launched](comm::Communicator& group, Tensor& buffer) {
+    const std::size_t b = launched++;
+    const Messages layout = messages();
+    if (faults.at("skip-bucket", step) && b == 0) return comm::completed_work();  // never all-reduced
+    if (faults.at("launch-early", step) && b == 0) {
+      // Launched before its last gradient was in: the all-reduce averages the rest, and that gradient
+      // lands afterwards, this rank's own.
+      const std::size_t late = layout.first_last_offset, n = static_cast<std::size_t>(buffer.numel()) - late;
+      Tensor own = buffer.flat_view(late, n).clone();
+      inner(group, buffer)->wait();
+      buffer.flat_view(late, n).copy_from(own);
+      return comm::completed_work();
+    }
+    if (faults.at("step-early", step) && b + 1 == layout.count) {
+      // The optimizer steps before the last message's average lands: it reads this rank's own gradients.
+      Tensor copy = buffer.clone();
+      inner(group, copy)->wait();
+      return comm::completed_work();
+    }
+    return inner(group, buffer);
+  };
+}
+
+}  // namespace course::chapter05

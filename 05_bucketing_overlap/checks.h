@@ -1,0 +1,51 @@
+// Chapter 05's checks beside its lesson: --verify's lock-step check of every mode against one rank
+// (chapter 04's check, with the bound of the 16-bit hooks where one is chosen), and --fault's buckets
+// handled wrongly, as a bug in a reducer would handle them, for the check to catch.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "05_bucketing_overlap/options.h"
+#include "05_bucketing_overlap/report.h"
+#include "common/nn/tasks.h"
+#include "common/optim/optimizer.h"
+#include "common/parallel/distributed_sampler.h"
+#include "common/parallel/reducer.h"
+#include "common/verify/lockstep.h"
+
+namespace course::chapter05 {
+
+// Without --verify every call does nothing.
+class StepChecks {
+ public:
+  StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
+             const parallel::DistributedSampler& sampler, std::int64_t local_batch);
+  void begin_step(std::int64_t step, const nn::Module& model);
+  // The averaged gradients and this rank's loss, against one rank's over the global batch. Collective.
+  void check_gradients(std::int64_t step, const nn::Module& model, float local_loss);
+  void check_update(std::int64_t step);
+  void finish(const nn::Module& model, ModeResult& result);
+
+ private:
+  const nn::TrainingTask& task_;
+  comm::Communicator& group_;
+  const parallel::DistributedSampler& sampler_;
+  std::int64_t local_batch_;
+  std::unique_ptr<optim::SGD> reference_sgd_;
+  std::unique_ptr<verify::Lockstep> lockstep_;
+};
+
+// Where the messages of a step lie: how many there are, and where the first one's last gradient
+// begins in its buffer (launch-early keeps that gradient this rank's own).
+struct Messages {
+  std::size_t count = 0;
+  std::size_t first_last_offset = 0;
+};
+
+// --comm-hook `inner`, and around it --fault from --fault-from-step on. `launched` counts the messages
+// sent in this step (they go out in order, so it is the message's index); `step` is the step.
+parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
+                              std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched);
+
+}  // namespace course::chapter05

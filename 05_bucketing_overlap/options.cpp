@@ -1,0 +1,49 @@
+// Chapter 05's flags.
+#include "05_bucketing_overlap/options.h"
+
+#include "common/core/errors.h"
+
+namespace course::chapter05 {
+
+void add_options(CLI::App& app, Options& o) {
+  o.training = {8, 128, 0.001f};
+  o.mlp.samples = 4096;
+  o.mlp.features = 64;
+  o.mlp.hidden = 1024;
+  o.mlp.layers = 8;
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
+  cli::add_training_options(app, o.training, "SGD learning rate");
+  cli::add_mlp_options(app, o.mlp);
+  cli::add_model_options(app, o.models);
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb)")
+      ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MB")
+      ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cli::add_sim_network_option(app, o.sim_network);
+  app.add_option("--trace", o.trace, "Write the timeline of the last overlapped step here (Chrome trace JSON)")
+      ->check(cli::OutputFile)->capture_default_str();
+  app.add_option("--comm-hook", o.comm_hook, "How buckets travel: none (float32), fp16 or bf16 (half the bytes)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
+  cli::add_fault_options(app, o.faults,
+                         {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
+                          {"launch-early", "the first bucket is launched before its last gradient is in"},
+                          {"step-early", "the optimizer steps before the last bucket's average lands"}});
+  app.add_flag(
+      "--verify,!--no-verify", o.verify,
+      "Check every mode, every step, against one rank in lock-step (on by default; --no-verify for timing runs)");
+}
+
+void check_options(const Options& o) {
+  if (o.training.steps < 2)
+    throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
+  cli::check_fault_options(o.faults, o.training.steps);
+  if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; drop --no-verify");
+}
+
+}  // namespace course::chapter05

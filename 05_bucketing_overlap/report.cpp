@@ -1,0 +1,72 @@
+// Chapter 05's table, metrics and timeline.
+#include "05_bucketing_overlap/report.h"
+
+#include <cstdio>
+
+#include "common/core/log.h"
+#include "common/metrics/trace.h"
+#include "common/verify/compare.h"
+
+namespace course::chapter05 {
+
+void print_table_header() {
+  log("%-16s %8s %10s %10s %10s %12s  %s\n", "mode", "buckets", "step(ms)", "compute", "exposed", "MB/step", "check");
+}
+
+bool report_mode(const Options& o, const std::string& name, const ModeResult& r, const std::vector<float>& first,
+                 int ranks, const std::string& label, metrics::MetricsWriter& metrics) {
+  const double diff = first.empty() ? 0.0 : verify::max_abs_diff(r.parameters, first);
+  const bool ok = r.check.passed;
+  const std::string check = !o.verify ? "(not verified)" : ok ? "PASSED" : "FAILED at step " + std::to_string(r.check.first_failed_step);
+  char differs[64] = "";
+  if (diff > 0) std::snprintf(differs, sizeof differs, "; final weights %.2g from per-parameter's", diff);
+  log("%-16s %8zu %10.2f %10.2f %10.2f %12.2f  %s%s\n", name.c_str(), r.messages, r.step_ms, r.step_ms - r.exposed_ms,
+      r.exposed_ms, static_cast<double>(r.bytes_per_step) / 1e6, check.c_str(), differs);
+  if (o.verify && !ok) log("  %s\n", r.check.first_failure.c_str());
+  metrics.write({{"event", "mode"},
+                 {"mode", name},
+                 {"buckets", r.messages},
+                 {"step_ms", r.step_ms},
+                 {"compute_ms", r.step_ms - r.exposed_ms},
+                 {"exposed_ms", r.exposed_ms},
+                 {"bytes_per_step", r.bytes_per_step},
+                 {"verified", o.verify},
+                 {"passed", ok},
+                 {"gradient_bound_ratio", r.check.worst_gradient_ratio},
+                 {"first_failed_step", r.check.first_failed_step},
+                 {"diff_vs_per_parameter", diff},
+                 {"ranks", ranks},
+                 {"simulated_network", label},
+                 {"comm_hook", o.comm_hook}});
+  return ok;
+}
+
+void write_trace(const Options& o, comm::Communicator& group, const parallel::Timeline& mine, const std::string& label) {
+  std::vector<float> packed;
+  for (const auto& i : mine.compute)
+    packed.insert(packed.end(), {static_cast<float>(i.begin_ms), static_cast<float>(i.end_ms)});
+  for (const auto& i : mine.communication)
+    packed.insert(packed.end(), {static_cast<float>(i.begin_ms), static_cast<float>(i.end_ms)});
+  Tensor local = Tensor::from_host(packed, {static_cast<std::int64_t>(packed.size())});
+  Tensor all = Tensor::zeros({static_cast<std::int64_t>(packed.size()) * group.size()});
+  group.all_gather(local, all);  // every rank's timeline has the same shape: the same layers and buckets
+  if (group.rank() != 0 || o.trace.empty()) return;
+  auto values = all.to_host();
+  metrics::ChromeTrace trace;
+  trace.label(label);
+  for (int r = 0; r < group.size(); ++r) {
+    std::size_t at = static_cast<std::size_t>(r) * packed.size();
+    for (const auto& i : mine.compute) {
+      trace.add(r, "backward compute", "layer " + i.name, values[at], values[at + 1]);
+      at += 2;
+    }
+    for (const auto& i : mine.communication) {
+      trace.add(r, label.empty() ? "all-reduce" : "all-reduce (simulated)", i.name, values[at], values[at + 1]);
+      at += 2;
+    }
+  }
+  trace.write(o.trace);
+  log("timeline of the last overlapped step written to %s (open it in ui.perfetto.dev)\n", o.trace.c_str());
+}
+
+}  // namespace course::chapter05
