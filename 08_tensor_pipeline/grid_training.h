@@ -1,13 +1,14 @@
-// Training on the TP x PP x DP grid: the chapter's options, the optimizer, the model each rank holds,
-// and one training run with what it measured.
+// The parts of chapter 08's training step (main.cpp puts them in order): the model each rank holds and
+// its DDP, the micro-batches, forward and backward with or without a pipeline, clipping across the
+// grid, the optimizer, and what a run measured.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/cli/cli.h"
-#include "common/cli/model_options.h"
+#include "08_tensor_pipeline/options.h"
 #include "common/metrics/metrics.h"
 #include "common/nn/tasks.h"
 #include "common/optim/lr_scheduler.h"
@@ -18,29 +19,6 @@
 #include "common/verify/lockstep.h"
 
 namespace course::chapter08 {
-
-struct Options {
-  cli::CommonOptions common;
-  cli::DistributedOptions distributed;
-  cli::ModelOptions models;
-  std::int64_t hidden = 256;  // the MLP: as chapter 07's, 8 hidden layers of 256
-  int layers = 8;
-  int tp = 1, pp = 1, dp = 0;
-  bool sequence_parallel = false;
-  int micro_batches = 4;
-  std::string schedule = "1f1b";
-  std::int64_t steps = 20;
-  std::int64_t global_batch = 48;
-  float lr = 3e-3f;
-  double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
-  int log_every = 5;
-  bool verify = false;
-  bool sweep = false;         // both schedules at m = 1..16, with the charts
-  std::string charts = "pipeline";
-  std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
-  cli::FaultOptions faults;   // --fault, --fault-from-step
-  std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
-};
 
 // What the chapter trains: the GPT on the addition task (`addition` set), or the house-price MLP.
 struct ChapterTask {
@@ -70,15 +48,60 @@ struct GridRun {
   // With DP: the model wrapped in DDP on the DP group. Its gradient hooks stay on the model's
   // parameters, so it lives as long as the model does.
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  std::unique_ptr<comm::Communicator> faulty_tp;  // --fault skip-tp-all-reduce: the layers' TP group
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
   double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
   verify::LockstepSummary check;  // with --verify
 };
-// With `verified`, every step is checked in lock-step against the unsharded model (verify_grid.h).
-GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
-                   const std::string& schedule_name, int m, metrics::MetricsWriter* metrics, bool verified = false);
+// This rank's part of the model, made alike on every rank from the seed: its stage's layers (all of
+// them when --pp is 1), each split across its TP group; with DP, wrapped in chapter 04/05's DDP on the
+// DP group. The faults of the TP group and of the DP average are wired in here, on from the step
+// `step` reaches --fault-from-step.
+GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
+                        const std::int64_t& step);
+
+// This replica's share of a whole global batch (`batch`, the stream's next), in `m` micro-batches.
+std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int64_t>& batch, parallel::Topology& topology,
+                                                     int m);
+
+// Forward and backward of one step over `parts`: through the pipeline's stages by `schedule` (the GPT
+// with --pp 2 or more), or one micro-batch after the other on a model split by TP alone (accumulate).
+// Each micro-batch's loss is weighted by its share of what counts (the GPT's counted targets, the MLP's
+// samples); with DDP every backward but the last runs under no_sync, so the replicas average once.
+parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, parallel::Topology& topology,
+                                  const std::vector<std::vector<std::int64_t>>& parts, const std::string& schedule,
+                                  Device device);
+parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
+                                  const std::vector<std::vector<std::int64_t>>& parts, Device device);
+
+// torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (counts_once). Returns the norm.
+double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
+
+// The run's figures: each step's time without --verify's work, the stage's busy time and peak
+// activations; at the end gathered into the GridRun on every rank (bubble, peaks, last timelines, the
+// slowest rank's mean step).
+class StepFigures {
+ public:
+  explicit StepFigures(std::int64_t steps) : steps_(steps) {}
+  void begin_step();
+  template <class Work>
+  void apart(Work&& work) {  // --verify's own work, left out of the step's time
+    const auto t = std::chrono::steady_clock::now();
+    work();
+    apart_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  }
+  void end_step(std::int64_t step, const parallel::PipelineStep& result);
+  void finish(GridRun& run, parallel::Topology& topology) const;
+
+ private:
+  std::int64_t steps_;
+  std::chrono::steady_clock::time_point begin_;
+  double apart_ms_ = 0, busy_ms_ = 0, pipeline_ms_ = 0, whole_ms_ = 0;
+  std::int64_t peak_ = 0;
+  std::vector<parallel::TimedAction> last_;
+};
 
 // Whether this rank's copy of parameter `name` is the one that counts in sums over the TP group and the
 // pipeline (clipping's norm, the whole model of --verify): a part TP splits, on every TP rank; what TP

@@ -4,58 +4,76 @@
 // block along the sequence; pipeline parallelism splits the layers into stages that pass micro-batches
 // along (GPipe or 1F1B; common/parallel/pipeline.h); data parallelism runs copies of the whole
 // arrangement and averages their gradients over the DP group only. The topology
-// (common/parallel/topology.h) owns the TP x PP x DP grid; nothing here computes a rank. The run is in
-// grid_training.cpp; --verify (verify_grid.cpp) checks every step in lock-step against the unsharded
-// model on the whole global batch: the grid's gradient, its loss and its update.
+// (common/parallel/topology.h) owns the TP x PP x DP grid; nothing here computes a rank. The step is
+// train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
+// step in lock-step against the unsharded model on the whole global batch: the grid's gradient, its
+// loss and its update. Below the fence: the sweep and the report.
+#include "08_tensor_pipeline/grid_training.h"      // the step's parts: the model's parts, forward and backward, clipping
+#include "08_tensor_pipeline/options.h"            // the chapter's flags
+#include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
+#include "08_tensor_pipeline/verify_grid.h"        // --verify
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                       // rank 0 prints
 #include "common/metrics/charts.h"                 // the charts, through scripts/plot.py
-#include "common/metrics/trace.h"                  // the timeline as Chrome trace JSON
+#include "common/data/sampling.h"                 // SampleStream: every step a whole global batch
 #include "common/parallel/replicas.h"              // on_rank0
-#include "grid_training.h"                         // Options, one training run on the grid
-#include "verify_grid.h"                           // --verify
 
 using namespace course;
 using namespace course::chapter08;
 
 namespace {
 
-// The last step of every stage as a Chrome trace (one row per stage), and as a PNG beside it.
-void write_timeline(const GridRun& run, const std::string& path, const std::string& label) {
-  metrics::ChromeTrace trace;
-  trace.label(label);
-  for (std::size_t s = 0; s < run.timeline.size(); ++s)
-    for (const auto& a : run.timeline[s]) {
-      std::string name(1, a.action.op == parallel::PipeOp::forward ? 'F' : 'B');
-      name += std::to_string(a.action.micro_batch);
-      trace.add(static_cast<int>(s), "stage " + std::to_string(s), name, a.begin_ms, a.end_ms);
+// One training run on the grid with `m` micro-batches and `schedule`. With `verified`, every step is
+// checked in lock-step against the unsharded model (verify_grid.h).
+GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
+                   const std::string& schedule, int m, metrics::MetricsWriter* metrics, bool verified = false) {
+  std::int64_t step = 0;
+  // This rank's part of the model (its stage's layers, split across its TP group), and DDP on the DP
+  // group: every rank made the whole model from the same seed and kept its part.
+  GridRun run = make_grid_model(o, task, topology, device, step);
+  std::unique_ptr<GridCheck> check;
+  if (verified) check = std::make_unique<GridCheck>(o, task, run, topology);
+  // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
+  // every micro-batch has the same size; each replica takes its share.
+  data::SampleStream stream(task.task.size, o.common.seed);
+  Trainer trainer(run.model->parameters(), o);  // AdamW, warm-up and cosine decay, as GPT-2
+  StepFigures figures(o.steps);
+  for (step = 0; step < o.steps; ++step) {
+    figures.begin_step();
+    if (check) figures.apart([&] { check->begin_step(step); });
+    auto parts = micro_batches(stream.take(step * o.global_batch, o.global_batch), topology, m);
+    if (o.faults.at("lose-micro-batch", step)) parts.pop_back();  // the step's last micro-batch never runs
+    // 1. Forward and backward over this replica's micro-batches: through the stages by the schedule,
+    //    or one after the other when TP alone splits the model. DDP averages over the DP group in the
+    //    last backward.
+    const parallel::PipelineStep result = topology.pp_size() > 1 ? run_stages(run, task, topology, parts, schedule, device)
+                                                                 : accumulate(run, task, parts, device);
+    // 2. What the split left to add up, in Megatron-LM's finalize_model_grads order: the sequence-
+    //    parallel sums over TP, then the tied table's two halves across the pipeline.
+    parallel::finish_gradients(*run.model, {!o.faults.at("skip-sp-sum", step), !o.faults.at("skip-tied-exchange", step)});
+    Tensor loss = Tensor::from_host({result.loss}, {1});  // the global batch's: the replicas' mean
+    topology.dp_group().all_reduce(loss, comm::ReduceOp::average);
+    if (check) figures.apart([&] { check->check_gradient(step, loss.item()); });
+    // 3. Clip by the whole model's norm, summed over TP and the stages, and step.
+    const double norm = o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : 0.0;
+    trainer.step(step);
+    if (check) figures.apart([&] { check->check_update(step, norm); });
+    figures.end_step(step, result);
+    run.losses.push_back(loss.item());
+    if (metrics && (step % o.log_every == 0 || step + 1 == o.steps)) {
+      log("step %4lld  loss %.6f\n", static_cast<long long>(step), run.losses.back());
+      metrics->write({{"event", "step"}, {"step", step}, {"loss", run.losses.back()}});
     }
-  trace.write(path);
-  std::string why;
-  const std::string png = path.substr(0, path.rfind('.')) + ".png";
-  if (metrics::draw_timeline(path, png, &why))
-    log("timeline: %s (Chrome trace, opens in Perfetto) and %s\n", path.c_str(), png.c_str());
-  else
-    log("timeline: %s (Chrome trace, opens in Perfetto); no PNG: %s\n", path.c_str(), why.c_str());
+  }
+  if (check) run.check = check->finish();
+  figures.finish(run, topology);
+  return run;
 }
 
-// `network`: ", simulated network: ..." when --sim-network is on, for every line that shows a time.
-void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
-                   const char* event, const std::string& network) {
-  const int p = static_cast<int>(run.bubble.size());
-  const double theory = parallel::bubble_fraction(p, m);
-  log("pipeline: %d stages, %d micro-batches, %s%s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n", p,
-      m, schedule.c_str(), network.c_str(), theory);
-  for (int s = 0; s < p; ++s) {
-    log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
-        format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
-    metrics.write({{"event", event}, {"stage", s}, {"stages", p}, {"micro_batches", m}, {"schedule", schedule},
-                   {"bubble", run.bubble[static_cast<std::size_t>(s)]}, {"theory", theory},
-                   {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
-  }
-}
+// ---------------------------------------------------------------------------------------------------
+// Below: the schedules swept, the run set up on its grid, and what it reports.
 
 // --sweep: both schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
 // activations; the charts, and each schedule's timeline at 4 micro-batches.
@@ -91,39 +109,6 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
   });
   log("PASSED\n");
   return 0;
-}
-
-// The grid and the model must fit each other; each mismatch is one line naming the flag.
-void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
-  const int dp = topology.dp_size(), tp = topology.tp_size();
-  const std::string& fault = o.faults.fault;
-  if (fault == "skip-dp-average" && dp < 2)
-    throw UsageError("--fault: skip-dp-average needs data parallelism (--dp 2 or more)");
-  if (fault == "skip-tp-all-reduce" && tp < 2)
-    throw UsageError("--fault: skip-tp-all-reduce needs tensor parallelism (--tp 2 or more)");
-  if (fault == "lose-micro-batch" && o.micro_batches < 2)
-    throw UsageError("--fault: lose-micro-batch needs two or more micro-batches (--micro-batches)");
-  if (fault == "skip-tied-exchange" && (!task.is_gpt() || topology.pp_size() < 2))
-    throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
-  if (fault == "skip-sp-sum" && !o.sequence_parallel)
-    throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
-  if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
-    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
-                     std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
-  if (o.sequence_parallel && tp < 2)
-    throw UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
-  if (!task.is_gpt()) {
-    if (topology.pp_size() > 1)
-      throw UsageError("--pp: the MLP is split by tensor parallelism only; pipeline stages split the GPT");
-    if (o.sequence_parallel) throw UsageError("--sequence-parallel: splits the GPT's sequences; the MLP has none");
-    if (o.hidden % tp != 0)
-      throw UsageError("--hidden: " + std::to_string(o.hidden) + " hidden units do not divide among " +
-                       std::to_string(tp) + " tensor-parallel ranks");
-    return;
-  }
-  if (o.sequence_parallel && task.tokens_per_sample() % tp != 0)
-    throw UsageError("--sequence-parallel: sequences of " + std::to_string(task.tokens_per_sample()) +
-                     " tokens do not divide among " + std::to_string(tp) + " tensor-parallel ranks");
 }
 
 int run(const Options& o, cli::Session& session) {
@@ -186,45 +171,7 @@ int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
   CLI::App app{"Chapter 08: tensor, sequence and pipeline parallelism, with data parallelism on top"};
   Options o;
-  o.models.model = "gpt";
-  cli::add_common_options(app, o.common);
-  cli::add_distributed_options(app, o.distributed);
-  cli::add_model_options(app, o.models);
-  app.add_option("--hidden", o.hidden, "The MLP's width (--model mlp)")->check(CLI::Range(1, 1 << 14))->capture_default_str();
-  app.add_option("--layers", o.layers, "The MLP's hidden layers (--model mlp)")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
-                                                          "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");
-  app.add_option("--pp", o.pp, "Pipeline stages (split the layers)")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--dp", o.dp, "Data-parallel replicas (0: what the world leaves)")->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--micro-batches", o.micro_batches, "Micro-batches per step on each replica")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
-  app.add_option("--steps", o.steps, "Optimizer steps")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1000000}))->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all replicas")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
-  app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
-      ->check(cli::NonNegativeFinite)->capture_default_str();
-  app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
-  cli::add_sim_network_option(app, o.sim_network);
-  app.add_flag("--verify", o.verify, "Check every step in lock-step against the unsharded model on the whole global "
-                                     "batch: the gradient, the loss and the update");
-  cli::add_fault_options(app, o.faults,
-                         {{"skip-dp-average", "the replicas never average their gradients"},
-                          {"skip-tp-all-reduce", "the TP group's all-reduces never happen"},
-                          {"lose-micro-batch", "each step's last micro-batch never runs"},
-                          {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
-                          {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
-  app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
-                                     "PNG beside it")->check(cli::OutputFile);
-  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "
-                                   "activations against them");
-  app.add_option("--charts", o.charts, "With --sweep: PREFIX_bubble.png, PREFIX_activations.png and the timelines")
-      ->check(cli::OutputFile)->capture_default_str();
+  add_options(app, o);
   return cli::run(app, argc, argv, [&] {
     if (!o.models.data.empty()) throw UsageError("--data: chapter 08 trains on the addition task only");
     auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp});

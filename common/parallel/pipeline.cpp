@@ -206,9 +206,4 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
   return step;
 }
 
-void finish_gradients(PipelineStageGPT& stage) {
-  stage.sync_sequence_parallel_gradients();
-  stage.sync_tied_gradients();
-}
-
 }  // namespace course::parallel

@@ -45,10 +45,10 @@ class PipelineStageGPT : public TensorParallelModule {
   bool is_last() const { return last_; }
   std::int64_t first_layer() const { return first_layer_; }
   // After backward: the first and the last stage add each other's gradient of the tied table.
-  void sync_tied_gradients();
+  void sync_tied_gradients() override;
   // After backward, with sequence parallelism: adds the partial gradients of the parameters whole on
   // every TP rank over the TP group (all_reduce_gradients).
-  void sync_sequence_parallel_gradients();
+  void sync_sequence_parallel_gradients() override;
   bool sequence_parallel() const { return sequence_parallel_; }
   const nn::GPTConfig& config() const { return config_; }
 
@@ -83,18 +83,12 @@ struct PipelineStep {
 // targets[i] (every stage gets them: the first for its input, the last for its loss, the others for
 // the shapes). Each micro-batch's loss is weighted by its share of the counted targets, so the
 // gradients are those of the whole batch's mean. Leaves the gradients accumulated in the parameters;
-// finish_gradients and the optimizer step are the caller's. With `ddp` (data parallelism on top: the
+// finish_gradients (tensor_parallel.h) and the optimizer step are the caller's. With `ddp` (data parallelism on top: the
 // stage wrapped in chapter 04/05's DistributedDataParallel on its DP group), every backward but the
 // stage's last runs under no_sync, so the replicas average the accumulated gradients once, in buckets
 // during the last.
 PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
                           DistributedDataParallel* ddp = nullptr);
-
-// After the pipeline's backward (and the DP average, which DDP does during the last backward), the
-// fix-ups of Megatron-LM's finalize_model_grads, in its order: with sequence parallelism the partial
-// gradients of the parameters whole on every TP rank summed over the TP group, then the tied table's
-// two halves exchanged between the first and the last stage.
-void finish_gradients(PipelineStageGPT& stage);
 
 }  // namespace course::parallel

@@ -296,4 +296,9 @@ Tensor parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
       });
 }
 
+void finish_gradients(TensorParallelModule& model, FinishGradients which) {
+  if (which.sequence_parallel_sums) model.sync_sequence_parallel_gradients();
+  if (which.tied_table) model.sync_tied_gradients();
+}
+
 }  // namespace course::parallel

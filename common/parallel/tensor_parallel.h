@@ -54,7 +54,25 @@ class TensorParallelModule : public nn::Module {
   virtual bool is_split(const std::string& name) const = 0;
   // This rank's part of `whole` (the whole model's tensor named `name`); `whole` itself if not split.
   virtual Tensor part_of(const std::string& name, const Tensor& whole) const = 0;
+  // After backward, what a model split this way must still add up (finish_gradients): with sequence
+  // parallelism, the partial gradients of the parameters whole on every TP rank; with the tied table on
+  // two pipeline stages, each stage's half of its gradient. Nothing, for a model without either.
+  virtual void sync_sequence_parallel_gradients() {}
+  virtual void sync_tied_gradients() {}
 };
+
+// Which of finish_gradients' fix-ups run (all, unless a chapter's --fault leaves one out).
+struct FinishGradients {
+  bool sequence_parallel_sums = true;
+  bool tied_table = true;
+};
+
+// After backward, Megatron-LM's finalize_model_grads, in its order: (1) the data-parallel average,
+// which DistributedDataParallel has already done on the DP group during the last backward (its buckets
+// are complete when backward returns); (2) with sequence parallelism, the partial gradients of the
+// parameters whole on every TP rank summed over the TP group; (3) the tied table's two halves, on the
+// first and the last pipeline stage, added together. Then every part's gradient is the whole model's.
+void finish_gradients(TensorParallelModule& model, FinishGradients which = {});
 
 // The part [rank x n / size, (rank + 1) x n / size) of dimension `dim` of `full` (a copy, on full's
 // device). Throws UsageError when the dimension does not divide by the group's size.

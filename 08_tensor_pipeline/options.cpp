@@ -1,0 +1,83 @@
+// Chapter 08's flags and the grid's checks.
+#include "08_tensor_pipeline/options.h"
+
+#include "08_tensor_pipeline/grid_training.h"
+#include "common/core/errors.h"
+
+namespace course::chapter08 {
+
+void add_options(CLI::App& app, Options& o) {
+  o.models.model = "gpt";
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_model_options(app, o.models);
+  app.add_option("--hidden", o.hidden, "The MLP's width (--model mlp)")->check(CLI::Range(1, 1 << 14))->capture_default_str();
+  app.add_option("--layers", o.layers, "The MLP's hidden layers (--model mlp)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
+                                                          "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");
+  app.add_option("--pp", o.pp, "Pipeline stages (split the layers)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--dp", o.dp, "Data-parallel replicas (0: what the world leaves)")->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--micro-batches", o.micro_batches, "Micro-batches per step on each replica")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe or 1f1b")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
+  app.add_option("--steps", o.steps, "Optimizer steps")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1000000}))->capture_default_str();
+  app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all replicas")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
+      ->check(cli::NonNegativeFinite)->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
+  cli::add_sim_network_option(app, o.sim_network);
+  app.add_flag("--verify", o.verify, "Check every step in lock-step against the unsharded model on the whole global "
+                                     "batch: the gradient, the loss and the update");
+  cli::add_fault_options(app, o.faults,
+                         {{"skip-dp-average", "the replicas never average their gradients"},
+                          {"skip-tp-all-reduce", "the TP group's all-reduces never happen"},
+                          {"lose-micro-batch", "each step's last micro-batch never runs"},
+                          {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
+                          {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
+  app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
+                                     "PNG beside it")->check(cli::OutputFile);
+  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "
+                                   "activations against them");
+  app.add_option("--charts", o.charts, "With --sweep: PREFIX_bubble.png, PREFIX_activations.png and the timelines")
+      ->check(cli::OutputFile)->capture_default_str();
+}
+
+void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
+  const int dp = topology.dp_size(), tp = topology.tp_size();
+  const std::string& fault = o.faults.fault;
+  if (fault == "skip-dp-average" && dp < 2)
+    throw UsageError("--fault: skip-dp-average needs data parallelism (--dp 2 or more)");
+  if (fault == "skip-tp-all-reduce" && tp < 2)
+    throw UsageError("--fault: skip-tp-all-reduce needs tensor parallelism (--tp 2 or more)");
+  if (fault == "lose-micro-batch" && o.micro_batches < 2)
+    throw UsageError("--fault: lose-micro-batch needs two or more micro-batches (--micro-batches)");
+  if (fault == "skip-tied-exchange" && (!task.is_gpt() || topology.pp_size() < 2))
+    throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
+  if (fault == "skip-sp-sum" && !o.sequence_parallel)
+    throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
+  if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
+    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
+                     std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
+  if (o.sequence_parallel && tp < 2)
+    throw UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+  if (!task.is_gpt()) {
+    if (topology.pp_size() > 1)
+      throw UsageError("--pp: the MLP is split by tensor parallelism only; pipeline stages split the GPT");
+    if (o.sequence_parallel) throw UsageError("--sequence-parallel: splits the GPT's sequences; the MLP has none");
+    if (o.hidden % tp != 0)
+      throw UsageError("--hidden: " + std::to_string(o.hidden) + " hidden units do not divide among " +
+                       std::to_string(tp) + " tensor-parallel ranks");
+    return;
+  }
+  if (o.sequence_parallel && task.tokens_per_sample() % tp != 0)
+    throw UsageError("--sequence-parallel: sequences of " + std::to_string(task.tokens_per_sample()) +
+                     " tokens do not divide among " + std::to_string(tp) + " tensor-parallel ranks");
+}
+
+}  // namespace course::chapter08

@@ -1,0 +1,43 @@
+// Chapter 08's flags (the shared groups of common/cli and the grid's own), and what the grid and the
+// model must satisfy together.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "common/cli/cli.h"
+#include "common/cli/model_options.h"
+#include "common/parallel/topology.h"
+
+namespace course::chapter08 {
+
+struct Options {
+  cli::CommonOptions common;
+  cli::DistributedOptions distributed;
+  cli::ModelOptions models;
+  std::int64_t hidden = 256;  // the MLP: as chapter 07's, 8 hidden layers of 256
+  int layers = 8;
+  int tp = 1, pp = 1, dp = 0;
+  bool sequence_parallel = false;
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  std::int64_t steps = 20;
+  std::int64_t global_batch = 48;
+  float lr = 3e-3f;
+  double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
+  int log_every = 5;
+  bool verify = false;
+  bool sweep = false;         // both schedules at m = 1..16, with the charts
+  std::string charts = "pipeline";
+  std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
+  cli::FaultOptions faults;   // --fault, --fault-from-step
+  std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
+};
+
+void add_options(CLI::App& app, Options& o);
+
+struct ChapterTask;
+// The grid and the model must fit each other; each mismatch is one line naming the flag.
+void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology);
+
+}  // namespace course::chapter08

@@ -1,0 +1,44 @@
+// Chapter 08's stage figures and timeline.
+#include "08_tensor_pipeline/report.h"
+
+#include "common/core/log.h"
+#include "common/metrics/charts.h"
+#include "common/metrics/trace.h"
+#include "common/parallel/pipeline_schedule.h"
+
+namespace course::chapter08 {
+
+void write_timeline(const GridRun& run, const std::string& path, const std::string& label) {
+  metrics::ChromeTrace trace;
+  trace.label(label);
+  for (std::size_t s = 0; s < run.timeline.size(); ++s)
+    for (const auto& a : run.timeline[s]) {
+      std::string name(1, a.action.op == parallel::PipeOp::forward ? 'F' : 'B');
+      name += std::to_string(a.action.micro_batch);
+      trace.add(static_cast<int>(s), "stage " + std::to_string(s), name, a.begin_ms, a.end_ms);
+    }
+  trace.write(path);
+  std::string why;
+  const std::string png = path.substr(0, path.rfind('.')) + ".png";
+  if (metrics::draw_timeline(path, png, &why))
+    log("timeline: %s (Chrome trace, opens in Perfetto) and %s\n", path.c_str(), png.c_str());
+  else
+    log("timeline: %s (Chrome trace, opens in Perfetto); no PNG: %s\n", path.c_str(), why.c_str());
+}
+
+void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
+                   const char* event, const std::string& network) {
+  const int p = static_cast<int>(run.bubble.size());
+  const double theory = parallel::bubble_fraction(p, m);
+  log("pipeline: %d stages, %d micro-batches, %s%s; bubble (idle share of the step) against (p-1)/(m+p-1) = %.3f:\n", p,
+      m, schedule.c_str(), network.c_str(), theory);
+  for (int s = 0; s < p; ++s) {
+    log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
+        format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
+    metrics.write({{"event", event}, {"stage", s}, {"stages", p}, {"micro_batches", m}, {"schedule", schedule},
+                   {"bubble", run.bubble[static_cast<std::size_t>(s)]}, {"theory", theory},
+                   {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
+  }
+}
+
+}  // namespace course::chapter08

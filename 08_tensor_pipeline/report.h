@@ -1,0 +1,18 @@
+// What chapter 08 reports beside its lesson: each stage's bubble and peak activations, and the last
+// step's timeline as a Chrome trace (with a PNG beside it).
+#pragma once
+#include <string>
+
+#include "08_tensor_pipeline/grid_training.h"
+#include "common/metrics/metrics.h"
+
+namespace course::chapter08 {
+
+// The last step of every stage as a Chrome trace (one row per stage), and as a PNG beside it.
+void write_timeline(const GridRun& run, const std::string& path, const std::string& label);
+// Each stage's bubble against (p-1)/(m+p-1) and its peak activations, logged and written as `event`.
+// `network`: ", simulated network: ..." when --sim-network is on, for every line that shows a time.
+void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
+                   const char* event, const std::string& network);
+
+}  // namespace course::chapter08
