@@ -1,0 +1,45 @@
+// Chapter 06's flags.
+#include "06_checkpoint_failover/options.h"
+
+#include "common/core/errors.h"
+
+namespace course::chapter06 {
+
+void add_options(CLI::App& app, Options& o) {
+  o.training = {200, 240, 1e-3f};
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_save_option(app, o.save);
+  cli::add_model_options(app, o.models);
+  cli::add_training_options(app, o.training, "Learning rate (Adam's; for the GPT, AdamW's peak)");
+  cli::add_mlp_options(app, o.mlp);
+  app.add_option("--ckpt-dir", o.ckpt_dir, "Folder of the checkpoints (rank 0 writes it)")->required();
+  app.add_option("--ckpt-every", o.ckpt_every, "Write a checkpoint every N steps (and at the end)")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(cli::PositiveInteger & CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the newest good checkpoint in --ckpt-dir");
+  app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)
+      ->capture_default_str();
+  cli::add_kill_options(app, o.kill, cli::kMaxSteps);
+  app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
+                                               "(Young's approximation)")
+      ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();
+  app.add_flag("--verify", o.verify, "Check every step in lock-step against one rank, and compare with the "
+                                     "uninterrupted run: bit-identical at an unchanged world size");
+  cli::add_fault_options(app, o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
+                                         {"repeat-batch", "the data goes back one batch"}});
+}
+
+void check_options(const CLI::App& app, Options& o) {
+  // Without --fault-from-step, the fault breaks the resume (the first step of a resumed run).
+  o.fault_step_given = app.count("--fault-from-step") > 0;
+  cli::check_fault_options(o.faults, o.training.steps);
+  if (o.fault_step_given && o.faults.from_step == 0 && o.faults.fault != "none")
+    throw UsageError("--fault-from-step: chapter 06's faults break what a step inherits from the one before (the "
+                     "optimizer's state, the place in the data), which step 0 has not; give 1 or more");
+}
+
+std::string recipe_of(const Options& o) { return o.models.model == "gpt" ? "adamw" : "adam"; }
+
+}  // namespace course::chapter06

@@ -1,0 +1,57 @@
+// What chapter 06 checks and reports beside its lesson: --verify's lock-step check against one rank
+// that restored the same checkpoint on its own, --fault's broken resume, each step's time and loss,
+// the checkpoints' cost and Young's interval, and at the end the checksums, the comparison with the
+// uninterrupted run (bit for bit at an unchanged world size), --save and the verdict.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "06_checkpoint_failover/options.h"
+#include "06_checkpoint_failover/trainer.h"
+#include "common/checkpoint/training_checkpoint.h"
+#include "common/cli/session.h"
+
+namespace course::chapter06 {
+
+class Diagnostics {
+ public:
+  Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task, const data::SampleStream& stream,
+              Trainer& trainer, std::int64_t global_batch);
+  // With --verify: restores a checkpoint the run resumes into the reference too; otherwise empty.
+  std::function<void(const checkpoint::Loaded&)> also_restore();
+  // Training starts (or resumes) at `start`: the lock-step check begins there.
+  void begin(const checkpoint::Start& start);
+  verify::Lockstep* lockstep() { return lockstep_.get(); }
+  // --fault, at the step it was asked for: the optimizer's state lost, or the data back one batch.
+  void break_if_asked(std::int64_t step, checkpoint::TrainingState& state);
+  void begin_step() { began_ = std::chrono::steady_clock::now(); }
+  // Logs the step; false when the loss is not finite (the run diverged and stops, nothing saved).
+  bool end_step(std::int64_t step, float loss);
+  void saved(const checkpoint::Saved& s);
+  // The report and the verdict: the exit code (0 passed, 1 failed).
+  int finish(const checkpoint::TrainingState& state);
+
+ private:
+  const Options& o_;
+  cli::Session& session_;
+  const nn::TrainingTask& task_;
+  const data::SampleStream& stream_;
+  Trainer& trainer_;
+  comm::Communicator& group_;
+  std::int64_t global_batch_;
+  std::shared_ptr<nn::Module> reference_;
+  std::unique_ptr<optim::Recipe> reference_recipe_;
+  std::unique_ptr<verify::Lockstep> lockstep_;
+  checkpoint::Start start_;
+  std::int64_t start_step_ = 0, fault_step_ = -1;
+  std::chrono::steady_clock::time_point began_;
+  double step_ms_ = 0, write_ms_ = 0, written_mb_ = 0;
+  std::int64_t timed_steps_ = 0;
+  int checkpoints_ = 0;
+  bool diverged_ = false;
+};
+
+}  // namespace course::chapter06

@@ -1,0 +1,81 @@
+// Chapter 06's data-parallel step and its optimizer.
+#include "06_checkpoint_failover/trainer.h"
+
+#include <sstream>
+
+#include "common/nn/gpt.h"
+#include "common/parallel/distributed_sampler.h"
+
+namespace course::chapter06 {
+namespace {
+
+// The step's averaged gradient against one rank's: every rank's share of the global batch that step
+// `step` must train on (at position step x global_batch, whatever the run's own bookkeeping says),
+// recomputed as that rank computed it.
+void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& task, const data::SampleStream& stream,
+                            std::int64_t step, std::int64_t global_batch, comm::Communicator& group,
+                            const nn::Module& model, float loss) {
+  const auto global = stream.take(step * global_batch, global_batch);
+  const int ranks = group.size();
+  check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
+                    [&](nn::Module& reference, std::size_t r) {
+                      Tensor l = task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                      l.backward();
+                      return l.item();
+                    });
+}
+
+}  // namespace
+
+checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& task, const nn::Module& model,
+                                     std::int64_t global_batch) {
+  std::ostringstream s;
+  if (o.models.model == "mlp") {
+    s << R"({"model":"mlp","features":)" << o.mlp.features << R"(,"hidden":)" << o.mlp.hidden << R"(,"layers":)" << o.mlp.layers
+      << R"(,"outputs":1,"activation":"relu")";
+  } else {
+    s << R"({"model":"gpt","gpt":)" << dynamic_cast<const nn::GPT&>(model).config().to_json()
+      << R"(,"schedule_steps":)" << o.training.steps;
+  }
+  s << R"(,"data":")" << task.description << R"("})";
+  return {s.str(), o.common.seed, global_batch, o.training.steps};
+}
+
+
+Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group) {
+  model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
+  ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
+  recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.training.lr, o.training.steps);
+}
+
+float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step,
+                    std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check) {
+  if (check) check->begin_step(step, *model);
+  auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
+  Tensor loss = task.loss(*model, share);
+  loss.backward();  // DDP averages the gradients across ranks
+  Tensor global = Tensor::from_host({loss.item()}, {1});
+  group.all_reduce(global, comm::ReduceOp::average);
+  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global.item());
+  const double norm = recipe->step(step);
+  if (check) check->check_update(step, norm);
+  return global.item();
+}
+
+void Trainer::lose_optimizer_moments() {
+  for (auto& [name, t] : recipe->optimizer().state()) {
+    Tensor moment = t;
+    moment.fill_(0.0f);
+  }
+}
+
+std::vector<float> Trainer::optimizer_state_to_host() const {
+  std::vector<float> all;
+  for (const auto& [name, t] : recipe->optimizer().state()) {
+    auto v = t.to_host();
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+}  // namespace course::chapter06
