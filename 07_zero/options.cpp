@@ -1,0 +1,62 @@
+// Chapter 07's flags.
+#include "07_zero/options.h"
+
+#include "common/core/errors.h"
+
+namespace course::chapter07 {
+
+void add_options(CLI::App& app, Options& o) {
+  o.training = {20, 240, 1e-3f};
+  o.mlp.samples = 4096;
+  o.mlp.layers = 8;
+  cli::add_common_options(app, o.common);
+  cli::add_distributed_options(app, o.distributed);
+  cli::add_model_options(app, o.models);
+  app.add_option("--stage", o.stage, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)")
+      ->check(CLI::Range(0, 3))->capture_default_str();
+  cli::add_training_options(app, o.training, "AdamW learning rate");
+  cli::add_mlp_options(app, o.mlp);
+  app.add_option("--accum", o.accum, "Micro-batches per step on each rank")->check(cli::PositiveInteger & CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--clip", o.clip, "Clip the gradient's global norm to this (0: off)")
+      ->check(cli::NonNegativeFinite)->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
+  app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
+      ->check(cli::PositiveFinite);
+  cli::add_save_option(app, o.save);
+  cli::add_sim_network_option(app, o.sim_network);
+  app.add_option("--ckpt-dir", o.ckpt_dir, "Write sharded checkpoints here (one file per rank and an index; on "
+                                           "storage every rank shares)");
+  app.add_option("--ckpt-every", o.ckpt_every, "A checkpoint every N steps (and at the end)")
+      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->capture_default_str();
+  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --ckpt-dir (same world size "
+                                     "and stage)");
+  app.add_option("--consolidate", o.consolidate, "Write the checkpoint in this step folder as one ordinary "
+                                                 "safetensors file (--save), without training");
+  app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
+  app.add_flag("--verify", o.verify, "Check every step in lock-step against the whole model: the averaged gradient, "
+                                     "the loss and the update");
+  app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
+  app.add_option("--charts", o.charts, "With --compare: draw PREFIX_memory.png and PREFIX_communication.png (python3 "
+                                       "with matplotlib)")
+      ->check(cli::OutputFile)->capture_default_str();
+  app.add_flag("--no-charts", o.no_charts, "With --compare: draw no charts");
+  cli::add_fault_options(app, o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
+  cli::add_kill_options(app, o.kill, cli::kMaxSteps);
+}
+
+void check_options(const Options& o) {
+  if (o.resume && o.ckpt_dir.empty()) throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
+  cli::check_fault_options(o.faults, o.training.steps);
+  if (o.kill.at_step >= 0 && o.ckpt_dir.empty())
+    throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
+  if (o.compare && (!o.ckpt_dir.empty() || !o.save.empty()))
+    throw UsageError(std::string(o.ckpt_dir.empty() ? "--save" : "--ckpt-dir") +
+                     ": checkpoints are of one stage's run; leave out --compare");
+}
+
+void check_options(const Options& o, int ranks) {
+  cli::check_kill_options(o.kill, o.training.steps, o.ckpt_every, ranks, /*only_rank0_writes=*/false);
+}
+
+}  // namespace course::chapter07

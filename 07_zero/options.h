@@ -1,0 +1,45 @@
+// Chapter 07's flags: the shared groups (common/cli) and the chapter's own.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "common/cli/cli.h"
+#include "common/cli/kill_options.h"
+#include "common/cli/model_options.h"
+#include "common/cli/training_options.h"
+
+namespace course::chapter07 {
+
+struct Options {
+  cli::CommonOptions common;
+  cli::DistributedOptions distributed;
+  cli::TrainingOptions training;  // --steps 20, --global-batch 240, --lr 1e-3
+  cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
+  cli::MlpOptions mlp;            // 8 hidden layers of 256, so that model states dominate and units are small
+  int stage = 3;
+  int accum = 1;
+  double clip = 1.0;
+  int log_every = 5;
+  bool verify = false, compare = false, prefetch = false;
+  double mem_limit_mb = 0;
+  cli::FaultOptions faults;      // --fault, --fault-from-step
+  cli::KillOptions kill;         // --fail-at-step: a rank killed on purpose, in the checkpointed run
+  std::string ckpt_dir;          // sharded checkpoints of the chosen stage's run
+  std::int64_t ckpt_every = 10;
+  int keep = 2;
+  bool resume = false;
+  std::string save;              // the final parameters, consolidated into one ordinary file
+  std::string consolidate;       // a step folder to consolidate into --save, without training
+  std::string sim_network;       // ALPHA_US,GBPS
+  std::string charts = "zero";   // --compare draws PREFIX_memory.png and PREFIX_communication.png
+  bool no_charts = false;
+};
+
+void add_options(CLI::App& app, Options& o);
+// What the flags cannot check one by one, before and after the world is known; throws UsageError
+// naming the flag.
+void check_options(const Options& o);
+void check_options(const Options& o, int ranks);
+
+}  // namespace course::chapter07

@@ -1,0 +1,61 @@
+// What chapter 07 measures and reports beside its lesson: each stage's model states against the ZeRO
+// paper's formulas and its bytes on the wire against the ring's, the lock-step verdict, the final
+// parameters saved as one ordinary file, --consolidate, and --compare's charts.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "07_zero/options.h"
+#include "common/core/memory.h"
+#include "common/metrics/metrics.h"
+#include "common/nn/module.h"
+#include "common/parallel/zero.h"
+#include "common/verify/lockstep.h"
+
+namespace course::chapter07 {
+
+struct StageRun {
+  int stage = 0;
+  bool prefetch = false;        // stage 3 gathered the next unit ahead
+  std::int64_t first_step = 0;  // above 0 when resumed: losses[i] is step first_step + i
+  std::vector<float> losses, parameters;
+  double psi = 0;
+  std::int64_t params_bytes = 0, grads_bytes = 0, adam_bytes = 0;  // model states held after a step
+  std::int64_t peak_activations = 0, peak_communication = 0;
+  std::int64_t ring_bytes = 0;  // per step, as a ring sends it
+  std::uint64_t checksum = 0;   // of the final parameters
+  nlohmann::json record;        // the zero_stage metric
+  double step_ms = 0;           // without the verification's own work
+  verify::LockstepSummary check;
+};
+
+// The model states per rank, by the ZeRO paper's formulas for float32 AdamW (bytes).
+struct Formula {
+  double params, grads, adam;
+  double total() const { return params + grads + adam; }
+};
+Formula formula(int stage, double psi, int n);
+// The bytes each rank sends per step, as a ring sends them: 2 psi (reduce-scatter and all-gather, or
+// an all-reduce), 3 psi at stage 3 (the parameters gathered in forward and again in backward).
+double ring_theory(int stage, double psi, int n);
+
+
+// After a stage's run: the model states it holds (`after` against `before`, both taken outside
+// anything the report gathers), its peaks, its checksum and the "zero_stage" metric, into `run`, whose
+// `parameters` are the final ones, gathered whole.
+void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after, int ranks,
+             const std::string& sim_network, metrics::MetricsWriter& metrics);
+// --save: rank 0 writes the gathered parameters under `model`'s names and shapes. Collective-free.
+void save_gathered(const Options& o, const StageRun& run, const nn::Module& model, comm::Communicator& group);
+void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network);
+// The lock-step verdict of one stage's run, in one line; true when it passed.
+bool report_check(const StageRun& run);
+// --consolidate STEP_DIR --save FILE: the shards of a checkpoint as one ordinary safetensors file.
+int consolidate(const Options& o);
+// --compare: PREFIX_memory.png and PREFIX_communication.png, through scripts/plot.py (rank 0).
+void draw_compare_charts(const Options& o, const std::vector<StageRun>& runs, comm::Communicator& group);
+
+}  // namespace course::chapter07

@@ -1,0 +1,74 @@
+// The lock-step check of a ZeRO run against the whole model.
+#include "07_zero/verify_zero.h"
+
+#include "common/core/memory.h"
+#include "common/data/sampling.h"
+#include "common/ops/ops.h"
+
+namespace course::chapter07 {
+
+ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero, const parallel::ZeroOptions& options,
+                     const parallel::DistributedSampler& sampler, comm::Communicator& group, std::uint64_t seed,
+                     std::int64_t global_batch, int accum, std::int64_t first_step)
+    : task_(task), zero_(zero), sampler_(sampler), global_batch_(global_batch), accum_(accum) {
+  reference_ = verify::make_reference([&] { return task.make_model(seed); });
+  adam_ = std::make_unique<optim::Adam>(optim::weight_decay_groups(reference_->parameters(), options.weight_decay),
+                                        options.lr, options.beta1, options.beta2, options.eps, true);
+  if (first_step > 0) start_from_resumed();
+  check_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t) {
+    adam_->step();
+    adam_->zero_grad();
+  }, &group, options.max_grad_norm);
+}
+
+void ZeroCheck::check_gradient(std::int64_t step, float loss) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);  // the gathered copies are the check's
+  const int ranks = sampler_.num_replicas();
+  const std::int64_t local_batch = global_batch_ / ranks;
+  const auto global = sampler_.global_batch(step, local_batch);
+  const auto micro_of = [&](int rank) {
+    return data::split_batches(parallel::DistributedSampler::share_of(global, rank, ranks),
+                               (local_batch + accum_ - 1) / accum_);
+  };
+  const std::size_t per_rank = micro_of(0).size();
+  // Part i is micro-batch i / ranks of rank i % ranks, so each rank recomputes its own.
+  check_->check_parts(step, zero_.full_gradients(), loss, per_rank * static_cast<std::size_t>(ranks), 1.0 / ranks,
+                    [&](nn::Module& reference, std::size_t i) {
+                      const int rank = static_cast<int>(i % static_cast<std::size_t>(ranks));
+                      const auto micro = micro_of(rank);
+                      const auto& batch = micro[i / static_cast<std::size_t>(ranks)];
+                      const auto share = parallel::DistributedSampler::share_of(global, rank, ranks);
+                      Tensor l = scale(task_.loss(reference, batch),
+                                       static_cast<float>(batch.size()) / static_cast<float>(share.size()));
+                      l.backward();
+                      return l.item();
+                    });
+}
+
+void ZeroCheck::start_from_resumed() {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  reference_->load_parameters_from_host(zero_.full_parameters());
+  const auto state = zero_.full_optimizer_state();
+  // The run's moments are in registration order; the reference's AdamW holds its parameters group by group.
+  const auto order = reference_->parameters();
+  std::vector<std::pair<std::string, Tensor>> named;
+  const auto& params = adam_->params();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    std::size_t offset = 0;
+    for (const Tensor& p : order) {
+      if (p.impl() == params[k].impl()) break;
+      offset += static_cast<std::size_t>(p.numel());
+    }
+    const auto n = static_cast<long>(params[k].numel());
+    const auto at = static_cast<long>(offset);
+    named.emplace_back(std::to_string(k) + ".exp_avg",
+                       Tensor::from_host({state.exp_avg.begin() + at, state.exp_avg.begin() + at + n}, params[k].shape(),
+                                         params[k].device()));
+    named.emplace_back(std::to_string(k) + ".exp_avg_sq",
+                       Tensor::from_host({state.exp_avg_sq.begin() + at, state.exp_avg_sq.begin() + at + n},
+                                         params[k].shape(), params[k].device()));
+  }
+  adam_->load_state(named, zero_.steps_taken());
+}
+
+}  // namespace course::chapter07

@@ -1,0 +1,45 @@
+// --verify for ZeRO: the whole model beside the sharded run, in lock-step (common/verify/lockstep.h).
+// Every rank holds the whole model, and rank 0 the AdamW that ZeroOptimizer runs on its shards (the
+// same arithmetic, element by element), so it repeats every update. Each step the run's parameters
+// (gathered from the shards) must be the ones predicted, its averaged gradient (gathered too) the
+// whole model's over the global batch, which the ranks recompute micro-batch by micro-batch as they
+// computed it, and its update AdamW's, bit for bit. After a resume it starts from the resumed state.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "common/nn/tasks.h"
+#include "common/optim/optimizer.h"
+#include "common/parallel/distributed_sampler.h"
+#include "common/parallel/zero.h"
+#include "common/verify/lockstep.h"
+
+namespace course::chapter07 {
+
+class ZeroCheck {
+ public:
+  // `first_step` above 0: the run resumed there, and the reference takes the run's resumed state.
+  ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero, const parallel::ZeroOptions& options,
+            const parallel::DistributedSampler& sampler, comm::Communicator& group, std::uint64_t seed,
+            std::int64_t global_batch, int accum, std::int64_t first_step);
+  void begin_step(std::int64_t step) { check_->begin_step(step, zero_.full_parameters()); }
+  // After reduce_gradients, before apply: the averaged gradient and the loss. Collective.
+  void check_gradient(std::int64_t step, float loss);
+  // After apply: the update (`norm`: the one the run clipped by).
+  void check_update(std::int64_t step, double norm) { check_->check_update(step, norm); }
+  verify::LockstepSummary finish(const std::vector<float>& final_parameters) { return check_->finish(final_parameters); }
+
+ private:
+  void start_from_resumed();
+
+  const nn::TrainingTask& task_;
+  parallel::ZeroOptimizer& zero_;
+  const parallel::DistributedSampler& sampler_;
+  std::int64_t global_batch_;
+  int accum_;
+  std::shared_ptr<nn::Module> reference_;
+  std::unique_ptr<optim::Adam> adam_;
+  std::unique_ptr<verify::Lockstep> check_;
+};
+
+}  // namespace course::chapter07
