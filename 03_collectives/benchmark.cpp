@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/comm/algorithms.h"
 #include "common/core/log.h"
 #include "common/metrics/timer.h"
@@ -92,9 +93,7 @@ std::vector<Case> cases(comm::Communicator& c, int root) {
 }
 
 double max_over_ranks(comm::Communicator& c, double seconds) {
-  Tensor t = Tensor::from_host({static_cast<float>(seconds)}, {1});
-  c.all_reduce(t, comm::ReduceOp::max);
-  return t.item();
+  return comm::all_reduce_scalar(c, static_cast<float>(seconds), comm::ReduceOp::max);
 }
 
 }  // namespace
@@ -200,9 +199,7 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
         const std::size_t each = k.layout == Layout::gather ? in_n : out_n;
         for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != expected(k, i, me, n, o.root, each);
       }
-      Tensor w = Tensor::from_host({static_cast<float>(wrong)}, {1});
-      c.all_reduce(w);
-      wrong = static_cast<long>(w.item());
+      wrong = static_cast<long>(comm::all_reduce_scalar(c, static_cast<float>(wrong), comm::ReduceOp::sum));
       total_wrong += wrong;
       const double time = max_over_ranks(c, seconds / o.iters);
       const double sized = static_cast<double>(std::max(in_n, out_n) * 4);

@@ -3,14 +3,16 @@
 // layout of nccl-tests: every hand-written algorithm (naive, binomial tree, ring) beside the
 // library's own call, each result checked, with an alpha-beta model's prediction beside the time.
 //
-// The algorithms are the lesson; read them beside this file, in common/comm/algorithms.cpp (one
-// copy, which later chapters reuse): naive_broadcast and naive_reduce (the root talks to every peer
+// The algorithms are the lesson; read them beside this file, in common/comm/algorithms.cpp (one copy,
+// tested in tests/comm_test.cpp; later chapters call the library's collectives, which these teach):
+// naive_broadcast and naive_reduce (the root talks to every peer
 // in turn), tree_broadcast and tree_reduce (a binomial tree: ceil(log2 n) rounds), and the ring:
 // ring_reduce_scatter, ring_all_gather, and ring_all_reduce, which is the first followed by the second.
 #include <cstdlib>
 #include <sstream>
 
 #include "benchmark.h"                // the nccl-tests style harness and the alpha-beta fit
+#include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/cli/cli.h"           // common flags, validators, exit codes
 #include "common/cli/limits.h"        // refuse what cannot fit in memory
 #include "common/cli/session.h"       // device, world and metrics, set up once
@@ -52,9 +54,7 @@ bool demonstrate(comm::Communicator& c, Device device) {
   const float total = static_cast<float>(n * (n + 1) / 2);
   bool ok = true;
   auto check = [&](const char* name, const Tensor& t, const std::vector<float>& expected) {
-    Tensor bad = Tensor::from_host({t.to_host() == expected ? 0.0f : 1.0f}, {1});
-    c.all_reduce(bad);
-    bool good = bad.item() == 0.0f;
+    const bool good = comm::all_reduce_scalar(c, t.to_host() == expected ? 0.0f : 1.0f, comm::ReduceOp::sum) == 0.0f;
     log("    %s: %s\n", name, good ? "correct" : "WRONG");
     ok = ok && good;
   };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/checkpoint/parameters.h"
 #include "common/cli/model_options.h"
 #include "common/core/log.h"
@@ -44,9 +45,7 @@ void Diagnostics::begin_step(std::int64_t step) {
 void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double communication_ms) {
   step_ms_ = ms_since(began_);
   step_comm_ms_ = communication_ms;
-  Tensor loss = Tensor::from_host({local_loss}, {1});  // the global batch's loss: the ranks' mean
-  group_.all_reduce(loss, comm::ReduceOp::average);
-  global_loss_ = loss.item();
+  global_loss_ = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);  // the global batch's
   if (lockstep_) {
     // The reference: each rank's share of the global batch (positions r, r+R, ...) recomputed from the
     // global batch as that rank computed it, and averaged exactly.

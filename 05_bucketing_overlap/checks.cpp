@@ -1,6 +1,8 @@
 // Chapter 05's lock-step check and its bucket faults.
 #include "05_bucketing_overlap/checks.h"
 
+#include "common/comm/agree.h"  // all_reduce_scalar
+
 namespace course::chapter05 {
 
 StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
@@ -25,11 +27,10 @@ void StepChecks::begin_step(std::int64_t step, const nn::Module& model) {
 
 void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, float local_loss) {
   if (!lockstep_) return;
-  Tensor global_loss = Tensor::from_host({local_loss}, {1});
-  group_.all_reduce(global_loss, comm::ReduceOp::average);
+  const float global_loss = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);
   const int ranks = group_.size();
   const auto global = sampler_.global_batch(step, local_batch_);
-  lockstep_->check_parts(step, model, global_loss.item(), static_cast<std::size_t>(ranks), 1.0 / ranks,
+  lockstep_->check_parts(step, model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                          [&](nn::Module& reference, std::size_t r) {
                            const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                            Tensor l = task_.loss(reference, theirs);

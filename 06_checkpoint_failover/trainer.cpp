@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/nn/gpt.h"
 #include "common/parallel/distributed_sampler.h"
 
@@ -54,12 +55,11 @@ float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stre
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
   Tensor loss = task.loss(*model, share);
   loss.backward();  // DDP averages the gradients across ranks
-  Tensor global = Tensor::from_host({loss.item()}, {1});
-  group.all_reduce(global, comm::ReduceOp::average);
-  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global.item());
+  const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
+  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global);
   const double norm = recipe->step(step);
   if (check) check->check_update(step, norm);
-  return global.item();
+  return global;
 }
 
 void Trainer::lose_optimizer_moments() {

@@ -15,6 +15,7 @@
 #include "07_zero/options.h"                     // the chapter's flags
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards
+#include "common/comm/agree.h"                   // all_reduce_scalar: the ranks' mean loss
 #include "common/checkpoint/resume.h"            // prepare_checkpoint_folder
 #include "common/checkpoint/sharded.h"           // ShardedFolder: one file per rank and an index
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
@@ -105,15 +106,14 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
       loss.backward();  // stages 2 and 3 reduce-scatter each unit's gradients as soon as they are complete
     }
     zero.reduce_gradients();  // stage 0 all-reduces; stages 1-3 reduce-scatter, each rank keeping its part
-    Tensor loss = Tensor::from_host({static_cast<float>(local_loss)}, {1});
-    group.all_reduce(loss, comm::ReduceOp::average);
-    if (check) checking([&] { check->check_gradient(step, loss.item()); });
+    const float loss = comm::all_reduce_scalar(group, static_cast<float>(local_loss), comm::ReduceOp::average);
+    if (check) checking([&] { check->check_gradient(step, loss); });
     const double norm = zero.apply();  // clip, AdamW on this rank's part, all-gather the parameters
     if (check) checking([&] { check->check_update(step, norm); });
     zero.zero_grad();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count() - checking_ms;
     if (step > 0 || o.training.steps == 1) total_ms += ms;
-    run.losses.push_back(loss.item());
+    run.losses.push_back(loss);
     if (step == 0) run.ring_bytes = zero.ring_bytes_last_step();
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);

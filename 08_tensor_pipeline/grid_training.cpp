@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 
+#include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/autograd/autograd.h"              // NoGradGuard, for clipping
 #include "common/comm/faults.h"                    // --fault skip-tp-all-reduce
 #include "common/core/errors.h"
@@ -31,46 +32,23 @@ ChapterTask make_task(const Options& o, Device device) {
   return t;
 }
 
-Trainer::Trainer(const std::vector<Tensor>& params, const Options& o) {
-  adam = std::make_unique<optim::Adam>(optim::weight_decay_groups(params, 0.1f), o.lr, 0.9f, 0.95f, 1e-8f, true);
-  const std::int64_t warmup = std::min<std::int64_t>(100, o.steps / 10);
-  if (o.steps > warmup) schedule = optim::warmup_cosine(o.lr, warmup, o.steps, o.lr / 10);
-}
-
-void Trainer::step(std::int64_t step) {
-  if (schedule) adam->set_lr(schedule->lr_at(step));
-  adam->step();
-  adam->zero_grad();
-}
-
 bool counts_once(const GridRun& run, parallel::Topology& topology, const std::string& name) {
   const bool tied_copy = run.stage && name == "transformer.wte.weight" && run.stage->is_last() && !run.stage->is_first();
   return (topology.tp_size() == 1 || run.model->is_split(name) || topology.tp_rank() == 0) && !tied_copy;
 }
 
-// Over the whole model, which no rank holds: each rank sums the squares
-// of the parts that count once (counts_once), the sums are added over the TP group and then the
-// pipeline, and every rank scales its gradients by the same factor (optim::clip_coefficient). Replicas
-// agree after the DP average, so each computes the same norm. Returns it.
+// optim::clip_grad_norm_ over the whole model, which no rank holds: each rank counts the parts that
+// count once (counts_once), the sums are added over the TP group and then the pipeline, and every rank
+// scales its gradients by the same factor. Replicas agree after the DP average, so each computes the
+// same norm. Returns it.
 double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
-  double squares = 0;
+  std::vector<Tensor> counted, all;
   for (const auto& [name, p] : run.model->named_parameters()) {
-    if (!counts_once(run, topology, name) || !p.grad().defined()) continue;
-    for (float g : p.grad().to_host()) squares += static_cast<double>(g) * g;
+    if (!p.grad().defined()) continue;
+    all.push_back(p.grad());
+    if (counts_once(run, topology, name)) counted.push_back(p.grad());
   }
-  Tensor total = Tensor::from_host({static_cast<float>(squares)}, {1});
-  if (topology.tp_size() > 1) topology.tp_group().all_reduce(total, comm::ReduceOp::sum);
-  if (topology.pp_size() > 1) topology.pp_group().all_reduce(total, comm::ReduceOp::sum);
-  const double norm = std::sqrt(static_cast<double>(total.item()));
-  const float coefficient = optim::clip_coefficient(norm, max_norm);
-  if (coefficient != 1.0f)
-    for (const Tensor& p : run.model->parameters()) {
-      if (!p.grad().defined()) continue;
-      Tensor g = p.grad();
-      autograd::NoGradGuard no_grad;
-      g.copy_from(scale(g, coefficient));
-    }
-  return norm;
+  return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()});
 }
 
 GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
@@ -201,9 +179,8 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
   Tensor all = Tensor::from_host(mine, {static_cast<std::int64_t>(mine.size())});
   topology.world().all_reduce(all, comm::ReduceOp::sum);
   const auto v = all.to_host();
-  Tensor slowest = Tensor::from_host({static_cast<float>(whole_ms_ / static_cast<double>(std::max<std::int64_t>(1, steps_ - 1)))}, {1});
-  topology.world().all_reduce(slowest, comm::ReduceOp::max);
-  run.step_ms = slowest.item();
+  const double mean_ms = whole_ms_ / static_cast<double>(std::max<std::int64_t>(1, steps_ - 1));
+  run.step_ms = comm::all_reduce_scalar(topology.world(), static_cast<float>(mean_ms), comm::ReduceOp::max);  // the slowest
   run.timeline.assign(static_cast<std::size_t>(p), {});
   for (int s = 0; s < p; ++s) {
     const float* at = v.data() + per_stage * static_cast<std::size_t>(s);

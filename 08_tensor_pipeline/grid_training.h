@@ -11,8 +11,7 @@
 #include "08_tensor_pipeline/options.h"
 #include "common/metrics/metrics.h"
 #include "common/nn/tasks.h"
-#include "common/optim/lr_scheduler.h"
-#include "common/optim/optimizer.h"
+#include "common/optim/recipe.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
@@ -30,14 +29,6 @@ struct ChapterTask {
 };
 ChapterTask make_task(const Options& o, Device device);
 
-// AdamW as GPT-2 trains (betas 0.9, 0.95; decay on matrices and embeddings only) with warm-up and
-// cosine decay; the gradient is clipped to --clip by the caller, who knows how it is split.
-struct Trainer {
-  std::unique_ptr<optim::Adam> adam;
-  std::shared_ptr<optim::LRScheduler> schedule;
-  Trainer(const std::vector<Tensor>& params, const Options& o);
-  void step(std::int64_t step);
-};
 
 // One training run on the grid with `m` micro-batches and `schedule`, and what it measured: every
 // step's loss (the global batch's), and for each stage (gathered on every rank) its bubble, its peak

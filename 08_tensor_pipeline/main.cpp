@@ -12,6 +12,7 @@
 #include "08_tensor_pipeline/options.h"            // the chapter's flags
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
 #include "08_tensor_pipeline/verify_grid.h"        // --verify
+#include "common/comm/agree.h"                     // all_reduce_scalar: the replicas' mean loss
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
@@ -38,7 +39,8 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
   // every micro-batch has the same size; each replica takes its share.
   data::SampleStream stream(task.task.size, o.common.seed);
-  Trainer trainer(run.model->parameters(), o);  // AdamW, warm-up and cosine decay, as GPT-2
+  // AdamW, warm-up and cosine decay, as GPT-2 trains (the course's adamw recipe); the clip is the grid's own.
+  optim::Recipe training("adamw", run.model->parameters(), o.lr, o.steps);
   StepFigures figures(o.steps);
   for (step = 0; step < o.steps; ++step) {
     figures.begin_step();
@@ -53,15 +55,14 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // 2. What the split left to add up, in Megatron-LM's finalize_model_grads order: the sequence-
     //    parallel sums over TP, then the tied table's two halves across the pipeline.
     parallel::finish_gradients(*run.model, {!o.faults.at("skip-sp-sum", step), !o.faults.at("skip-tied-exchange", step)});
-    Tensor loss = Tensor::from_host({result.loss}, {1});  // the global batch's: the replicas' mean
-    topology.dp_group().all_reduce(loss, comm::ReduceOp::average);
-    if (check) figures.apart([&] { check->check_gradient(step, loss.item()); });
+    const float loss = comm::all_reduce_scalar(topology.dp_group(), result.loss, comm::ReduceOp::average);  // the replicas' mean
+    if (check) figures.apart([&] { check->check_gradient(step, loss); });
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step.
     const double norm = o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : 0.0;
-    trainer.step(step);
+    training.update(step);
     if (check) figures.apart([&] { check->check_update(step, norm); });
     figures.end_step(step, result);
-    run.losses.push_back(loss.item());
+    run.losses.push_back(loss);
     if (metrics && (step % o.log_every == 0 || step + 1 == o.steps)) {
       log("step %4lld  loss %.6f\n", static_cast<long long>(step), run.losses.back());
       metrics->write({{"event", "step"}, {"step", step}, {"loss", run.losses.back()}});

@@ -11,14 +11,14 @@ namespace course::chapter08 {
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
     : o_(o), task_(task), topology_(topology), stream_(task.task.size, o.common.seed) {
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
-  trainer_ = std::make_unique<Trainer>(reference_->parameters(), o);
+  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.lr, o.steps);
   // One copy of every element: the first replica's, the TP rank's that holds it (TP rank 0 for what
   // every TP rank holds whole), the first stage's tied table.
   gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
                                                          [&](const std::string& name) {
                                                            return topology.dp_rank() == 0 && counts_once(run, topology, name);
                                                          });
-  lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->step(step); },
+  lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);
 }
 

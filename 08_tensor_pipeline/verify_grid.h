@@ -28,7 +28,7 @@ class GridCheck {
   parallel::Topology& topology_;
   data::SampleStream stream_;  // the reference's own copy of the sample order
   std::shared_ptr<nn::Module> reference_;
-  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe
   std::unique_ptr<parallel::WholeModelGather> gather_;
   std::unique_ptr<verify::Lockstep> lockstep_;
 };

@@ -2,10 +2,14 @@
 // Inputs are small integers in float, so every sum is exact and results are compared exactly.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
 #include <thread>
 
+#include "common/comm/agree.h"
 #include "common/comm/algorithms.h"
+#include "common/comm/simulated_network.h"
+#include "common/core/errors.h"
 #include "common/kernels/kernels.h"
 #include "common/ops/ops.h"
 #include "support/mpi_main.h"
@@ -204,6 +208,62 @@ TEST(Communicator, SplitMakesIndependentGroups) {
   Tensor w = Tensor::ones({2});
   algo::ring_all_reduce(*group, w);  // the hand-written ring works on a sub-communicator too
   EXPECT_EQ(w.to_host(), std::vector<float>(2, static_cast<float>(members)));
+}
+
+// The alpha-beta model's times, by hand: a ring all-reduce sends 2(n-1)/n of the bytes in 2(n-1)
+// messages; all-gather and reduce-scatter half of that; a point-to-point message the bytes once.
+TEST(SimulatedNetwork, TheModelIsTheRingsAlphaBeta) {
+  const comm::NetworkModel m = comm::parse_network("10,1.25");  // 10 us, 1.25 GB/s: 10 GbE
+  EXPECT_EQ(m.alpha_us, 10);
+  EXPECT_EQ(m.gbps, 1.25);
+  const double bytes = 1e6, alpha = 10e-6, beta = 1 / 1.25e9;
+  EXPECT_DOUBLE_EQ(m.seconds(comm::OpKind::all_reduce, bytes, 4), 6 * alpha + 1.5 * bytes * beta);
+  EXPECT_DOUBLE_EQ(m.seconds(comm::OpKind::all_gather, bytes, 4), 3 * alpha + 0.75 * bytes * beta);
+  EXPECT_DOUBLE_EQ(m.seconds(comm::OpKind::reduce_scatter, bytes, 2), alpha + 0.5 * bytes * beta);
+  EXPECT_DOUBLE_EQ(m.seconds(comm::OpKind::send, bytes, 2), alpha + bytes * beta);
+  EXPECT_EQ(m.seconds(comm::OpKind::all_reduce, bytes, 1), 0.0);  // one rank sends nothing
+  EXPECT_EQ(comm::describe(m), "alpha 10 us, 1.25 GB/s");
+  for (const char* bad : {"", "10", "10;1", "10,0", "-1,1", "10,nan", "10,1,2", "1e7,1", "fast"})
+    EXPECT_THROW(comm::parse_network(bad), UsageError) << bad;
+}
+
+// Under the decorator the arithmetic is the inner communicator's, untouched, and the time is at least
+// the model's; the link carries one message at a time, so two all-reduces in flight take both times.
+TEST(SimulatedNetwork, SameResultsAtLeastTheModelsTimeOneMessageAtATime) {
+  const comm::NetworkModel m{2000, 1};  // 2 ms per message: long beside the real transfer here
+  auto simulated = comm::simulate_network(world().split(0, world().rank()), m);
+  EXPECT_NE(simulated->backend_name().find("simulated network"), std::string::npos);
+  const int n = world().size();
+  Tensor a = rank_tensor(1000, world().rank()), b = rank_tensor(1000, world().rank()), expected = a.clone();
+  world().all_reduce(expected);
+  const double each = m.seconds(comm::OpKind::all_reduce, 4000, n);
+  const auto begin = std::chrono::steady_clock::now();
+  auto first = simulated->all_reduce_async(a, ReduceOp::sum);
+  auto second = simulated->all_reduce_async(b, ReduceOp::sum);
+  first->wait();
+  second->wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_EQ(a.to_host(), expected.to_host());
+  EXPECT_EQ(b.to_host(), expected.to_host());
+  EXPECT_GE(seconds, 2 * each * 0.999) << "the two messages overlapped on the simulated link";
+  auto half = simulated->split(world().rank() % 2, world().rank());  // a split group is simulated too
+  EXPECT_NE(half->backend_name().find("simulated network"), std::string::npos);
+}
+
+// One number, one string and one failure, agreed by every rank.
+TEST(Agree, ScalarsStringsAndTheFirstError) {
+  const int me = world().rank(), n = world().size();
+  EXPECT_EQ(comm::all_reduce_scalar(world(), static_cast<float>(me), ReduceOp::max), static_cast<float>(n - 1));
+  EXPECT_EQ(comm::all_reduce_scalar(world(), 1.0f, ReduceOp::sum), static_cast<float>(n));
+  std::string text = me == n - 1 ? std::string("from the last rank, \0 and all", 31) : "";
+  comm::broadcast_string(world(), text, n - 1);
+  EXPECT_EQ(text, std::string("from the last rank, \0 and all", 31));
+  EXPECT_FALSE(comm::first_error(world(), "").any());
+  // Ranks 1 and up fail, each with its own message: every rank learns rank 1's.
+  const auto first = comm::first_error(world(), me >= 1 ? "rank " + std::to_string(me) + " failed" : "");
+  EXPECT_TRUE(first.any());
+  EXPECT_EQ(first.rank, 1);
+  EXPECT_EQ(first.message, "rank 1 failed");
 }
 
 TEST(Communicator, RejectsBadArguments) {

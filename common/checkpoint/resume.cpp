@@ -7,33 +7,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/comm/agree.h"
 #include "common/core/errors.h"
 #include "common/core/log.h"
 
 namespace course::checkpoint {
-
-void broadcast_string(comm::Communicator& group, std::string& text, int root) {
-  // The length first (64 bits in two float slots), then the bytes, four to a float. Broadcasts copy
-  // bits and never compute with them, so any pattern (even a NaN's) arrives unchanged.
-  std::vector<float> length(2, 0.0f);
-  const std::uint64_t n = text.size();
-  std::memcpy(length.data(), &n, sizeof n);
-  Tensor length_tensor = Tensor::from_host(length, {2});
-  group.broadcast(length_tensor, root);
-  std::uint64_t received = 0;
-  const auto length_values = length_tensor.to_host();
-  std::memcpy(&received, length_values.data(), sizeof received);
-  std::vector<float> packed((received + 3) / 4, 0.0f);
-  if (group.rank() == root && received) std::memcpy(packed.data(), text.data(), received);
-  if (packed.empty()) {
-    text.clear();
-    return;
-  }
-  Tensor bytes = Tensor::from_host(packed, {static_cast<std::int64_t>(packed.size())});
-  group.broadcast(bytes, root);
-  const auto values = bytes.to_host();
-  text.assign(reinterpret_cast<const char*>(values.data()), received);
-}
 
 std::optional<Resumed> load_latest_good(comm::Communicator& group, const CheckpointFolder& folder,
                                         const std::function<void(const std::string&, const Loaded&)>& check,
@@ -68,7 +46,7 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
     }
     summary = s.dump();
   }
-  broadcast_string(group, summary, 0);
+  comm::broadcast_string(group, summary, 0);
   const auto s = nlohmann::json::parse(summary);
   if (!s["ok"].get<bool>()) {
     if (why) *why = s["why"].get<std::string>();
@@ -119,7 +97,7 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
         error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
     }
   }
-  broadcast_string(group, error, 0);
+  comm::broadcast_string(group, error, 0);
   if (!error.empty()) throw UsageError(error);
 }
 

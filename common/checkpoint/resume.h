@@ -33,7 +33,4 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
                                const std::function<std::vector<std::string>()>& remove_partial,
                                const std::function<bool()>& holds);
 
-// Sends `text` from `root` to every rank of `group` (any bytes; floats carry them bit for bit).
-void broadcast_string(comm::Communicator& group, std::string& text, int root);
-
 }  // namespace course::checkpoint

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "common/checkpoint/resume.h"  // broadcast_string
+#include "common/comm/agree.h"         // broadcast_string, first_error
 
 namespace course::checkpoint {
 namespace fs = std::filesystem;
@@ -25,16 +25,10 @@ std::int64_t step_of_folder(const std::string& name) {
   return std::stoll(digits);
 }
 
-// Every rank learns whether any failed; all then throw the lowest failing rank's message. That rank is
-// the maximum of -rank over the failing ranks (the others offer -size, which loses to any of them).
+// Every rank learns whether any failed; all then throw the lowest failing rank's message.
 void agree(comm::Communicator& group, const std::string& my_error) {
-  Tensor lowest = Tensor::from_host({-static_cast<float>(my_error.empty() ? group.size() : group.rank())}, {1});
-  group.all_reduce(lowest, comm::ReduceOp::max);
-  const int first = static_cast<int>(-lowest.item());
-  if (first == group.size()) return;
-  std::string message = my_error;
-  broadcast_string(group, message, first);
-  throw CheckpointError(message);
+  const comm::FirstError first = comm::first_error(group, my_error);
+  if (first.any()) throw CheckpointError(first.message);
 }
 
 // A checksum (16 hex digits, 64 bits) as four 16-bit values, each exact in a float, for a collective.
@@ -73,18 +67,6 @@ std::string read_text(const std::string& path) {
 }
 
 }  // namespace
-
-nlohmann::json describe_layout(const parallel::FlatLayout& layout, const nn::Module& model) {
-  nlohmann::json units = nlohmann::json::array(), params = nlohmann::json::array();
-  for (const auto& u : layout.units())
-    units.push_back({{"offset", u.offset}, {"padded", u.padded}, {"part", u.part}, {"shard_offset", u.shard_offset}});
-  const auto named = model.named_parameters();
-  for (std::size_t i = 0; i < named.size(); ++i)
-    params.push_back({{"name", named[i].first}, {"shape", named[i].second.shape()}, {"offset", layout.offset_of(i)},
-                      {"unit", layout.unit_of(i)}});
-  return {{"shards", layout.shards()}, {"padded", layout.padded()}, {"shard", layout.shard()}, {"units", units},
-          {"parameters", params}};
-}
 
 ShardedFolder::ShardedFolder(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
   if (keep < 1) throw std::invalid_argument("ShardedFolder: keep " + std::to_string(keep) + " must be at least 1");
@@ -128,7 +110,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
     fs::create_directories(folder, e);
     if (e) error = folder + ": cannot be created (" + e.message() + ")";
   }
-  broadcast_string(group, error, 0);
+  comm::broadcast_string(group, error, 0);
   if (!error.empty()) throw CheckpointError(error);
 
   std::size_t bytes = 0;
@@ -176,7 +158,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
       error = e.what();
     }
   }
-  broadcast_string(group, error, 0);
+  comm::broadcast_string(group, error, 0);
   if (!error.empty()) throw CheckpointError(error);
   return bytes;
 }

@@ -19,12 +19,8 @@
 #include "common/checkpoint/safetensors.h"
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
-#include "common/parallel/flat_parameter.h"
 
 namespace course::checkpoint {
-
-// The layout of `model`'s parameters in `layout`'s flat units, as the index records it.
-nlohmann::json describe_layout(const parallel::FlatLayout& layout, const nn::Module& model);
 
 class ShardedFolder {
  public:

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/comm/agree.h"
 #include "common/comm/environment.h"
 #include "common/core/log.h"
 
@@ -66,12 +67,9 @@ Session start_session(const CommonOptions& common, const DistributedOptions& dis
   } catch (const UsageError& e) {
     error = e.what();
   }
-  comm::Communicator& world_group = s.topology->world();
-  Tensor failed = Tensor::from_host({error.empty() ? 0.0f : static_cast<float>(placement.size - placement.rank)}, {1});
-  world_group.all_reduce(failed, comm::ReduceOp::max);
-  if (failed.item() > 0) {
-    const int reporter = placement.size - static_cast<int>(failed.item());
-    if (placement.rank == reporter) std::fprintf(stderr, "error: %s\n", error.c_str());
+  const comm::FirstError first = comm::first_error(s.topology->world(), error);
+  if (first.any()) {
+    if (placement.rank == first.rank) std::fprintf(stderr, "error: %s\n", error.c_str());
     throw ReportedError{2};
   }
   return s;

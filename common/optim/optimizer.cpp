@@ -100,20 +100,28 @@ float clip_coefficient(double norm, double max_norm) {
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  std::vector<Tensor> gradients;
+  for (const auto& p : params)
+    if (p.grad().defined()) gradients.push_back(p.grad());
+  return clip_grad_norm_(gradients, gradients, max_norm, {});
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
+                       const std::vector<comm::Communicator*>& groups) {
   double squares = 0.0;
-  for (const auto& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+  for (const Tensor& g : counted)
     for (float x : g.to_host()) squares += static_cast<double>(x) * x;
+  const Device device = !counted.empty() ? counted.front().device() : !scaled.empty() ? scaled.front().device() : Device::cpu;
+  for (comm::Communicator* group : groups) {  // the partial sums travel as float32, as the collectives carry them
+    if (group->size() == 1) continue;
+    Tensor total = Tensor::from_host({static_cast<float>(squares)}, {1}, device);
+    group->all_reduce(total, comm::ReduceOp::sum);
+    squares = total.item();
   }
   const double norm = std::sqrt(squares);
   const float factor = clip_coefficient(norm, max_norm);
-  if (factor != 1.0f) {
-    for (const auto& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) kernels(g.device()).scale(g.data(), factor, g.data(), static_cast<std::size_t>(g.numel()));
-    }
-  }
+  if (factor != 1.0f)
+    for (const Tensor& g : scaled) kernels(g.device()).scale(g.data(), factor, g.data(), static_cast<std::size_t>(g.numel()));
   return norm;
 }
 

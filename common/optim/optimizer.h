@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/comm/communicator.h"
 #include "common/tensor/tensor.h"
 
 namespace course::optim {
@@ -87,6 +88,13 @@ inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.0
 // max_norm, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
 // Under DDP, call it after the gradients are averaged: every rank then clips identically.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+// The same, the one clip of the course, for gradients whole or split across ranks: `counted` are the
+// gradients whose squares make up this rank's share of the norm (each element of the whole model
+// counted once over the groups: a ZeRO shard, the parts a TP rank counts), summed in double and then
+// added over each of `groups` in turn (none when the model is whole here); every gradient of `scaled`
+// is multiplied by the same factor (clip_coefficient). Returns the norm, the same on every rank.
+double clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
+                       const std::vector<comm::Communicator*>& groups);
 // The factor that clipping scales every gradient by, given their global norm: max_norm / (norm + 1e-6)
 // in float32 when the norm exceeds max_norm, else 1 (no scaling). The one rule of every clip in the
 // course, whole (clip_grad_norm_) or over shards (ZeRO, the TP x PP grid), and of the lock-step

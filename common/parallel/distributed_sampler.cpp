@@ -82,11 +82,4 @@ std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::in
   return share;
 }
 
-void DistributedSampler::load_state(const State& state) {
-  if (state.position < 0 || state.position > num_samples_)
-    throw std::invalid_argument("DistributedSampler: position " + std::to_string(state.position) + " outside the epoch");
-  epoch_ = state.epoch;
-  position_ = state.position;
-}
-
 }  // namespace course::parallel

@@ -49,22 +49,12 @@ class DistributedSampler {
   // Rank r's samples within a global batch: its entries r, r+R, r+2R, ... (what batch() gives rank r).
   static std::vector<std::int64_t> share_of(const std::vector<std::int64_t>& global_batch, int rank, int ranks);
 
-  // What a checkpoint saves to resume mid-epoch (chapter 06): the epoch and how far this rank got.
-  struct State {
-    std::uint64_t epoch = 0;
-    std::int64_t position = 0;  // samples of this epoch already consumed by this rank
-  };
-  State state() const { return {epoch_, position_}; }
-  void load_state(const State& state);
-  void advance(std::int64_t samples) { position_ += samples; }  // record progress within the epoch
-
  private:
   std::int64_t dataset_size_;
   int num_replicas_, rank_;
   std::uint64_t seed_;
   bool shuffle_, drop_last_;
   std::uint64_t epoch_ = 0;
-  std::int64_t position_ = 0;
   std::int64_t num_samples_;
 
   std::vector<std::int64_t> global_order(std::uint64_t epoch) const;

@@ -405,25 +405,14 @@ double ZeroOptimizer::apply() {
   return norm;
 }
 
-// torch.nn.utils.clip_grad_norm_ over the whole model's averaged gradient, from the shards: each rank
-// sums the squares of what it holds (in double) and the sums are all-reduced.
+// optim::clip_grad_norm_ over the whole model's averaged gradient, from the shards: each rank sums the
+// squares of what it holds and the sums are added over the group (at stage 0 every rank holds it all).
 double ZeroOptimizer::clip() {
   if (options_.max_grad_norm <= 0) return 0;
   const Tensor& held = options_.stage == 0 ? flat_grads_ : grad_shard_;
-  double squares = 0;
-  for (float g : held.to_host()) squares += static_cast<double>(g) * g;
-  if (options_.stage > 0 && group_.size() > 1) {
-    Tensor total = Tensor::from_host({static_cast<float>(squares)}, {1}, held.device());
-    group_.all_reduce(total, comm::ReduceOp::sum);
-    squares = total.item();
-  }
-  const double norm = std::sqrt(squares);
-  const float coefficient = optim::clip_coefficient(norm, options_.max_grad_norm);
-  if (coefficient != 1.0f) {
-    Tensor scaled = held;
-    kernels(held.device()).scale(held.data(), coefficient, scaled.data(), static_cast<std::size_t>(held.numel()));
-  }
-  return norm;
+  std::vector<comm::Communicator*> groups;
+  if (options_.stage > 0) groups.push_back(&group_);
+  return optim::clip_grad_norm_({held}, {held}, options_.max_grad_norm, groups);
 }
 
 // AdamW on the pieces of parameters this rank owns: every element is updated by exactly one rank (all

@@ -1,5 +1,5 @@
 // Sharded data parallelism: ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
-// Trillion Parameter Models", SC 2020), stages 0 to 2, with AdamW in float32.
+// Trillion Parameter Models", SC 2020), stages 0 to 3, with AdamW in float32.
 //
 // Every rank holds a whole model and computes on its share of the batch, as in DDP; what changes is
 // who keeps which model state. With Ψ parameters and N ranks, per rank (float32: 4 bytes each for the
@@ -11,7 +11,9 @@
 //            (FSDP's SHARD_GRAD_OP)
 //   stage 3  parameters sharded too               params 4Ψ/N grads 4Ψ/N Adam 8Ψ/N   16Ψ/N
 //            (FSDP's FULL_SHARD)
-// Stage 0 all-reduces the gradients and every rank updates every parameter. Stage 1 reduce-scatters
+// Stage 0 is chapter 04's data parallelism (every gradient averaged by one all-reduce, here of the
+// flat buffer, and every rank updating every parameter) with the optimizer inside ZeroOptimizer, so that
+// one training loop runs every stage and --verify checks them alike. Stage 1 reduce-scatters
 // them instead (each rank receives the average of its part only), updates its part of the parameters
 // with its part of Adam's state, and all-gathers the parameters. Stage 2 reduce-scatters each unit of
 // gradients during backward, as soon as the unit is complete (overlapped with the rest of backward),

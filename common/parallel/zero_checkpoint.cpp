@@ -6,6 +6,19 @@
 
 namespace course::parallel {
 
+nlohmann::json describe_layout(const parallel::FlatLayout& layout, const nn::Module& model) {
+  nlohmann::json units = nlohmann::json::array(), params = nlohmann::json::array();
+  for (const auto& u : layout.units())
+    units.push_back({{"offset", u.offset}, {"padded", u.padded}, {"part", u.part}, {"shard_offset", u.shard_offset}});
+  const auto named = model.named_parameters();
+  for (std::size_t i = 0; i < named.size(); ++i)
+    params.push_back({{"name", named[i].first}, {"shape", named[i].second.shape()}, {"offset", layout.offset_of(i)},
+                      {"unit", layout.unit_of(i)}});
+  return {{"shards", layout.shards()}, {"padded", layout.padded()}, {"shard", layout.shard()}, {"units", units},
+          {"parameters", params}};
+}
+
+
 std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,
                                  const ZeroOptimizer& zero, const nn::Module& model, std::int64_t step,
                                  const checkpoint::Metadata& settings, const checkpoint::WriteProgress& progress) {
@@ -13,7 +26,7 @@ std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::
   metadata["optimizer_step"] = std::to_string(zero.steps_taken());
   metadata["world_size"] = std::to_string(group.size());
   return folder.save(group, step, zero.layout().shards(), zero.state_shard(), metadata,
-                     checkpoint::describe_layout(zero.layout(), model), progress);
+                     describe_layout(zero.layout(), model), progress);
 }
 
 std::int64_t resume_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::Communicator& group,

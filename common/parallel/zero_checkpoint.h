@@ -4,10 +4,16 @@
 #pragma once
 #include <cstdint>
 
+#include <nlohmann/json.hpp>
+
 #include "common/checkpoint/sharded.h"
 #include "common/parallel/zero.h"
 
 namespace course::parallel {
+
+// The layout of `model`'s parameters in `layout`'s flat units, as the index records it (what
+// consolidation follows to put the shards back into whole tensors).
+nlohmann::json describe_layout(const FlatLayout& layout, const nn::Module& model);
 
 // Writes the checkpoint of `step` (collective). `settings` maps flag names ("stage", "lr", ...) to the
 // run's values; a resume must match every one. Returns the bytes this rank wrote.
