@@ -22,10 +22,10 @@ ChapterTask make_task(const Options& o, Device device) {
     // GELU, as the GPT's MLP: tensor parallelism splits a row layer's sums, and a ReLU whose input lies
     // within that rounding of zero would flip, a whole sample's gradient through one unit that no
     // rounding floor describes (common/verify/compare.h). GELU's gradient moves by rounding only.
-    t.task = nn::mlp_task(4096, 16, o.hidden, o.layers, device, o.common.seed, nn::Activation::gelu);
+    t.task = nn::mlp_task(o.mlp.samples, o.mlp.features, o.mlp.hidden, o.mlp.layers, device, o.common.seed, nn::Activation::gelu);
     return t;
   }
-  nn::GptTask gpt = cli::gpt_addition_task(o.models, 0, false, device, o.common.seed);
+  nn::GptTask gpt = cli::gpt_addition_task(o.models, o.mlp.samples, o.mlp.samples_given, device, o.common.seed);
   t.task = gpt.task;
   t.addition = gpt.data;
   t.config = gpt.config;

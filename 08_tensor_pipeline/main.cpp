@@ -40,12 +40,12 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // every micro-batch has the same size; each replica takes its share.
   data::SampleStream stream(task.task.size, o.common.seed);
   // AdamW, warm-up and cosine decay, as GPT-2 trains (the course's adamw recipe); the clip is the grid's own.
-  optim::Recipe training("adamw", run.model->parameters(), o.lr, o.steps);
-  StepFigures figures(o.steps);
-  for (step = 0; step < o.steps; ++step) {
+  optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps);
+  StepFigures figures(o.training.steps);
+  for (step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
     if (check) figures.apart([&] { check->begin_step(step); });
-    auto parts = micro_batches(stream.take(step * o.global_batch, o.global_batch), topology, m);
+    auto parts = micro_batches(stream.take(step * o.training.global_batch, o.training.global_batch), topology, m);
     if (o.faults.at("lose-micro-batch", step)) parts.pop_back();  // the step's last micro-batch never runs
     // 1. Forward and backward over this replica's micro-batches: through the stages by the schedule,
     //    or one after the other when TP alone splits the model. DDP averages over the DP group in the
@@ -63,7 +63,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     if (check) figures.apart([&] { check->check_update(step, norm); });
     figures.end_step(step, result);
     run.losses.push_back(loss);
-    if (metrics && (step % o.log_every == 0 || step + 1 == o.steps)) {
+    if (metrics && (step % o.log_every == 0 || step + 1 == o.training.steps)) {
       log("step %4lld  loss %.6f\n", static_cast<long long>(step), run.losses.back());
       metrics->write({{"event", "step"}, {"step", step}, {"loss", run.losses.back()}});
     }
@@ -81,9 +81,9 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
 int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
           metrics::MetricsWriter& metrics, const std::string& network) {
   const std::vector<int> counts = {1, 2, 4, 8, 16};
-  if (o.global_batch % (static_cast<std::int64_t>(topology.dp_size()) * 16) != 0)
+  if (o.training.global_batch % (static_cast<std::int64_t>(topology.dp_size()) * 16) != 0)
     throw UsageError("--global-batch: --sweep runs up to 16 micro-batches per replica, so " +
-                     std::to_string(o.global_batch) + " must divide by DP x 16 (" +
+                     std::to_string(o.training.global_batch) + " must divide by DP x 16 (" +
                      std::to_string(topology.dp_size() * 16) + ")");
   std::vector<nlohmann::json> records;
   for (const std::string schedule : {"gpipe", "1f1b"})
@@ -112,7 +112,7 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
   return 0;
 }
 
-int run(const Options& o, cli::Session& session) {
+int run(Options o, cli::Session& session) {
   // --sim-network: the same grid over a world whose every message takes at least the alpha-beta time
   // (chapter 05's decorator), so each group, TP, PP and DP, pays it on its own link.
   std::unique_ptr<parallel::Topology> simulated;
@@ -128,20 +128,20 @@ int run(const Options& o, cli::Session& session) {
   const Device device = session.device;
   const int dp = topology.dp_size();
   const ChapterTask task = make_task(o, device);
-  check_grid(o, task, topology);
-  const std::int64_t local_batch = o.global_batch / dp, micro = local_batch / o.micro_batches;
+  o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
+  const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
-      task.task.description.c_str(), static_cast<long long>(o.global_batch), dp, o.micro_batches,
+      task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
       static_cast<long long>(micro), topology.pp_size() > 1 ? (" (" + o.schedule + " schedule)").c_str() : "",
-      static_cast<long long>(o.steps), network.c_str());
+      static_cast<long long>(o.training.steps), network.c_str());
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
     return sweep(o, task, topology, device, session.metrics, network);
   }
   if (topology.pp_size() > 1)
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches)).c_str());
-  cli::check_fault_options(o.faults, o.steps);
+  cli::check_fault_options(o.faults, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   if (topology.pp_size() > 1) {
     report_stages(run, o.micro_batches, o.schedule, session.metrics, "pipeline_stage", network);
@@ -151,7 +151,7 @@ int run(const Options& o, cli::Session& session) {
                            {"sequence_parallel", o.sequence_parallel}});
   }
   const std::string grid = topology.describe().substr(0, topology.describe().rfind("-Rank"));
-  const double per_step = static_cast<double>(o.global_batch * task.tokens_per_sample());
+  const double per_step = static_cast<double>(o.training.global_batch * task.tokens_per_sample());
   const char* unit = task.is_gpt() ? "tokens" : "samples";
   log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
       unit, run.step_ms, network.c_str());

@@ -2,17 +2,20 @@
 #include "08_tensor_pipeline/options.h"
 
 #include "08_tensor_pipeline/grid_training.h"
+#include "common/cli/training_options.h"
 #include "common/core/errors.h"
 
 namespace course::chapter08 {
 
 void add_options(CLI::App& app, Options& o) {
   o.models.model = "gpt";
+  o.training = {20, 48, 3e-3f};
+  o.mlp.samples = 4096;
+  o.mlp.layers = 8;
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_model_options(app, o.models);
-  app.add_option("--hidden", o.hidden, "The MLP's width (--model mlp)")->check(CLI::Range(1, 1 << 14))->capture_default_str();
-  app.add_option("--layers", o.layers, "The MLP's hidden layers (--model mlp)")->check(CLI::Range(1, 64))->capture_default_str();
+  cli::add_mlp_options(app, o.mlp);
   app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
                                                           "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");
@@ -23,11 +26,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe or 1f1b")
       ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
-  app.add_option("--steps", o.steps, "Optimizer steps")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1000000}))->capture_default_str();
-  app.add_option("--global-batch", o.global_batch, "Samples per optimizer step, over all replicas")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, std::int64_t{1} << 20))->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  cli::add_training_options(app, o.training, "AdamW's peak learning rate");
   app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
       ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
@@ -48,7 +47,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(cli::OutputFile)->capture_default_str();
 }
 
-void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
+std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
   const int dp = topology.dp_size(), tp = topology.tp_size();
   const std::string& fault = o.faults.fault;
   if (fault == "skip-dp-average" && dp < 2)
@@ -61,23 +60,23 @@ void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& t
     throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
   if (fault == "skip-sp-sum" && !o.sequence_parallel)
     throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
-  if (o.global_batch % (static_cast<std::int64_t>(dp) * o.micro_batches) != 0)
-    throw UsageError("--global-batch: " + std::to_string(o.global_batch) + " is not divisible by DP x --micro-batches (" +
-                     std::to_string(dp) + " x " + std::to_string(o.micro_batches) + ")");
+  const std::int64_t global_batch =
+      cli::global_batch_for(o.training, dp, o.micro_batches, task.task.size, "DP", "--micro-batches");
   if (o.sequence_parallel && tp < 2)
     throw UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
   if (!task.is_gpt()) {
     if (topology.pp_size() > 1)
       throw UsageError("--pp: the MLP is split by tensor parallelism only; pipeline stages split the GPT");
     if (o.sequence_parallel) throw UsageError("--sequence-parallel: splits the GPT's sequences; the MLP has none");
-    if (o.hidden % tp != 0)
-      throw UsageError("--hidden: " + std::to_string(o.hidden) + " hidden units do not divide among " +
+    if (o.mlp.hidden % tp != 0)
+      throw UsageError("--hidden: " + std::to_string(o.mlp.hidden) + " hidden units do not divide among " +
                        std::to_string(tp) + " tensor-parallel ranks");
-    return;
+    return global_batch;
   }
   if (o.sequence_parallel && task.tokens_per_sample() % tp != 0)
     throw UsageError("--sequence-parallel: sequences of " + std::to_string(task.tokens_per_sample()) +
                      " tokens do not divide among " + std::to_string(tp) + " tensor-parallel ranks");
+  return global_batch;
 }
 
 }  // namespace course::chapter08

@@ -7,6 +7,7 @@
 
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/cli/training_options.h"
 #include "common/parallel/topology.h"
 
 namespace course::chapter08 {
@@ -15,15 +16,12 @@ struct Options {
   cli::CommonOptions common;
   cli::DistributedOptions distributed;
   cli::ModelOptions models;
-  std::int64_t hidden = 256;  // the MLP: as chapter 07's, 8 hidden layers of 256
-  int layers = 8;
+  cli::TrainingOptions training;  // --steps 20, --global-batch 48, --lr 3e-3 (AdamW's peak)
+  cli::MlpOptions mlp;            // the MLP: as chapter 07's, 8 hidden layers of 256
   int tp = 1, pp = 1, dp = 0;
   bool sequence_parallel = false;
   int micro_batches = 4;
   std::string schedule = "1f1b";
-  std::int64_t steps = 20;
-  std::int64_t global_batch = 48;
-  float lr = 3e-3f;
   double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
   int log_every = 5;
   bool verify = false;
@@ -37,7 +35,8 @@ struct Options {
 void add_options(CLI::App& app, Options& o);
 
 struct ChapterTask;
-// The grid and the model must fit each other; each mismatch is one line naming the flag.
-void check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology);
+// The grid and the model must fit each other; each mismatch is one line naming the flag. Returns the
+// global batch to use (the default rounded up to a multiple of DP x --micro-batches).
+std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology);
 
 }  // namespace course::chapter08

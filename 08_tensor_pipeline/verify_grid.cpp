@@ -11,7 +11,7 @@ namespace course::chapter08 {
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
     : o_(o), task_(task), topology_(topology), stream_(task.task.size, o.common.seed) {
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
-  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.lr, o.steps);
+  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps);
   // One copy of every element: the first replica's, the TP rank's that holds it (TP rank 0 for what
   // every TP rank holds whole), the first stage's tied table.
   gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
@@ -31,7 +31,7 @@ void GridCheck::begin_step(std::int64_t step) {
 void GridCheck::check_gradient(std::int64_t step, float loss) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
-  const auto global = stream_.take(step * o_.global_batch, o_.global_batch);
+  const auto global = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
   const auto ranks = static_cast<std::size_t>(topology_.size()), r = static_cast<std::size_t>(topology_.rank());
   const std::vector<std::int64_t> piece(global.begin() + static_cast<long>(r * global.size() / ranks),
                                         global.begin() + static_cast<long>((r + 1) * global.size() / ranks));

@@ -205,6 +205,15 @@ TEST(Chapter08, ALongRunAtThreeReplicasCrossesTheEpoch) {
   EXPECT_NE(r.out.find("PASSED"), std::string::npos) << r.out;
 }
 
+// The defaults run at any world size: at 7 ranks (DP 7 of 4 micro-batches) the default global batch of
+// 48 is rounded up to 56, and the log says so; a given one that does not divide is refused (below).
+TEST(Chapter08, TheDefaultsRunAtSevenRanks) {
+  auto r = run_process(std::string(MPIRUN_NP7) + " " + kBinary + " --device cpu --n-layer 1 --n-embd 16 --n-head 2 --steps 2 --verify");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("global batch 56: the default 48 rounded up to a multiple of DP x --micro-batches (7 x 4)"),
+            std::string::npos) << r.out;
+}
+
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
   for (const auto& [mpirun, flags, named] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {MPIRUN_NP2, "--tp 3", "--tp"},                                 // 3 does not divide 2 ranks

@@ -20,12 +20,14 @@ CLI::Option* add_training_options(CLI::App& app, TrainingOptions& o, const std::
   return steps;
 }
 
-std::int64_t global_batch_for(const TrainingOptions& o, int ranks, int accum, std::int64_t dataset_size) {
+std::int64_t global_batch_for(const TrainingOptions& o, int ranks, int accum, std::int64_t dataset_size,
+                              const std::string& ranks_name, const std::string& accum_flag) {
   const std::int64_t multiple = static_cast<std::int64_t>(ranks) * accum;
   std::int64_t batch = o.global_batch;
   if (batch % multiple != 0) {
-    const std::string by = accum > 1 ? "ranks x --accum (" + std::to_string(ranks) + " x " + std::to_string(accum) + ")"
-                                     : std::to_string(ranks) + " ranks";
+    const std::string by = accum > 1 || ranks_name != "ranks"
+                               ? ranks_name + " x " + accum_flag + " (" + std::to_string(ranks) + " x " + std::to_string(accum) + ")"
+                               : std::to_string(ranks) + " ranks";
     if (o.global_batch_given)
       throw UsageError("--global-batch: " + std::to_string(batch) + " is not divisible by " + by);
     batch = (batch / multiple + 1) * multiple;

@@ -27,6 +27,9 @@ CLI::Option* add_training_options(CLI::App& app, TrainingOptions& options, const
 // A given --global-batch must divide evenly (refused naming the flag); the default is rounded up to the
 // nearest multiple, so that the defaults run at any world size, and the log says so. Also refuses a
 // global batch larger than the dataset's `dataset_size` samples. Returns the global batch to use.
-std::int64_t global_batch_for(const TrainingOptions& options, int ranks, int accum, std::int64_t dataset_size);
+// `ranks_name` and `accum_flag` name the two factors in the messages (08: "DP" replicas, each in
+// --micro-batches).
+std::int64_t global_batch_for(const TrainingOptions& options, int ranks, int accum, std::int64_t dataset_size,
+                              const std::string& ranks_name = "ranks", const std::string& accum_flag = "--accum");
 
 }  // namespace course::cli
