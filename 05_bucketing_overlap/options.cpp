@@ -34,16 +34,14 @@ void add_options(CLI::App& app, Options& o) {
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
                           {"launch-early", "the first bucket is launched before its last gradient is in"},
                           {"step-early", "the optimizer steps before the last bucket's average lands"}});
-  app.add_flag(
-      "--verify,!--no-verify", o.verify,
-      "Check every mode, every step, against one rank in lock-step (on by default; --no-verify for timing runs)");
+  app.add_flag("--verify", o.verify, "Check every mode, every step, against one rank in lock-step");
 }
 
 void check_options(const Options& o) {
   if (o.training.steps < 2)
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
   cli::check_fault_options(o.faults, o.training.steps);
-  if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; drop --no-verify");
+  if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
 }
 
 }  // namespace course::chapter05

@@ -36,7 +36,7 @@ run_chapter 05_bucketing_overlap 2 --verify --trace "$RUNS/05_bucketing_overlap/
 if [ -f "$RUNS/05_bucketing_overlap/metrics.jsonl" ]; then
   # The same chapter on a simulated 10 GbE network, with the bucket sweep; then the charts.
   dir="$RUNS/05_bucketing_overlap"
-  course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" --sim-network 10,1.25 --sweep-buckets --no-verify \
+  course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" --sim-network 10,1.25 --sweep-buckets \
     --bucket-mb 2 --metrics "$dir/simulated.jsonl" --trace "$dir/trace_simulated.json" >"$dir/simulated.txt" 2>&1 || failed=1
   "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/metrics.jsonl" "$dir/overlap" >/dev/null 2>&1 || failed=1
   "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/simulated.jsonl" "$dir/simulated" >/dev/null 2>&1 || failed=1

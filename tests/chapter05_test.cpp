@@ -63,7 +63,7 @@ TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
       std::string metrics = temp_path("ch05_fault.jsonl");
       auto r = run_process(mpirun + " " + kBinary +
                            " --device cpu --layers 4 --hidden 128 --features 16 --samples 512 --global-batch 48"
-                           " --steps 12 --bucket-mb 0.05 --first-bucket-mb 0.01" +
+                           " --steps 12 --bucket-mb 0.05 --first-bucket-mb 0.01 --verify" +
                            " --fault " + fault + " --fault-from-step " + std::to_string(from) + " --metrics " + metrics);
       EXPECT_EQ(r.exit_code, 1) << fault << "\n" << r.out << r.err;
       auto modes = events(read_metrics(metrics), "mode");
@@ -136,7 +136,7 @@ TEST(Chapter05, SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes) {
 TEST(Chapter05, EveryModePassesWithTheGpt) {
   std::string metrics = temp_path("ch05_gpt.jsonl");
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary +
-                       " --device cpu --model gpt --n-layer 1 --n-embd 32 --global-batch 32 --steps 4 --trace " +
+                       " --device cpu --model gpt --n-layer 1 --n-embd 32 --global-batch 32 --steps 4 --verify --trace " +
                        temp_path("ch05_gpt_trace.json") + " --metrics " + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto modes = events(read_metrics(metrics), "mode");
@@ -184,7 +184,7 @@ TEST(Chapter05, BadInput) {
            {"--sim-network 1,0", "--sim-network"},    {"--sim-network fast", "--sim-network"},
            {"--sim-network 10,nan", "--sim-network"}, {"--steps 1", "--steps"},
            {"--global-batch 8192", "--global-batch"}, {"--hidden 0", "--hidden"},
-           {"--comm-hook xyz", "--comm-hook"}}) {
+           {"--comm-hook xyz", "--comm-hook"},        {"--fault skip-bucket", "--fault"}}) {  // nothing to catch it
     auto r = run_process(kBinary + " --device cpu " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
