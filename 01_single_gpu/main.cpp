@@ -125,6 +125,9 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
     log("epoch %3d  loss %.6f\n", epoch, loss);
     out.write({{"event", "epoch"}, {"epoch", epoch}, {"loss", loss}});
   }
+
+  // ------------------------------------------------------------------------------------------------
+  // Below: what the run reports, and its check (the linear model finds the true weights; the MLP learns).
   double samples_per_s = train_ms > 0 ? static_cast<double>(timed_samples) / (train_ms / 1000.0) : 0.0;
   log("throughput: %.0f samples/s (%.3f ms per step of %lld samples)\n", samples_per_s,
       train_ms / std::max<double>(1.0, static_cast<double>(timed_samples) / static_cast<double>(o.batch_size)),

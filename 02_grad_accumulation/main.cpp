@@ -98,6 +98,10 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
   return result;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Below: the check that accumulation is the big batch (in lock-step, and as a drift figure), and the
+// report. The lesson is above: accumulate_gradients and the run that steps once per k micro-batches.
+
 // From the same weights at every step, the accumulated gradient against the exact sum of its parts, and
 // the update against SGD's from it (verify/lockstep.h).
 verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {

@@ -118,6 +118,9 @@ bool demonstrate(comm::Communicator& c, Device device) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------------
+// Below: the flags, and the run: the demonstration above, then the benchmark (benchmark.cpp), every
+// algorithm beside the library and the alpha-beta model.
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
   CLI::App app{"Chapter 03: collective communication, demonstrated and benchmarked (run under mpirun)"};

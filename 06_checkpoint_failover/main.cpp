@@ -70,6 +70,8 @@ int run(Options& o, cli::Session& session) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------------
+// Below: the flags (options.cpp). What checks and reports the run is in report.cpp.
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
   CLI::App app{"Chapter 06: checkpoints, exact resume, and surviving a dead rank"};

@@ -26,6 +26,10 @@
 // second all-gather per step: 1.5 times the bytes of stages 0-2. With prefetching, the next unit's
 // all-gather runs while the current unit computes.
 //
+// The code follows the stages: zero.cpp (the core, stages 0 and 1), zero_gradients.cpp (stage 2),
+// zero_parameters.cpp (stage 3's units), zero_state.cpp (the state gathered whole, and the shard a
+// checkpoint saves).
+//
 // Parameters live in flat buffers (flat_parameter.h), padded so that any size shards at any world size.
 // Gradient clipping works on the shards: each rank sums the squares of its part and the sums are
 // all-reduced, which gives the same norm as stage 0's.
