@@ -177,7 +177,7 @@ int run(const Options& o, cli::Session& session) {
     for (std::size_t i = 1; i < runs.size(); ++i)
       log("stage %d%s's final parameters differ from stage 0's by at most %.3g\n", runs[i].stage,
           runs[i].prefetch ? " (prefetching)" : "", verify::max_abs_diff(runs[i].parameters, runs[0].parameters));
-    if (!o.no_charts) draw_compare_charts(o, runs, group);
+    suggest_charts(o);
   } else {
     log("stage %d\n", o.stage);
     runs.push_back(train(o, {o.stage, o.prefetch, true, o.verify}, task, global_batch, group, device, session.metrics));

@@ -37,10 +37,6 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--verify", o.verify, "Check every step in lock-step against the whole model: the averaged gradient, "
                                      "the loss and the update");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
-  app.add_option("--charts", o.charts, "With --compare: draw PREFIX_memory.png and PREFIX_communication.png (python3 "
-                                       "with matplotlib)")
-      ->check(cli::OutputFile)->capture_default_str();
-  app.add_flag("--no-charts", o.no_charts, "With --compare: draw no charts");
   cli::add_fault_options(app, o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
 }

@@ -32,8 +32,6 @@ struct Options {
   std::string save;              // the final parameters, consolidated into one ordinary file
   std::string consolidate;       // a step folder to consolidate into --save, without training
   std::string sim_network;       // ALPHA_US,GBPS
-  std::string charts = "zero";   // --compare draws PREFIX_memory.png and PREFIX_communication.png
-  bool no_charts = false;
 };
 
 void add_options(CLI::App& app, Options& o);

@@ -7,7 +7,6 @@
 #include "common/checkpoint/sharded.h"
 #include "common/core/errors.h"
 #include "common/core/log.h"
-#include "common/metrics/charts.h"
 #include "common/parallel/replicas.h"
 
 namespace course::chapter07 {
@@ -108,16 +107,9 @@ int consolidate(const Options& o) {
   return 0;
 }
 
-void draw_compare_charts(const Options& o, const std::vector<StageRun>& runs, comm::Communicator& group) {
-  parallel::on_rank0(group, [&] {
-    std::vector<nlohmann::json> records;
-    for (const StageRun& r : runs) records.push_back(r.record);
-    std::string why;
-    if (metrics::draw_charts("zero", records, o.charts, &why))
-      log("charts: %s_memory.png, %s_communication.png\n", o.charts.c_str(), o.charts.c_str());
-    else
-      log("charts: not drawn: %s; the numbers are in --metrics for scripts/plot.py zero\n", why.c_str());
-  });
+void suggest_charts(const Options& o) {
+  log("charts: python3 scripts/plot.py zero %s PREFIX (PREFIX_memory.png, PREFIX_communication.png)\n",
+      o.common.metrics.empty() ? "METRICS (run with --metrics FILE)" : o.common.metrics.c_str());
 }
 
 }  // namespace course::chapter07

@@ -1,6 +1,6 @@
 // What chapter 07 measures and reports beside its lesson: each stage's model states against the ZeRO
 // paper's formulas and its bytes on the wire against the ring's, the lock-step verdict, the final
-// parameters saved as one ordinary file, --consolidate, and --compare's charts.
+// parameters saved as one ordinary file, --consolidate, and how to chart --compare.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -55,7 +55,7 @@ void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std:
 bool report_check(const StageRun& run);
 // --consolidate STEP_DIR --save FILE: the shards of a checkpoint as one ordinary safetensors file.
 int consolidate(const Options& o);
-// --compare: PREFIX_memory.png and PREFIX_communication.png, through scripts/plot.py (rank 0).
-void draw_compare_charts(const Options& o, const std::vector<StageRun>& runs, comm::Communicator& group);
+// --compare: how to draw the stages' charts from the metrics (scripts/plot.py zero).
+void suggest_charts(const Options& o);
 
 }  // namespace course::chapter07

@@ -17,7 +17,6 @@
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                       // rank 0 prints
-#include "common/metrics/charts.h"                 // the charts, through scripts/plot.py
 #include "common/data/sampling.h"                 // SampleStream: every step a whole global batch
 #include "common/parallel/replicas.h"              // on_rank0
 
@@ -77,7 +76,8 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
 // Below: the schedules swept, the run set up on its grid, and what it reports.
 
 // --sweep: both schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
-// activations; the charts, and each schedule's timeline at 4 micro-batches.
+// activations as metrics (scripts/plot.py pipeline draws them); with --trace, each schedule's timeline
+// at 4 micro-batches.
 int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
           metrics::MetricsWriter& metrics, const std::string& network) {
   const std::vector<int> counts = {1, 2, 4, 8, 16};
@@ -85,29 +85,18 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
     throw UsageError("--global-batch: --sweep runs up to 16 micro-batches per replica, so " +
                      std::to_string(o.training.global_batch) + " must divide by DP x 16 (" +
                      std::to_string(topology.dp_size() * 16) + ")");
-  std::vector<nlohmann::json> records;
+  const std::string stem = o.trace.substr(0, o.trace.rfind('.'));
   for (const std::string schedule : {"gpipe", "1f1b"})
     for (int m : counts) {
       GridRun run = train_grid(o, task, topology, device, schedule, m, nullptr);
-      const int p = topology.pp_size();
-      for (int s = 0; s < p; ++s)
-        records.push_back({{"event", "pipeline_sweep"}, {"stage", s}, {"stages", p}, {"micro_batches", m},
-                           {"schedule", schedule}, {"bubble", run.bubble[static_cast<std::size_t>(s)]},
-                           {"theory", parallel::bubble_fraction(p, m)},
-                           {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]},
-                           {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
       report_stages(run, m, schedule, metrics, "pipeline_sweep", network);
-      if (m == 4 && topology.rank() == 0)
-        write_timeline(run, o.charts + "_timeline_" + schedule + ".json",
-                       schedule + ", " + std::to_string(p) + " stages, 4 micro-batches: the last step" + network);
+      if (m == 4 && !o.trace.empty() && topology.rank() == 0)  // each schedule's timeline, with --trace
+        write_timeline(run, stem + "_" + schedule + ".json",
+                       schedule + ", " + std::to_string(topology.pp_size()) +
+                           " stages, 4 micro-batches: the last step" + network);
     }
-  parallel::on_rank0(topology.world(), [&] {
-    std::string why;
-    if (metrics::draw_charts("pipeline", records, o.charts, &why))
-      log("charts: %s_bubble.png, %s_activations.png\n", o.charts.c_str(), o.charts.c_str());
-    else
-      log("charts: not drawn: %s\n", why.c_str());
-  });
+  log("charts: python3 scripts/plot.py pipeline %s PREFIX (PREFIX_bubble.png, PREFIX_activations.png)\n",
+      o.common.metrics.empty() ? "METRICS (run with --metrics FILE)" : o.common.metrics.c_str());
   log("PASSED\n");
   return 0;
 }

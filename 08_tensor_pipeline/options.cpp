@@ -39,12 +39,11 @@ void add_options(CLI::App& app, Options& o) {
                           {"lose-micro-batch", "each step's last micro-batch never runs"},
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
-  app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON) and a "
-                                     "PNG beside it")->check(cli::OutputFile);
-  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches and draw the bubble and the "
-                                   "activations against them");
-  app.add_option("--charts", o.charts, "With --sweep: PREFIX_bubble.png, PREFIX_activations.png and the timelines")
-      ->check(cli::OutputFile)->capture_default_str();
+  app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
+                                     "--sweep, FILE's stem _gpipe.json and _1f1b.json at 4 micro-batches)")
+      ->check(cli::OutputFile);
+  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches: the bubble and the "
+                                   "activations against them, as metrics for scripts/plot.py pipeline");
 }
 
 std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {

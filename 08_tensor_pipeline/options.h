@@ -25,9 +25,8 @@ struct Options {
   double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
   int log_every = 5;
   bool verify = false;
-  bool sweep = false;         // both schedules at m = 1..16, with the charts
-  std::string charts = "pipeline";
-  std::string trace;          // the last step's timeline, Chrome trace JSON (and a PNG beside it)
+  bool sweep = false;         // both schedules at m = 1..16, their bubbles and activations as metrics
+  std::string trace;          // the last step's timeline, Chrome trace JSON (with --sweep: each schedule's)
   cli::FaultOptions faults;   // --fault, --fault-from-step
   std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
 };

@@ -2,7 +2,6 @@
 #include "08_tensor_pipeline/report.h"
 
 #include "common/core/log.h"
-#include "common/metrics/charts.h"
 #include "common/metrics/trace.h"
 #include "common/parallel/pipeline_schedule.h"
 
@@ -18,12 +17,8 @@ void write_timeline(const GridRun& run, const std::string& path, const std::stri
       trace.add(static_cast<int>(s), "stage " + std::to_string(s), name, a.begin_ms, a.end_ms);
     }
   trace.write(path);
-  std::string why;
-  const std::string png = path.substr(0, path.rfind('.')) + ".png";
-  if (metrics::draw_timeline(path, png, &why))
-    log("timeline: %s (Chrome trace, opens in Perfetto) and %s\n", path.c_str(), png.c_str());
-  else
-    log("timeline: %s (Chrome trace, opens in Perfetto); no PNG: %s\n", path.c_str(), why.c_str());
+  log("timeline: %s (Chrome trace: open it in ui.perfetto.dev, or python3 scripts/plot.py timeline %s PNG)\n",
+      path.c_str(), path.c_str());
 }
 
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
@@ -37,7 +32,8 @@ void report_stages(const GridRun& run, int m, const std::string& schedule, metri
         format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
     metrics.write({{"event", event}, {"stage", s}, {"stages", p}, {"micro_batches", m}, {"schedule", schedule},
                    {"bubble", run.bubble[static_cast<std::size_t>(s)]}, {"theory", theory},
-                   {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]}});
+                   {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]},
+                   {"simulated_network", network.empty() ? "" : "simulated" + network.substr(network.find(':') + 1)}});
   }
 }
 

@@ -1,5 +1,5 @@
 // What chapter 08 reports beside its lesson: each stage's bubble and peak activations, and the last
-// step's timeline as a Chrome trace (with a PNG beside it).
+// step's timeline as a Chrome trace (scripts/plot.py draws it, and the sweep's charts, from the files).
 #pragma once
 #include <string>
 
@@ -8,7 +8,7 @@
 
 namespace course::chapter08 {
 
-// The last step of every stage as a Chrome trace (one row per stage), and as a PNG beside it.
+// The last step of every stage as a Chrome trace (one row per stage).
 void write_timeline(const GridRun& run, const std::string& path, const std::string& label);
 // Each stage's bubble against (p-1)/(m+p-1) and its peak activations, logged and written as `event`.
 // `network`: ", simulated network: ..." when --sim-network is on, for every line that shows a time.

@@ -103,7 +103,7 @@ TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
 }
 
 TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
-  // --trace: the last step of every stage as a Chrome trace (each stage's 2m actions) and a PNG.
+  // --trace: the last step of every stage as a Chrome trace (each stage's 2m actions); plot.py draws it.
   const std::string stem = temp_path("ch08_trace"), trace = stem + ".json", png = stem + ".png";
   std::filesystem::remove(png);
   Outcome traced = run(MPIRUN_NP2, "--pp 2 --micro-batches 4 --trace " + trace);
@@ -113,14 +113,23 @@ TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
   int spans = 0;
   for (const auto& e : doc["traceEvents"]) spans += e["ph"] == "X";
   EXPECT_EQ(spans, 2 * 2 * 4);
-  EXPECT_EQ(read_file(png).substr(0, 4), "\x89PNG") << traced.process.out;
-  // --sweep: both schedules at 1-16 micro-batches, the two charts and each schedule's timeline.
-  const std::string prefix = temp_path("ch08_sweep");
-  Outcome swept = run(MPIRUN_NP2, "--pp 2 --sweep --charts " + prefix);
-  ASSERT_EQ(swept.process.exit_code, 0) << swept.process.out << swept.process.err;
-  EXPECT_EQ(events(swept.records, "pipeline_sweep").size(), 2u * 5u * 2u);  // schedules x counts x stages
-  for (const char* file : {"_bubble.png", "_activations.png", "_timeline_gpipe.png", "_timeline_1f1b.png"})
-    EXPECT_EQ(read_file(prefix + file).substr(0, 4), "\x89PNG") << prefix + file << "\n" << swept.process.out;
+  EXPECT_FALSE(std::filesystem::exists(png)) << "the binary drew a chart itself";
+  auto drawn = run_process(std::string("python3 ") + PLOT_PY + " timeline " + trace + " " + png);
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.out << drawn.err;
+  EXPECT_EQ(read_file(png).substr(0, 4), "\x89PNG");
+  // --sweep: both schedules at 1-16 micro-batches as metrics, each schedule's timeline beside --trace's
+  // stem; plot.py draws the two charts from the metrics.
+  const std::string metrics = temp_path("ch08_sweep.jsonl"), prefix = temp_path("ch08_sweep");
+  auto swept = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --pp 2 --sweep --metrics " + metrics +
+                           " --trace " + prefix + ".json");
+  ASSERT_EQ(swept.exit_code, 0) << swept.out << swept.err;
+  EXPECT_EQ(events(read_metrics(metrics), "pipeline_sweep").size(), 2u * 5u * 2u);  // schedules x counts x stages
+  for (const char* schedule : {"_gpipe.json", "_1f1b.json"})
+    EXPECT_TRUE(std::filesystem::exists(prefix + schedule)) << prefix + schedule << "\n" << swept.out;
+  auto charts = run_process(std::string("python3 ") + PLOT_PY + " pipeline " + metrics + " " + prefix);
+  ASSERT_EQ(charts.exit_code, 0) << charts.out << charts.err;
+  for (const char* file : {"_bubble.png", "_activations.png"})
+    EXPECT_EQ(read_file(prefix + file).substr(0, 4), "\x89PNG") << prefix + file;
 }
 
 // --sim-network: every group pays an alpha-beta delay per message; every time shown says it is
