@@ -164,6 +164,17 @@ int run(const Options& o, cli::Session& session) {
   const double hidden = no_overlap.exposed_ms > 0 ? overlapped.exposed_ms / no_overlap.exposed_ms : 0.0;
   log("overlap leaves %.2f of the bucketed communication exposed (%.2f ms of %.2f ms)%s\n", hidden,
       overlapped.exposed_ms, no_overlap.exposed_ms, label.c_str());
+  // The lesson in one line: without overlap a step is compute + communication; overlap can bring it
+  // down to max(compute, communication), no further.
+  const double compute = no_overlap.step_ms - no_overlap.exposed_ms, serial = no_overlap.step_ms;
+  const double ideal = std::max(compute, no_overlap.exposed_ms);
+  log("step: %.2f ms = compute %.2f + communication %.2f with buckets after backward; overlapped %.2f ms, against "
+      "max(compute, communication) = %.2f ms, the most overlap can reach%s\n",
+      serial, compute, no_overlap.exposed_ms, overlapped.step_ms, ideal, label.c_str());
+  if (overlapped.step_ms > serial - 0.25 * (serial - ideal))
+    log("overlap gains little here: the transfer itself takes the CPU that backward needs (a rank's copy through "
+        "shared memory, on %s); with a network's delay that costs no CPU (--sim-network 10,1.25) it does\n",
+        label.empty() ? "the cores backward runs on" : "the cores backward runs on, beneath the simulated delay");
 
   // ------------------------------------------------------------------------------------------------
   // Below: the timeline, the sweep, the saved model and the verdict.

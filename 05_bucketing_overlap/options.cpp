@@ -17,7 +17,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_training_options(app, o.training, "SGD learning rate");
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
-  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb)")
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb, 25 there, for models of GBs)")
       ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MB")

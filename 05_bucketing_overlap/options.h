@@ -15,7 +15,7 @@ struct Options {
   cli::TrainingOptions training;  // --steps 8, --global-batch 128, --lr 0.001
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // --samples 4096, --features 64, --hidden 1024, --layers 8
-  double bucket_mb = 25, first_bucket_mb = 1;
+  double bucket_mb = 2, first_bucket_mb = 1;  // 2 MB suits this 30 MB model (PyTorch's 25 MB, models of GBs)
   std::string sim_network, trace, comm_hook = "none";  // no trace unless asked: nothing lands in the current folder
   std::string save;
   bool sweep_buckets = false, verify = false;

@@ -4,12 +4,14 @@
 // (so that nothing lands in the source tree or collides with another test). Each must end with the exit
 // code its README implies (1 where it shows a fault failing, 0 otherwise), and every output line the
 // README shows under it must appear in its output, numbers masked (timings and rounding vary; the words,
-// the order of fields and the verdicts may not).
+// the order of fields and the verdicts may not). A block introduced by "Expected output" belongs to the
+// commands of the block before it: each of its lines must appear in the output of one of them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -25,6 +27,19 @@ struct Command {
   int line = 0;                       // in the README, for the failure message
   std::string text;                   // as written (continuations joined)
   std::vector<std::string> expected;  // the output lines shown under it
+  int block = 0;                      // the code block it stands in
+};
+
+// An "Expected output" block: lines that the commands of code block `block` must print between them.
+struct Expectation {
+  int line = 0;
+  int block = 0;
+  std::vector<std::string> lines;
+};
+
+struct Readme {
+  std::vector<Command> commands;
+  std::vector<Expectation> expectations;
 };
 
 bool is_command(const std::string& line) {
@@ -34,25 +49,48 @@ bool is_command(const std::string& line) {
 
 // The commands of a README's code blocks, each with the output lines shown after it: in its own block,
 // or in a block that opens on the very next line (a command block, then its output block).
-std::vector<Command> commands_of(const std::string& readme) {
-  std::vector<Command> out;
+Readme commands_of(const std::string& readme) {
+  Readme out;
   std::istringstream in(read_file(readme));
-  bool in_block = false;
+  bool in_block = false, expected_block = false;
   Command* current = nullptr;
-  int number = 0, closed_at = -2;
+  int number = 0, closed_at = -2, block = 0, last_command_block = 0;
+  std::string paragraph;  // the last paragraph of text since the last code block
+  bool blank = true;
   for (std::string line; std::getline(in, line);) {
     ++number;
     if (line.rfind("```", 0) == 0) {
       in_block = !in_block;
-      if (in_block && number == closed_at + 1 && !out.empty()) current = &out.back();  // the block just closed's output
+      expected_block = false;
+      if (!in_block) paragraph.clear();
+      if (in_block) {
+        ++block;
+        if (paragraph.find("Expected output") != std::string::npos && last_command_block > 0) {
+          expected_block = true;
+          out.expectations.push_back({number, last_command_block, {}});
+        }
+      }
+      if (in_block && number == closed_at + 1 && !out.commands.empty()) current = &out.commands.back();  // its output
       else current = nullptr;
       if (!in_block) closed_at = number;
       continue;
     }
-    if (!in_block) continue;
+    if (!in_block) {
+      if (line.empty()) {
+        blank = true;
+      } else {
+        paragraph = blank ? line : paragraph + " " + line;
+        blank = false;
+      }
+      continue;
+    }
+    if (expected_block) {
+      if (!line.empty() && line != "..." && line.rfind("  ...", 0) != 0) out.expectations.back().lines.push_back(line);
+      continue;
+    }
     if (is_command(line)) {
-      out.push_back({number, line, {}});
-      current = &out.back();
+      out.commands.push_back({number, line, {}, block});
+      current = &out.commands.back();
       while (!current->text.empty() && current->text.back() == '\\' && std::getline(in, line)) {
         ++number;
         current->text.back() = ' ';
@@ -61,6 +99,8 @@ std::vector<Command> commands_of(const std::string& readme) {
       }
       const auto comment = current->text.find("  #");
       if (comment != std::string::npos) current->text.erase(comment);
+      if (current->text.find("--hostfile") == std::string::npos && current->text.rfind("B=", 0) != 0)
+        last_command_block = block;
       continue;
     }
     if (current && !line.empty() && line != "..." && line.rfind("  ...", 0) != 0) current->expected.push_back(line);
@@ -104,13 +144,16 @@ std::string adapted(std::string text, const fs::path& scratch) {
 
 void run_readme(const std::string& chapter) {
   const std::string readme = std::string(SOURCE_ROOT) + "/" + chapter + "/README.md";
-  const auto commands = commands_of(readme);
+  const Readme parsed = commands_of(readme);
+  const auto& commands = parsed.commands;
   ASSERT_FALSE(commands.empty()) << readme;
   const fs::path scratch = temp_path("readme_" + chapter);
   fs::create_directories(scratch / "tmp");
   const fs::path here = fs::current_path();
   fs::current_path(scratch);
   std::string environment;  // B=... assignments, in force for the commands after them
+  std::map<int, std::vector<std::string>> printed;  // each block's commands' output lines, masked
+  std::map<int, std::string> shown;                  // and as printed, for the failure message
   for (const Command& c : commands) {
     SCOPED_TRACE(readme + ":" + std::to_string(c.line) + ": " + c.text);
     const std::string text = adapted(c.text, scratch);
@@ -134,6 +177,16 @@ void run_readme(const std::string& chapter) {
     for (const auto& want : c.expected)
       EXPECT_NE(std::find(got.begin(), got.end(), masked(adapted(want, scratch))), got.end())
           << "the README shows\n  " << want << "\nwhich the output lacks:\n" << r.out.substr(0, 6000);
+    printed[c.block].insert(printed[c.block].end(), got.begin(), got.end());
+    shown[c.block] += r.out.substr(0, 3000);
+  }
+  for (const Expectation& e : parsed.expectations) {
+    SCOPED_TRACE(readme + ":" + std::to_string(e.line) + ": the expected output");
+    const auto& got = printed[e.block];
+    for (const auto& want : e.lines)
+      EXPECT_NE(std::find(got.begin(), got.end(), masked(adapted(want, scratch))), got.end())
+          << "the README's expected output shows\n  " << want << "\nwhich the commands above it do not print:\n"
+          << shown[e.block];
   }
   fs::current_path(here);
   fs::remove_all(scratch);

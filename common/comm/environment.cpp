@@ -28,6 +28,11 @@ void start_mpi() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return;
+  // A rank waiting in a collective yields its core instead of spinning on it (Open MPI's
+  // mpi_yield_when_idle; a setting given by the user wins). The communication thread waits while
+  // backward computes, often on the same core: spinning took that core from backward, so overlap
+  // (chapter 05) hid the communication only to lengthen the compute by as much.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   int provided = 0;
   MPI_Init_thread(g_argc, g_argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_MULTIPLE) {
