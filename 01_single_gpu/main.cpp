@@ -6,7 +6,8 @@
 
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
-#include "common/cli/cli.h"             // common flags, validators, exit codes
+#include "common/cli/cli.h"
+#include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them             // common flags, validators, exit codes
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
 #include "common/core/log.h"            // log(): what rank 0 prints
@@ -30,11 +31,8 @@ struct Options {
   std::string model = "linear";
   int epochs = 10;
   float lr = 0.01f;
-  std::int64_t samples = 1000;
   std::int64_t batch_size = 1;
-  std::int64_t features = 16;
-  std::int64_t hidden = 256;
-  int layers = 3;
+  cli::MlpOptions mlp;  // --samples 1000 (both models), --features 16, --hidden 256, --layers 3 (mlp)
   std::string activation = "relu";
   std::string save;
 };
@@ -74,7 +72,7 @@ void worked_example(Device device, metrics::MetricsWriter& out) {
 
 std::shared_ptr<nn::Module> build_model(const Options& o, Device device, std::int64_t features) {
   if (o.model == "mlp")
-    return nn::make_mlp(features, o.hidden, o.layers, 1, nn::parse_activation(o.activation), device, o.common.seed);
+    return nn::make_mlp(features, o.mlp.hidden, o.mlp.layers, 1, nn::parse_activation(o.activation), device, o.common.seed);
   return std::make_shared<nn::Linear>(features, 1, device, o.common.seed);
 }
 
@@ -92,8 +90,8 @@ float evaluate(nn::Module& model, const data::Dataset& dataset, Device device) {
 
 int train(const Options& o, Device device, metrics::MetricsWriter& out) {
   const bool mlp = o.model == "mlp";
-  data::Dataset dataset = mlp ? data::make_house_prices_wide(o.samples, o.features, o.common.seed)
-                              : data::make_house_prices(o.samples, o.common.seed);
+  data::Dataset dataset = mlp ? data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed)
+                              : data::make_house_prices(o.mlp.samples, o.common.seed);
   auto model = build_model(o, device, dataset.features);
   optim::SGD sgd(model->parameters(), o.lr);
   log("Training %s (%lld parameters) on %lld samples, batch %lld, lr %g, %d epochs on %s\n", o.model.c_str(),
@@ -170,24 +168,22 @@ int main(int argc, char** argv) {
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_save_option(app, o.save);
+  o.mlp.samples = 1000;
+  o.mlp.layers = 3;
+  cli::add_mlp_options(app, o.mlp);  // --samples, --features, --hidden, --layers: shared names and bounds
   app.add_option("--model", o.model, "linear (the house-price model) or mlp (wider data, timed)")
       ->check(CLI::IsMember({"linear", "mlp"}))->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
-  app.add_option("--samples", o.samples, "Dataset size")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Samples per step (1 = one sample per step, as in the lesson)")
       ->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--features", o.features, "Input features of the wide dataset (mlp)")
-      ->check(CLI::Range(2, 1 << 16))->capture_default_str();
-  app.add_option("--hidden", o.hidden, "Hidden width (mlp)")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--layers", o.layers, "Hidden layers (mlp)")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
   return cli::run(app, argc, argv, [&] {
     const bool mlp = o.model == "mlp";
-    cli::check_memory(cli::mlp_training_bytes(o.samples, mlp ? o.features : 2, mlp ? o.hidden : 0, mlp ? o.layers : 0,
+    cli::check_memory(cli::mlp_training_bytes(o.mlp.samples, mlp ? o.mlp.features : 2, mlp ? o.mlp.hidden : 0, mlp ? o.mlp.layers : 0,
                                               o.batch_size),
-                      "--samples " + std::to_string(o.samples) + ", --batch-size " + std::to_string(o.batch_size) +
+                      "--samples " + std::to_string(o.mlp.samples) + ", --batch-size " + std::to_string(o.batch_size) +
                           (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
     if (o.model == "linear") worked_example(session.device, session.metrics);

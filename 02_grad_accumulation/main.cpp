@@ -8,7 +8,8 @@
 #include <cmath>
 
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
-#include "common/cli/cli.h"             // common flags, validators, exit codes
+#include "common/cli/cli.h"
+#include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them             // common flags, validators, exit codes
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
 #include "common/core/log.h"            // log(): what rank 0 prints
@@ -29,12 +30,9 @@ struct Options {
   cli::CommonOptions common;
   std::int64_t micro_batch = 16;
   int accum = 4;
-  std::int64_t samples = 1000;
   int epochs = 3;
   float lr = 0.01f;
-  std::int64_t features = 16;
-  std::int64_t hidden = 128;
-  int layers = 2;
+  cli::MlpOptions mlp;  // --samples 1000, --features 16, --hidden 128, --layers 2
   std::string save;
 };
 
@@ -47,7 +45,7 @@ struct RunResult {
 };
 
 std::shared_ptr<nn::Sequential> make_model(const Options& o, const data::Dataset& dataset, Device device) {
-  return nn::make_mlp(dataset.features, o.hidden, o.layers, 1, nn::Activation::relu, device, o.common.seed);
+  return nn::make_mlp(dataset.features, o.mlp.hidden, o.mlp.layers, 1, nn::Activation::relu, device, o.common.seed);
 }
 
 Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
@@ -137,11 +135,11 @@ verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset,
 }
 
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
-  data::Dataset dataset = data::make_house_prices_wide(o.samples, o.features, o.common.seed);
+  data::Dataset dataset = data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed);
   const std::int64_t global_batch = o.micro_batch * o.accum;
   log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s\n",
       o.accum, static_cast<long long>(o.micro_batch), static_cast<long long>(global_batch),
-      static_cast<long long>(o.samples), o.epochs, device_name(device));
+      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device));
   RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum);
   RunResult big = run(o, dataset, device, global_batch, 1);
   RunResult reordered = run(o, dataset, device, global_batch, 1, true);
@@ -176,7 +174,7 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   log("%s\n", passed ? "PASSED" : "FAILED");
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
-             {"global_batch", global_batch}, {"samples", o.samples}, {"device", device_name(device)},
+             {"global_batch", global_batch}, {"samples", o.mlp.samples}, {"device", device_name(device)},
              {"max_weight_diff", drift.difference}, {"noise_floor", drift.noise_floor}, {"drift_ratio", drift.ratio()},
              {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
              {"gradient_bound_ratio", check.worst_gradient_ratio},
@@ -193,23 +191,21 @@ int main(int argc, char** argv) {
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_save_option(app, o.save);
+  o.mlp.samples = 1000;
+  o.mlp.hidden = 128;
+  cli::add_mlp_options(app, o.mlp);  // --samples, --features, --hidden, --layers: shared names and bounds
   app.add_option("--micro-batch", o.micro_batch, "Samples per micro-batch (b)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")
       ->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--samples", o.samples, "Dataset size (need not divide by k*b)")
-      ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
-  app.add_option("--features", o.features, "Input features")->check(CLI::Range(2, 1 << 16))->capture_default_str();
-  app.add_option("--hidden", o.hidden, "Hidden width")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--layers", o.layers, "Hidden layers")->check(cli::PositiveInteger)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
-    if (o.micro_batch > o.samples / o.accum)
+    if (o.micro_batch > o.mlp.samples / o.accum)
       throw UsageError("--micro-batch: " + std::to_string(o.micro_batch) + " x --accum " + std::to_string(o.accum) +
-                       " is more than the " + std::to_string(o.samples) + " samples (--samples)");
-    cli::check_memory(cli::mlp_training_bytes(o.samples, o.features, o.hidden, o.layers, o.micro_batch * o.accum),
-                      "--samples " + std::to_string(o.samples) + ", --hidden " + std::to_string(o.hidden) +
+                       " is more than the " + std::to_string(o.mlp.samples) + " samples (--samples)");
+    cli::check_memory(cli::mlp_training_bytes(o.mlp.samples, o.mlp.features, o.mlp.hidden, o.mlp.layers, o.micro_batch * o.accum),
+                      "--samples " + std::to_string(o.mlp.samples) + ", --hidden " + std::to_string(o.mlp.hidden) +
                           ", --layers and --micro-batch x --accum");
     cli::Session session = cli::start_session(o.common);
     return compare(o, session.device, session.metrics);

@@ -27,25 +27,26 @@ int run(Options& o, cli::Session& session) {
   const nn::TrainingTask task = cli::training_task(o.models, o.mlp, o.training.global_batch, o.verify ? 2 : 1,
                                                    group.local_size(), session.device, o.common.seed);
   const std::int64_t global_batch = cli::global_batch_for(o.training, group.size(), 1, task.size);
-  cli::check_kill_options(o.kill, o.training.steps, o.ckpt_every, group.size(), /*only_rank0_writes=*/true);
+  cli::check_kill_options(o.kill, o.training.steps, o.checkpoints.every, group.size(), /*only_rank0_writes=*/true);
   // The sample order is a function of the global position alone (seed, epoch): any world size can
   // continue it from a checkpoint's position.
   data::SampleStream stream(task.size, o.common.seed);
   Trainer trainer(o, task, group);
   Diagnostics checks(o, session, task, stream, trainer, global_batch);
-  checkpoint::CheckpointFolder folder(o.ckpt_dir, o.keep);
+  checkpoint::CheckpointFolder folder(o.checkpoints.dir, o.checkpoints.keep);
   const checkpoint::RunIdentity identity = run_identity(o, task, *trainer.model, global_batch);
   log("checkpoint failover: %d ranks, %s, %s lr %g, %lld steps of %lld samples; checkpoint every %lld "
       "steps into %s (keeping %d)%s\n",
       group.size(), task.description.c_str(), trainer.optimizer().name().c_str(), o.training.lr,
       static_cast<long long>(o.training.steps), static_cast<long long>(global_batch),
-      static_cast<long long>(o.ckpt_every), o.ckpt_dir.c_str(), o.keep,
+      static_cast<long long>(o.checkpoints.every), o.checkpoints.dir.c_str(), o.checkpoints.keep,
       cli::KillOptions::restart_count() ? (", restart " + std::to_string(cli::KillOptions::restart_count())).c_str() : "");
 
   // 1. Resume or start: with --resume, the newest good checkpoint (a damaged or foreign one is named
   //    and skipped) restores the parameters, the optimizer's moments and the place in the data.
-  const checkpoint::Start start = checkpoint::resume_training(group, folder, o.resume, identity, *trainer.model,
-                                                              trainer.optimizer(), session.metrics, checks.also_restore());
+  const checkpoint::Start start = checkpoint::resume_training(group, folder, o.checkpoints.resume, identity,
+                                                              *trainer.model, trainer.optimizer(), session.metrics,
+                                                              checks.also_restore());
   checkpoint::TrainingState state = start.state;
   checks.begin(start);
 
@@ -61,7 +62,7 @@ int run(Options& o, cli::Session& session) {
     state.epoch = stream.epoch_of(state.samples_seen);
     if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
     // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
-    if (state.step % o.ckpt_every == 0 || state.step == o.training.steps)
+    if (state.step % o.checkpoints.every == 0 || state.step == o.training.steps)
       checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, trainer.optimizer(),
                                              session.metrics, o.kill.during_save_of(state.step, group.rank())));
   }

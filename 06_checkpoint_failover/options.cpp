@@ -13,12 +13,8 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_model_options(app, o.models);
   cli::add_training_options(app, o.training, "Learning rate (Adam's; for the GPT, AdamW's peak)");
   cli::add_mlp_options(app, o.mlp);
-  app.add_option("--ckpt-dir", o.ckpt_dir, "Folder of the checkpoints (rank 0 writes it)")->required();
-  app.add_option("--ckpt-every", o.ckpt_every, "Write a checkpoint every N steps (and at the end)")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->capture_default_str();
-  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(cli::PositiveInteger & CLI::Range(1, 1000))
-      ->capture_default_str();
-  app.add_flag("--resume", o.resume, "Continue from the newest good checkpoint in --ckpt-dir");
+  cli::add_checkpoint_options(app, o.checkpoints, /*required=*/true, "Folder of the checkpoints (rank 0 writes it)",
+                              "any world size, the same --global-batch and --seed");
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)
       ->capture_default_str();
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cli/checkpoint_options.h"
 #include "common/cli/cli.h"
 #include "common/cli/kill_options.h"
 #include "common/cli/model_options.h"
@@ -17,10 +18,7 @@ struct Options {
   cli::TrainingOptions training;  // --steps 200, --global-batch 240, --lr 1e-3
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // --samples, --features, --hidden, --layers
-  std::string ckpt_dir;
-  std::int64_t ckpt_every = 20;
-  int keep = 3;
-  bool resume = false;
+  cli::CheckpointOptions checkpoints;  // --ckpt-dir (required), --ckpt-every 20, --keep 3, --resume
   int log_every = 20;
   cli::KillOptions kill;  // --fail-at-step, --fail-rank, --fail-during-save
   bool verify = false;

@@ -35,7 +35,7 @@ void Diagnostics::begin(const checkpoint::Start& start) {
   start_ = start;
   start_step_ = start.state.step;
   // --fault breaks the resume itself, or with --fault-from-step K the run at step K.
-  fault_step_ = o_.fault_step_given ? o_.faults.from_step : (o_.resume ? start_step_ : -1);
+  fault_step_ = o_.fault_step_given ? o_.faults.from_step : (o_.checkpoints.resume ? start_step_ : -1);
   if (reference_)
     lockstep_ = std::make_unique<verify::Lockstep>(
         reference_, [this](std::int64_t s) { reference_recipe_->update(s); }, &group_, reference_recipe_->clip());

@@ -74,10 +74,9 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = global_batch / ranks;
-  const std::optional<checkpoint::ShardedFolder> folder =
-      plan.checkpointed && !o.ckpt_dir.empty() ? std::optional<checkpoint::ShardedFolder>(std::in_place, o.ckpt_dir, o.keep)
-                                               : std::nullopt;
-  if (folder && o.resume) run.first_step = resume(o, *folder, group, zero, settings(o, stage, task, global_batch));
+  std::optional<checkpoint::ShardedFolder> folder;
+  if (plan.checkpointed && !o.checkpoints.dir.empty()) folder.emplace(o.checkpoints.dir, o.checkpoints.keep);
+  if (folder && o.checkpoints.resume) run.first_step = resume(o, *folder, group, zero, settings(o, stage, task, global_batch));
   std::unique_ptr<ZeroCheck> check;
   if (plan.verified)
     check = std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed, global_batch, o.accum,
@@ -117,7 +116,7 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     if (step == 0) run.ring_bytes = zero.ring_bytes_last_step();
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
-    if (folder && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.training.steps))
+    if (folder && ((step + 1) % o.checkpoints.every == 0 || step + 1 == o.training.steps))
       save(o, *folder, group, zero, *model, step + 1, settings(o, stage, task, global_batch));
   }
   // What the run measured, against the formulas (report.cpp).
@@ -160,10 +159,11 @@ int run(const Options& o, cli::Session& session) {
       o.prefetch ? ", stage 3 prefetching" : "", label.c_str(),
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
-  if (!o.ckpt_dir.empty()) {
-    const checkpoint::ShardedFolder folder(o.ckpt_dir, o.keep);
+  if (!o.checkpoints.dir.empty()) {
+    const checkpoint::ShardedFolder folder(o.checkpoints.dir, o.checkpoints.keep);
     checkpoint::prepare_checkpoint_folder(
-        group, o.ckpt_dir, o.resume, [&] { return folder.remove_incomplete(); }, [&] { return folder.has_checkpoints(); });
+        group, o.checkpoints.dir, o.checkpoints.resume, [&] { return folder.remove_incomplete(); },
+        [&] { return folder.has_checkpoints(); });
   }
   bool passed = true;
   std::vector<StageRun> runs;

@@ -7,6 +7,8 @@ namespace course::chapter07 {
 
 void add_options(CLI::App& app, Options& o) {
   o.training = {20, 240, 1e-3f};
+  o.checkpoints.every = 10;
+  o.checkpoints.keep = 2;
   o.mlp.samples = 4096;
   o.mlp.layers = 8;
   cli::add_common_options(app, o.common);
@@ -24,13 +26,10 @@ void add_options(CLI::App& app, Options& o) {
       ->check(cli::PositiveFinite);
   cli::add_save_option(app, o.save);
   cli::add_sim_network_option(app, o.sim_network);
-  app.add_option("--ckpt-dir", o.ckpt_dir, "Write sharded checkpoints here (one file per rank and an index; on "
-                                           "storage every rank shares)");
-  app.add_option("--ckpt-every", o.ckpt_every, "A checkpoint every N steps (and at the end)")
-      ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->capture_default_str();
-  app.add_option("--keep", o.keep, "Keep the newest K checkpoints")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --ckpt-dir (same world size "
-                                     "and stage)");
+  cli::add_checkpoint_options(app, o.checkpoints, /*required=*/false,
+                              "Write sharded checkpoints here (one file per rank and an index; on storage every rank "
+                              "shares)",
+                              "the same world size and stage");
   app.add_option("--consolidate", o.consolidate, "Write the checkpoint in this step folder as one ordinary "
                                                  "safetensors file (--save), without training");
   app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
@@ -42,17 +41,18 @@ void add_options(CLI::App& app, Options& o) {
 }
 
 void check_options(const Options& o) {
-  if (o.resume && o.ckpt_dir.empty()) throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
+  if (o.checkpoints.resume && o.checkpoints.dir.empty())
+    throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
   cli::check_fault_options(o.faults, o.training.steps);
-  if (o.kill.at_step >= 0 && o.ckpt_dir.empty())
+  if (o.kill.at_step >= 0 && o.checkpoints.dir.empty())
     throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
-  if (o.compare && (!o.ckpt_dir.empty() || !o.save.empty()))
-    throw UsageError(std::string(o.ckpt_dir.empty() ? "--save" : "--ckpt-dir") +
+  if (o.compare && (!o.checkpoints.dir.empty() || !o.save.empty()))
+    throw UsageError(std::string(o.checkpoints.dir.empty() ? "--save" : "--ckpt-dir") +
                      ": checkpoints are of one stage's run; leave out --compare");
 }
 
 void check_options(const Options& o, int ranks) {
-  cli::check_kill_options(o.kill, o.training.steps, o.ckpt_every, ranks, /*only_rank0_writes=*/false);
+  cli::check_kill_options(o.kill, o.training.steps, o.checkpoints.every, ranks, /*only_rank0_writes=*/false);
 }
 
 }  // namespace course::chapter07

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/cli/checkpoint_options.h"
 #include "common/cli/cli.h"
 #include "common/cli/kill_options.h"
 #include "common/cli/model_options.h"
@@ -25,10 +26,7 @@ struct Options {
   double mem_limit_mb = 0;
   cli::FaultOptions faults;      // --fault, --fault-from-step
   cli::KillOptions kill;         // --fail-at-step: a rank killed on purpose, in the checkpointed run
-  std::string ckpt_dir;          // sharded checkpoints of the chosen stage's run
-  std::int64_t ckpt_every = 10;
-  int keep = 2;
-  bool resume = false;
+  cli::CheckpointOptions checkpoints;  // sharded, of the chosen stage's run: --ckpt-dir, --ckpt-every 10, --keep 2
   std::string save;              // the final parameters, consolidated into one ordinary file
   std::string consolidate;       // a step folder to consolidate into --save, without training
   std::string sim_network;       // ALPHA_US,GBPS

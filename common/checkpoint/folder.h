@@ -1,24 +1,24 @@
-// A folder of training checkpoints: step_00000040.safetensors, ..., and `latest`, a one-line text file
-// naming the newest complete one. Every file is written atomically (safetensors.h), and `latest`
-// moves only after its checkpoint is in place, so a crash at any moment leaves the previous
-// checkpoint and a pointer to a complete file. Only rank 0 touches the folder (chapter 06).
+// A folder of training checkpoints, one file a step: step_00000040.safetensors, ..., and `latest`
+// naming the newest complete one (step_folder.h, shared with chapter 07's sharded folders). Every file
+// is written atomically (safetensors.h), and `latest` moves only after its checkpoint is in place, so a
+// crash at any moment leaves the previous checkpoint and a pointer to a complete file. Only rank 0
+// touches the folder (chapter 06).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/checkpoint/safetensors.h"
+#include "common/checkpoint/step_folder.h"
 
 namespace course::checkpoint {
 
-class CheckpointFolder {
+class CheckpointFolder : public StepFolder {
  public:
   // `keep`: how many checkpoints to keep (the newest); at least 1.
   CheckpointFolder(std::string dir, int keep);
-  const std::string& dir() const { return dir_; }
 
-  std::string path_for(std::int64_t step) const;  // dir/step_00000040.safetensors
-  std::string latest_pointer() const;             // dir/latest
+  std::string path_for(std::int64_t step) const { return path_of(step); }  // dir/step_00000040.safetensors
 
   // Writes the checkpoint of `step`, points `latest` at it, then deletes all but the newest `keep`.
   // Returns the bytes written. Creates the folder if it is missing.
@@ -29,17 +29,10 @@ class CheckpointFolder {
   // down (the fallbacks when it is damaged). A pointer that is unreadable or names a missing file is
   // described in `problems`, and the scan goes on without it.
   std::vector<std::string> candidates(std::vector<std::string>* problems = nullptr) const;
-  // Whether the folder holds any checkpoint or pointer (a fresh run refuses to overwrite them).
-  bool has_checkpoints() const;
   // Deletes the temporary files of writers that died mid-write; returns their names.
   std::vector<std::string> remove_partial_writes() const;
   // The step in a checkpoint's file name, or -1 when the name is not one.
   static std::int64_t step_of(const std::string& file_name);
-
- private:
-  std::vector<std::pair<std::int64_t, std::string>> steps_on_disk() const;  // newest first
-  std::string dir_;
-  int keep_;
 };
 
 }  // namespace course::checkpoint

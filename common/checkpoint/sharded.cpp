@@ -17,13 +17,6 @@ namespace {
 constexpr const char* kIndex = "index.json";
 constexpr const char* kFormat = "course-sharded-2";  // 2: each shard's checksum in the index
 
-std::int64_t step_of_folder(const std::string& name) {
-  const std::string prefix = "step_";
-  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
-  const std::string digits = name.substr(prefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
-}
 
 // Every rank learns whether any failed; all then throw the lowest failing rank's message.
 void agree(comm::Communicator& group, const std::string& my_error) {
@@ -68,36 +61,10 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-ShardedFolder::ShardedFolder(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
-  if (keep < 1) throw std::invalid_argument("ShardedFolder: keep " + std::to_string(keep) + " must be at least 1");
-}
-
-std::string ShardedFolder::step_dir(std::int64_t step) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return (fs::path(dir_) / name).string();
-}
-
 std::string ShardedFolder::shard_name(int shard, int shards) {
   char name[64];
   std::snprintf(name, sizeof name, "shard_%05d_of_%05d.safetensors", shard, shards);
   return name;
-}
-
-std::vector<std::pair<std::int64_t, std::string>> ShardedFolder::steps_on_disk() const {
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir_, error)) {
-    const std::int64_t step = step_of_folder(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory(error)) found.emplace_back(step, entry.path().string());
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return found;
-}
-
-bool ShardedFolder::has_checkpoints() const {
-  std::error_code error;
-  return fs::exists(fs::path(dir_) / "latest", error) || !steps_on_disk().empty();
 }
 
 std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, int shards, const NamedTensors& mine,
@@ -142,18 +109,15 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
         const fs::path path = fs::path(folder) / shard_name(r, shards);
         std::error_code e;
         const auto size = fs::file_size(path, e);
-        if (e) throw CheckpointError(path.string() + ": missing after every rank wrote its shard (is " + dir_ +
+        if (e) throw CheckpointError(path.string() + ": missing after every rank wrote its shard (is " + dir() +
                                      " on storage every rank shares?)");
         files.push_back({{"file", shard_name(r, shards)}, {"bytes", size},
                          {"checksum", checksum_from_floats(sum_values.data() + 4 * r)}});
       }
       nlohmann::json index = {{"format", kFormat}, {"step", step}, {"world_size", group.size()}, {"shards", files},
                               {"metadata", metadata}, {"layout", layout}};
-      write_file_atomically((fs::path(folder) / kIndex).string(), index.dump(1) + "\n");
-      write_file_atomically((fs::path(dir_) / "latest").string(), fs::path(folder).filename().string() + "\n");
-      const auto on_disk = steps_on_disk();
-      std::error_code e;
-      for (std::size_t i = static_cast<std::size_t>(keep_); i < on_disk.size(); ++i) fs::remove_all(on_disk[i].second, e);
+      write_file_atomically((fs::path(folder) / kIndex).string(), index.dump(1) + "\n");  // the commit
+      commit(step);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -165,13 +129,9 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
 
 std::optional<std::int64_t> ShardedFolder::latest_complete() const {
   std::error_code error;
-  const fs::path pointer = fs::path(dir_) / "latest";
-  if (fs::is_regular_file(fs::symlink_status(pointer, error))) {  // never a pipe to wait on, nor a folder
-    std::ifstream in(pointer);
-    std::string name;
-    std::getline(in, name);
-    const std::int64_t step = step_of_folder(name);
-    if (step >= 0 && fs::exists(fs::path(dir_) / name / kIndex, error)) return step;
+  if (const auto name = latest_name()) {  // never a pipe to wait on, nor a folder
+    const std::int64_t step = step_in(*name);
+    if (step >= 0 && fs::exists(fs::path(dir()) / *name / kIndex, error)) return step;
   }
   for (const auto& [step, path] : steps_on_disk())
     if (fs::exists(fs::path(path) / kIndex, error)) return step;

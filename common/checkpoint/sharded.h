@@ -17,16 +17,17 @@
 #include <nlohmann/json.hpp>
 
 #include "common/checkpoint/safetensors.h"
+#include "common/checkpoint/step_folder.h"
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
 
 namespace course::checkpoint {
 
-class ShardedFolder {
+// One folder a step (step_folder.h: the step's name, `latest`, keeping the newest K, as chapter 06's).
+class ShardedFolder : public StepFolder {
  public:
-  ShardedFolder(std::string dir, int keep);
-  const std::string& dir() const { return dir_; }
-  std::string step_dir(std::int64_t step) const;  // dir/step_00000020
+  ShardedFolder(std::string dir, int keep) : StepFolder(std::move(dir), keep, "", true) {}
+  std::string step_dir(std::int64_t step) const { return path_of(step); }  // dir/step_00000020
   static std::string shard_name(int shard, int shards);  // shard_00001_of_00004.safetensors
 
   // Collective over `group`. Each rank with a non-empty `mine` writes it as shard `group.rank()` of
@@ -35,8 +36,6 @@ class ShardedFolder {
   std::size_t save(comm::Communicator& group, std::int64_t step, int shards, const NamedTensors& mine,
                    const Metadata& metadata, const nlohmann::json& layout, const WriteProgress& progress = {}) const;
 
-  // Whether the folder holds any step folder or pointer (a fresh run refuses to overwrite them).
-  bool has_checkpoints() const;
   // The newest step whose index is in place, the one `latest` names first; nullopt when none is.
   std::optional<std::int64_t> latest_complete() const;
   // Every step whose index is in place, the one `latest` names first, then newest first: what a resume
@@ -52,11 +51,6 @@ class ShardedFolder {
   // the index's checksum. Every rank learns whether all succeeded: if any failed, all throw
   // CheckpointError with the first rank's message, so none hangs waiting for the others.
   Loaded load_shard(comm::Communicator& group, std::int64_t step) const;
-
- private:
-  std::vector<std::pair<std::int64_t, std::string>> steps_on_disk() const;  // newest first
-  std::string dir_;
-  int keep_;
 };
 
 // Puts the shards of the checkpoint in `step_dir` back together and writes every parameter, under its

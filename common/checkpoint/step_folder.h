@@ -1,0 +1,43 @@
+// What both kinds of checkpoint folder share (chapter 06's one file a step, step_00000040.safetensors,
+// and chapter 07's one folder a step, step_00000040/): the step's name, `latest`, a one-line file
+// naming the newest complete step (moved only once that step is complete, atomically), and keeping
+// only the newest K steps. A crash at any moment leaves the previous step complete and named.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace course::checkpoint {
+
+class StepFolder {
+ public:
+  // `suffix` follows the step's name (".safetensors" for a file a step, "" for a folder a step);
+  // `folders`: each step is a folder. `keep`: how many steps to keep (the newest); at least 1.
+  StepFolder(std::string dir, int keep, std::string suffix, bool folders);
+  const std::string& dir() const { return dir_; }
+
+  std::string path_of(std::int64_t step) const;  // dir/step_00000040 + suffix
+  std::string latest_pointer() const;            // dir/latest
+  // The step in a name of this folder's kind ("step_00000040" + suffix), or -1 when the name is not one.
+  std::int64_t step_in(const std::string& name) const;
+  // What `latest` names: nullopt when there is no pointer; an empty string when it is not a regular
+  // file (never a pipe to wait on, nor a folder) or holds nothing.
+  std::optional<std::string> latest_name() const;
+  // Whether the folder holds any step or pointer (a fresh run refuses to overwrite them).
+  bool has_checkpoints() const;
+
+ protected:
+  // Points `latest` at `step` (complete and durable by now), then removes all but the newest `keep`.
+  void commit(std::int64_t step) const;
+  std::vector<std::pair<std::int64_t, std::string>> steps_on_disk() const;  // newest first
+
+ private:
+  std::string dir_;
+  int keep_;
+  std::string suffix_;
+  bool folders_;
+};
+
+}  // namespace course::checkpoint
