@@ -100,7 +100,8 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
     targets.push_back(b.targets);
   }
   const int p = topology.pp_size();
-  return parallel::run_pipeline(*run.stage, topology.pp_group(),
+  const parallel::PipelineLinks links{topology.pp_group(), topology.previous_stage(), topology.next_stage()};
+  return parallel::run_pipeline(*run.stage, links,
                                 parallel::make_schedule(schedule, p, static_cast<int>(parts.size())), ids, targets,
                                 data::AdditionTask::kIgnore, run.ddp.get());
 }

@@ -255,9 +255,11 @@ TEST(Agree, ScalarsStringsAndTheFirstError) {
   const int me = world().rank(), n = world().size();
   EXPECT_EQ(comm::all_reduce_scalar(world(), static_cast<float>(me), ReduceOp::max), static_cast<float>(n - 1));
   EXPECT_EQ(comm::all_reduce_scalar(world(), 1.0f, ReduceOp::sum), static_cast<float>(n));
-  std::string text = me == n - 1 ? std::string("from the last rank, \0 and all", 31) : "";
+  static constexpr char kSent[] = "from the last rank, \0 and all";  // a NUL byte inside, too
+  const std::string sent(kSent, sizeof kSent - 1);
+  std::string text = me == n - 1 ? sent : "";
   comm::broadcast_string(world(), text, n - 1);
-  EXPECT_EQ(text, std::string("from the last rank, \0 and all", 31));
+  EXPECT_EQ(text, sent);
   EXPECT_FALSE(comm::first_error(world(), "").any());
   // Ranks 1 and up fail, each with its own message: every rank learns rank 1's.
   const auto first = comm::first_error(world(), me >= 1 ? "rank " + std::to_string(me) + " failed" : "");

@@ -61,7 +61,8 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
         micro_ids.push_back(narrow(ids, i * rows, rows));
         micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
       }
-      const auto step = parallel::run_pipeline(stage, pp, parallel::make_schedule(name, pp.size(), m), micro_ids,
+      const auto step = parallel::run_pipeline(stage, parallel::PipelineLinks::along(pp),
+          parallel::make_schedule(name, pp.size(), m), micro_ids,
                                                micro_targets);
       parallel::finish_gradients(stage);
       EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
@@ -105,7 +106,8 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
   for (const bool sequence_parallel : {false, true}) {
     SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
     parallel::PipelineStageGPT stage(full, *pp, tp.get(), sequence_parallel);
-    const auto step = parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
+    const auto step = parallel::run_pipeline(stage, parallel::PipelineLinks::along(*pp),
+        parallel::make_schedule("1f1b", pp_size, 4), micro_ids,
                                              micro_targets);
     parallel::finish_gradients(stage);
     EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
@@ -144,7 +146,8 @@ TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
     EXPECT_TRUE(parameters.empty());
   }
   std::vector<Tensor> micro_ids{ids}, micro_targets{targets};
-  parallel::run_pipeline(stage, *pp, parallel::make_schedule("1f1b", pp_size, 1), micro_ids, micro_targets);
+  parallel::run_pipeline(stage, parallel::PipelineLinks::along(*pp),
+      parallel::make_schedule("1f1b", pp_size, 1), micro_ids, micro_targets);
   parallel::finish_gradients(stage);
   const auto gradients = gather.gradients();
   if (world().rank() == 0) {
@@ -189,7 +192,8 @@ TEST(Pipeline, ReplicasOfThePipelineAverageOnceThroughDdp) {
     micro_ids.push_back(narrow(ids, first, rows));
     micro_targets.push_back(narrow(targets, first * kT, rows * kT));
   }
-  parallel::run_pipeline(*stage, *pp, parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
+  parallel::run_pipeline(*stage, parallel::PipelineLinks::along(*pp),
+      parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
   parallel::finish_gradients(*stage);
   EXPECT_EQ(ddp.synchronisations(), 1);
   for (const auto& [name, p] : stage->named_parameters())
@@ -208,7 +212,8 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
       micro_ids.push_back(narrow(ids, i, 1));
       micro_targets.push_back(narrow(targets, i * kT, kT));
     }
-    peak[name] = parallel::run_pipeline(stage, pp, parallel::make_schedule(name, pp.size(), 8), micro_ids, micro_targets)
+    peak[name] = parallel::run_pipeline(stage, parallel::PipelineLinks::along(pp),
+        parallel::make_schedule(name, pp.size(), 8), micro_ids, micro_targets)
                      .peak_activation_bytes;
   }
   // GPipe keeps all 8 micro-batches' activations; 1F1B at most p - s of them.

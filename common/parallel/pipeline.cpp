@@ -128,9 +128,15 @@ void PipelineStageGPT::sync_tied_gradients() {
   grad.copy_from(add(grad, theirs));
 }
 
-PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
+PipelineLinks PipelineLinks::along(comm::Communicator& group) {
+  const int s = group.rank();
+  return {group, s > 0 ? s - 1 : -1, s + 1 < group.size() ? s + 1 : -1};
+}
+
+PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
                           DistributedDataParallel* ddp) {
+  comm::Communicator& pp = links.group;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
@@ -166,7 +172,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
         inputs[i] = ids[i];
       } else {
         inputs[i] = Tensor::empty(stage.activation_shape(batch, t), device);
-        pp.recv(inputs[i], s - 1, tag(i, false));
+        pp.recv(inputs[i], links.previous, tag(i, false));
         inputs[i].set_requires_grad(true);
         begin = since();
       }
@@ -177,7 +183,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
         loss += outputs[i].item();
       } else {
         outputs[i] = out;
-        sends.push_back(pp.send_async(out.detach(), s + 1, tag(i, false)));
+        sends.push_back(pp.send_async(out.detach(), links.next, tag(i, false)));
       }
     } else {
       std::optional<DistributedDataParallel::NoSyncGuard> accumulate_only;  // the replicas average once, at the last
@@ -186,11 +192,11 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const
         outputs[i].backward();
       } else {
         Tensor grad = Tensor::empty(outputs[i].shape(), device);
-        pp.recv(grad, s + 1, tag(i, true));
+        pp.recv(grad, links.next, tag(i, true));
         begin = since();
         autograd::backward(outputs[i], grad);
       }
-      if (!stage.is_first()) sends.push_back(pp.send_async(inputs[i].grad(), s - 1, tag(i, true)));
+      if (!stage.is_first()) sends.push_back(pp.send_async(inputs[i].grad(), links.previous, tag(i, true)));
       outputs[i] = Tensor();  // the micro-batch's activations go with its graph
       inputs[i] = Tensor();
     }

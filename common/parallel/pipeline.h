@@ -87,7 +87,16 @@ struct PipelineStep {
 // stage wrapped in chapter 04/05's DistributedDataParallel on its DP group), every backward but the
 // stage's last runs under no_sync, so the replicas average the accumulated gradients once, in buckets
 // during the last.
-PipelineStep run_pipeline(PipelineStageGPT& stage, comm::Communicator& pp, const PipelineSchedule& schedule,
+// The pipeline group and this stage's neighbours in it, as the topology gives them
+// (Topology::previous_stage and next_stage: -1 at the ends of the pipeline).
+struct PipelineLinks {
+  comm::Communicator& group;
+  int previous = -1, next = -1;
+  // A pipeline group on its own (a test, or a pipeline outside a grid): its ranks are the stages in order.
+  static PipelineLinks along(comm::Communicator& group);
+};
+
+PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
                           DistributedDataParallel* ddp = nullptr);
 
