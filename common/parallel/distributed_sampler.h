@@ -28,7 +28,6 @@ class DistributedSampler {
   int rank() const { return rank_; }
 
   void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
-  std::uint64_t epoch() const { return epoch_; }
   std::int64_t num_samples() const { return num_samples_; }  // per rank, per epoch
   std::int64_t total_size() const { return num_samples_ * num_replicas_; }
 

@@ -49,7 +49,6 @@ class PipelineStageGPT : public TensorParallelModule {
   // After backward, with sequence parallelism: adds the partial gradients of the parameters whole on
   // every TP rank over the TP group (all_reduce_gradients).
   void sync_sequence_parallel_gradients() override;
-  bool sequence_parallel() const { return sequence_parallel_; }
   const nn::GPTConfig& config() const { return config_; }
 
  private:
