@@ -62,6 +62,24 @@ TEST(DistributedSampler, GlobalOrderInterleavesTheRanks) {
   EXPECT_EQ(s2.indices()[1], order[5]);
 }
 
+// The epoch's order is kept between steps (a shuffle of millions of windows per step was most of a
+// character model's step): batches taken in any order of steps, across epochs and back, are the
+// epoch's order sliced, the same as from a fresh sampler.
+TEST(DistributedSampler, BatchesAcrossEpochsInAnyOrderAreTheirEpochsSlices) {
+  const std::int64_t n = 10, local = 2;
+  DistributedSampler kept(n, 2, 1, 3);
+  for (std::int64_t step : {0, 4, 2, 5, 7, 1, 9, 0, 12, 3}) {
+    DistributedSampler fresh(n, 2, 1, 3);
+    const auto epoch = static_cast<std::uint64_t>(step / fresh.steps_per_epoch(local));
+    fresh.set_epoch(epoch);
+    const auto mine = fresh.indices();
+    const std::int64_t begin = (step % fresh.steps_per_epoch(local)) * local;
+    const std::vector<std::int64_t> expected(mine.begin() + begin,
+                                             mine.begin() + std::min<std::int64_t>(begin + local, fresh.num_samples()));
+    EXPECT_EQ(kept.batch(step, local), expected) << "step " << step;
+  }
+}
+
 TEST(DistributedSampler, ARankOutsideTheReplicasIsRefused) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), std::invalid_argument);
   EXPECT_THROW(DistributedSampler(10, 2, -1), std::invalid_argument);

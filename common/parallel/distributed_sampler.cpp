@@ -24,7 +24,8 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replic
 
 std::vector<std::int64_t> DistributedSampler::global_order() const { return global_order(epoch_); }
 
-std::vector<std::int64_t> DistributedSampler::global_order(std::uint64_t epoch) const {
+const std::vector<std::int64_t>& DistributedSampler::order_of(std::uint64_t epoch) const {
+  if (cached_order_ && cached_epoch_ == epoch) return *cached_order_;
   std::vector<std::int64_t> order;
   if (shuffle_) {
     order = data::shuffled_indices(dataset_size_, seed_, epoch);
@@ -35,7 +36,9 @@ std::vector<std::int64_t> DistributedSampler::global_order(std::uint64_t epoch) 
   const auto total = static_cast<std::size_t>(total_size());
   if (order.size() > total) order.resize(total);  // drop_last: trim the tail
   for (std::size_t i = 0; order.size() < total; ++i) order.push_back(order[i % static_cast<std::size_t>(dataset_size_)]);  // pad by wrapping
-  return order;
+  cached_order_ = std::make_shared<const std::vector<std::int64_t>>(std::move(order));
+  cached_epoch_ = epoch;
+  return *cached_order_;
 }
 
 std::vector<std::int64_t> DistributedSampler::indices() const {
@@ -61,7 +64,7 @@ DistributedSampler::Slice DistributedSampler::slice(std::int64_t step, std::int6
 
 std::vector<std::int64_t> DistributedSampler::batch(std::int64_t step, std::int64_t local_batch) const {
   const Slice s = slice(step, local_batch);
-  const auto order = global_order(s.epoch);
+  const auto& order = order_of(s.epoch);
   std::vector<std::int64_t> mine;
   for (std::int64_t p = s.begin; p < s.end; ++p)
     mine.push_back(order[static_cast<std::size_t>(p * num_replicas_ + rank_)]);
@@ -70,7 +73,7 @@ std::vector<std::int64_t> DistributedSampler::batch(std::int64_t step, std::int6
 
 std::vector<std::int64_t> DistributedSampler::global_batch(std::int64_t step, std::int64_t local_batch) const {
   const Slice s = slice(step, local_batch);
-  const auto order = global_order(s.epoch);
+  const auto& order = order_of(s.epoch);
   return {order.begin() + s.begin * num_replicas_, order.begin() + s.end * num_replicas_};
 }
 

@@ -9,6 +9,7 @@
 // single-rank run must see to compute the same step).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/comm/communicator.h"
@@ -56,7 +57,12 @@ class DistributedSampler {
   std::uint64_t epoch_ = 0;
   std::int64_t num_samples_;
 
-  std::vector<std::int64_t> global_order(std::uint64_t epoch) const;
+  // The epoch's order, computed once per epoch and kept: shuffling a dataset of millions of windows
+  // (a character model's text) takes tens of milliseconds, too much to pay at every step.
+  const std::vector<std::int64_t>& order_of(std::uint64_t epoch) const;
+  mutable std::shared_ptr<const std::vector<std::int64_t>> cached_order_;
+  mutable std::uint64_t cached_epoch_ = 0;
+  std::vector<std::int64_t> global_order(std::uint64_t epoch) const { return order_of(epoch); }
   struct Slice {
     std::uint64_t epoch;
     std::int64_t begin, end;  // this step's positions in each rank's share
