@@ -1,25 +1,32 @@
 // One training step (forward, backward, optimizer step, zero_grad) of the course's MLP or GPT, timed;
-// for the MLP also the step's GEMMs alone, called straight on OpenBLAS in the same run, so the ratio
+// for the MLP also the step's GEMMs alone, called straight on the library's GEMM (oneDNN or OpenBLAS,
+// common/kernels/cpu_gemm.h) in the same run, so the ratio
 // step / GEMMs says how much the library adds on top of the arithmetic it cannot avoid.
 //   bench_step --model mlp --width 1024 --threads 2
-//   bench_step --model gpt --threads 1 --json
+//   bench_step --model gpt --threads 1 --json                  the chapters' default GPT on addition
+//   bench_step --model gpt --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch 8 --profile
+// With --block-size the GPT reads random tokens of --vocab characters (65, a character model's) in
+// windows of that length: the shapes people train, where attention, layer norm and the embeddings
+// weigh more than on the addition task's 8-token problems. --profile prints the step op by op,
+// forward and backward (common/autograd/profiler.h).
 // --save-init FILE writes the initial weights and the batch (safetensors, with the run's settings in its
 // metadata): benchmarks/peer/peer_step.py loads them into PyTorch, runs the same step, and compares
 // both the time and the first losses.
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "common/autograd/profiler.h"
 #include "common/checkpoint/parameters.h"
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
 #include "common/core/cuda_runtime.h"
+#include "common/kernels/cpu_gemm.h"
 #include "common/kernels/kernels.h"
 #include "common/nn/tasks.h"
 #include "common/optim/optimizer.h"
+#include "common/tensor/random.h"
 
 using namespace course;
 
@@ -29,6 +36,8 @@ struct Options {
   std::string model = "mlp";
   std::int64_t width = 256;  // the MLP's hidden width, and its batch
   std::int64_t batch = 240;  // the GPT's batch (chapter 04's global batch)
+  nn::GPTConfig gpt{2, 4, 64, 0, 65, 0.0f};  // --n-layer, --n-head, --n-embd; --block-size 0: the addition task
+  bool profile = false;
   int threads = 1;
   int steps = 30, warmup = 3, check_steps = 3;
   std::string save_init;
@@ -90,8 +99,8 @@ double time_gemms(const std::vector<Gemm>& gemms) {
   auto start = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < gemms.size(); ++i) {
     const Gemm& g = gemms[i];
-    cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
-                1.0f, a[i].data(), g.ta ? g.m : g.k, b[i].data(), g.tb ? g.k : g.n, 0.0f, c[i].data(), g.n);
+    cpu::sgemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a[i].data(), g.ta ? g.m : g.k, b[i].data(), g.tb ? g.k : g.n, 0.0f,
+               c[i].data(), g.n);
   }
   return ms_since(start);
 }
@@ -121,21 +130,40 @@ int run(const Options& o) {
                      {"optimizer", "sgd"}, {"lr", kMlpLr}});
     inputs = {{"input.x", x}, {"input.y", y}};
   } else {
-    cli::ModelOptions defaults;  // the chapters' default GPT on the addition task
-    auto gpt = nn::gpt_task(defaults.gpt, defaults.digits, o.batch, 0, device, o.common.seed);
-    model = gpt.task.make_model(o.common.seed);
-    std::vector<std::int64_t> samples(static_cast<std::size_t>(o.batch));
-    for (std::int64_t i = 0; i < o.batch; ++i) samples[static_cast<std::size_t>(i)] = i;
-    auto batch = gpt.data->batch(samples, device);
-    loss = [&model, batch] { return cross_entropy((*model)(batch.ids), batch.targets, data::AdditionTask::kIgnore); };
+    nn::GPTConfig c = o.gpt;
+    Tensor ids, targets;
+    if (c.block_size == 0) {  // the chapters' default GPT on the addition task
+      cli::ModelOptions defaults;
+      c.vocab_size = defaults.gpt.vocab_size;
+      auto gpt = nn::gpt_task(c, defaults.digits, o.batch, 0, device, o.common.seed);
+      c = gpt.config;
+      std::vector<std::int64_t> samples(static_cast<std::size_t>(o.batch));
+      for (std::int64_t i = 0; i < o.batch; ++i) samples[static_cast<std::size_t>(i)] = i;
+      auto batch = gpt.data->batch(samples, device);
+      ids = batch.ids, targets = batch.targets;
+    } else {  // random windows of a text of vocab_size characters: every position is a target
+      c.check();
+      std::vector<float> tokens(static_cast<std::size_t>(o.batch * (c.block_size + 1)));
+      for (std::size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = static_cast<float>(random_bits(o.common.seed + 3, i) % static_cast<std::uint64_t>(c.vocab_size));
+      std::vector<float> in, next;
+      for (std::int64_t b = 0; b < o.batch; ++b) {
+        const auto row = tokens.begin() + b * (c.block_size + 1);
+        in.insert(in.end(), row, row + c.block_size);
+        next.insert(next.end(), row + 1, row + c.block_size + 1);
+      }
+      ids = Tensor::from_host(in, {o.batch, c.block_size}, device);
+      targets = Tensor::from_host(next, {o.batch * c.block_size}, device);
+    }
+    model = std::make_shared<nn::GPT>(c, device, o.common.seed);
+    loss = [&model, ids, targets] { return cross_entropy((*model)(ids), targets, data::AdditionTask::kIgnore); };
     optimizer = std::make_unique<optim::Adam>(optim::weight_decay_groups(model->parameters(), kGptWeightDecay), kGptLr,
                                               0.9f, 0.95f, 1e-8f, true);
-    const auto& c = gpt.config;
     settings.update({{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
                      {"block_size", c.block_size}, {"vocab_size", c.vocab_size}, {"batch", o.batch},
-                     {"tokens", batch.ids.numel()}, {"loss", "cross_entropy"}, {"optimizer", "adamw"},
+                     {"tokens", ids.numel()}, {"loss", "cross_entropy"}, {"optimizer", "adamw"},
                      {"lr", kGptLr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", kGptWeightDecay}});
-    inputs = {{"input.ids", batch.ids}, {"input.targets", batch.targets}};
+    inputs = {{"input.ids", ids}, {"input.targets", targets}};
   }
   settings["parameters"] = model->parameter_count();
 
@@ -146,12 +174,17 @@ int run(const Options& o) {
   }
 
   std::vector<double> losses, step_ms, gemm_ms;
+  std::unique_ptr<autograd::profiler::Profile> profile;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
+    if (o.profile && step == o.warmup) profile = std::make_unique<autograd::profiler::Profile>(device);
     auto start = std::chrono::steady_clock::now();
     Tensor l = loss();
     l.backward();
-    optimizer->step();
-    optimizer->zero_grad();
+    {
+      autograd::profiler::RecordFunction timed(o.model == "gpt" ? "adamw step" : "sgd step");
+      optimizer->step();
+      optimizer->zero_grad();
+    }
     sync(device);
     const double ms = ms_since(start);
     if (step < o.check_steps) losses.push_back(l.item());
@@ -162,24 +195,47 @@ int run(const Options& o) {
 
   nlohmann::json result = settings;
   result["device"] = device_name(device);
+  if (device == Device::cpu) result["gemm_library"] = cpu::gemm_library();
   result["step_ms"] = median(step_ms);
   result["losses"] = losses;
   if (!gemm_ms.empty()) {
     result["gemm_ms"] = median(gemm_ms);
     result["step_over_gemm"] = median(step_ms) / median(gemm_ms);
   }
+  // The profile, per step: each op's forward and backward milliseconds (the step's mean over the timed
+  // steps; the profiler's own synchronisation makes the profiled steps a little slower than step_ms).
+  nlohmann::json ops = nlohmann::json::array();
+  double profiled_ms = 0;
+  if (profile) {
+    for (const auto& op : profile->table()) {
+      ops.push_back({{"op", op.name}, {"forward_ms", op.forward_ms / o.steps}, {"backward_ms", op.backward_ms / o.steps}});
+      profiled_ms += (op.forward_ms + op.backward_ms) / o.steps;
+    }
+    result["ops"] = ops;
+  }
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
   } else {
-    std::printf("%s on %s, %d thread(s), %lld parameters: step %.3f ms (median of %d)\n", o.model.c_str(),
-                device_name(device), o.threads, static_cast<long long>(model->parameter_count()), median(step_ms),
-                o.steps);
+    std::printf("%s on %s%s%s, %d thread(s), %lld parameters: step %.3f ms (median of %d)\n", o.model.c_str(),
+                device_name(device), device == Device::cpu ? ", GEMMs on " : "",
+                device == Device::cpu ? cpu::gemm_library() : "", o.threads,
+                static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
     if (!gemm_ms.empty())
-      std::printf("  its GEMMs alone (OpenBLAS, same shapes): %.3f ms; step / GEMMs = %.2f\n", median(gemm_ms),
+      std::printf("  its GEMMs alone (same library, same shapes): %.3f ms; step / GEMMs = %.2f\n", median(gemm_ms),
                   median(step_ms) / median(gemm_ms));
     std::printf("  first losses:");
     for (double l : losses) std::printf(" %.7g", l);
     std::printf("\n");
+    if (profile) {
+      std::printf("  per step, op by op (profiled):\n  %-18s %10s %10s %7s\n", "op", "fwd ms", "bwd ms", "share");
+      for (const auto& op : ops) {
+        const double both = op["forward_ms"].get<double>() + op["backward_ms"].get<double>();
+        std::printf("  %-18s %10.3f %10.3f %6.1f%%\n", op["op"].get<std::string>().c_str(), op["forward_ms"].get<double>(),
+                    op["backward_ms"].get<double>(), 100.0 * both / median(step_ms));
+      }
+      std::printf("  %-18s %21.3f %6.1f%%  (the engine, allocation, everything between ops)\n", "outside the ops",
+                  median(step_ms) - profiled_ms, 100.0 * (median(step_ms) - profiled_ms) / median(step_ms));
+    }
   }
   return 0;
 }
@@ -191,7 +247,16 @@ int main(int argc, char** argv) {
   CLI::App app{"Times one training step of the course's MLP or GPT (and, for the MLP, its GEMMs alone)"};
   app.add_option("--model", o.model, "mlp or gpt")->check(CLI::IsMember({"mlp", "gpt"}));
   app.add_option("--width", o.width, "the MLP's hidden width, also its batch")->check(cli::PositiveInteger);
-  app.add_option("--batch", o.batch, "the GPT's batch of addition problems")->check(cli::PositiveInteger);
+  app.add_option("--batch", o.batch, "the GPT's batch: addition problems, or windows with --block-size")
+      ->check(cli::PositiveInteger);
+  app.add_option("--n-layer", o.gpt.n_layer, "GPT blocks")->check(CLI::Range(1, 64));
+  app.add_option("--n-head", o.gpt.n_head, "GPT attention heads (must divide --n-embd)")->check(CLI::Range(1, 256));
+  app.add_option("--n-embd", o.gpt.n_embd, "GPT width")->check(CLI::Range(1, 1 << 14));
+  app.add_option("--block-size", o.gpt.block_size, "GPT windows of this many random tokens (0: the addition task)")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--vocab", o.gpt.vocab_size, "the random tokens' vocabulary, with --block-size")
+      ->check(CLI::Range(2, 1 << 20));
+  app.add_flag("--profile", o.profile, "time the step op by op, forward and backward");
   app.add_option("--threads", o.threads, "CPU threads (GEMM and element-wise kernels)")->check(cli::PositiveInteger);
   app.add_option("--steps", o.steps, "timed steps")->check(cli::PositiveInteger);
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);

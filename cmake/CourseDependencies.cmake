@@ -5,6 +5,15 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(OpenBLAS MODULE REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)  # threads for the CPU kernels' element-wise loops
 message(STATUS "OpenBLAS: ${OpenBLAS_LIBRARIES}")
+# oneDNN (Debian: libdnnl-dev), optional: the CPU's GEMMs run on it when found (common/kernels/cpu_gemm.h).
+set(COURSE_HAVE_DNNL OFF)
+if(NOT COURSE_DNNL STREQUAL "OFF")
+  find_package(dnnl CONFIG QUIET)
+  if(dnnl_FOUND)
+    set(COURSE_HAVE_DNNL ON)
+  endif()
+endif()
+message(STATUS "CPU GEMM: oneDNN ${COURSE_HAVE_DNNL} (else OpenBLAS)")
 
 # CUDA is optional. Without a GPU to detect, build for Ampere (80) and Hopper (90).
 set(COURSE_HAVE_CUDA OFF)

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/autograd/autograd.h"
+#include "common/autograd/profiler.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 
@@ -104,6 +105,30 @@ TEST(Autograd, HookNamesTheParameterAndCallbacksRunWhenBackwardEnds) {
   EXPECT_EQ(events.back(), "end");  // after every hook of the pass
   EXPECT_EQ(std::count(events.begin(), events.end(), "end"), 1);
   EXPECT_THROW(autograd::queue_callback([] {}), std::logic_error);  // no backward is running
+}
+
+// The op profiler: each primitive op's forward and backward counted once under its name, the ops run
+// inside another op's scope (matmul's backward runs two matmuls) not counted again, nothing recorded
+// without a Profile.
+TEST(Profiler, CountsEachOpsForwardAndBackwardOnce) {
+  Tensor w = Tensor::randn({3, 4}, 1).set_requires_grad(true);
+  Tensor x = Tensor::randn({2, 4}, 2);
+  sum(matmul(x, w, false, true)).backward();  // before the profile: not counted
+  autograd::profiler::Profile profile(Device::cpu);
+  sum(matmul(x, w, false, true)).backward();
+  const auto table = profile.table();
+  auto find = [&](const std::string& name) {
+    auto it = std::find_if(table.begin(), table.end(), [&](const auto& op) { return op.name == name; });
+    return it == table.end() ? autograd::profiler::OpTime{} : *it;
+  };
+  EXPECT_EQ(find("matmul").forward_calls, 1);
+  EXPECT_EQ(find("matmul").backward_calls, 1);  // its two GEMMs inside are the backward's own time
+  EXPECT_EQ(find("sum").forward_calls, 1);
+  EXPECT_EQ(find("sum").backward_calls, 1);
+  EXPECT_EQ(table.size(), 2u);
+  for (const auto& op : table) EXPECT_GE(op.forward_ms + op.backward_ms, 0.0) << op.name;
+  profile.reset();
+  EXPECT_TRUE(profile.table().empty());
 }
 
 TEST(Autograd, BackwardFromANonScalarOutputWithItsGradient) {

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """The course's training step against PyTorch's, on the CPU, side by side in one run.
 
-For each case (the MLP at widths 256 and 1024, the chapters' default GPT; 1 and 2 threads) the course's
-bench_step writes its initial weights and its batch to a safetensors file; this script loads them into
-the same model written in PyTorch, runs the same step (forward, loss, backward, optimizer step,
-zero_grad) with the same number of threads, and prints
+For each case (the MLP at widths 256 and 1024; the chapters' default GPT on addition; the GPT at the
+shapes people train: a character model of width 96 at block 64, width 128 at block 128, nanoGPT's
+shakespeare-char model of 6 layers x 384 at block 256, width 768 at block 1024; 1 and 2 threads) the
+course's bench_step writes its initial weights and its batch to a safetensors file; this script loads
+them into the same model written in PyTorch, runs the same step (forward, loss, backward, optimizer
+step, zero_grad) with the same number of threads, and prints
 
   * the first losses of both: the same weights and data must give the same numbers (to float32 rounding),
     which checks that the two programs really run the same computation;
   * the median step time of both and the ratio ours / PyTorch's, measured in alternating rounds so that
     the machine's drift falls on both alike.
+
+With --profile it also prints, for each case, where the step's time goes on both sides, op group by op
+group (GEMMs, attention, layer norm, GELU, cross-entropy, embeddings, adds, optimizer), from
+bench_step --profile and torch.profiler.
 
 With --weights FILE it only loads FILE (chapter 07's consolidated checkpoint of the default GPT, or any
 chapter's --save of it) into PyTorch's GPT by name, strictly, and prints its loss on bench_step's batch
@@ -18,6 +24,7 @@ beside the initial weights' loss.
 PyTorch lives in its own virtual environment (scripts/setup_peer.sh); the course never needs it.
   scripts/setup_peer.sh
   .venv-peer/bin/python benchmarks/peer/peer_step.py [--bench build/release/benchmarks/bench_step]
+  .venv-peer/bin/python benchmarks/peer/peer_step.py --cases "gpt 6x384" --threads 2 --profile
   .venv-peer/bin/python benchmarks/peer/peer_step.py --weights model.safetensors
 """
 import argparse
@@ -40,7 +47,32 @@ except ImportError as error:
     sys.exit(f"peer_step: {error.name} is missing; run scripts/setup_peer.sh and use .venv-peer/bin/python")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CASES = [("mlp", 256), ("mlp", 1024), ("gpt", None)]
+# name, bench_step's flags, timed steps per round.
+CASES = [
+    ("mlp 256", ["--model", "mlp", "--width", "256"], 30),
+    ("mlp 1024", ["--model", "mlp", "--width", "1024"], 10),
+    ("gpt addition", ["--model", "gpt"], 30),
+    ("gpt 3x96 T64 B64", ["--model", "gpt", "--n-layer", "3", "--n-head", "4", "--n-embd", "96", "--block-size", "64",
+                          "--batch", "64"], 10),
+    ("gpt 4x128 T128 B32", ["--model", "gpt", "--n-layer", "4", "--n-head", "4", "--n-embd", "128", "--block-size",
+                            "128", "--batch", "32"], 10),
+    ("gpt 6x384 T256 B8", ["--model", "gpt", "--n-layer", "6", "--n-head", "6", "--n-embd", "384", "--block-size",
+                           "256", "--batch", "8"], 4),
+    ("gpt 4x768 T1024 B1", ["--model", "gpt", "--n-layer", "4", "--n-head", "12", "--n-embd", "768", "--block-size",
+                            "1024", "--batch", "1"], 3),
+]
+# The profile's op groups: our op names and PyTorch's (aten) ones that do the same work.
+GROUPS = [
+    ("GEMMs (linear, head)", {"linear", "matmul"}, {"aten::addmm", "aten::mm", "aten::bmm"}),
+    ("attention", {"attention"}, {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}),
+    ("layer norm", {"layer_norm"}, {"aten::native_layer_norm", "aten::native_layer_norm_backward"}),
+    ("GELU", {"gelu_tanh", "gelu"}, {"aten::gelu", "aten::gelu_backward"}),
+    ("cross-entropy", {"cross_entropy"}, {"aten::_log_softmax", "aten::_log_softmax_backward_data",
+                                          "aten::nll_loss_forward", "aten::nll_loss_backward"}),
+    ("embeddings", {"embedding"}, {"aten::embedding", "aten::index_select", "aten::embedding_dense_backward"}),
+    ("adds, sums", {"add", "sum", "scale", "mean"}, {"aten::add", "aten::sum", "aten::add_"}),
+]
 # Same weights, same data: only the order of float32 additions differs (OpenBLAS against MKL/oneDNN
 # blocking, our double-precision reductions), a few parts in 1e6 per step, over three steps.
 LOSS_RTOL = 1e-4
@@ -131,11 +163,14 @@ def torch_step(path):
                                       lr=settings["lr"], betas=tuple(settings["betas"]), eps=settings["eps"])
     model.load_state_dict(tensors, strict=True)
 
-    def step():
+    def step(timings=None):
         loss = loss_fn()
         loss.backward()
+        start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
+        if timings is not None:
+            timings.append((time.perf_counter() - start) * 1e3)
         return loss
 
     return step
@@ -156,11 +191,49 @@ def time_torch(path, threads, warmup, steps, check_steps):
     return statistics.median(times), losses
 
 
-def run_ours(bench, model, width, threads, warmup, steps, save_init=None):
-    command = [bench, "--model", model, "--threads", str(threads), "--warmup", str(warmup), "--steps", str(steps),
-               "--json", "--device", "cpu"]
-    if width:
-        command += ["--width", str(width)]
+def profile_torch(path, threads, steps):
+    """PyTorch's step by op group (self CPU time per step, ms), the optimizer timed on its own."""
+    from torch.profiler import profile, ProfilerActivity
+    torch.set_num_threads(threads)
+    step = torch_step(path)
+    for _ in range(2):
+        step()
+    optimizer_ms, totals = [], {}
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step(optimizer_ms)
+    step_ms = (time.perf_counter() - start) * 1e3 / steps
+    for event in prof.key_averages():
+        totals[event.key] = totals.get(event.key, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    return step_ms, statistics.mean(optimizer_ms), totals
+
+
+def print_profiles(ours, torch_profile):
+    """Side by side: each op group's ms per step, ours and PyTorch's, and the rest of the step."""
+    torch_step_ms, torch_optimizer_ms, torch_ops = torch_profile
+    our_ops = {op["op"]: op["forward_ms"] + op["backward_ms"] for op in ours["ops"]}
+    rows, our_rest, torch_rest = [], ours["step_ms"], torch_step_ms
+    for name, our_names, torch_names in GROUPS:
+        a = sum(v for k, v in our_ops.items() if k in our_names)
+        b = sum(v for k, v in torch_ops.items() if k in torch_names)
+        rows.append((name, a, b))
+        our_rest -= a
+        torch_rest -= b
+    a = our_ops.get("adamw step", our_ops.get("sgd step", 0.0))
+    rows.append(("optimizer step", a, torch_optimizer_ms))
+    rows.append(("everything else", our_rest - a, torch_rest - torch_optimizer_ms))
+    print(f"    {'op group':<22}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}   (profiled steps, per step)")
+    for name, a, b in rows:
+        ratio = f"{a / b:.2f}" if b > 0.005 else "-"
+        print(f"    {name:<22}{a:>10.2f}{b:>12.2f}{ratio:>14}")
+
+
+def run_ours(bench, flags, threads, warmup, steps, save_init=None, profile=False):
+    command = [bench] + flags + ["--threads", str(threads), "--warmup", str(warmup), "--steps", str(steps),
+                                 "--json", "--device", "cpu"]
+    if profile:
+        command += ["--profile"]
     if save_init:
         command += ["--save-init", save_init]
     env = dict(os.environ)
@@ -173,7 +246,7 @@ def load_weights(bench, path):
     """PyTorch's GPT from FILE, strictly by name; its loss on bench_step's GPT batch against the initial one."""
     with tempfile.TemporaryDirectory() as folder:
         init = os.path.join(folder, "gpt.safetensors")
-        run_ours(bench, "gpt", None, 1, 0, 1, save_init=init)
+        run_ours(bench, ["--model", "gpt"], 1, 0, 1, save_init=init)
         with safe_open(init, "pt") as f:
             settings = json.loads(f.metadata()["bench"])
         tensors = load_file(init)
@@ -201,6 +274,8 @@ def main():
     parser.add_argument("--steps", type=int, default=0, help="timed steps per round (0: by case)")
     parser.add_argument("--metrics", help="append one JSON line per case here")
     parser.add_argument("--weights", help="only load this file into PyTorch's GPT and print its loss")
+    parser.add_argument("--cases", help="comma-separated prefixes of the case names to run (default: all)")
+    parser.add_argument("--profile", action="store_true", help="print both steps op group by op group")
     args = parser.parse_args()
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"peer_step: --bench {args.bench} is not an executable; build the course first (scripts/setup.sh)")
@@ -212,34 +287,39 @@ def main():
 
     print(f"PyTorch {torch.__version__} against the course, CPU, {os.cpu_count()} cores; "
           f"medians over {args.rounds} alternating rounds")
-    print(f"{'case':<16}{'threads':>8}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}"
+    print(f"{'case':<20}{'threads':>8}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}"
           f"{'step/GEMMs':>12}  first losses, ours | PyTorch")
     all_agree = True
+    cases = [c for c in CASES if not args.cases or any(c[0].startswith(p.strip()) for p in args.cases.split(","))]
+    if not cases:
+        sys.exit(f"peer_step: --cases {args.cases}: no case starts so; the cases: {', '.join(c[0] for c in CASES)}")
     with tempfile.TemporaryDirectory() as folder:
-        for model, width in CASES:
-            name = f"{model} {width}" if width else f"{model} default"
-            steps = args.steps or (10 if width == 1024 else 30)
+        for name, flags, case_steps in cases:
+            steps = args.steps or case_steps
             for t in threads:
-                init = os.path.join(folder, f"{model}_{width}.safetensors")
-                first = run_ours(args.bench, model, width, t, 0, 3, save_init=init)
+                init = os.path.join(folder, "init.safetensors")
+                first = run_ours(args.bench, flags, t, 0, 3, save_init=init)
                 _, torch_losses = time_torch(init, t, 0, 3, 3)
                 agree = all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(first["losses"], torch_losses))
                 all_agree &= agree
                 ours, theirs, gemm = [], [], []
                 for _ in range(args.rounds):
                     time.sleep(0.2)  # let the other side's OpenMP threads stop spinning first
-                    result = run_ours(args.bench, model, width, t, 3, steps)
+                    result = run_ours(args.bench, flags, t, 2, steps)
                     ours.append(result["step_ms"])
                     gemm.append(result.get("step_over_gemm", float("nan")))
                     time.sleep(0.2)
-                    theirs.append(time_torch(init, t, 3, steps, 0)[0])
+                    theirs.append(time_torch(init, t, 2, steps, 0)[0])
                 ratio = statistics.median(o / p for o, p in zip(ours, theirs))
                 gemm_text = "-" if math.isnan(gemm[0]) else f"{statistics.median(gemm):.2f}"
                 losses = " ".join(f"{x:.6f}" for x in first["losses"]) + " | " + \
                     " ".join(f"{x:.6f}" for x in torch_losses)
-                print(f"{name:<16}{t:>8}{statistics.median(ours):>10.3f}{statistics.median(theirs):>12.3f}"
+                print(f"{name:<20}{t:>8}{statistics.median(ours):>10.3f}{statistics.median(theirs):>12.3f}"
                       f"{ratio:>14.2f}{gemm_text:>12}  {losses}  {'agree' if agree else 'DIFFER'}",
                       flush=True)
+                if args.profile:
+                    print_profiles(run_ours(args.bench, flags, t, 2, steps, profile=True),
+                                   profile_torch(init, t, steps))
                 if args.metrics:
                     with open(args.metrics, "a") as f:
                         f.write(json.dumps({"benchmark": "peer_step", "case": name, "threads": t,

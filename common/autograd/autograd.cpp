@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/autograd/profiler.h"
 #include "common/kernels/kernels.h"
 
 namespace course::autograd {
@@ -137,7 +138,11 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     Tensor grad_output = grads[t];
     grads.erase(t);
     Node& node = *t->grad_fn;
-    std::vector<Tensor> input_grads = node.backward(grad_output);
+    std::vector<Tensor> input_grads;
+    {
+      profiler::RecordFunction timed(node.name.c_str(), true);
+      input_grads = node.backward(grad_output);
+    }
     if (input_grads.size() != node.inputs.size())
       throw std::logic_error("backward of " + node.name + " returned the wrong number of gradients");
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {

@@ -1,12 +1,13 @@
-// CPU kernels: the reference implementation of every op. GEMM goes to OpenBLAS.
-#include <cblas.h>
-
+// CPU kernels: the reference implementation of every op. GEMM goes to oneDNN or OpenBLAS (cpu_gemm.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
+#include "common/kernels/cpu_attention.h"
+#include "common/kernels/cpu_gemm.h"
+#include "common/kernels/cpu_vector.h"
 #include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/math.h"
@@ -95,16 +96,8 @@ void with_binary_op(BinaryOp op, Body body) {
   }
 }
 
-// The activations' loops, the most expensive element-wise work of a GPT step (GELU's exp), are also
-// compiled for AVX2 (x86-64-v3), 8 floats at a time; the CPU picks the version when the program loads.
-// Floating-point contraction is off for this file (CMakeLists.txt), so both versions round every
-// operation exactly as the scalar formula in math.h does: the same bits on any x86-64 machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define COURSE_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define COURSE_CPU_CLONES
-#endif
-
+// The activations' loops, the most expensive element-wise work of a GPT step (GELU's exp), are compiled
+// for AVX2 too (COURSE_CPU_CLONES, cpu_vector.h): the same bits either way.
 COURSE_CPU_CLONES void unary_loop(UnaryOp op, const float* in, float* out, std::size_t begin, std::size_t end) {
   switch (op) {
     case UnaryOp::relu:
@@ -134,6 +127,72 @@ COURSE_CPU_CLONES void unary_backward_loop(UnaryOp op, const float* in, const fl
   }
 }
 
+COURSE_CPU_CLONES void layer_norm_rows(const float* x, const float* w, const float* b, std::size_t first, std::size_t end,
+                                       std::size_t cols, float eps, float* out, float* mean, float* rstd) {
+  for (std::size_t r = first; r < end; ++r)
+    math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+}
+
+COURSE_CPU_CLONES void layer_norm_backward_rows(const float* x, const float* w, const float* mean, const float* rstd,
+                                                const float* g, std::size_t first, std::size_t end, std::size_t cols,
+                                                float* dx) {
+  for (std::size_t r = first; r < end; ++r)
+    math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+}
+
+COURSE_CPU_CLONES void layer_norm_params_columns(const float* x, const float* mean, const float* rstd, const float* g,
+                                                 std::size_t rows, std::size_t cols, std::size_t first, std::size_t end,
+                                                 float* dw, float* db) {
+  std::vector<double> gw(end - first, 0.0), gb(end - first, 0.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * cols + first, *gr = g + r * cols + first;
+    const float m = mean[r];
+    const auto rs = static_cast<double>(rstd[r]);
+    for (std::size_t c = 0; c < end - first; ++c) {
+      gw[c] += static_cast<double>(gr[c]) * ((xr[c] - m) * rs);
+      gb[c] += gr[c];
+    }
+  }
+  for (std::size_t c = first; c < end; ++c) {
+    dw[c] = static_cast<float>(gw[c - first]);
+    db[c] = static_cast<float>(gb[c - first]);
+  }
+}
+
+// Cross-entropy row by row: log-sum-exp minus the target's logit, the max subtracted first so that exp
+// cannot overflow; exp is math::exp_f32 and the sums run in lanes (cpu_vector.h), so the loops vectorise.
+COURSE_CPU_CLONES void cross_entropy_rows(const float* logits, const float* targets, std::size_t first, std::size_t end,
+                                          std::size_t cols, float* losses) {
+  for (std::size_t r = first; r < end; ++r) {
+    if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
+      losses[r] = 0.0f;
+      continue;
+    }
+    const float* row = logits + r * cols;
+    const float top = cpu::lane_max(row, cols);
+    const double total = cpu::lane_sum(cols, [&](std::size_t c) { return math::exp_f32(row[c] - top); });
+    losses[r] = static_cast<float>(std::log(total) + top - row[static_cast<std::size_t>(targets[r])]);
+  }
+}
+
+// Its gradient: (softmax - one_hot(target)) times the row's incoming gradient.
+COURSE_CPU_CLONES void cross_entropy_backward_rows(const float* logits, const float* targets, const float* g,
+                                                   std::size_t first, std::size_t end, std::size_t cols, float* out) {
+  for (std::size_t r = first; r < end; ++r) {
+    float* dst = out + r * cols;
+    if (targets[r] < 0.0f) {  // an ignored row: no gradient
+      std::fill(dst, dst + cols, 0.0f);
+      continue;
+    }
+    const float* row = logits + r * cols;
+    const float top = cpu::lane_max(row, cols);
+    const double total = cpu::lane_sum(cols, [&](std::size_t c) { return math::exp_f32(row[c] - top); });
+    const auto scale = static_cast<float>(g[r] / total);
+    for (std::size_t c = 0; c < cols; ++c) dst[c] = math::exp_f32(row[c] - top) * scale;
+    dst[static_cast<std::size_t>(targets[r])] -= g[r];
+  }
+}
+
 class CpuKernels final : public Kernels {
  public:
   void fill(float* out, std::size_t n, float value) override {
@@ -150,8 +209,7 @@ class CpuKernels final : public Kernels {
       for (std::int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
       return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                ta ? m : k, b, tb ? k : n, beta, c, n);
+    cpu::sgemm(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
   }
 
   void gemm_batched(bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -244,20 +302,18 @@ class CpuKernels final : public Kernels {
 
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
                   float* out, float* mean, float* rstd) override {
-    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
-      for (std::size_t r = first; r < end; ++r)
-        math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
-    });
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) { layer_norm_rows(x, w, b, first, end, cols, eps, out, mean, rstd); });
   }
 
   void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
                            std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
     parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
-      for (std::size_t r = first; r < end; ++r)
-        math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+      layer_norm_backward_rows(x, w, mean, rstd, g, first, end, cols, dx);
     });
+    // The parameters' gradients: a block of columns per thread, the rows read in order (contiguous),
+    // each column's sums in math::layer_norm_params_column's arithmetic and order.
     parallel_for(cols, rows, [&](std::size_t first, std::size_t end) {
-      for (std::size_t c = first; c < end; ++c) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
+      layer_norm_params_columns(x, mean, rstd, g, rows, cols, first, end, dw, db);
     });
   }
 
@@ -270,11 +326,15 @@ class CpuKernels final : public Kernels {
 
   void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
                           float* dw) override {
-    std::fill(dw, dw + vocab * dim, 0.0f);
-    for (std::size_t i = 0; i < n; ++i) {
-      float* row = dw + static_cast<std::size_t>(ids[i]) * dim;
-      for (std::size_t d = 0; d < dim; ++d) row[d] += g[i * dim + d];
-    }
+    fill(dw, vocab * dim, 0.0f);
+    // The threads take blocks of the dimension, every one walking the ids in order: no two write the
+    // same element, and each element adds its rows in increasing i, at any thread count.
+    parallel_for(dim, n, [&](std::size_t first, std::size_t end) {
+      for (std::size_t i = 0; i < n; ++i) {
+        float* row = dw + static_cast<std::size_t>(ids[i]) * dim;
+        for (std::size_t d = first; d < end; ++d) row[d] += g[i * dim + d];
+      }
+    });
   }
 
   void softmax(const float* in, std::size_t rows, std::size_t cols, bool causal, float* out) override {
@@ -303,42 +363,25 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void attention(const float* qkv, const AttentionShape& shape, float* probs, float* y) override {
+    cpu::attention(qkv, shape, probs, y);
+  }
+  void attention_backward(const float* qkv, const float* probs, const float* grad_y, const AttentionShape& shape,
+                          float* grad_qkv) override {
+    cpu::attention_backward(qkv, probs, grad_y, shape, grad_qkv);
+  }
+
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                      float* losses) override {
     parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
-    for (std::size_t r = first; r < end; ++r) {
-      if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
-        losses[r] = 0.0f;
-        continue;
-      }
-      const float* row = logits + r * cols;
-      float top = *std::max_element(row, row + cols);  // subtract the max so exp cannot overflow
-      double total = 0.0;
-      for (std::size_t c = 0; c < cols; ++c) total += std::exp(static_cast<double>(row[c] - top));
-      auto target = static_cast<std::size_t>(targets[r]);
-      losses[r] = static_cast<float>(std::log(total) + top - row[target]);
-    }
+      cross_entropy_rows(logits, targets, first, end, cols, losses);
     });
   }
 
   void cross_entropy_backward(const float* logits, const float* targets, const float* g, std::size_t rows,
                               std::size_t cols, float* out) override {
     parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
-    for (std::size_t r = first; r < end; ++r) {
-      if (targets[r] < 0.0f) {  // an ignored row: no gradient
-        std::fill(out + r * cols, out + (r + 1) * cols, 0.0f);
-        continue;
-      }
-      const float* row = logits + r * cols;
-      float top = *std::max_element(row, row + cols);
-      double total = 0.0;
-      for (std::size_t c = 0; c < cols; ++c) total += std::exp(static_cast<double>(row[c] - top));
-      auto target = static_cast<std::size_t>(targets[r]);
-      for (std::size_t c = 0; c < cols; ++c) {
-        double softmax = std::exp(static_cast<double>(row[c] - top)) / total;
-        out[r * cols + c] = static_cast<float>((softmax - (c == target ? 1.0 : 0.0)) * g[r]);
-      }
-    }
+      cross_entropy_backward_rows(logits, targets, g, first, end, cols, out);
     });
   }
 
@@ -398,7 +441,7 @@ std::atomic<int>& thread_setting() {
 void set_cpu_threads(int threads, int gemm_threads) {
   threads = std::max(1, threads);
   thread_setting() = threads;
-  openblas_set_num_threads(gemm_threads > 0 ? gemm_threads : threads);
+  cpu::set_gemm_threads(gemm_threads > 0 ? gemm_threads : threads);
 }
 int cpu_threads() { return thread_setting(); }
 

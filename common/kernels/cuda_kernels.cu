@@ -3,12 +3,16 @@
 // deterministic: the same inputs give the same bits on every run.
 #include <cublas_v2.h>
 
+#include <cmath>
 #include <mutex>
+#include <vector>
 
 #include "common/core/cuda_check.h"
+#include "common/core/cuda_runtime.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
 #include "common/kernels/math.h"
+#include "common/tensor/random.h"
 
 namespace course {
 namespace {
@@ -276,7 +280,67 @@ cublasHandle_t cublas_handle() {
   return handles[device];
 }
 
+// Scratch device memory for one call, from the caching pool (kernels on the stream run in order, so a
+// block released here is reused only by work queued after this call's).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t n) : n_(n), p_(n ? static_cast<float*>(cuda::allocate(n * sizeof(float))) : nullptr) {}
+  ~DeviceBuffer() {
+    if (p_) cuda::release(p_, n_ * sizeof(float));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  std::size_t n_;
+  float* p_;
+};
+
+// A strided copy's index: the output's dimensions, each with its stride in the input.
+BroadcastIndex strided(std::initializer_list<std::pair<std::int64_t, std::int64_t>> dims) {
+  BroadcastIndex ix;
+  for (const auto& [size, stride] : dims) {
+    ix.dims[ix.rank] = size;
+    ix.a_strides[ix.rank++] = stride;
+  }
+  return ix;
+}
+
+// The attention's layouts: the packed projection [B, T, 3, H, hs], the heads apart [3, B, H, T, hs] (each
+// head's matrices contiguous, for strided-batched GEMMs), the output [B, T, H, hs].
+BroadcastIndex packed_to_heads(const AttentionShape& s) {
+  const std::int64_t c = s.heads * s.head_size;
+  return strided({{3, c}, {s.batch, s.tokens * 3 * c}, {s.heads, s.head_size}, {s.tokens, 3 * c}, {s.head_size, 1}});
+}
+BroadcastIndex heads_to_packed(const AttentionShape& s) {
+  const std::int64_t n = s.batch * s.heads * s.tokens * s.head_size;
+  return strided({{s.batch, s.heads * s.tokens * s.head_size}, {s.tokens, s.head_size}, {3, n},
+                  {s.heads, s.tokens * s.head_size}, {s.head_size, 1}});
+}
+BroadcastIndex heads_to_tokens(const AttentionShape& s) {
+  return strided({{s.batch, s.heads * s.tokens * s.head_size}, {s.tokens, s.head_size},
+                  {s.heads, s.tokens * s.head_size}, {s.head_size, 1}});
+}
+BroadcastIndex tokens_to_heads(const AttentionShape& s) {
+  const std::int64_t c = s.heads * s.head_size;
+  return strided({{s.batch, s.tokens * c}, {s.heads, s.head_size}, {s.tokens, c}, {s.head_size, 1}});
+}
+
 class CudaKernels final : public Kernels {
+  // out = p times the dropout mask of attention's probabilities (0, or 1/(1 - p) where kept), the mask
+  // drawn on the host from (seed, index) as the CPU draws it; returns out.
+  float* apply_dropout_mask(const float* p, const AttentionShape& s, float* out) {
+    const std::size_t n = static_cast<std::size_t>(s.batch * s.heads * s.tokens * s.tokens);
+    std::vector<float> keep(n);
+    const float kept = 1.0f / (1.0f - s.dropout);
+    for (std::size_t i = 0; i < n; ++i) keep[i] = random_uniform(s.seed, i) < s.dropout ? 0.0f : kept;
+    DeviceBuffer mask(n);
+    cuda::copy(mask.get(), keep.data(), n * sizeof(float), cuda::CopyKind::host_to_device);
+    binary(BinaryOp::mul, p, n, mask.get(), n, out, n);
+    return out;
+  }
+
  public:
   void fill(float* out, std::size_t n, float value) override {
     if (!n) return;
@@ -385,6 +449,44 @@ class CudaKernels final : public Kernels {
     softmax_backward_kernel<<<blocks_for(rows), kThreads>>>(y, g, rows, cols, dx);
     check_launch();
   }
+  // Attention from the library's own pieces: the heads gathered apart, cuBLAS's strided-batched GEMMs over
+  // every (sequence, head), the softmax kernel, the output gathered back into [B, T, C].
+  void attention(const float* qkv, const AttentionShape& s, float* probs, float* y) override {
+    const std::int64_t bh = s.batch * s.heads, t = s.tokens, hs = s.head_size, n = bh * t * hs;
+    if (!n) return;
+    DeviceBuffer heads(static_cast<std::size_t>(3 * n)), out(static_cast<std::size_t>(n));
+    const float *q = heads.get(), *k = q + n, *v = q + 2 * n;
+    gather(qkv, heads.get(), packed_to_heads(s));
+    gemm_batched(false, true, bh, t, t, hs, 1.0f / std::sqrt(static_cast<float>(hs)), q, t * hs, k, t * hs, 0.0f,
+                 probs, t * t);
+    softmax(probs, static_cast<std::size_t>(bh * t), static_cast<std::size_t>(t), s.causal, probs);
+    DeviceBuffer dropped(s.dropout > 0.0f ? static_cast<std::size_t>(bh * t * t) : 0);
+    const float* weights = s.dropout > 0.0f ? apply_dropout_mask(probs, s, dropped.get()) : probs;
+    gemm_batched(false, false, bh, t, hs, t, 1.0f, weights, t * t, v, t * hs, 0.0f, out.get(), t * hs);
+    gather(out.get(), y, heads_to_tokens(s));
+  }
+  void attention_backward(const float* qkv, const float* probs, const float* grad_y, const AttentionShape& s,
+                          float* grad_qkv) override {
+    const std::int64_t bh = s.batch * s.heads, t = s.tokens, hs = s.head_size, n = bh * t * hs;
+    if (!n) return;
+    DeviceBuffer heads(static_cast<std::size_t>(3 * n)), dy(static_cast<std::size_t>(n));
+    DeviceBuffer grads(static_cast<std::size_t>(3 * n)), dp(static_cast<std::size_t>(bh * t * t));
+    const float *q = heads.get(), *k = q + n, *v = q + 2 * n;
+    float *dq = grads.get(), *dk = dq + n, *dv = dq + 2 * n;
+    gather(qkv, heads.get(), packed_to_heads(s));
+    gather(grad_y, dy.get(), tokens_to_heads(s));
+    DeviceBuffer dropped(s.dropout > 0.0f ? static_cast<std::size_t>(bh * t * t) : 0);
+    const float* weights = s.dropout > 0.0f ? apply_dropout_mask(probs, s, dropped.get()) : probs;
+    gemm_batched(true, false, bh, t, hs, t, 1.0f, weights, t * t, dy.get(), t * hs, 0.0f, dv, t * hs);  // p^T dy
+    gemm_batched(false, true, bh, t, t, hs, 1.0f, dy.get(), t * hs, v, t * hs, 0.0f, dp.get(), t * t);  // dy v^T
+    if (s.dropout > 0.0f) apply_dropout_mask(dp.get(), s, dp.get());
+    softmax_backward(probs, dp.get(), static_cast<std::size_t>(bh * t), static_cast<std::size_t>(t), dp.get());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    gemm_batched(false, false, bh, t, hs, t, scale, dp.get(), t * t, k, t * hs, 0.0f, dq, t * hs);  // ds k
+    gemm_batched(true, false, bh, t, hs, t, scale, dp.get(), t * t, q, t * hs, 0.0f, dk, t * hs);   // ds^T q
+    gather(grads.get(), grad_qkv, heads_to_packed(s));
+  }
+
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
                   float* out, float* mean, float* rstd) override {
     if (!rows) return;

@@ -24,6 +24,18 @@ struct AdamParams {
   float bias_correction1, bias_correction2;  // 1 - beta^t, computed by the optimizer
 };
 
+// Causal (or full) multi-head self-attention on the packed projection [batch, tokens, 3, heads, head_size]
+// (q, k and v side by side, each heads x head_size wide, as nanoGPT's c_attn writes them). Scores are
+// scaled by 1/sqrt(head_size), as F.scaled_dot_product_attention does by default. With dropout > 0 a
+// probability is kept with 1 - dropout and scaled by 1/(1 - dropout), its mask a pure function of
+// (seed, its index in probs), as the dropout op's.
+struct AttentionShape {
+  std::int64_t batch = 0, tokens = 0, heads = 0, head_size = 0;
+  bool causal = true;
+  float dropout = 0.0f;
+  std::uint64_t seed = 0;
+};
+
 // Broadcasting by the full NumPy rule, for the kernels: the output's shape (at most kMaxDims) and each
 // operand's element strides along it, 0 where the operand is repeated. common/ops computes them.
 constexpr int kMaxDims = 8;
@@ -74,6 +86,14 @@ class Kernels {
   // grad_in = y (grad_out - sum_j grad_out_j y_j), row by row, from the softmax's output y.
   virtual void softmax_backward(const float* y, const float* grad_out, std::size_t rows, std::size_t cols,
                                 float* grad_in) = 0;
+  // Attention forward: probs [batch, heads, tokens, tokens] gets softmax(q k^T / sqrt(head_size)) (0 where
+  // the mask hides a key; with the causal mask a kernel may leave the entries above the diagonal block it
+  // works in unwritten: probs is the backward's, nobody else reads it), y [batch, tokens, heads, head_size]
+  // the heads' outputs (what c_proj reads).
+  virtual void attention(const float* qkv, const AttentionShape& shape, float* probs, float* y) = 0;
+  // Its gradient: grad_qkv (overwritten, qkv's layout) from grad_y and the forward's probs.
+  virtual void attention_backward(const float* qkv, const float* probs, const float* grad_y,
+                                  const AttentionShape& shape, float* grad_qkv) = 0;
   // Per-row softmax cross-entropy; targets hold class indices as floats, and a negative target marks
   // a row to ignore (loss 0, gradient 0).
   virtual void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,

@@ -98,37 +98,48 @@ COURSE_HOST_DEVICE inline float unary_backward(UnaryOp op, float x, float g) {
                              : g * (op == UnaryOp::gelu ? gelu_erf_grad(x) : gelu_tanh_grad(x));
 }
 
-// One row of layer normalisation, for the CPU reference and the CUDA kernel alike: the mean and the
-// biased variance in double, then (x - mean) / sqrt(var + eps) * w + b.
+// A sum that vectorises without reordering float additions: kLanes accumulators each take every
+// kLanes-th term, and the lanes are added at the end, in a fixed order, in double. The same bits on any
+// machine and at any thread count (the order is the code's), and on the GPU (one thread runs the loop).
+constexpr std::size_t kLanes = 8;
+template <class Term>
+COURSE_HOST_DEVICE inline double lane_sum(std::size_t n, Term term) {
+  float acc[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) acc[l] += term(i + l);
+  for (std::size_t l = 0; i + l < n; ++l) acc[l] += term(i + l);
+  double total = 0.0;
+  for (std::size_t l = 0; l < kLanes; ++l) total += static_cast<double>(acc[l]);
+  return total;
+}
+
+// One row of layer normalisation, for the CPU reference and the CUDA kernel alike: the mean, then the
+// biased variance around it (two passes, as accurate as Welford's for a row), then
+// (x - mean) / sqrt(var + eps) * w + b, every pass a vectorisable loop in float.
 COURSE_HOST_DEVICE inline void layer_norm_row(const float* x, const float* w, const float* b, std::size_t cols,
                                               float eps, float* out, float* mean, float* rstd) {
-  double total = 0.0, squares = 0.0;
-  for (std::size_t c = 0; c < cols; ++c) total += x[c];
-  const double mu = total / static_cast<double>(cols);
-  for (std::size_t c = 0; c < cols; ++c) squares += (x[c] - mu) * (x[c] - mu);
-  const double inv = 1.0 / sqrt(squares / static_cast<double>(cols) + eps);
-  *mean = static_cast<float>(mu);
-  *rstd = static_cast<float>(inv);
-  for (std::size_t c = 0; c < cols; ++c) out[c] = static_cast<float>((x[c] - mu) * inv * w[c] + b[c]);
+  const double n = static_cast<double>(cols);
+  const auto mu = static_cast<float>(lane_sum(cols, [&](std::size_t c) { return x[c]; }) / n);
+  const double var = lane_sum(cols, [&](std::size_t c) { return (x[c] - mu) * (x[c] - mu); }) / n;
+  const auto inv = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  *mean = mu;
+  *rstd = inv;
+  for (std::size_t c = 0; c < cols; ++c) out[c] = (x[c] - mu) * inv * w[c] + b[c];
 }
 
 // Its input gradient: dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), with dxhat = g w.
 COURSE_HOST_DEVICE inline void layer_norm_backward_row(const float* x, const float* w, float mean, float rstd,
                                                        const float* g, std::size_t cols, float* dx) {
-  double sum_d = 0.0, sum_dx = 0.0;
-  for (std::size_t c = 0; c < cols; ++c) {
-    const double xhat = (x[c] - mean) * static_cast<double>(rstd), d = static_cast<double>(g[c]) * w[c];
-    sum_d += d;
-    sum_dx += d * xhat;
-  }
   const double n = static_cast<double>(cols);
-  for (std::size_t c = 0; c < cols; ++c) {
-    const double xhat = (x[c] - mean) * static_cast<double>(rstd), d = static_cast<double>(g[c]) * w[c];
-    dx[c] = static_cast<float>(rstd * (d - sum_d / n - xhat * sum_dx / n));
-  }
+  const auto mean_d = static_cast<float>(lane_sum(cols, [&](std::size_t c) { return g[c] * w[c]; }) / n);
+  const auto mean_dx =
+      static_cast<float>(lane_sum(cols, [&](std::size_t c) { return g[c] * w[c] * ((x[c] - mean) * rstd); }) / n);
+  for (std::size_t c = 0; c < cols; ++c) dx[c] = rstd * (g[c] * w[c] - mean_d - (x[c] - mean) * rstd * mean_dx);
 }
 
-// The weight's and bias's gradients for column c: sums over the rows, in order, in double.
+// The weight's and bias's gradients for column c: sums over the rows, in order, in double. (The CPU runs
+// the same sums a block of columns at a time, reading rows in order: the same bits, contiguous reads.)
 COURSE_HOST_DEVICE inline void layer_norm_params_column(const float* x, const float* mean, const float* rstd,
                                                         const float* g, std::size_t rows, std::size_t cols,
                                                         std::size_t c, float* dw, float* db) {

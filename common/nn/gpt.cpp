@@ -62,17 +62,10 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, Device device, std:
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  const std::int64_t batch = x.dim(0), t = x.dim(1), c = x.dim(2), hs = c / n_head_;
-  // [B*T, 3C] -> [B, T, 3, H, hs] -> [3, B, H, T, hs]: q, k and v each a contiguous [B*H, T, hs].
-  Tensor qkv = (*c_attn)(reshape(x, {batch * t, c}));
-  qkv = permute(reshape(qkv, {batch, t, 3, n_head_, hs}), {2, 0, 3, 1, 4});
-  auto part = [&](std::int64_t i) { return reshape(narrow(qkv, i, 1), {batch * n_head_, t, hs}); };
-  Tensor q = part(0), k = part(1), v = part(2);
-  Tensor att = softmax(scale(bmm(q, k, false, true), 1.0f / std::sqrt(static_cast<float>(hs))), true);
-  att = dropout(att, dropout_, random_bits(seed_, ++calls_));
-  Tensor y = bmm(att, v);  // [B*H, T, hs]
-  y = reshape(permute(reshape(y, {batch, n_head_, t, hs}), {0, 2, 1, 3}), {batch * t, c});
-  return reshape(dropout((*c_proj)(y), dropout_, random_bits(seed_, ++calls_)), {batch, t, c});
+  // q, k and v side by side in one projection; the attention reads them in place (ops.h).
+  Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
+  Tensor y = scaled_dot_product_attention(qkv, n_head_, true, dropout_, random_bits(seed_, ++calls_));
+  return dropout((*c_proj)(y), dropout_, random_bits(seed_, ++calls_));
 }
 
 MLPBlock::MLPBlock(const GPTConfig& c, Device device, std::uint64_t seed) {

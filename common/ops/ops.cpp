@@ -3,11 +3,13 @@
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
+#include "common/autograd/profiler.h"
 #include "common/kernels/kernels.h"
 #include "common/tensor/random.h"
 #include "common/ops/ops.h"
 
 namespace course {
+using autograd::profiler::RecordFunction;
 namespace {
 
 std::size_t count(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
@@ -96,6 +98,7 @@ Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char*
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  RecordFunction timed("add");
   Tensor out = binary_forward(BinaryOp::add, a, b, "add");
   return autograd::record(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{reduce_to(g, sa), reduce_to(g, sb)};
@@ -103,6 +106,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  RecordFunction timed("sub");
   Tensor out = binary_forward(BinaryOp::sub, a, b, "sub");
   return autograd::record(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
     return std::vector<Tensor>{reduce_to(g, sa), scale(reduce_to(g, sb), -1.0f)};
@@ -110,6 +114,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  RecordFunction timed("mul");
   Tensor out = binary_forward(BinaryOp::mul, a, b, "mul");
   return autograd::record(out, "mul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
     return std::vector<Tensor>{reduce_to(mul(g, b), a.shape()), reduce_to(mul(g, a), b.shape())};
@@ -117,6 +122,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor scale(const Tensor& a, float factor) {
+  RecordFunction timed("scale");
   Tensor out = Tensor::empty(a.shape(), a.device());
   kernels(a.device()).scale(a.data(), factor, out.data(), count(a));
   return autograd::record(out, "scale", {a}, [factor](const Tensor& g) {
@@ -125,6 +131,7 @@ Tensor scale(const Tensor& a, float factor) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  RecordFunction timed("matmul");
   check_same_device(a, b, "matmul");
   if (a.shape().size() != 2 || b.shape().size() != 2)
     throw std::invalid_argument("matmul: needs 2-D operands, got " + shape_string(a.shape()) + " and " +
@@ -149,6 +156,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  RecordFunction timed("linear");
   check_same_device(x, weight, "linear");
   if (weight.shape().size() != 2 || x.shape().empty() || x.shape().back() != weight.dim(1) ||
       (bias.defined() && (bias.shape() != Shape{weight.dim(0)} || bias.device() != x.device())))
@@ -201,6 +209,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  RecordFunction timed("bmm");
   check_same_device(a, b, "bmm");
   if (a.shape().size() != 3 || b.shape().size() != 3 || a.dim(0) != b.dim(0))
     throw std::invalid_argument("bmm: needs 3-D operands with the same batch, got " + shape_string(a.shape()) +
@@ -222,6 +231,7 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 }
 
 Tensor sum(const Tensor& a) {
+  RecordFunction timed("sum");
   Tensor out = Tensor::empty({1}, a.device());
   kernels(a.device()).sum(a.data(), count(a), out.data());
   return autograd::record(out, "sum", {a}, [shape = a.shape()](const Tensor& g) {
@@ -239,6 +249,7 @@ Tensor mean(const Tensor& a) {
 
 namespace {
 Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
+  RecordFunction timed(name);
   Tensor out = Tensor::empty(a.shape(), a.device());
   kernels(a.device()).unary(op, a.data(), out.data(), count(a));
   return autograd::record(out, name, {a}, [op, a = a.detach()](const Tensor& g) {
@@ -264,6 +275,7 @@ Tensor reshape(const Tensor& a, const Shape& shape) {
 }
 
 Tensor permute(const Tensor& a, const std::vector<int>& dims) {
+  RecordFunction timed("permute");
   const std::size_t rank = a.shape().size();
   std::vector<bool> seen(rank, false);
   bool valid = dims.size() == rank && rank <= static_cast<std::size_t>(kMaxDims);
@@ -296,6 +308,7 @@ Tensor permute(const Tensor& a, const std::vector<int>& dims) {
 }
 
 Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length) {
+  RecordFunction timed("narrow");
   if (a.shape().empty() || start < 0 || length < 0 || start + length > a.dim(0))
     throw std::invalid_argument("narrow: rows " + std::to_string(start) + " to " + std::to_string(start + length) +
                                 " of " + shape_string(a.shape()));
@@ -312,6 +325,7 @@ Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length) {
 }
 
 Tensor softmax(const Tensor& x, bool causal) {
+  RecordFunction timed(causal ? "causal_softmax" : "softmax");
   if (x.shape().empty()) throw std::invalid_argument("softmax: needs at least one dimension");
   const auto cols = static_cast<std::size_t>(x.shape().back());
   if (causal && (x.shape().size() < 2 || x.dim(static_cast<int>(x.shape().size()) - 2) != x.shape().back()))
@@ -327,6 +341,28 @@ Tensor softmax(const Tensor& x, bool causal) {
   });
 }
 
+Tensor scaled_dot_product_attention(const Tensor& qkv, std::int64_t n_head, bool is_causal, float dropout_p,
+                                    std::uint64_t seed) {
+  RecordFunction timed("attention");
+  if (qkv.shape().size() != 3 || n_head < 1 || qkv.dim(2) % (3 * n_head) != 0)
+    throw std::invalid_argument("scaled_dot_product_attention: qkv must be [B, T, 3C] with C a multiple of " +
+                                std::to_string(n_head) + " heads, got " + shape_string(qkv.shape()));
+  if (!(dropout_p >= 0.0f && dropout_p < 1.0f))
+    throw std::invalid_argument("scaled_dot_product_attention: dropout_p = " + std::to_string(dropout_p) +
+                                " outside [0, 1)");
+  AttentionShape s;
+  s.batch = qkv.dim(0), s.tokens = qkv.dim(1), s.heads = n_head, s.head_size = qkv.dim(2) / (3 * n_head);
+  s.causal = is_causal, s.dropout = dropout_p, s.seed = seed;
+  Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device());
+  Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device());
+  kernels(qkv.device()).attention(qkv.data(), s, probs.data(), y.data());
+  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
+    Tensor grad = Tensor::empty(qkv.shape(), qkv.device());
+    kernels(qkv.device()).attention_backward(qkv.data(), probs.data(), g.data(), s, grad.data());
+    return std::vector<Tensor>{grad};
+  });
+}
+
 Tensor dropout(const Tensor& x, float p, std::uint64_t seed) {
   if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout: p = " + std::to_string(p) + " outside [0, 1)");
   if (p == 0.0f) return x;
@@ -337,6 +373,7 @@ Tensor dropout(const Tensor& x, float p, std::uint64_t seed) {
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  RecordFunction timed("layer_norm");
   check_same_device(x, weight, "layer_norm");
   check_same_device(x, bias, "layer_norm");
   if (x.shape().empty() || weight.shape() != Shape{x.shape().back()} || bias.shape() != weight.shape())
@@ -363,6 +400,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& weight) {
+  RecordFunction timed("embedding");
   check_same_device(ids, weight, "embedding");
   if (weight.shape().size() != 2)
     throw std::invalid_argument("embedding: weight must be [vocab, dim], got " + shape_string(weight.shape()));
@@ -384,6 +422,7 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
 }
 
 Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ignore_index) {
+  RecordFunction timed("cross_entropy");
   if (ignore_index >= 0)
     throw std::invalid_argument("cross_entropy: ignore_index " + std::to_string(ignore_index) +
                                 " must be negative (the kernels skip negative targets)");

@@ -31,6 +31,14 @@ Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length);
 // Softmax over the last dimension. With `causal`, the last two dimensions are a square score matrix
 // and query i sees keys 0..i only, as is_causal in F.scaled_dot_product_attention.
 Tensor softmax(const Tensor& x, bool causal = false);
+// F.scaled_dot_product_attention(q, k, v, dropout_p, is_causal) for self-attention, taking what nanoGPT's
+// c_attn writes: qkv [B, T, 3C] holds q, k and v side by side, each C = n_head x head_size wide with the
+// heads next to each other. Returns [B, T, C], the heads side by side again (what c_proj reads), so the
+// split, the views and the transposes around PyTorch's call are not needed: the kernel reads the packed
+// layout in place. Scores are scaled by 1/sqrt(head_size); dropout_p drops probabilities with a mask drawn
+// from `seed` as the dropout op draws it. Ours differs from PyTorch's in taking q, k and v packed.
+Tensor scaled_dot_product_attention(const Tensor& qkv, std::int64_t n_head, bool is_causal = true,
+                                    float dropout_p = 0.0f, std::uint64_t seed = 0);
 // nn.Dropout in training mode: each element is zeroed with probability p and the rest scaled by
 // 1 / (1 - p). The mask is a pure function of (seed, element index), the same on every device and
 // every run; p = 0 returns x itself.

@@ -59,15 +59,8 @@ TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTCon
 // x is [B, T, C], or the sequence's shard [B, T / size, C], which c_attn gathers: the heads see the
 // whole sequence either way.
 Tensor TensorParallelBlock::attention(const Tensor& x) {
-  Tensor qkv = (*c_attn_)(x);  // [B, T, 3 C/size]
-  const std::int64_t batch = qkv.dim(0), t = qkv.dim(1);
-  const std::int64_t local_c = c_attn_->weight.dim(0) / 3, head_size = local_c / local_heads_;
-  qkv = permute(reshape(qkv, {batch, t, 3, local_heads_, head_size}), {2, 0, 3, 1, 4});
-  auto part = [&](std::int64_t i) { return reshape(narrow(qkv, i, 1), {batch * local_heads_, t, head_size}); };
-  Tensor q = part(0), k = part(1), v = part(2);
-  Tensor att = softmax(scale(bmm(q, k, false, true), 1.0f / std::sqrt(static_cast<float>(head_size))), true);
-  Tensor y = bmm(att, v);
-  y = reshape(permute(reshape(y, {batch, local_heads_, t, head_size}), {0, 2, 1, 3}), {batch, t, local_c});
+  Tensor qkv = (*c_attn_)(x);  // [B, T, 3 C/size]: this rank's heads, packed as in the whole model
+  Tensor y = scaled_dot_product_attention(qkv, local_heads_, true);
   return (*attn_proj_)(y);  // [B, T, C], or [B, T / size, C]
 }
 

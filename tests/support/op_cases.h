@@ -114,6 +114,42 @@ inline double total(const Values& v) {
   return s;
 }
 
+// Self-attention from its definition, in double: for each sequence b, head h and query i, the scores
+// q_i . k_j / sqrt(hs) over the keys j it may see (j <= i when causal), their softmax (times the dropout
+// mask, drawn as the dropout op draws it), and the weighted sum of the v_j. qkv is [B, T, 3C] with q, k,
+// v side by side and the heads next to each other inside each; y is [B, T, C].
+inline Values reference_attention(const Values& qkv, std::int64_t batch, std::int64_t t, std::int64_t heads,
+                                  std::int64_t hs, bool causal, float p = 0.0f, std::uint64_t seed = 0) {
+  const std::int64_t c = heads * hs;
+  auto at = [&](std::int64_t b, std::int64_t pos, int part, std::int64_t h, std::int64_t d) {
+    return qkv[static_cast<std::size_t>((b * t + pos) * 3 * c + part * c + h * hs + d)];
+  };
+  Values y(static_cast<std::size_t>(batch * t * c), 0.0);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < t; ++i) {
+        const std::int64_t keys = causal ? i + 1 : t;
+        Values weight(static_cast<std::size_t>(keys));
+        double top = -1e300, z = 0.0;
+        for (std::int64_t j = 0; j < keys; ++j) {
+          double score = 0.0;
+          for (std::int64_t d = 0; d < hs; ++d) score += at(b, i, 0, h, d) * at(b, j, 1, h, d);
+          weight[static_cast<std::size_t>(j)] = score / std::sqrt(static_cast<double>(hs));
+          top = std::max(top, weight[static_cast<std::size_t>(j)]);
+        }
+        for (auto& w : weight) z += (w = std::exp(w - top));
+        for (std::int64_t j = 0; j < keys; ++j) {
+          double w = weight[static_cast<std::size_t>(j)] / z;
+          if (p > 0.0f) {
+            const auto index = static_cast<std::uint64_t>(((b * heads + h) * t + i) * t + j);
+            w = random_uniform(seed, index) < p ? 0.0 : w * static_cast<double>(1.0f / (1.0f - p));
+          }
+          for (std::int64_t d = 0; d < hs; ++d) y[static_cast<std::size_t>((b * t + i) * c + h * hs + d)] += w * at(b, j, 2, h, d);
+        }
+      }
+  return y;
+}
+
 // Class indices 0, 1, 2, 0, 1, ... for cross-entropy over 3 classes.
 inline std::vector<float> ce_targets(std::size_t rows) {
   std::vector<float> t(rows);
@@ -187,6 +223,19 @@ inline std::vector<OpCase> op_cases() {
                        }
                        return y;
                      }});
+  // Self-attention on the packed projection: causal and full, 2 sequences of 5 tokens, 2 heads of 3; with
+  // dropout; and a causal sequence of 70 tokens, longer than the CPU kernel's blocks of 64 queries, so the
+  // blocks above the diagonal are skipped and the keys' gradients add up over two blocks.
+  for (bool causal : {true, false})
+    cases.push_back({causal ? "attention_causal" : "attention_full", {{2, 5, 18}},
+                     [=](auto& in) { return scaled_dot_product_attention(in[0], 2, causal); },
+                     [=](auto& v) { return reference_attention(v[0], 2, 5, 2, 3, causal); }});
+  cases.push_back({"attention_dropout", {{1, 4, 12}},
+                   [](auto& in) { return scaled_dot_product_attention(in[0], 2, true, 0.3f, 5); },
+                   [](auto& v) { return reference_attention(v[0], 1, 4, 2, 2, true, 0.3f, 5); }});
+  cases.push_back({"attention_causal_70", {{1, 70, 12}},
+                   [](auto& in) { return scaled_dot_product_attention(in[0], 2, true); },
+                   [](auto& v) { return reference_attention(v[0], 1, 70, 2, 2, true); }});
   // Cross-entropy with two of five rows ignored (-100): the mean is over the other three.
   cases.push_back({"cross_entropy_ignore", {{5, 3}},
                    [](auto& in) {
