@@ -21,6 +21,7 @@
 #include "common/checkpoint/parameters.h"
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/core/errors.h"
 #include "common/core/cuda_runtime.h"
 #include "common/kernels/cpu_gemm.h"
 #include "common/kernels/kernels.h"
@@ -131,6 +132,8 @@ int run(const Options& o) {
     inputs = {{"input.x", x}, {"input.y", y}};
   } else {
     nn::GPTConfig c = o.gpt;
+    if (c.n_embd % c.n_head != 0)
+      throw UsageError("--n-head: " + std::to_string(c.n_head) + " does not divide --n-embd " + std::to_string(c.n_embd));
     Tensor ids, targets;
     if (c.block_size == 0) {  // the chapters' default GPT on the addition task
       cli::ModelOptions defaults;

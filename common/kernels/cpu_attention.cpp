@@ -95,6 +95,17 @@ float scale_of(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<fl
 // Each task's scratch: a block of dropped-out probabilities, a block of score gradients.
 thread_local std::vector<float> t_dropped, t_grad_scores;
 
+// What multiplies v for a block of queries: without dropout the probabilities themselves (rows `ld`
+// apart), with it a copy with the mask applied (and `ld` becomes `keys`).
+const float* weights_of(const float* block, std::int64_t bh, std::int64_t first, std::int64_t rows, std::int64_t keys,
+                        const AttentionShape& s, std::int64_t& ld) {
+  if (s.dropout == 0.0f) return block;
+  t_dropped.resize(static_cast<std::size_t>(rows * keys));
+  dropout_rows(block, ld, t_dropped.data(), keys, bh, first, rows, keys, s);
+  ld = keys;
+  return t_dropped.data();
+}
+
 }  // namespace
 
 void attention(const float* qkv, const AttentionShape& s, float* probs, float* y) {
@@ -112,13 +123,8 @@ void attention(const float* qkv, const AttentionShape& s, float* probs, float* y
         float* block = p + i0 * t;
         gemm(false, true, rows, keys, hs, scale, in.q + i0 * in.ld, in.ld, in.k, in.ld, 0.0f, block, t);  // q k^T
         softmax_rows(block, t, i0, rows, keys, s);
-        const float* weights = block;
         std::int64_t ldw = t;
-        if (s.dropout > 0.0f) {
-          t_dropped.resize(static_cast<std::size_t>(rows * keys));
-          dropout_rows(block, t, t_dropped.data(), keys, bh, i0, rows, keys, s);
-          weights = t_dropped.data(), ldw = keys;
-        }
+        const float* weights = weights_of(block, bh, i0, rows, keys, s, ldw);
         gemm(false, false, rows, hs, keys, 1.0f, weights, ldw, in.v, in.ld, 0.0f, out + i0 * c, c);  // p v
       }
     }
@@ -147,13 +153,8 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
       for (std::int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
         const std::int64_t rows = std::min(kQueryBlock, t - i0), keys = s.causal ? i0 + rows : t;
         const float* block = p + i0 * t;
-        const float* weights = block;
         std::int64_t ldw = t;
-        if (s.dropout > 0.0f) {
-          t_dropped.resize(static_cast<std::size_t>(rows * keys));
-          dropout_rows(block, t, t_dropped.data(), keys, bh, i0, rows, keys, s);
-          weights = t_dropped.data(), ldw = keys;
-        }
+        const float* weights = weights_of(block, bh, i0, rows, keys, s, ldw);
         gemm(true, false, keys, hs, rows, 1.0f, weights, ldw, dy + i0 * c, c, 1.0f, dv, in.ld);  // dv += p^T dy
         t_grad_scores.resize(static_cast<std::size_t>(rows * keys));
         float* ds = t_grad_scores.data();
