@@ -25,6 +25,7 @@ PyTorch lives in its own virtual environment (scripts/setup_peer.sh); the course
   scripts/setup_peer.sh
   .venv-peer/bin/python benchmarks/peer/peer_step.py [--bench build/release/benchmarks/bench_step]
   .venv-peer/bin/python benchmarks/peer/peer_step.py --cases "gpt 6x384" --threads 2 --profile
+  .venv-peer/bin/python benchmarks/peer/peer_step.py --device cuda     (on a GPU: the same cases, PyTorch eager)
   .venv-peer/bin/python benchmarks/peer/peer_step.py --weights model.safetensors
 """
 import argparse
@@ -142,33 +143,39 @@ class GPT(nn.Module):
         return F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)
 
 
-def torch_step(path):
-    """The model, its optimizer and a step function, from the file bench_step wrote."""
+def torch_step(path, device="cpu"):
+    """The model, its optimizer and a step function, from the file bench_step wrote, on `device`."""
     with safe_open(path, "pt") as f:
         settings = json.loads(f.metadata()["bench"])
     tensors = load_file(path)
     if settings["model"] == "mlp":
         model = mlp_from(settings)
-        x, y = tensors.pop("input.x"), tensors.pop("input.y")
+        x, y = tensors.pop("input.x").to(device), tensors.pop("input.y").to(device)
         loss_fn = lambda: F.mse_loss(model(x), y)
-        optimizer = torch.optim.SGD(model.parameters(), lr=settings["lr"])
     else:
         model = GPT(settings)
-        ids, targets = tensors.pop("input.ids").long(), tensors.pop("input.targets").long()
+        ids, targets = tensors.pop("input.ids").long().to(device), tensors.pop("input.targets").long().to(device)
         loss_fn = lambda: F.cross_entropy(model(ids).view(-1, settings["vocab_size"]), targets, ignore_index=-100)
+    model.load_state_dict(tensors, strict=True)
+    model.to(device)
+    if settings["model"] == "mlp":
+        optimizer = torch.optim.SGD(model.parameters(), lr=settings["lr"])
+    else:
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings["weight_decay"]},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=settings["lr"], betas=tuple(settings["betas"]), eps=settings["eps"])
-    model.load_state_dict(tensors, strict=True)
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step(timings=None):
         loss = loss_fn()
         loss.backward()
+        synchronize()
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
+        synchronize()
         if timings is not None:
             timings.append((time.perf_counter() - start) * 1e3)
         return loss
@@ -176,9 +183,9 @@ def torch_step(path):
     return step
 
 
-def time_torch(path, threads, warmup, steps, check_steps):
+def time_torch(path, threads, warmup, steps, check_steps, device="cpu"):
     torch.set_num_threads(threads)
-    step = torch_step(path)
+    step = torch_step(path, device)
     losses, times = [], []
     for i in range(warmup + steps):
         start = time.perf_counter()
@@ -229,9 +236,9 @@ def print_profiles(ours, torch_profile):
         print(f"    {name:<22}{a:>10.2f}{b:>12.2f}{ratio:>14}")
 
 
-def run_ours(bench, flags, threads, warmup, steps, save_init=None, profile=False):
+def run_ours(bench, flags, threads, warmup, steps, save_init=None, profile=False, device="cpu"):
     command = [bench] + flags + ["--threads", str(threads), "--warmup", str(warmup), "--steps", str(steps),
-                                 "--json", "--device", "cpu"]
+                                 "--json", "--device", device]
     if profile:
         command += ["--profile"]
     if save_init:
@@ -275,7 +282,9 @@ def main():
     parser.add_argument("--metrics", help="append one JSON line per case here")
     parser.add_argument("--weights", help="only load this file into PyTorch's GPT and print its loss")
     parser.add_argument("--cases", help="comma-separated prefixes of the case names to run (default: all)")
-    parser.add_argument("--profile", action="store_true", help="print both steps op group by op group")
+    parser.add_argument("--profile", action="store_true", help="print both steps op group by op group (CPU)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: both steps on the GPU, PyTorch eager in float32 without TF32 (as ours)")
     args = parser.parse_args()
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"peer_step: --bench {args.bench} is not an executable; build the course first (scripts/setup.sh)")
@@ -284,8 +293,16 @@ def main():
             sys.exit(f"peer_step: --weights {args.weights}: no such file")
         return load_weights(args.bench, args.weights)
     threads = [int(t) for t in args.threads.split(",")]
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("peer_step: --device cuda: PyTorch sees no usable GPU")
+        torch.backends.cuda.matmul.allow_tf32 = False  # plain float32, as the course's cuBLAS calls
+        threads = threads[:1]  # the threads do not matter on the GPU
+        if args.profile:
+            sys.exit("peer_step: --profile compares CPU steps; run it without --device cuda")
 
-    print(f"PyTorch {torch.__version__} against the course, CPU, {os.cpu_count()} cores; "
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
+    print(f"PyTorch {torch.__version__} against the course, {where}; "
           f"medians over {args.rounds} alternating rounds")
     print(f"{'case':<20}{'threads':>8}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}"
           f"{'step/GEMMs':>12}  first losses, ours | PyTorch")
@@ -298,18 +315,18 @@ def main():
             steps = args.steps or case_steps
             for t in threads:
                 init = os.path.join(folder, "init.safetensors")
-                first = run_ours(args.bench, flags, t, 0, 3, save_init=init)
-                _, torch_losses = time_torch(init, t, 0, 3, 3)
+                first = run_ours(args.bench, flags, t, 0, 3, save_init=init, device=args.device)
+                _, torch_losses = time_torch(init, t, 0, 3, 3, args.device)
                 agree = all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(first["losses"], torch_losses))
                 all_agree &= agree
                 ours, theirs, gemm = [], [], []
                 for _ in range(args.rounds):
                     time.sleep(0.2)  # let the other side's OpenMP threads stop spinning first
-                    result = run_ours(args.bench, flags, t, 2, steps)
+                    result = run_ours(args.bench, flags, t, 2, steps, device=args.device)
                     ours.append(result["step_ms"])
                     gemm.append(result.get("step_over_gemm", float("nan")))
                     time.sleep(0.2)
-                    theirs.append(time_torch(init, t, 2, steps, 0)[0])
+                    theirs.append(time_torch(init, t, 2, steps, 0, args.device)[0])
                 ratio = statistics.median(o / p for o, p in zip(ours, theirs))
                 gemm_text = "-" if math.isnan(gemm[0]) else f"{statistics.median(gemm):.2f}"
                 losses = " ".join(f"{x:.6f}" for x in first["losses"]) + " | " + \
@@ -322,7 +339,7 @@ def main():
                                    profile_torch(init, t, steps))
                 if args.metrics:
                     with open(args.metrics, "a") as f:
-                        f.write(json.dumps({"benchmark": "peer_step", "case": name, "threads": t,
+                        f.write(json.dumps({"benchmark": "peer_step", "case": name, "threads": t, "device": args.device,
                                             "ours_ms": statistics.median(ours),
                                             "pytorch_ms": statistics.median(theirs), "ratio": ratio,
                                             "step_over_gemm": None if math.isnan(gemm[0]) else statistics.median(gemm), "losses_agree": agree,

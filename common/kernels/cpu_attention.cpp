@@ -6,8 +6,9 @@
 // about half of the work at long sequences. Unlike FlashAttention the probabilities are kept for the
 // backward pass (memory for time, as the unfused ops did); the softmax is fused into the same pass.
 //
-// Every (sequence, head) is computed by one thread in a fixed block order, so the result is the same
-// bits at any thread count.
+// Every (sequence, head) is computed by one thread in a fixed block order, its GEMMs single-threaded
+// inside the threads' region, so the result is the same bits at any thread count (with a single
+// sequence and head there is no region, and the GEMM library threads that one task as it likes).
 #include "common/kernels/cpu_attention.h"
 
 #include <algorithm>
@@ -25,11 +26,6 @@ namespace {
 
 constexpr std::int64_t kQueryBlock = 64;
 
-void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
 // Where one (sequence, head)'s matrices live: q, k and v rows `ld` apart in the packed projection.
 struct Head {
   const float *q, *k, *v;
@@ -46,7 +42,8 @@ Head head_of(const float* qkv, const AttentionShape& s, std::int64_t b, std::int
 std::int64_t visible(const AttentionShape& s, std::int64_t i) { return s.causal ? i + 1 : s.tokens; }
 
 // Rows [first, first + rows) of the scores, in place: softmax over each row's visible keys, 0 after them
-// up to `width` (the block's keys: the GEMMs read no further, so the rest of probs is left unwritten). exp is math::exp_f32 (arithmetic only, so the loop vectorises; within 2 ulp).
+// up to `width` (the block's keys: the GEMMs read no further, so the rest of probs is left unwritten).
+// exp is math::exp_f32 (arithmetic only, so the loop vectorises; within 2 ulp).
 COURSE_CPU_CLONES void softmax_rows(float* p, std::int64_t ldp, std::int64_t first, std::int64_t rows,
                                     std::int64_t width, const AttentionShape& s) {
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -121,11 +118,11 @@ void attention(const float* qkv, const AttentionShape& s, float* probs, float* y
       for (std::int64_t i0 = 0; i0 < t; i0 += kQueryBlock) {
         const std::int64_t rows = std::min(kQueryBlock, t - i0), keys = s.causal ? i0 + rows : t;
         float* block = p + i0 * t;
-        gemm(false, true, rows, keys, hs, scale, in.q + i0 * in.ld, in.ld, in.k, in.ld, 0.0f, block, t);  // q k^T
+        sgemm(false, true, rows, keys, hs, scale, in.q + i0 * in.ld, in.ld, in.k, in.ld, 0.0f, block, t);  // q k^T
         softmax_rows(block, t, i0, rows, keys, s);
         std::int64_t ldw = t;
         const float* weights = weights_of(block, bh, i0, rows, keys, s, ldw);
-        gemm(false, false, rows, hs, keys, 1.0f, weights, ldw, in.v, in.ld, 0.0f, out + i0 * c, c);  // p v
+        sgemm(false, false, rows, hs, keys, 1.0f, weights, ldw, in.v, in.ld, 0.0f, out + i0 * c, c);  // p v
       }
     }
   });
@@ -155,10 +152,10 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
         const float* block = p + i0 * t;
         std::int64_t ldw = t;
         const float* weights = weights_of(block, bh, i0, rows, keys, s, ldw);
-        gemm(true, false, keys, hs, rows, 1.0f, weights, ldw, dy + i0 * c, c, 1.0f, dv, in.ld);  // dv += p^T dy
+        sgemm(true, false, keys, hs, rows, 1.0f, weights, ldw, dy + i0 * c, c, 1.0f, dv, in.ld);  // dv += p^T dy
         t_grad_scores.resize(static_cast<std::size_t>(rows * keys));
         float* ds = t_grad_scores.data();
-        gemm(false, true, rows, keys, hs, 1.0f, dy + i0 * c, c, in.v, in.ld, 0.0f, ds, keys);  // dp = dy v^T
+        sgemm(false, true, rows, keys, hs, 1.0f, dy + i0 * c, c, in.v, in.ld, 0.0f, ds, keys);  // dp = dy v^T
         if (s.dropout > 0.0f) {  // through the mask: the gradient reaches only the kept probabilities
           const float kept = 1.0f / (1.0f - s.dropout);
           for (std::int64_t r = 0; r < rows; ++r)
@@ -168,8 +165,8 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
             }
         }
         softmax_backward_rows(block, t, ds, keys, i0, rows, keys, scale, s);
-        gemm(false, false, rows, hs, keys, 1.0f, ds, keys, in.k, in.ld, 0.0f, dq + i0 * in.ld, in.ld);  // dq = ds k
-        gemm(true, false, keys, hs, rows, 1.0f, ds, keys, in.q + i0 * in.ld, in.ld, 1.0f, dk, in.ld);  // dk += ds^T q
+        sgemm(false, false, rows, hs, keys, 1.0f, ds, keys, in.k, in.ld, 0.0f, dq + i0 * in.ld, in.ld);  // dq = ds k
+        sgemm(true, false, keys, hs, rows, 1.0f, ds, keys, in.q + i0 * in.ld, in.ld, 1.0f, dk, in.ld);  // dk += ds^T q
       }
     }
   });
