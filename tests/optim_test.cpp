@@ -3,7 +3,10 @@
 
 #include <cmath>
 
+#include "common/kernels/kernels.h"
 #include "common/nn/layers.h"
+#include "common/ops/ops.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/lr_scheduler.h"
 #include "common/optim/optimizer.h"
 
@@ -146,6 +149,90 @@ TEST(Modules, NamedParametersInStableRegistrationOrder) {
   EXPECT_EQ(mlp->parameters()[2].to_host(), again->parameters()[2].to_host());  // seeded init
   nn::Linear layer(4, 2, Device::cpu, 1);
   for (float w : layer.weight.to_host()) EXPECT_LE(std::fabs(w), 0.5f);  // U(-1/sqrt(4), 1/sqrt(4))
+}
+
+
+// ---- GradScaler: torch.amp.GradScaler's semantics and defaults ------------------------------------
+
+TEST(GradScaler, ScalesTheLossAndUnscalesTheGradients) {
+  Tensor w = Tensor::from_host({1.0f, -2.0f}, {2}).set_requires_grad(true);
+  optim::SGD sgd({w}, 0.1f);
+  optim::GradScaler scaler;
+  EXPECT_EQ(scaler.get_scale(), 65536.0f);  // 2^16
+  Tensor loss = sum(mul(w, Tensor::from_host({3.0f, 5.0f}, {2})));
+  Tensor scaled = scaler.scale(loss);
+  EXPECT_FLOAT_EQ(scaled.item(), loss.item() * 65536.0f);
+  scaled.backward();
+  EXPECT_FLOAT_EQ(w.grad().to_host()[0], 3.0f * 65536.0f);
+  scaler.unscale_(sgd);  // the true gradient, for clipping
+  EXPECT_FLOAT_EQ(w.grad().to_host()[0], 3.0f);
+  EXPECT_FLOAT_EQ(w.grad().to_host()[1], 5.0f);
+  EXPECT_THROW(scaler.unscale_(sgd), std::logic_error);  // once per step
+  EXPECT_TRUE(scaler.step(sgd));
+  EXPECT_FLOAT_EQ(w.to_host()[0], 1.0f - 0.1f * 3.0f);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 65536.0f);  // one clean step is not growth_interval of them
+  EXPECT_EQ(scaler.skipped_steps(), 0);
+}
+
+TEST(GradScaler, AStepWithAnInfOrNanIsSkippedAndTheScaleBacksOff) {
+  for (float bad : {INFINITY, NAN}) {
+    Tensor w = Tensor::from_host({1.0f, 1.0f}, {2}).set_requires_grad(true);
+    optim::SGD sgd({w}, 0.1f);
+    optim::GradScaler scaler;
+    w.set_grad(Tensor::from_host({1.0f, bad}, {2}));
+    EXPECT_FALSE(scaler.step(sgd));
+    EXPECT_EQ(w.to_host(), (std::vector<float>{1.0f, 1.0f}));  // the parameters untouched
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 32768.0f);
+    EXPECT_EQ(scaler.skipped_steps(), 1);
+  }
+}
+
+TEST(GradScaler, TheScaleGrowsAfterGrowthIntervalCleanStepsInARow) {
+  Tensor w = Tensor::from_host({1.0f}, {1}).set_requires_grad(true);
+  optim::SGD sgd({w}, 1e-6f);
+  optim::GradScaler scaler;
+  for (int step = 0; step < 3999; ++step) {
+    w.set_grad(Tensor::from_host({step == 1000 ? INFINITY : 1.0f}, {1}));
+    scaler.step(sgd);
+    scaler.update();
+    if (step == 1000) EXPECT_EQ(scaler.get_scale(), 32768.0f);     // backed off, the count restarts
+    if (step == 2999) EXPECT_EQ(scaler.get_scale(), 32768.0f);     // 1999 clean steps since
+    if (step == 3000) EXPECT_EQ(scaler.get_scale(), 65536.0f);     // the 2000th
+  }
+  optim::GradScaler off({.enabled = false});
+  EXPECT_EQ(off.get_scale(), 1.0f);
+  w.set_grad(Tensor::from_host({INFINITY}, {1}));
+  EXPECT_TRUE(off.step(sgd));  // disabled: it always steps
+}
+
+// A float16 run with a loss scale far too large: the scaled gradients overflow float16's range (65504)
+// and become inf when stored in 16 bits, as fp16 gradients would; the scaler skips those steps and
+// halves the scale until they fit, and training then goes on and learns.
+TEST(GradScaler, AFloat16RunWithATooLargeScaleSkipsStepsAndRecovers) {
+  Tensor w = Tensor::zeros({4, 1}).set_requires_grad(true);
+  Tensor x = Tensor::randn({64, 4}, 1), target = matmul(x, Tensor::from_host({1.0f, -2.0f, 0.5f, 3.0f}, {4, 1}));
+  optim::SGD sgd({w}, 0.05f);
+  optim::GradScaler scaler({.init_scale = 16777216.0f});  // 2^24
+  std::vector<std::uint16_t> half(4);
+  float first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    Tensor loss = mse_loss(matmul(x, w), target);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    scaler.scale(loss).backward();
+    Tensor g = w.grad();  // stored in float16, as a float16 model's gradient is
+    kernels(Device::cpu).to_half(HalfFormat::float16, g.data(), half.data(), 4);
+    kernels(Device::cpu).from_half(HalfFormat::float16, half.data(), g.data(), 4);
+    scaler.step(sgd);
+    scaler.update();
+    sgd.zero_grad();
+  }
+  EXPECT_GT(scaler.skipped_steps(), 0);
+  EXPECT_LT(scaler.skipped_steps(), 24);    // each skip halves the scale: it fits long before 2^0
+  EXPECT_LT(scaler.get_scale(), 16777216.0f);
+  EXPECT_LT(last, 1e-3f * first) << "after the skipped steps it trains";
 }
 
 }  // namespace

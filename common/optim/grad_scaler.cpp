@@ -1,0 +1,69 @@
+// The loss scaler: a sum per gradient finds an inf or NaN (they survive any sum), the group agrees on it.
+#include "common/optim/grad_scaler.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "common/comm/agree.h"
+#include "common/kernels/kernels.h"
+#include "common/ops/ops.h"
+
+namespace course::optim {
+
+GradScaler::GradScaler(GradScalerOptions options, comm::Communicator* group)
+    : options_(options), group_(group), scale_(options.init_scale) {
+  if (!(options.init_scale > 0.0f) || !(options.growth_factor > 1.0f) || !(options.backoff_factor > 0.0f) ||
+      !(options.backoff_factor < 1.0f) || options.growth_interval < 1)
+    throw std::invalid_argument(
+        "GradScaler: needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1");
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const { return options_.enabled ? course::scale(loss, scale_) : loss; }
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  if (unscaled_) throw std::logic_error("GradScaler: unscale_() has already been called since the last update()");
+  unscaled_ = true;
+  bool found = false;
+  const float inverse = 1.0f / scale_;
+  for (const Tensor& p : optimizer.params()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Kernels& k = kernels(g.device());
+    k.scale(g.data(), inverse, g.data(), static_cast<std::size_t>(g.numel()));
+    Tensor total = Tensor::empty({1}, g.device());
+    k.sum(g.data(), static_cast<std::size_t>(g.numel()), total.data());
+    found = found || !std::isfinite(total.item());
+  }
+  if (group_) found = comm::all_reduce_scalar(*group_, found ? 1.0f : 0.0f, comm::ReduceOp::max) > 0.0f;
+  found_inf_ = found;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(optimizer);
+  if (found_inf_) {
+    ++skipped_;
+    return false;
+  }
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  if (found_inf_) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+}  // namespace course::optim

@@ -1,0 +1,52 @@
+// Dynamic loss scaling for float16 training (Micikevicius et al., "Mixed Precision Training", 2018), with
+// torch.amp.GradScaler's semantics and defaults: the loss is multiplied by the scale before backward, so
+// that small gradients do not flush to zero in float16; the gradients are divided by it again before
+// clipping and the optimizer step (unscale_); a step whose gradients hold an inf or a NaN is skipped and
+// the scale halved (backoff_factor); after growth_interval clean steps in a row the scale doubles.
+// bfloat16 has float32's range and needs none of it. With a group, the check for inf/NaN is one
+// all-reduce over its ranks, so every rank skips the same steps.
+//
+// Ours differs from PyTorch's in serving one optimizer (PyTorch's keeps a record per optimizer).
+#pragma once
+#include <cstdint>
+
+#include "common/comm/communicator.h"
+#include "common/optim/optimizer.h"
+
+namespace course::optim {
+
+struct GradScalerOptions {
+  float init_scale = 65536.0f;  // 2^16
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int64_t growth_interval = 2000;
+  bool enabled = true;  // disabled: scale() and unscale_() pass through, step() always steps
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* group = nullptr);
+
+  Tensor scale(const Tensor& loss) const;  // loss times the current scale (differentiable)
+  // Divides every gradient of `optimizer` by the scale, in place, and records whether any is inf or NaN
+  // (on any rank of the group). Once per step: a second call before update() throws std::logic_error.
+  void unscale_(Optimizer& optimizer);
+  // optimizer.step() unless the unscaled gradients were not finite (unscale_ first if it was not called).
+  // Returns whether the optimizer stepped.
+  bool step(Optimizer& optimizer);
+  // The scale for the next step: backed off after a skipped step, grown after growth_interval clean ones.
+  void update();
+
+  float get_scale() const { return options_.enabled ? scale_ : 1.0f; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  bool is_enabled() const { return options_.enabled; }
+
+ private:
+  GradScalerOptions options_;
+  comm::Communicator* group_;
+  float scale_;
+  std::int64_t growth_tracker_ = 0, skipped_ = 0;
+  bool unscaled_ = false, found_inf_ = false;
+};
+
+}  // namespace course::optim
