@@ -12,6 +12,7 @@
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/distributed_sampler.h"
@@ -118,6 +119,24 @@ void expect_passes(const RunSetup& s) {
 }
 
 TEST(DistributedDataParallel, MatchesSingleRankInLockStep) { expect_passes(RunSetup{}); }
+
+// Data parallelism with a loss scale: an inf in the last rank's gradient alone makes every rank skip the
+// step and back off (the check is one all-reduce), so the replicas stay identical; a clean step steps
+// everywhere.
+TEST(DistributedDataParallel, GradScalerSkipsOnEveryRankWhenOneRankOverflows) {
+  Tensor w = Tensor::from_host({1.0f, 2.0f}, {2}).set_requires_grad(true);
+  optim::SGD sgd({w}, 0.5f);
+  optim::GradScaler scaler({}, &world());
+  const bool last = world().rank() == world().size() - 1;
+  w.set_grad(Tensor::from_host({65536.0f, last ? INFINITY : 65536.0f}, {2}));
+  EXPECT_FALSE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(w.to_host(), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);
+  w.set_grad(Tensor::from_host({32768.0f, 32768.0f}, {2}));
+  EXPECT_TRUE(scaler.step(sgd));
+  EXPECT_EQ(w.to_host(), (std::vector<float>{0.5f, 1.5f}));
+}
 
 TEST(DistributedDataParallel, MatchesWithAccumulationUnderNoSync) {
   RunSetup s;
