@@ -97,6 +97,13 @@ TEST(Half, CudaKernelsMatchTheCpu) {
     kernels(Device::cpu).from_half(format, cpu.data(), expected.data(), 4097);
     EXPECT_EQ(back.to_host(), expected);
   }
+  // Tensors of each 16-bit type convert on the GPU to the CPU's bits, both ways and between the two.
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    Tensor on_cpu = x.to(dtype), on_gpu = x.to(Device::cuda).to(dtype);
+    EXPECT_EQ(on_gpu.to_host(), on_cpu.to_host()) << dtype_name(dtype);
+    const DType other = dtype == DType::bfloat16 ? DType::float16 : DType::bfloat16;
+    EXPECT_EQ(on_gpu.to(other).to_host(), on_cpu.to(other).to_host()) << dtype_name(dtype);
+  }
 }
 
 }  // namespace

@@ -13,7 +13,14 @@ for name, entry in header.items():
     if name == "__metadata__":
         continue
     begin, end = entry["data_offsets"]
-    values = struct.unpack(f"<{(end - begin) // 4}f", data[begin:end])
+    raw = data[begin:end]
+    if entry["dtype"] == "F32":
+        values = struct.unpack(f"<{len(raw) // 4}f", raw)
+    elif entry["dtype"] == "F16":  # IEEE half: struct's "e"
+        values = struct.unpack(f"<{len(raw) // 2}e", raw)
+    else:  # BF16: the upper 16 bits of a float32
+        halves = struct.unpack(f"<{len(raw) // 2}H", raw)
+        values = struct.unpack(f"<{len(halves)}f", struct.pack(f"<{len(halves)}I", *(h << 16 for h in halves)))
     print(name, entry["dtype"], entry["shape"], list(values))
 for key, value in header.get("__metadata__", {}).items():
     print(key, value)

@@ -169,5 +169,37 @@ TEST(Safetensors, PythonStandardLibraryReadsIt) {
   std::remove(path.c_str());
 }
 
+// BF16 and F16 tensors keep their type and bits through a file, and Python's standard library reads
+// them (struct's "e" is IEEE half; bfloat16 is the upper half of a float32).
+TEST(Safetensors, SixteenBitTypesRoundTripAndPythonReadsThem) {
+  const std::string path = temp_path("half.safetensors");
+  Tensor bf = Tensor::from_host({1.0f / 3.0f, -2.5f, 0x1p100f}, {3}, Device::cpu, DType::bfloat16);
+  Tensor hf = Tensor::from_host({1.0f / 3.0f, 65504.0f}, {1, 2}, Device::cpu, DType::float16);
+  checkpoint::save_safetensors(path, {{"b", bf}, {"h", hf}, {"f", Tensor::from_host({0.5f}, {1})}});
+  auto loaded = checkpoint::load_safetensors(path);
+  ASSERT_EQ(loaded.tensors.size(), 3u);
+  EXPECT_EQ(loaded.tensors[0].second.dtype(), DType::bfloat16);
+  EXPECT_EQ(loaded.tensors[1].second.dtype(), DType::float16);
+  EXPECT_EQ(loaded.tensors[2].second.dtype(), DType::float32);
+  EXPECT_EQ(loaded.tensors[0].second.to_host(), bf.to_host());
+  EXPECT_EQ(loaded.tensors[1].second.to_host(), hf.to_host());
+  EXPECT_NE(read_file(path).find("\"dtype\":\"BF16\""), std::string::npos);
+  auto r = run_process("python3 " + std::string(READ_SAFETENSORS_PY) + " " + path);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("b BF16 [3] [0.333984375, -2.5, 1.2676506002282294e+30]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("h F16 [1, 2] [0.333251953125, 65504.0]"), std::string::npos) << r.out;
+  // A type the course does not read is named.
+  std::string bytes = read_file(path);
+  bytes.replace(bytes.find("\"BF16\""), 6, "\"I16\" ");  // the same length
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    checkpoint::load_safetensors(path);
+    ADD_FAILURE() << "an I16 tensor was loaded";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype \"I16\""), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace course::testing

@@ -33,6 +33,55 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(t.to_host()[0], 0.0f);
 }
 
+// 16-bit storage: half the bytes, values rounded to nearest even once on the way in and widened exactly
+// on the way out. The expected bits are the formats' own: 1/3 is 0x3EAB in bfloat16 (0.333984375) and
+// 0x3555 in float16 (0.333251953125); 65520 overflows float16 to infinity, 1e-8 underflows it to 0.
+TEST(Tensor, SixteenBitTypesStoreRoundedValues) {
+  const std::vector<float> values{1.0f / 3.0f, -2.5f, 65520.0f, 1e-8f};
+  Tensor bf = Tensor::from_host(values, {4}, Device::cpu, DType::bfloat16);
+  Tensor hf = Tensor::from_host(values, {4}, Device::cpu, DType::float16);
+  EXPECT_EQ(bf.dtype(), DType::bfloat16);
+  EXPECT_EQ(bf.nbytes(), 8u);
+  EXPECT_EQ(bf.data16()[0], 0x3EABu);
+  EXPECT_EQ(hf.data16()[0], 0x3555u);
+  EXPECT_EQ(bf.to_host()[0], 0.333984375f);
+  EXPECT_EQ(hf.to_host()[0], 0.333251953125f);
+  EXPECT_EQ(hf.to_host()[1], -2.5f);
+  EXPECT_TRUE(std::isinf(hf.to_host()[2]));
+  EXPECT_EQ(bf.to_host()[2], 65536.0f);  // bfloat16 keeps the range, loses the digits
+  EXPECT_EQ(hf.to_host()[3], 0.0f);
+  EXPECT_GT(bf.to_host()[3], 0.0f);
+  // A 16-bit tensor's bits are never read as floats.
+  EXPECT_THROW(bf.data(), std::logic_error);
+  EXPECT_THROW(Tensor::zeros({2}).data16(), std::logic_error);
+  // Conversions: to(dtype), between the 16-bit types, and copy_from across types.
+  EXPECT_EQ(bf.to(DType::float32).dtype(), DType::float32);
+  EXPECT_EQ(bf.to(DType::float16).to_host()[0], 0.333984375f);  // exactly a float16 too
+  Tensor target = Tensor::zeros({4}, Device::cpu, DType::bfloat16);
+  target.copy_from(Tensor::from_host(values, {4}));
+  EXPECT_EQ(target.to_host(), bf.to_host());
+  // Views, fill and clone keep the type; views count in elements of it.
+  Tensor v = target.flat_view(1, 2);
+  EXPECT_EQ(v.dtype(), DType::bfloat16);
+  v.fill_(0.1f);
+  EXPECT_EQ(target.to_host()[1], target.to_host()[2]);
+  EXPECT_EQ(target.to_host()[1], 0.10009765625f);  // bfloat16's nearest to 0.1
+  EXPECT_EQ(target.clone().to_host(), target.to_host());
+  EXPECT_EQ(Tensor::ones({3}, Device::cpu, DType::float16).to_host(), std::vector<float>(3, 1.0f));
+}
+
+TEST(Memory, SixteenBitTensorsCountHalfTheBytes) {
+  const auto before = memory_stats(Device::cpu).current_of(MemoryCategory::optimizer_state);
+  {
+    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    Tensor a = Tensor::empty({1000}, Device::cpu, DType::bfloat16);
+    EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::optimizer_state) - before, 2000);
+    Tensor f = a.to(DType::float16);
+    EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::optimizer_state) - before, 4000);
+  }
+  EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::optimizer_state), before);
+}
+
 TEST(Tensor, SeededRandomIsReproducibleAndWellDistributed) {
   auto a = Tensor::randn({20000}, 123).to_host();
   EXPECT_EQ(a, Tensor::randn({20000}, 123).to_host());

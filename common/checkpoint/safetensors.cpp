@@ -166,23 +166,26 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
                       const WriteProgress& progress) {
   // The bytes go from each tensor's memory to the file: no copy on the CPU, one to the host for CUDA.
-  std::vector<std::vector<float>> staged;  // CUDA tensors' values, kept alive until written
+  std::vector<Tensor> staged;  // CUDA tensors' host copies, kept alive until written
   std::vector<std::string_view> data;
   nlohmann::json header = nlohmann::json::object();
   std::size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || header.contains(name))
       fail(path, "tensor name '" + name + "' is reserved or repeated");
-    const float* values = nullptr;
+    const void* values = nullptr;
     if (tensor.device() == Device::cpu) {
-      values = tensor.data();
+      values = tensor.raw();
     } else {
-      staged.push_back(tensor.to_host());
-      values = staged.back().data();
+      const Tensor host = tensor.to(Device::cpu);
+      staged.push_back(host);
+      values = host.raw();
     }
-    const std::size_t bytes = static_cast<std::size_t>(tensor.numel()) * sizeof(float);  // x86: little-endian
-    data.emplace_back(reinterpret_cast<const char*>(values), bytes);
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    const std::size_t bytes = tensor.nbytes();  // x86: little-endian, as the format's bytes are
+    data.emplace_back(static_cast<const char*>(values), bytes);
+    header[name] = {{"dtype", safetensors_dtype_name(tensor.dtype())},
+                    {"shape", tensor.shape()},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   nlohmann::json meta = nlohmann::json::object();
@@ -260,8 +263,9 @@ Loaded load_safetensors(const std::string& path) {
     }
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
       fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
-    if (!entry["dtype"].is_string() || entry["dtype"] != "F32")
-      fail(path, "tensor '" + name + "' has dtype " + entry["dtype"].dump() + "; this course reads F32 only");
+    DType dtype = DType::float32;
+    if (!entry["dtype"].is_string() || !dtype_from_safetensors(entry["dtype"].get<std::string>(), &dtype))
+      fail(path, "tensor '" + name + "' has dtype " + entry["dtype"].dump() + "; this course reads F32, BF16 and F16");
     const auto& shape_json = entry["shape"];
     const auto& offsets = entry["data_offsets"];
     if (!shape_json.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -281,12 +285,12 @@ Loaded load_safetensors(const std::string& path) {
       fail(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                      "] outside the data section of " + std::to_string(data_size) +
                      " bytes (a truncated file, or wrong offsets)");
-    if (end - begin != count * sizeof(float))
+    if (end - begin != count * element_size(dtype))
       fail(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
     ranges.push_back({begin, end, name});
-    Tensor tensor = Tensor::empty(shape);
-    if (count) std::memcpy(tensor.data(), data + begin, count * sizeof(float));
+    Tensor tensor = Tensor::empty(shape, Device::cpu, dtype);
+    if (count) std::memcpy(tensor.raw(), data + begin, count * element_size(dtype));
     loaded.tensors.emplace_back(name, tensor);
   }
   // The data section must be covered exactly: no overlaps, no holes (the format's own rule).

@@ -32,7 +32,7 @@ struct CheckpointError : std::runtime_error {
 // --fail-during-save, which kills the writer halfway to show that the previous checkpoint survives.
 using WriteProgress = std::function<void(std::size_t written, std::size_t total)>;
 
-// Writes `tensors` (float32, any device) and `metadata` to `path` atomically, and returns the checksum it
+// Writes `tensors` (float32, bfloat16 or float16: F32, BF16, F16; any device) and `metadata` to `path` atomically, and returns the checksum it
 // recorded (16 hex digits). Throws CheckpointError.
 std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {},
                       const WriteProgress& progress = {});

@@ -56,33 +56,50 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 #endif
 }
 
+// Converts n elements between types on one device; the 16-bit roundings are half.h's, on both devices.
+void convert(const void* src, DType from, void* dst, DType to, std::size_t n, Device device) {
+  Kernels& k = kernels(device);
+  if (from == to) {
+    copy_bytes(dst, device, src, device, n * element_size(from));
+  } else if (from == DType::float32) {
+    k.to_half(half_format(to), static_cast<const float*>(src), static_cast<std::uint16_t*>(dst), n);
+  } else if (to == DType::float32) {
+    k.from_half(half_format(from), static_cast<const std::uint16_t*>(src), static_cast<float*>(dst), n);
+  } else {  // bfloat16 <-> float16 through float32, which holds both exactly
+    Tensor wide = Tensor::empty({static_cast<std::int64_t>(n)}, device);
+    k.from_half(half_format(from), static_cast<const std::uint16_t*>(src), wide.data(), n);
+    k.to_half(half_format(to), wide.data(), static_cast<std::uint16_t*>(dst), n);
+  }
+}
+
 }  // namespace
 
-Tensor Tensor::empty(const Shape& shape, Device device) {
+Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
   for (auto d : shape)
     if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_string(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
-  impl->storage = std::make_shared<Storage>(device, static_cast<std::size_t>(shape_numel(shape)) * sizeof(float),
+  impl->dtype = dtype;
+  impl->storage = std::make_shared<Storage>(device, static_cast<std::size_t>(shape_numel(shape)) * course::element_size(dtype),
                                             current_memory_category());
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::full(const Shape& shape, float value, Device device) {
-  Tensor t = empty(shape, device);
+Tensor Tensor::full(const Shape& shape, float value, Device device, DType dtype) {
+  Tensor t = empty(shape, device, dtype);
   t.fill_(value);
   return t;
 }
-Tensor Tensor::zeros(const Shape& shape, Device device) { return full(shape, 0.0f, device); }
-Tensor Tensor::ones(const Shape& shape, Device device) { return full(shape, 1.0f, device); }
+Tensor Tensor::zeros(const Shape& shape, Device device, DType dtype) { return full(shape, 0.0f, device, dtype); }
+Tensor Tensor::ones(const Shape& shape, Device device, DType dtype) { return full(shape, 1.0f, device, dtype); }
 
-Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, Device device) {
+Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, Device device, DType dtype) {
   if (static_cast<std::int64_t>(values.size()) != shape_numel(shape))
     throw std::invalid_argument("from_host: " + std::to_string(values.size()) + " values for shape " +
                                 shape_string(shape));
   Tensor t = empty(shape, device);
   copy_bytes(t.data(), device, values.data(), Device::cpu, t.nbytes());
-  return t;
+  return t.to(dtype);
 }
 
 // Values are made on the host and copied, so both devices hold exactly the same floats.
@@ -107,21 +124,41 @@ std::int64_t Tensor::dim(int i) const {
   return shape()[static_cast<std::size_t>(i)];
 }
 
+void* Tensor::raw() const {
+  if (!impl_ || !impl_->storage || !impl_->storage->data) return nullptr;
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * element_size();
+}
+
 float* Tensor::data() const {
-  if (!impl_ || !impl_->storage) return nullptr;
-  return static_cast<float*>(impl_->storage->data) + impl_->offset;
+  if (impl_ && impl_->dtype != DType::float32)
+    throw std::logic_error(std::string("data(): this tensor holds ") + dtype_name(impl_->dtype) +
+                           ", not float32 (read it with data16(), or convert it with to(DType::float32))");
+  return static_cast<float*>(raw());
+}
+
+std::uint16_t* Tensor::data16() const {
+  if (impl_ && !is_16bit(impl_->dtype))
+    throw std::logic_error("data16(): this tensor holds float32, not a 16-bit type");
+  return static_cast<std::uint16_t*>(raw());
 }
 
 Tensor Tensor::to(Device target) const {
   if (device() == target) return *this;
-  Tensor out = empty(shape(), target);
-  copy_bytes(out.data(), target, data(), device(), nbytes());
+  Tensor out = empty(shape(), target, dtype());
+  copy_bytes(out.raw(), target, raw(), device(), nbytes());
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (dtype() == target) return *this;
+  Tensor out = empty(shape(), device(), target);
+  convert(raw(), dtype(), out.raw(), target, static_cast<std::size_t>(numel()), device());
   return out;
 }
 
 Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), device());
-  copy_bytes(out.data(), device(), data(), device(), nbytes());
+  Tensor out = empty(shape(), device(), dtype());
+  copy_bytes(out.raw(), device(), raw(), device(), nbytes());
   return out;
 }
 
@@ -130,7 +167,8 @@ std::vector<float> Tensor::to_host() const {
     throw std::logic_error("to_host: this tensor's storage is released (a ZeRO-3 parameter outside its layer's "
                            "forward and backward: gather it first, e.g. with ZeroOptimizer::full_parameters)");
   std::vector<float> values(static_cast<std::size_t>(numel()));
-  copy_bytes(values.data(), Device::cpu, data(), device(), nbytes());
+  const Tensor wide = to(DType::float32);
+  copy_bytes(values.data(), Device::cpu, wide.raw(), wide.device(), wide.nbytes());
   return values;
 }
 
@@ -142,13 +180,29 @@ float Tensor::item() const {
 void Tensor::copy_from(const Tensor& source) {
   if (source.numel() != numel())
     throw std::invalid_argument("copy_from: " + shape_string(source.shape()) + " into " + shape_string(shape()));
-  copy_bytes(data(), device(), source.data(), source.device(), nbytes());
+  if (source.dtype() == dtype()) {
+    copy_bytes(raw(), device(), source.raw(), source.device(), nbytes());
+  } else if (source.device() == device()) {
+    convert(source.raw(), source.dtype(), raw(), dtype(), static_cast<std::size_t>(numel()), device());
+  } else {
+    const Tensor here = source.to(device());
+    convert(here.raw(), here.dtype(), raw(), dtype(), static_cast<std::size_t>(numel()), device());
+  }
 }
 
-void Tensor::fill_(float value) { kernels(device()).fill(data(), static_cast<std::size_t>(numel()), value); }
+void Tensor::fill_(float value) {
+  const auto n = static_cast<std::size_t>(numel());
+  if (dtype() == DType::float32) {
+    kernels(device()).fill(data(), n, value);
+  } else {
+    Tensor wide = empty(shape(), device());
+    kernels(device()).fill(wide.data(), n, value);
+    copy_from(wide);
+  }
+}
 
 Tensor Tensor::view(std::size_t offset, const Shape& new_shape) const {
-  std::size_t available = impl_->storage->bytes / sizeof(float) - impl_->offset;
+  std::size_t available = impl_->storage->bytes / element_size() - impl_->offset;
   if (offset + static_cast<std::size_t>(shape_numel(new_shape)) > available)
     throw std::out_of_range("view " + shape_string(new_shape) + " at offset " + std::to_string(offset) +
                             " exceeds the storage");
@@ -156,6 +210,7 @@ Tensor Tensor::view(std::size_t offset, const Shape& new_shape) const {
   impl->storage = impl_->storage;
   impl->offset = impl_->offset + offset;
   impl->shape = new_shape;
+  impl->dtype = impl_->dtype;
   return Tensor(std::move(impl));
 }
 

@@ -1,5 +1,6 @@
-// Tensor: float32 values with a shape, on the CPU or a CUDA GPU, over shared, counted storage.
-// It also carries the autograd fields (requires_grad, grad, the node that made it, gradient hooks).
+// Tensor: values with a shape and an element type (float32, bfloat16 or float16), on the CPU or a CUDA
+// GPU, over shared, counted storage. It also carries the autograd fields (requires_grad, grad, the
+// node that made it, gradient hooks).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "common/core/device.h"
+#include "common/core/dtype.h"
 #include "common/core/memory.h"
 
 namespace course {
@@ -42,6 +44,7 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;
   std::size_t offset = 0;  // in elements, for views into a larger storage
   Shape shape;
+  DType dtype = DType::float32;
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
   MemoryCategory grad_category = MemoryCategory::gradients;  // where backward counts a gradient it creates
@@ -55,11 +58,13 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // Creation. New storage is counted under the current MemoryCategoryScope.
-  static Tensor empty(const Shape& shape, Device device = Device::cpu);
-  static Tensor zeros(const Shape& shape, Device device = Device::cpu);
-  static Tensor ones(const Shape& shape, Device device = Device::cpu);
-  static Tensor full(const Shape& shape, float value, Device device = Device::cpu);
-  static Tensor from_host(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu);
+  static Tensor empty(const Shape& shape, Device device = Device::cpu, DType dtype = DType::float32);
+  static Tensor zeros(const Shape& shape, Device device = Device::cpu, DType dtype = DType::float32);
+  static Tensor ones(const Shape& shape, Device device = Device::cpu, DType dtype = DType::float32);
+  static Tensor full(const Shape& shape, float value, Device device = Device::cpu, DType dtype = DType::float32);
+  // The values rounded to `dtype` (to nearest, ties to even) when it is a 16-bit type.
+  static Tensor from_host(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu,
+                          DType dtype = DType::float32);
   // Seeded random values: element i depends only on (seed, i), so CPU and CUDA agree bit for bit.
   static Tensor randn(const Shape& shape, std::uint64_t seed, Device device = Device::cpu,
                       float mean = 0.0f, float stddev = 1.0f);
@@ -70,18 +75,30 @@ class Tensor {
   const Shape& shape() const { return impl_->shape; }
   std::int64_t dim(int i) const;
   std::int64_t numel() const { return shape_numel(impl_->shape); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * sizeof(float); }
+  DType dtype() const { return impl_->dtype; }
+  std::size_t element_size() const { return course::element_size(impl_->dtype); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
   Device device() const { return impl_->storage ? impl_->storage->device : Device::cpu; }
-  float* data() const;  // device pointer for CUDA tensors
+  // The elements (a device pointer for CUDA tensors). data() is for float32 tensors and throws
+  // std::logic_error on a 16-bit one, so a kernel can never read 16-bit bits as floats; data16() is
+  // for the 16-bit types (their bits), raw() for any.
+  float* data() const;
+  std::uint16_t* data16() const;
+  void* raw() const;
 
   Tensor to(Device device) const;       // a copy on `device` (or this tensor if already there)
-  Tensor clone() const;                 // a copy with its own storage, same device
-  std::vector<float> to_host() const;   // the values, copied to the host
+  // A copy in `dtype` (or this tensor if already that type), rounded to nearest, ties to even, when
+  // narrowing. Not recorded by autograd (as to(Device) is not); the differentiable cast is ops' cast().
+  Tensor to(DType dtype) const;
+  Tensor clone() const;                 // a copy with its own storage, same device and type
+  std::vector<float> to_host() const;   // the values as floats, copied to the host (16-bit ones widened exactly)
   float item() const;                   // the single value of a one-element tensor
-  void copy_from(const Tensor& source); // overwrite values in place (shapes must hold as many elements)
-  void fill_(float value);
+  // Overwrites the values in place (shapes must hold as many elements), converting from the source's
+  // type to this one's if they differ (rounded when narrowing).
+  void copy_from(const Tensor& source);
+  void fill_(float value);              // the value rounded to this tensor's type
 
-  // A tensor sharing this storage: `count` elements from element `offset`, with a new shape.
+  // A tensor sharing this storage: `count` elements from element `offset`, with a new shape (same type).
   Tensor view(std::size_t offset, const Shape& shape) const;
   Tensor flat_view(std::size_t offset, std::size_t count) const;
   Tensor detach() const;  // same storage, no autograd history
