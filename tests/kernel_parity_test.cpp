@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/kernels/kernels.h"
+#include "common/ops/autocast.h"
 #include "common/optim/optimizer.h"
 #include "support/op_cases.h"
 
@@ -44,6 +45,43 @@ TEST_P(KernelParityTest, CudaMatchesCpu) {
   sum(mul(cuda_out, w.to(Device::cuda))).backward();
   for (std::size_t i = 0; i < cpu_in.size(); ++i)
     expect_close(cuda_in[i].grad().to_host(), cpu_in[i].grad().to_host(), c.name + " grad " + std::to_string(i));
+}
+
+// Every op again under autocast, in bfloat16 and in float16: its GEMMs on the 16-bit path (cublasGemmEx
+// with float32 accumulation against the CPU's widened float32 GEMM), the rest reading 16-bit operands.
+// Each device computes its float32 result within kParityTolerance of the other's and rounds it once to
+// 16 bits, so the two may land one 16-bit step apart (2u relative); a gradient is computed from saved
+// 16-bit activations that may themselves differ by that step, so it gets twice as much: 4u.
+TEST_P(KernelParityTest, CudaMatchesCpuUnderAutocast) {
+  SKIP_WITHOUT_GPU();
+  const OpCase& c = GetParam();
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    const double u = dtype == DType::bfloat16 ? 0x1p-8 : 0x1p-11;
+    auto close = [&](const std::vector<float>& cuda, const std::vector<float>& cpu, const std::string& what) {
+      ASSERT_EQ(cuda.size(), cpu.size()) << what;
+      for (std::size_t i = 0; i < cpu.size(); ++i)
+        EXPECT_NEAR(cuda[i], cpu[i], 4 * u * (1.0 + std::fabs(cpu[i]))) << what << " element " << i;
+    };
+    std::vector<Tensor> cpu_in, cuda_in;
+    for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+      Tensor t = Tensor::rand_uniform(c.inputs[i], 7 + i, static_cast<float>(c.input_low), static_cast<float>(c.input_high));
+      cpu_in.push_back(t.clone().set_requires_grad(true));
+      cuda_in.push_back(t.to(Device::cuda).set_requires_grad(true));
+    }
+    Tensor cpu_out, cuda_out;
+    {
+      Autocast autocast(dtype);
+      cpu_out = c.op(cpu_in);
+      cuda_out = c.op(cuda_in);
+    }
+    EXPECT_EQ(cuda_out.dtype(), cpu_out.dtype());
+    close(cuda_out.to_host(), cpu_out.to_host(), c.name + " forward in " + dtype_name(dtype));
+    Tensor w = Tensor::rand_uniform(cpu_out.shape(), 5, -1.0f, 1.0f);
+    sum(mul(cpu_out, w)).backward();
+    sum(mul(cuda_out, w.to(Device::cuda))).backward();
+    for (std::size_t i = 0; i < cpu_in.size(); ++i)
+      close(cuda_in[i].grad().to_host(), cpu_in[i].grad().to_host(), c.name + " grad " + std::to_string(i) + " in " + dtype_name(dtype));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, KernelParityTest, ::testing::ValuesIn(op_cases()),

@@ -1,5 +1,6 @@
 // The backward engine: topological order, gradient accumulation, grad-ready hooks.
 #include "common/autograd/autograd.h"
+#include "common/ops/autocast.h"
 
 #include <stdexcept>
 #include <unordered_map>
@@ -36,17 +37,24 @@ void fire_hooks(const Tensor& leaf) {
   for (auto& hook : leaf.impl()->post_accumulate_grad_hooks) hook(parameter);
 }
 
+// Gradients are added in float32; a 16-bit gradient is widened for the addition and the sum rounded
+// once, as PyTorch's engine adds two bfloat16 gradients.
 void accumulate(Tensor& target, const Tensor& contribution) {
-  kernels(target.device()).binary(BinaryOp::add, target.data(), static_cast<std::size_t>(target.numel()),
-                                  contribution.data(), static_cast<std::size_t>(contribution.numel()),
-                                  target.data(), static_cast<std::size_t>(target.numel()));
+  const auto n = static_cast<std::size_t>(target.numel());
+  if (target.dtype() == DType::float32 && contribution.dtype() == DType::float32) {
+    kernels(target.device()).binary(BinaryOp::add, target.data(), n, contribution.data(), n, target.data(), n);
+    return;
+  }
+  Tensor sum = target.to(DType::float32).clone();
+  const Tensor part = contribution.to(DType::float32);
+  kernels(target.device()).binary(BinaryOp::add, sum.data(), n, part.data(), n, sum.data(), n);
+  target.copy_from(sum);
 }
 
 Tensor sum_of(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty(a.shape(), a.device());
-  kernels(a.device()).binary(BinaryOp::add, a.data(), static_cast<std::size_t>(a.numel()), b.data(),
-                             static_cast<std::size_t>(b.numel()), out.data(), static_cast<std::size_t>(out.numel()));
-  return out;
+  Tensor out = a.to(DType::float32).clone();
+  accumulate(out, b);
+  return out.to(a.dtype());
 }
 
 // Post-order depth-first walk over the tensors that have a grad_fn; reversed it is a valid
@@ -103,6 +111,9 @@ void backward(const Tensor& root, const Tensor& grad_output) {
                                 " but the output has shape " + shape_string(root.shape()));
   if (!root.requires_grad()) throw std::invalid_argument("backward(): the output does not depend on any parameter");
   NoGradGuard no_grad;
+  // Each op's backward runs in the types its forward chose; autocast does not apply to it (PyTorch's
+  // backward runs outside autocast too).
+  Autocast no_autocast(DType::float32, false);
   CallbackQueue callbacks;
 
   std::vector<TensorImpl*> order;
@@ -118,14 +129,15 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     TensorImpl* impl = leaf.impl();
     if (!impl->grad) {
       MemoryCategoryScope scope(impl->grad_category);
-      impl->grad = Tensor::zeros(leaf.shape(), leaf.device()).impl_ptr();
+      impl->grad = Tensor::zeros(leaf.shape(), leaf.device(), leaf.dtype()).impl_ptr();
     }
     Tensor grad(impl->grad);
     if (g.defined()) accumulate(grad, g);
   };
 
   std::unordered_map<TensorImpl*, Tensor> grads;
-  grads[root.impl()] = grad_output.defined() ? grad_output : Tensor::ones(root.shape(), root.device());
+  grads[root.impl()] = grad_output.defined() ? grad_output.to(root.dtype())
+                                             : Tensor::ones(root.shape(), root.device(), root.dtype());
   if (order.empty()) {  // the root is itself a leaf
     add_to_leaf(root, grads[root.impl()]);
     fire_hooks(root);
@@ -148,7 +160,9 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       const Tensor& input = node.inputs[i];
       if (!input.requires_grad()) continue;
-      const Tensor& g = input_grads[i];
+      // A gradient has its tensor's type, whatever type the rule computed it in (PyTorch's engine casts
+      // likewise): the float32 gradient of a bfloat16 activation is rounded to bfloat16 here.
+      const Tensor g = input_grads[i].defined() ? input_grads[i].to(input.dtype()) : input_grads[i];
       if (input.impl()->grad_fn) {
         if (!g.defined()) continue;
         // The first contribution is kept as it is (no copy); later ones make a new sum, so a gradient

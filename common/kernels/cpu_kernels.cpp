@@ -224,6 +224,26 @@ class CpuKernels final : public Kernels {
                  });
   }
 
+  void gemm_half(HalfFormat format, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) override {
+    gemm_batched_half(format, ta, tb, 1, m, n, k, alpha, a, m * k, b, k * n, beta, c, m * n);
+  }
+
+  void gemm_batched_half(HalfFormat format, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
+                         std::int64_t k, float alpha, const std::uint16_t* a, std::int64_t sa, const std::uint16_t* b,
+                         std::int64_t sb, float beta, std::uint16_t* c, std::int64_t sc) override {
+    if (batch == 0 || m == 0 || n == 0) return;
+    // Every element the strided matrices reach, widened once; C's rounding is the only one.
+    auto span = [batch](std::int64_t stride, std::int64_t size) { return static_cast<std::size_t>((batch - 1) * stride + size); };
+    std::vector<float> wa(span(sa, m * k)), wb(span(sb, k * n)), wc(span(sc, m * n), 0.0f);
+    from_half(format, a, wa.data(), wa.size());
+    from_half(format, b, wb.data(), wb.size());
+    if (beta != 0.0f) from_half(format, c, wc.data(), wc.size());
+    gemm_batched(ta, tb, batch, m, n, k, alpha, wa.data(), sa, wb.data(), sb, beta, wc.data(), sc);
+    for (std::int64_t i = 0; i < batch; ++i)
+      to_half(format, wc.data() + i * sc, c + i * sc, static_cast<std::size_t>(m * n));
+  }
+
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
     with_binary_op(op, [&](auto f) {

@@ -380,6 +380,40 @@ class CudaKernels final : public Kernels {
         static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(tb ? k : n), sb, a,
         static_cast<int>(ta ? m : k), sa, &beta, c, static_cast<int>(n), sc, static_cast<int>(batch)));
   }
+  void gemm_half(HalfFormat format, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) override {
+    gemm_batched_half(format, ta, tb, 1, m, n, k, alpha, a, m * k, b, k * n, beta, c, m * n);
+  }
+
+  // 16-bit operands, float32 accumulation (CUBLAS_COMPUTE_32F) on tensor cores: the handle's pedantic
+  // math mode, which keeps the float32 GEMMs off TF32, is lifted for these calls, whose inputs are
+  // 16-bit already.
+  void gemm_batched_half(HalfFormat format, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
+                         std::int64_t k, float alpha, const std::uint16_t* a, std::int64_t sa, const std::uint16_t* b,
+                         std::int64_t sb, float beta, std::uint16_t* c, std::int64_t sc) override {
+    if (batch == 0 || m == 0 || n == 0) return;
+    if (k == 0) {  // no products: C = beta C, through float32
+      DeviceBuffer wide(static_cast<std::size_t>(m * n));
+      for (std::int64_t i = 0; i < batch; ++i) {
+        from_half(format, c + i * sc, wide.get(), static_cast<std::size_t>(m * n));
+        scale(wide.get(), beta, wide.get(), static_cast<std::size_t>(m * n));
+        to_half(format, wide.get(), c + i * sc, static_cast<std::size_t>(m * n));
+      }
+      return;
+    }
+    const cudaDataType type = format == HalfFormat::bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasHandle_t handle = cublas_handle();
+    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    // Column-major, as in gemm: each C^T = op(B)^T op(A)^T.
+    const cublasStatus_t status = cublasGemmStridedBatchedEx(
+        handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(m), static_cast<int>(k), &alpha, b, type, static_cast<int>(tb ? k : n), sb, a, type,
+        static_cast<int>(ta ? m : k), sa, &beta, c, type, static_cast<int>(n), sc, static_cast<int>(batch),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+    COURSE_CUBLAS_CHECK(status);
+  }
+
   void binary(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn, float* out,
               std::size_t n) override {
     if (!n) return;

@@ -58,6 +58,16 @@ class Kernels {
   virtual void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n,
                             std::int64_t k, float alpha, const float* a, std::int64_t stride_a, const float* b,
                             std::int64_t stride_b, float beta, float* c, std::int64_t stride_c) = 0;
+  // The same two on 16-bit matrices (A, B and C all in `format`): products accumulated in float32 and C
+  // rounded once at the end (beta C read from the 16-bit C). cuBLAS runs them as cublasGemmEx with
+  // CUBLAS_COMPUTE_32F (tensor cores); the CPU widens the operands to float32, which holds every 16-bit
+  // value exactly, and rounds the float32 GEMM's result (cpu::half_gemm_path says why).
+  virtual void gemm_half(HalfFormat format, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         float alpha, const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) = 0;
+  virtual void gemm_batched_half(HalfFormat format, bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m,
+                                 std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+                                 std::int64_t stride_a, const std::uint16_t* b, std::int64_t stride_b, float beta,
+                                 std::uint16_t* c, std::int64_t stride_c) = 0;
   // out[i] = a[i % a_n] op b[i % b_n] for i < n: same shapes, or one operand repeated (broadcast).
   virtual void binary(BinaryOp op, const float* a, std::size_t a_n, const float* b, std::size_t b_n, float* out,
                       std::size_t n) = 0;

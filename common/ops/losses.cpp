@@ -1,6 +1,7 @@
 // Ops composed from primitives: their backward passes are the chain rule over the primitives'.
 #include <stdexcept>
 
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 
 namespace course {
@@ -9,7 +10,7 @@ Tensor mse_loss(const Tensor& prediction, const Tensor& target) {
   if (prediction.shape() != target.shape())
     throw std::invalid_argument("mse_loss: prediction " + shape_string(prediction.shape()) + " and target " +
                                 shape_string(target.shape()) + " differ");
-  Tensor diff = sub(prediction, target);
+  Tensor diff = sub(autocast_input("mse_loss", prediction), autocast_input("mse_loss", target));
   return mean(mul(diff, diff));
 }
 

@@ -1,10 +1,15 @@
 // Primitive ops: each computes its output with a kernel and records the rule for its gradient.
+// Element types: the GEMMs run on 16-bit operands as 16-bit GEMMs (float32 accumulation); every other
+// kernel reads 16-bit operands widened to float32 and its result is rounded once to the op's output
+// type, which is its inputs' widest (PyTorch's type promotion). The engine rounds each gradient to its
+// tensor's type. Autocast (autocast.h) casts the inputs first, by its table.
 #include <algorithm>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
 #include "common/autograd/profiler.h"
 #include "common/kernels/kernels.h"
+#include "common/ops/autocast.h"
 #include "common/tensor/random.h"
 #include "common/ops/ops.h"
 
@@ -13,6 +18,9 @@ using autograd::profiler::RecordFunction;
 namespace {
 
 std::size_t count(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+// A float32 operand for a float32 kernel: a 16-bit tensor widened (exactly), a float32 one as it is.
+Tensor wide(const Tensor& t) { return t.to(DType::float32); }
 
 void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   if (a.device() != b.device())
@@ -74,25 +82,27 @@ BroadcastIndex broadcast_index(const Shape& out, const Shape& a, const Shape& b)
 Tensor reduce_to(const Tensor& grad, const Shape& shape) {
   std::int64_t n = shape_numel(shape);
   if (grad.numel() == n) return grad.view(0, shape);
-  Tensor out = Tensor::empty(shape, grad.device());
+  const Tensor g = wide(grad);
+  Tensor out = Tensor::empty(shape, g.device());
   if (repeats_as_suffix(shape, grad.shape())) {
-    kernels(grad.device()).sum_rows(grad.data(), count(grad) / static_cast<std::size_t>(n),
-                                    static_cast<std::size_t>(n), out.data());
+    kernels(g.device()).sum_rows(g.data(), count(g) / static_cast<std::size_t>(n), static_cast<std::size_t>(n),
+                                 out.data());
   } else {
-    kernels(grad.device()).sum_to(grad.data(), out.data(), count(out), broadcast_index(grad.shape(), shape, shape));
+    kernels(g.device()).sum_to(g.data(), out.data(), count(out), broadcast_index(g.shape(), shape, shape));
   }
-  return out;
+  return out.to(grad.dtype());
 }
 
-Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
-  check_same_device(a, b, name);
-  const Shape shape = broadcast_shape(a.shape(), b.shape(), name);
+Tensor binary_forward(BinaryOp op, const Tensor& a16, const Tensor& b16, const char* name) {
+  check_same_device(a16, b16, name);
+  const Shape shape = broadcast_shape(a16.shape(), b16.shape(), name);
+  const Tensor a = wide(a16), b = wide(b16);
   Tensor out = Tensor::empty(shape, a.device());
   if (repeats_as_suffix(a.shape(), shape) && repeats_as_suffix(b.shape(), shape))
     kernels(a.device()).binary(op, a.data(), count(a), b.data(), count(b), out.data(), count(out));
   else
     kernels(a.device()).binary_broadcast(op, a.data(), b.data(), out.data(), broadcast_index(shape, a.shape(), b.shape()));
-  return out;
+  return out.to(promote_types(a16.dtype(), b16.dtype()));
 }
 
 }  // namespace
@@ -124,14 +134,15 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor scale(const Tensor& a, float factor) {
   RecordFunction timed("scale");
   Tensor out = Tensor::empty(a.shape(), a.device());
-  kernels(a.device()).scale(a.data(), factor, out.data(), count(a));
-  return autograd::record(out, "scale", {a}, [factor](const Tensor& g) {
+  kernels(a.device()).scale(wide(a).data(), factor, out.data(), count(a));
+  return autograd::record(out.to(a.dtype()), "scale", {a}, [factor](const Tensor& g) {
     return std::vector<Tensor>{scale(g, factor)};
   });
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   RecordFunction timed("matmul");
+  const Tensor a = autocast_input("matmul", a_in), b = autocast_input("matmul", b_in);
   check_same_device(a, b, "matmul");
   if (a.shape().size() != 2 || b.shape().size() != 2)
     throw std::invalid_argument("matmul: needs 2-D operands, got " + shape_string(a.shape()) + " and " +
@@ -141,8 +152,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   if (k != kb)
     throw std::invalid_argument("matmul: inner dimensions differ: " + shape_string(a.shape()) +
                                 (ta ? "^T" : "") + " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
-  Tensor out = Tensor::empty({m, n}, a.device());
-  kernels(a.device()).gemm(ta, tb, m, n, k, 1.0f, a.data(), b.data(), 0.0f, out.data());
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  Tensor out = Tensor::empty({m, n}, a.device(), dtype);
+  if (is_16bit(dtype))
+    kernels(a.device()).gemm_half(half_format(dtype), ta, tb, m, n, k, 1.0f, a.data16(), b.data16(), 0.0f, out.data16());
+  else
+    kernels(a.device()).gemm(ta, tb, m, n, k, 1.0f, wide(a).data(), wide(b).data(), 0.0f, out.data());
   // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB likewise. An operand that needs no
   // gradient (the data) gets none: its GEMM is skipped, as PyTorch skips it by ctx.needs_input_grad.
   return autograd::record(out, "matmul", {a, b},
@@ -155,8 +170,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                           });
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   RecordFunction timed("linear");
+  const Tensor x = autocast_input("linear", x_in), weight = autocast_input("linear", weight_in),
+               bias = autocast_input("linear", bias_in);
   check_same_device(x, weight, "linear");
   if (weight.shape().size() != 2 || x.shape().empty() || x.shape().back() != weight.dim(1) ||
       (bias.defined() && (bias.shape() != Shape{weight.dim(0)} || bias.device() != x.device())))
@@ -169,7 +186,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   for (std::size_t d = 0; d + 1 < x.shape().size(); ++d) rows *= x.shape()[d];
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  Tensor out = Tensor::empty(out_shape, x.device());
+  DType dtype = promote_types(x.dtype(), weight.dtype());
+  if (bias.defined()) dtype = promote_types(dtype, bias.dtype());
+  Tensor out = Tensor::empty(out_shape, x.device(), bias.defined() ? DType::float32 : dtype);
   Kernels& k = kernels(x.device());
   // torch.addmm's fusion: the output starts as the bias, row after row, and the GEMM adds x W^T to it
   // (beta = 1), so the bias costs no pass of its own over the output.
@@ -179,37 +198,57 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     rows_of_bias.dims[0] = rows;
     rows_of_bias.dims[1] = out_features;
     rows_of_bias.a_strides[1] = 1;
-    k.gather(bias.data(), out.data(), rows_of_bias);
+    k.gather(wide(bias).data(), out.data(), rows_of_bias);
   }
-  k.gemm(false, true, rows, out_features, in, 1.0f, x.data(), weight.data(), bias.defined() ? 1.0f : 0.0f, out.data());
+  const float beta = bias.defined() ? 1.0f : 0.0f;
+  if (is_16bit(dtype)) {  // the bias rows in 16 bits (exact: the bias was 16-bit), then the GEMM adds to them
+    out = out.to(dtype);
+    k.gemm_half(half_format(dtype), false, true, rows, out_features, in, 1.0f, x.data16(), weight.data16(), beta,
+                out.data16());
+  } else {
+    k.gemm(false, true, rows, out_features, in, 1.0f, wide(x).data(), wide(weight).data(), beta, out.data());
+  }
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  return autograd::record(out, "linear", inputs,
+  return autograd::record(out.to(dtype), "linear", inputs,
                           [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, in, out_features,
-                           need_x = x.requires_grad(), need_w = weight.requires_grad()](const Tensor& g) {
+                           need_x = x.requires_grad(), need_w = weight.requires_grad(), dtype](const Tensor& g) {
                             Kernels& k = kernels(g.device());
                             std::vector<Tensor> grads(has_bias ? 3 : 2);
+                            // In 16 bits (the forward's type) when the forward was: the GEMMs of the
+                            // backward take the same operands, as PyTorch's do under autocast.
+                            const bool half = is_16bit(dtype) && x.dtype() == dtype && w.dtype() == dtype;
+                            const Tensor gh = half ? g.to(dtype) : Tensor(), gw = half ? Tensor() : wide(g);
                             if (need_x) {  // dx = dy W
-                              grads[0] = Tensor::empty(x.shape(), g.device());
-                              k.gemm(false, false, rows, in, out_features, 1.0f, g.data(), w.data(), 0.0f,
-                                     grads[0].data());
+                              grads[0] = Tensor::empty(x.shape(), g.device(), half ? dtype : DType::float32);
+                              if (half)
+                                k.gemm_half(half_format(dtype), false, false, rows, in, out_features, 1.0f, gh.data16(),
+                                            w.data16(), 0.0f, grads[0].data16());
+                              else
+                                k.gemm(false, false, rows, in, out_features, 1.0f, gw.data(), wide(w).data(), 0.0f,
+                                       grads[0].data());
                             }
                             if (need_w) {  // dW = dy^T x
-                              grads[1] = Tensor::empty(w.shape(), g.device());
-                              k.gemm(true, false, out_features, in, rows, 1.0f, g.data(), x.data(), 0.0f,
-                                     grads[1].data());
+                              grads[1] = Tensor::empty(w.shape(), g.device(), half ? dtype : DType::float32);
+                              if (half)
+                                k.gemm_half(half_format(dtype), true, false, out_features, in, rows, 1.0f, gh.data16(),
+                                            x.data16(), 0.0f, grads[1].data16());
+                              else
+                                k.gemm(true, false, out_features, in, rows, 1.0f, gw.data(), wide(x).data(), 0.0f,
+                                       grads[1].data());
                             }
-                            if (has_bias) {  // db = the column sums of dy
+                            if (has_bias) {  // db = the column sums of dy, in float32
                               grads[2] = Tensor::empty({out_features}, g.device());
-                              k.sum_rows(g.data(), static_cast<std::size_t>(rows),
+                              k.sum_rows(wide(g).data(), static_cast<std::size_t>(rows),
                                          static_cast<std::size_t>(out_features), grads[2].data());
                             }
                             return grads;
                           });
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   RecordFunction timed("bmm");
+  const Tensor a = autocast_input("bmm", a_in), b = autocast_input("bmm", b_in);
   check_same_device(a, b, "bmm");
   if (a.shape().size() != 3 || b.shape().size() != 3 || a.dim(0) != b.dim(0))
     throw std::invalid_argument("bmm: needs 3-D operands with the same batch, got " + shape_string(a.shape()) +
@@ -219,9 +258,14 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   if (k != kb)
     throw std::invalid_argument("bmm: inner dimensions differ: " + shape_string(a.shape()) + (ta ? "^T" : "") +
                                 " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
-  Tensor out = Tensor::empty({batch, m, n}, a.device());
-  kernels(a.device()).gemm_batched(ta, tb, batch, m, n, k, 1.0f, a.data(), m * k, b.data(), k * n, 0.0f, out.data(),
-                                   m * n);
+  const DType dtype = promote_types(a.dtype(), b.dtype());
+  Tensor out = Tensor::empty({batch, m, n}, a.device(), dtype);
+  if (is_16bit(dtype))
+    kernels(a.device()).gemm_batched_half(half_format(dtype), ta, tb, batch, m, n, k, 1.0f, a.data16(), m * k,
+                                          b.data16(), k * n, 0.0f, out.data16(), m * n);
+  else
+    kernels(a.device()).gemm_batched(ta, tb, batch, m, n, k, 1.0f, wide(a).data(), m * k, wide(b).data(), k * n, 0.0f,
+                                     out.data(), m * n);
   // The matmul rule, matrix by matrix.
   return autograd::record(out, "bmm", {a, b}, [a = a.detach(), b = b.detach(), ta, tb](const Tensor& g) {
     Tensor ga = ta ? bmm(b, g, tb, true) : bmm(g, b, false, !tb);
@@ -230,13 +274,14 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   });
 }
 
-Tensor sum(const Tensor& a) {
+Tensor sum(const Tensor& a_in) {
   RecordFunction timed("sum");
+  const Tensor a = autocast_input("sum", a_in);
   Tensor out = Tensor::empty({1}, a.device());
-  kernels(a.device()).sum(a.data(), count(a), out.data());
-  return autograd::record(out, "sum", {a}, [shape = a.shape()](const Tensor& g) {
+  kernels(a.device()).sum(wide(a).data(), count(a), out.data());
+  return autograd::record(out.to(a.dtype()), "sum", {a}, [shape = a.shape()](const Tensor& g) {
     Tensor expanded = Tensor::zeros(shape, g.device());
-    kernels(g.device()).binary(BinaryOp::add, expanded.data(), count(expanded), g.data(), 1, expanded.data(),
+    kernels(g.device()).binary(BinaryOp::add, expanded.data(), count(expanded), wide(g).data(), 1, expanded.data(),
                                count(expanded));
     return std::vector<Tensor>{expanded};
   });
@@ -251,10 +296,10 @@ namespace {
 Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
   RecordFunction timed(name);
   Tensor out = Tensor::empty(a.shape(), a.device());
-  kernels(a.device()).unary(op, a.data(), out.data(), count(a));
-  return autograd::record(out, name, {a}, [op, a = a.detach()](const Tensor& g) {
+  kernels(a.device()).unary(op, wide(a).data(), out.data(), count(a));
+  return autograd::record(out.to(a.dtype()), name, {a}, [op, a = a.detach()](const Tensor& g) {
     Tensor grad = Tensor::empty(a.shape(), a.device());
-    kernels(a.device()).unary_backward(op, a.data(), g.data(), grad.data(), count(a));
+    kernels(a.device()).unary_backward(op, wide(a).data(), wide(g).data(), grad.data(), count(a));
     return std::vector<Tensor>{grad};
   });
 }
@@ -299,7 +344,8 @@ Tensor permute(const Tensor& a, const std::vector<int>& dims) {
     index.a_strides[d] = in_strides[static_cast<std::size_t>(dims[d])];
   }
   Tensor out = Tensor::empty(shape, a.device());
-  kernels(a.device()).gather(a.data(), out.data(), index);
+  kernels(a.device()).gather(wide(a).data(), out.data(), index);
+  out = out.to(a.dtype());
   std::vector<int> inverse(rank);
   for (std::size_t d = 0; d < rank; ++d) inverse[static_cast<std::size_t>(dims[d])] = static_cast<int>(d);
   return autograd::record(out, "permute", {a}, [inverse](const Tensor& g) {
@@ -315,17 +361,18 @@ Tensor narrow(const Tensor& a, std::int64_t start, std::int64_t length) {
   Shape shape = a.shape();
   shape[0] = length;
   const std::size_t row = a.dim(0) ? count(a) / static_cast<std::size_t>(a.dim(0)) : 0;
-  Tensor out = Tensor::empty(shape, a.device());
-  kernels(a.device()).copy(out.data(), a.data() + static_cast<std::size_t>(start) * row, count(out));
+  Tensor out = Tensor::empty(shape, a.device(), a.dtype());
+  out.copy_from(a.flat_view(static_cast<std::size_t>(start) * row, count(out)));
   return autograd::record(out, "narrow", {a}, [full = a.shape(), start, row](const Tensor& g) {
-    Tensor grad = Tensor::zeros(full, g.device());  // the rows it did not take get no gradient
-    kernels(g.device()).copy(grad.data() + static_cast<std::size_t>(start) * row, g.data(), count(g));
+    Tensor grad = Tensor::zeros(full, g.device(), g.dtype());  // the rows it did not take get no gradient
+    grad.flat_view(static_cast<std::size_t>(start) * row, count(g)).copy_from(g);
     return std::vector<Tensor>{grad};
   });
 }
 
-Tensor softmax(const Tensor& x, bool causal) {
+Tensor softmax(const Tensor& x_in, bool causal) {
   RecordFunction timed(causal ? "causal_softmax" : "softmax");
+  const Tensor x = autocast_input("softmax", x_in);
   if (x.shape().empty()) throw std::invalid_argument("softmax: needs at least one dimension");
   const auto cols = static_cast<std::size_t>(x.shape().back());
   if (causal && (x.shape().size() < 2 || x.dim(static_cast<int>(x.shape().size()) - 2) != x.shape().back()))
@@ -333,17 +380,19 @@ Tensor softmax(const Tensor& x, bool causal) {
                                 shape_string(x.shape()));
   const std::size_t rows = cols ? count(x) / cols : 0;
   Tensor y = Tensor::empty(x.shape(), x.device());
-  kernels(x.device()).softmax(x.data(), rows, cols, causal, y.data());
+  kernels(x.device()).softmax(wide(x).data(), rows, cols, causal, y.data());
+  y = y.to(x.dtype());
   return autograd::record(y, causal ? "causal_softmax" : "softmax", {x}, [y = y.detach(), rows, cols](const Tensor& g) {
     Tensor dx = Tensor::empty(y.shape(), y.device());
-    kernels(y.device()).softmax_backward(y.data(), g.data(), rows, cols, dx.data());
+    kernels(y.device()).softmax_backward(wide(y).data(), wide(g).data(), rows, cols, dx.data());
     return std::vector<Tensor>{dx};
   });
 }
 
-Tensor scaled_dot_product_attention(const Tensor& qkv, std::int64_t n_head, bool is_causal, float dropout_p,
+Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, bool is_causal, float dropout_p,
                                     std::uint64_t seed) {
   RecordFunction timed("attention");
+  const Tensor qkv = autocast_input("attention", qkv_in);
   if (qkv.shape().size() != 3 || n_head < 1 || qkv.dim(2) % (3 * n_head) != 0)
     throw std::invalid_argument("scaled_dot_product_attention: qkv must be [B, T, 3C] with C a multiple of " +
                                 std::to_string(n_head) + " heads, got " + shape_string(qkv.shape()));
@@ -355,10 +404,13 @@ Tensor scaled_dot_product_attention(const Tensor& qkv, std::int64_t n_head, bool
   s.causal = is_causal, s.dropout = dropout_p, s.seed = seed;
   Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device());
   Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device());
-  kernels(qkv.device()).attention(qkv.data(), s, probs.data(), y.data());
-  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
+  kernels(qkv.device()).attention(wide(qkv).data(), s, probs.data(), y.data());
+  // In 16 bits the probabilities are kept rounded to the input's type (the backward's memory is the
+  // largest activation of attention); the backward computes from them in float32.
+  if (is_16bit(qkv.dtype())) probs = probs.to(qkv.dtype());
+  return autograd::record(y.to(qkv.dtype()), "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
     Tensor grad = Tensor::empty(qkv.shape(), qkv.device());
-    kernels(qkv.device()).attention_backward(qkv.data(), probs.data(), g.data(), s, grad.data());
+    kernels(qkv.device()).attention_backward(wide(qkv).data(), wide(probs).data(), wide(g).data(), s, grad.data());
     return std::vector<Tensor>{grad};
   });
 }
@@ -369,11 +421,14 @@ Tensor dropout(const Tensor& x, float p, std::uint64_t seed) {
   // The kept elements' scale, 1 / (1 - p), or 0: a mask that the forward and the backward both multiply by.
   std::vector<float> keep(count(x));
   for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = random_uniform(seed, i) < p ? 0.0f : 1.0f / (1.0f - p);
-  return mul(x, Tensor::from_host(keep, x.shape(), x.device()));
+  // The product is taken in float32 and rounded once to x's type.
+  return cast(mul(x, Tensor::from_host(keep, x.shape(), x.device())), x.dtype());
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, float eps) {
   RecordFunction timed("layer_norm");
+  const Tensor x = autocast_input("layer_norm", x_in), weight = autocast_input("layer_norm", weight_in),
+               bias = autocast_input("layer_norm", bias_in);
   check_same_device(x, weight, "layer_norm");
   check_same_device(x, bias, "layer_norm");
   if (x.shape().empty() || weight.shape() != Shape{x.shape().back()} || bias.shape() != weight.shape())
@@ -386,15 +441,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   Tensor out = Tensor::empty(x.shape(), x.device());
   Tensor mean = Tensor::empty({static_cast<std::int64_t>(rows)}, x.device());
   Tensor rstd = Tensor::empty({static_cast<std::int64_t>(rows)}, x.device());
-  kernels(x.device()).layer_norm(x.data(), weight.data(), bias.data(), rows, cols, eps, out.data(), mean.data(),
-                                 rstd.data());
-  return autograd::record(out, "layer_norm", {x, weight, bias},
+  kernels(x.device()).layer_norm(wide(x).data(), wide(weight).data(), wide(bias).data(), rows, cols, eps, out.data(),
+                                 mean.data(), rstd.data());
+  return autograd::record(out.to(x.dtype()), "layer_norm", {x, weight, bias},
                           [x = x.detach(), w = weight.detach(), mean, rstd, rows, cols](const Tensor& g) {
                             Tensor gx = Tensor::empty(x.shape(), x.device());
                             Tensor gw = Tensor::empty(w.shape(), x.device()), gb = Tensor::empty(w.shape(), x.device());
-                            kernels(x.device()).layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(),
-                                                                    g.data(), rows, cols, gx.data(), gw.data(),
-                                                                    gb.data());
+                            kernels(x.device()).layer_norm_backward(wide(x).data(), wide(w).data(), mean.data(),
+                                                                    rstd.data(), wide(g).data(), rows, cols, gx.data(),
+                                                                    gw.data(), gb.data());
                             return std::vector<Tensor>{gx, gw, gb};
                           });
 }
@@ -412,17 +467,18 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   Shape shape = ids.shape();
   shape.push_back(weight.dim(1));
   Tensor out = Tensor::empty(shape, weight.device());
-  kernels(weight.device()).embedding(ids.data(), weight.data(), count(ids), dim, out.data());
-  return autograd::record(out, "embedding", {ids, weight}, [ids = ids.detach(), vocab, dim, wshape = weight.shape()](
+  kernels(weight.device()).embedding(wide(ids).data(), wide(weight).data(), count(ids), dim, out.data());
+  return autograd::record(out.to(weight.dtype()), "embedding", {ids, weight}, [ids = ids.detach(), vocab, dim, wshape = weight.shape()](
                                                                const Tensor& g) {
     Tensor gw = Tensor::empty(wshape, g.device());
-    kernels(g.device()).embedding_backward(ids.data(), g.data(), count(ids), dim, vocab, gw.data());
+    kernels(g.device()).embedding_backward(wide(ids).data(), wide(g).data(), count(ids), dim, vocab, gw.data());
     return std::vector<Tensor>{Tensor(), gw};
   });
 }
 
-Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ignore_index) {
+Tensor cross_entropy_per_row(const Tensor& logits_in, const Tensor& targets, int ignore_index) {
   RecordFunction timed("cross_entropy");
+  const Tensor logits = autocast_input("cross_entropy", logits_in);
   if (ignore_index >= 0)
     throw std::invalid_argument("cross_entropy: ignore_index " + std::to_string(ignore_index) +
                                 " must be negative (the kernels skip negative targets)");
@@ -437,14 +493,22 @@ Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ig
       throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " is not a class index below " +
                                   std::to_string(cols));
   Tensor losses = Tensor::empty({logits.dim(0)}, logits.device());
-  kernels(logits.device()).cross_entropy(logits.data(), targets.data(), rows, cols, losses.data());
-  return autograd::record(losses, "cross_entropy", {logits, targets},
+  kernels(logits.device()).cross_entropy(wide(logits).data(), wide(targets).data(), rows, cols, losses.data());
+  return autograd::record(losses.to(logits.dtype()), "cross_entropy", {logits, targets},
                           [logits = logits.detach(), targets = targets.detach(), rows, cols](const Tensor& g) {
                             Tensor grad = Tensor::empty(logits.shape(), logits.device());
                             kernels(logits.device())
-                                .cross_entropy_backward(logits.data(), targets.data(), g.data(), rows, cols, grad.data());
+                                .cross_entropy_backward(wide(logits).data(), wide(targets).data(), wide(g).data(), rows,
+                                                        cols, grad.data());
                             return std::vector<Tensor>{grad, Tensor()};
                           });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  return autograd::record(x.to(dtype), "cast", {x}, [from = x.dtype()](const Tensor& g) {
+    return std::vector<Tensor>{g.to(from)};
+  });
 }
 
 }  // namespace course

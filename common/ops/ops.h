@@ -56,6 +56,10 @@ Tensor cross_entropy_per_row(const Tensor& logits, const Tensor& targets, int ig
 // is added inside the GEMM (beta = 1), as torch.addmm does.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// x.to(dtype) recorded by autograd (torch's Tensor.to(dtype)): the gradient goes back in x's type.
+// Returns x itself when it has that type already. Autocast's casts are these.
+Tensor cast(const Tensor& x, DType dtype);
+
 // Composed.
 Tensor mse_loss(const Tensor& prediction, const Tensor& target);          // mean((p - t)^2)
 // The mean over the rows not ignored, as PyTorch's F.cross_entropy(reduction="mean").

@@ -1,0 +1,56 @@
+// Autocast, as torch.autocast defines it (Micikevicius et al., "Mixed Precision Training", 2018): inside
+// a scope, each op casts its floating-point inputs by one table, so the GEMMs run in 16 bits while the
+// ops that need float32's range and precision (softmax, layer norm, the losses, reductions) stay in
+// float32. Parameters stay float32 masters; each op that computes in 16 bits casts them at use, and the
+// cast's backward widens the gradient back, so the optimizer sees float32 gradients.
+//
+//   {
+//     Autocast autocast(DType::bfloat16);   // torch.autocast(device_type, dtype=torch.bfloat16)
+//     loss = model.forward(batch);          // linear: bfloat16; layer_norm, cross_entropy: float32
+//   }
+//   loss.backward();                        // backward runs each op in the type its forward chose
+//
+// The table (kAutocastTable in autocast.cpp) lists each op beside the list PyTorch keeps it in
+// (torch/csrc/autograd/autocast_mode.cpp: CUDA's lower_precision_fp and fp32 lists, which the CPU's
+// follow for these ops). Ops not listed run in the widest type of their inputs (type promotion: float32
+// with bfloat16 gives float32), as PyTorch's do. Ours differs in two ways: it casts a parameter at
+// every use instead of caching the cast for the scope (the GPT uses each weight once per forward, so
+// the count is the same), and it is one scope for both devices.
+#pragma once
+#include <string_view>
+
+#include "common/core/dtype.h"
+#include "common/tensor/tensor.h"
+
+namespace course {
+
+enum class CastPolicy {
+  lower_precision,  // inputs cast to the scope's 16-bit type: matmul, linear, bmm, attention
+  float32,          // inputs cast to float32: softmax, layer_norm, cross_entropy, sum, mse_loss
+  promote,          // no cast: the op runs in the widest type of its inputs
+};
+
+// The policy of an op by its name ("linear", "layer_norm"...); promote for one the table does not list.
+CastPolicy autocast_policy(std::string_view op);
+
+// While one is alive on this thread, ops cast their inputs by the table; DType::float32 (or enabled =
+// false) turns autocast off inside it, as torch.autocast(enabled=False) does. Scopes nest.
+class Autocast {
+ public:
+  explicit Autocast(DType dtype, bool enabled = true);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  DType previous_;
+};
+
+// The 16-bit type of the innermost scope; float32 when autocast is off.
+DType autocast_dtype();
+
+// The input of op `op` as autocast gives it to the op: cast by the table when a scope is on (the cast
+// recorded by autograd), otherwise the input itself.
+Tensor autocast_input(std::string_view op, const Tensor& input);
+
+}  // namespace course

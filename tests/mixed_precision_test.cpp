@@ -1,0 +1,181 @@
+// Mixed precision at the level of the ops: the 16-bit GEMMs accumulate in float32 (within the bound of
+// one 16-bit rounding of the exact product of the rounded inputs), autocast casts by its table, and every
+// gradient has its tensor's type, float32 for the float32 masters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/nn/gpt.h"
+#include "common/ops/autocast.h"
+#include "common/ops/ops.h"
+#include "common/verify/compare.h"
+
+namespace course::testing {
+namespace {
+
+verify::Rounding rounding_of(DType dtype) {
+  return dtype == DType::bfloat16 ? verify::kBfloat16Rounding : verify::kFloat16Rounding;
+}
+
+// C = A B (m x k times k x n) in `dtype`, against the product of the same rounded inputs in double:
+// float32 accumulation leaves each element within gamma_32(k) sum |a||b| of exact, and the one rounding
+// to 16 bits adds u_16 |C|. A GEMM that accumulated in 16 bits would be off by about k u_16 |C| on these
+// positive inputs (k = 2048: hundreds of times the bound).
+void expect_float32_accumulation(DType dtype, const Tensor& c16, const std::vector<float>& a, const std::vector<float>& b,
+                                 std::int64_t m, std::int64_t k, std::int64_t n, const std::vector<float>& bias = {}) {
+  ASSERT_EQ(c16.dtype(), dtype);
+  const auto c = c16.to_host();
+  const verify::Rounding r = rounding_of(dtype);
+  double worst = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double exact = bias.empty() ? 0.0 : bias[static_cast<std::size_t>(j)], magnitude = std::fabs(exact);
+      for (std::int64_t p = 0; p < k; ++p) {
+        const double term = static_cast<double>(a[static_cast<std::size_t>(i * k + p)]) * b[static_cast<std::size_t>(p * n + j)];
+        exact += term;
+        magnitude += std::fabs(term);
+      }
+      const double bound = verify::gamma(k + 1) * magnitude + r.unit_roundoff * std::fabs(exact) + r.subnormal;
+      const double error = std::fabs(c[static_cast<std::size_t>(i * n + j)] - exact);
+      worst = std::max(worst, error / bound);
+      ASSERT_LE(error, bound) << dtype_name(dtype) << " element " << i << "," << j << ": " << c[i * n + j] << " vs " << exact;
+    }
+  std::printf("%s GEMM, k = %lld: worst error %.3f of its bound\n", dtype_name(dtype), static_cast<long long>(k), worst);
+}
+
+TEST(MixedPrecision, SixteenBitGemmsAccumulateInFloat32) {
+  const std::int64_t m = 8, k = 2048, n = 16;
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    // Positive values, so the sums grow and a 16-bit accumulator would lose digits at every step.
+    Tensor a = Tensor::rand_uniform({m, k}, 1, 0.5f, 1.0f).to(dtype), b = Tensor::rand_uniform({k, n}, 2, 0.5f, 1.0f).to(dtype);
+    expect_float32_accumulation(dtype, matmul(a, b), a.to_host(), b.to_host(), m, k, n);
+    // bmm: two of them, the second at its offset.
+    Tensor a2 = Tensor::rand_uniform({2, m, k}, 3, 0.5f, 1.0f).to(dtype), b2 = Tensor::rand_uniform({2, k, n}, 4, 0.5f, 1.0f).to(dtype);
+    Tensor c2 = bmm(a2, b2);
+    const auto ha = a2.to_host(), hb = b2.to_host();
+    expect_float32_accumulation(dtype, c2.flat_view(static_cast<std::size_t>(m * n), static_cast<std::size_t>(m * n)),
+                                std::vector<float>(ha.begin() + m * k, ha.end()), std::vector<float>(hb.begin() + k * n, hb.end()),
+                                m, k, n);
+    // linear: x W^T + b, the bias added before the one rounding. W is [n, k]; its transpose is B.
+    Tensor w = Tensor::rand_uniform({n, k}, 5, 0.5f, 1.0f).to(dtype), bias = Tensor::rand_uniform({n}, 6, 1.0f, 2.0f).to(dtype);
+    const auto hw = w.to_host();
+    std::vector<float> wt(static_cast<std::size_t>(k * n));
+    for (std::int64_t p = 0; p < k; ++p)
+      for (std::int64_t j = 0; j < n; ++j) wt[static_cast<std::size_t>(p * n + j)] = hw[static_cast<std::size_t>(j * k + p)];
+    expect_float32_accumulation(dtype, linear(a, w, bias), a.to_host(), wt, m, k, n, bias.to_host());
+  }
+}
+
+TEST(MixedPrecision, TheAutocastTableFollowsPytorchs) {
+  EXPECT_EQ(autocast_policy("linear"), CastPolicy::lower_precision);
+  EXPECT_EQ(autocast_policy("matmul"), CastPolicy::lower_precision);
+  EXPECT_EQ(autocast_policy("bmm"), CastPolicy::lower_precision);
+  EXPECT_EQ(autocast_policy("attention"), CastPolicy::lower_precision);
+  EXPECT_EQ(autocast_policy("layer_norm"), CastPolicy::float32);
+  EXPECT_EQ(autocast_policy("softmax"), CastPolicy::float32);
+  EXPECT_EQ(autocast_policy("cross_entropy"), CastPolicy::float32);
+  EXPECT_EQ(autocast_policy("sum"), CastPolicy::float32);
+  EXPECT_EQ(autocast_policy("gelu"), CastPolicy::promote);
+  EXPECT_EQ(autocast_policy("add"), CastPolicy::promote);
+}
+
+TEST(MixedPrecision, AutocastCastsEachOpsInputsByTheTable) {
+  Tensor x = Tensor::randn({4, 8}, 1), w = Tensor::randn({6, 8}, 2, Device::cpu, 0.0f, 0.3f).set_requires_grad(true);
+  Tensor b = Tensor::zeros({6}).set_requires_grad(true);
+  Tensor gamma = Tensor::ones({6}).set_requires_grad(true), beta = Tensor::zeros({6}).set_requires_grad(true);
+  Tensor targets = Tensor::from_host({0, 1, 2, 3}, {4});
+  EXPECT_EQ(autocast_dtype(), DType::float32);
+  Tensor loss;
+  {
+    Autocast autocast(DType::bfloat16);
+    EXPECT_EQ(autocast_dtype(), DType::bfloat16);
+    Tensor h = linear(x, w, b);
+    EXPECT_EQ(h.dtype(), DType::bfloat16);                    // lower precision
+    EXPECT_EQ(gelu(h).dtype(), DType::bfloat16);              // promote: its input's type
+    EXPECT_EQ(add(h, Tensor::zeros({6})).dtype(), DType::float32);  // promote: the wider type
+    Tensor n = layer_norm(gelu(h), gamma, beta);
+    EXPECT_EQ(n.dtype(), DType::float32);                     // float32, from a bfloat16 input
+    EXPECT_EQ(sum(h).dtype(), DType::float32);
+    {
+      Autocast off(DType::bfloat16, false);
+      EXPECT_EQ(linear(x, w, b).dtype(), DType::float32);
+    }
+    Autocast fp16(DType::float16);  // scopes nest
+    EXPECT_EQ(linear(x, w, b).dtype(), DType::float16);
+    loss = cross_entropy(linear(n, Tensor::randn({6, 6}, 3), Tensor()), targets);
+    EXPECT_EQ(loss.dtype(), DType::float32);
+  }
+  EXPECT_EQ(autocast_dtype(), DType::float32);
+  EXPECT_EQ(linear(x, w, b).dtype(), DType::float32);
+  loss.backward();
+  // The masters' gradients are float32 (the casts' backward widens them), and they flowed.
+  for (Tensor* p : {&w, &b, &gamma, &beta}) {
+    ASSERT_TRUE(p->grad().defined());
+    EXPECT_EQ(p->grad().dtype(), DType::float32);
+    double total = 0;
+    for (float g : p->grad().to_host()) total += std::fabs(g);
+    EXPECT_GT(total, 0.0);
+  }
+}
+
+TEST(MixedPrecision, GradientsHaveTheirTensorsType) {
+  // A leaf used three times, each use contributing 1 + 2^-8 (float32 arithmetic: the other factor is
+  // float32). For a float32 leaf the contributions add to 3 + 3 2^-8 exactly. A bfloat16 leaf's gradient
+  // is bfloat16, each contribution rounded to it as it arrives (PyTorch's engine casts likewise): 1 + 2^-8
+  // is a tie between 1 and 1 + 2^-7 and rounds to the even 1, so the gradient is 3.
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    Tensor leaf = Tensor::ones({1}, Device::cpu, dtype).set_requires_grad(true);
+    Tensor part = Tensor::full({1}, 1.0f + 0x1p-8f);
+    Tensor y = add(add(mul(leaf, part), mul(leaf, part)), mul(leaf, part));
+    EXPECT_EQ(y.dtype(), DType::float32);
+    y.backward();
+    ASSERT_EQ(leaf.grad().dtype(), dtype);
+    EXPECT_EQ(leaf.grad().item(), dtype == DType::float32 ? 3.0f + 3 * 0x1p-8f : 3.0f);
+  }
+  // A float32 master cast to bfloat16 for an op gets a float32 gradient: the cast's backward widens it.
+  Tensor master = Tensor::full({2}, 0.5f).set_requires_grad(true);
+  Tensor copy = cast(master, DType::bfloat16);
+  EXPECT_EQ(copy.dtype(), DType::bfloat16);
+  sum(mul(copy, Tensor::full({2}, 3.0f))).backward();
+  ASSERT_EQ(master.grad().dtype(), DType::float32);
+  EXPECT_EQ(master.grad().to_host(), (std::vector<float>{3.0f, 3.0f}));
+}
+
+// The GPT's step under autocast against float32 from the same parameters: the loss within a few 16-bit
+// roundings, and the gradients pointing the same way (the 16-bit GEMMs round every activation once;
+// a bfloat16 step that skipped a cast's backward or a layer's gradient would point elsewhere).
+TEST(MixedPrecision, TheGptUnderAutocastFollowsItsFloat32Step) {
+  nn::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 20;
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 4 * 16; ++i) ids.push_back(static_cast<float>((i * 7) % 20)), targets.push_back(static_cast<float>((i * 3) % 20));
+  auto step = [&](DType dtype, std::vector<std::vector<float>>* grads) {
+    nn::GPT gpt(c, Device::cpu, 1);
+    Tensor loss;
+    {
+      Autocast autocast(dtype, dtype != DType::float32);
+      loss = cross_entropy(reshape(gpt(Tensor::from_host(ids, {4, 16})), {64, 20}), Tensor::from_host(targets, {64}));
+    }
+    loss.backward();
+    for (auto& p : gpt.parameters()) grads->push_back(p.grad().to_host());
+    return loss.item();
+  };
+  std::vector<std::vector<float>> g32, g16;
+  const float l32 = step(DType::float32, &g32);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    g16.clear();
+    const float l16 = step(dtype, &g16);
+    EXPECT_NEAR(l16, l32, 20 * rounding_of(dtype).unit_roundoff * std::fabs(l32)) << dtype_name(dtype);
+    ASSERT_EQ(g16.size(), g32.size());
+    for (std::size_t t = 0; t < g32.size(); ++t) {
+      double dot = 0, n32 = 0, n16 = 0;
+      for (std::size_t i = 0; i < g32[t].size(); ++i)
+        dot += g32[t][i] * g16[t][i], n32 += g32[t][i] * g32[t][i], n16 += g16[t][i] * g16[t][i];
+      if (n32 == 0) continue;
+      EXPECT_GT(dot / std::sqrt(n32 * n16), 0.99) << dtype_name(dtype) << " parameter " << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace course::testing
