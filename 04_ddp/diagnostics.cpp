@@ -9,6 +9,7 @@
 #include "common/checkpoint/parameters.h"
 #include "common/cli/model_options.h"
 #include "common/core/log.h"
+#include "common/ops/autocast.h"
 #include "common/parallel/replicas.h"
 #include "common/verify/compare.h"
 
@@ -20,13 +21,13 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task,
                          const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
-                         std::int64_t total_steps, ShareStep share_step)
+                         std::int64_t total_steps, const optim::Recipe& training, ShareStep share_step)
     : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
       global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
-      share_step_(std::move(share_step)) {
-  log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g\n", group_.size(),
-      static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum, task.description.c_str(),
-      static_cast<long long>(total_steps), o.training.lr);
+      training_(training), share_step_(std::move(share_step)) {
+  log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g, %s\n",
+      group_.size(), static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum,
+      task.description.c_str(), static_cast<long long>(total_steps), o.training.lr, cli::precision_description(o.precision).c_str());
   if (all_ranks_log()) log("%s\n", session.topology->describe().c_str());
   if (!o.verify) return;
   // A single-rank reference beside the run, re-synced to the run's parameters every step, with the
@@ -53,7 +54,9 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
     const auto global = sampler_.global_batch(step, local_batch_);
     lockstep_->check_parts(step, model_, global_loss_, static_cast<std::size_t>(ranks), 1.0 / ranks,
                            [&](nn::Module& reference, std::size_t r) {
-                             return share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                             const float loss = share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                             training_.scaler().unscale_gradients(reference.parameters());  // fp16: as the run unscales
+                             return loss;
                            });
   }
   began_ = Clock::now();
@@ -74,6 +77,9 @@ bool Diagnostics::end_step(std::int64_t step, double norm) {
     diverged_ = true;
     return false;
   }
+  if (training_.skipped())
+    log("step %4lld  skipped: the fp16 gradient overflowed; loss scale now %g\n", static_cast<long long>(step),
+        training_.scaler().get_scale());
   if (step % o_.log_every == 0 || step + 1 == total_steps_) {
     log("step %4lld  loss %.6f  %.2f ms (compute %.2f, communication %.2f)\n", static_cast<long long>(step), global_loss_,
         step_ms_, step_ms_ - step_comm_ms_, step_comm_ms_);
@@ -87,11 +93,16 @@ bool Diagnostics::end_step(std::int64_t step, double norm) {
 // `reversed`, each batch's samples come in reverse order: the same sums, added in another order.
 std::vector<float> Diagnostics::single_rank_run(bool reversed) const {
   auto model = task_.make_model(o_.common.seed);
-  optim::Recipe training(o_.optimizer, model->parameters(), o_.training.lr, total_steps_);
+  optim::Recipe training(o_.optimizer, model->parameters(), o_.training.lr, total_steps_, o_.precision.dtype());
   for (std::int64_t step = 0; step < total_steps_; ++step) {
     auto batch = sampler_.global_batch(step, local_batch_);
     if (reversed) std::reverse(batch.begin(), batch.end());
-    task_.loss(*model, batch).backward();
+    Tensor loss;
+    {
+      Autocast autocast(training.precision());
+      loss = task_.loss(*model, batch);
+    }
+    training.scale_loss(loss).backward();
     training.step(step);
   }
   return model->parameters_to_host();
@@ -111,9 +122,11 @@ int Diagnostics::finish(bool identical) {
     if (check.passed)
       log("lock-step check, %lld steps: every averaged gradient within its float32 bound of the single-rank gradient "
           "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "
-          "single-rank optimizer's, bit for bit\n",
+          "single-rank optimizer's, bit for bit%s\n",
           static_cast<long long>(check.steps), check.worst_gradient_diff, check.worst_gradient_ratio,
-          check.worst_loss_diff, check.worst_loss_ratio);
+          check.worst_loss_diff, check.worst_loss_ratio,
+          check.skipped_steps ? (" (" + std::to_string(check.skipped_steps) + " fp16 steps overflowed and were "
+                                 "skipped by both)").c_str() : "");
     else
       log("lock-step check FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
           check.first_failure.c_str());
@@ -144,6 +157,8 @@ int Diagnostics::finish(bool identical) {
                           {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                           {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                           {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
+                          {"precision", o_.precision.precision},
+                          {"skipped_steps", training_.scaler().skipped_steps()},
                           {"fault", o_.faults.fault}, {"fault_from_step", o_.faults.from_step},
                           {"backend", group_.backend_name()}, {"device", device_name(session_.device)},
                           {"model", o_.models.model}, {"local_size", group_.local_size()},

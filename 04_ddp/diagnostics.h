@@ -25,7 +25,7 @@ class Diagnostics {
  public:
   Diagnostics(const Options& options, cli::Session& session, const nn::TrainingTask& task,
               const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
-              std::int64_t total_steps, ShareStep share_step);
+              std::int64_t total_steps, const optim::Recipe& training, ShareStep share_step);
 
   void begin_step(std::int64_t step);
   // The gradients are averaged: --verify checks them (and the loss) against one rank's, outside the
@@ -47,6 +47,7 @@ class Diagnostics {
   nn::Module& model_;
   comm::Communicator& group_;
   std::int64_t global_batch_, local_batch_, total_steps_;
+  const optim::Recipe& training_;  // the run's: its precision and loss scale
   ShareStep share_step_;
   std::unique_ptr<optim::Recipe> reference_training_;
   std::unique_ptr<verify::Lockstep> lockstep_;

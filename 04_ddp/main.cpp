@@ -14,6 +14,7 @@
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/nn/tasks.h"                     // the model, its data and its loss
+#include "common/ops/autocast.h"                 // --precision bf16|fp16: the forward's matrix products in 16 bits
 #include "common/ops/ops.h"                      // scale
 #include "common/optim/recipe.h"                 // --optimizer: SGD, or AdamW with warm-up, cosine decay, clipping
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
@@ -29,14 +30,21 @@ void install_fault(chapter04::DataParallelNaive& ddp, const cli::FaultOptions& f
 std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch);
 
 // Forward and backward on one rank's share, in `accum` micro-batches (chapter 02): each loss weighted by
-// its micro-batch's part of the share, the gradients adding up in .grad. Returns the share's loss.
-float forward_backward(nn::Module& model, const nn::TrainingTask& task, const std::vector<std::int64_t>& share, int accum) {
+// its micro-batch's part of the share, the gradients adding up in .grad. Returns the share's loss. With
+// --precision bf16 or fp16 the forward runs under autocast, and in fp16 backward starts from the loss
+// times the loss scale (the recipe's), so that small gradients do not flush to zero.
+float forward_backward(nn::Module& model, const nn::TrainingTask& task, const std::vector<std::int64_t>& share, int accum,
+                       const optim::Recipe& training) {
   const auto micro = static_cast<std::int64_t>((share.size() + static_cast<std::size_t>(accum) - 1) / static_cast<std::size_t>(accum));
   double loss_sum = 0;
   for (const auto& micro_batch : data::split_batches(share, micro)) {
     const float weight = static_cast<float>(micro_batch.size()) / static_cast<float>(share.size());
-    Tensor loss = scale(task.loss(model, micro_batch), weight);
-    loss.backward();
+    Tensor loss;
+    {
+      Autocast autocast(training.precision());  // fp32: off
+      loss = scale(task.loss(model, micro_batch), weight);
+    }
+    training.scale_loss(loss).backward();
     loss_sum += loss.item();
   }
   return static_cast<float>(loss_sum);
@@ -56,21 +64,24 @@ int train(const Options& o, cli::Session& session) {
   std::int64_t step = 0;
   install_fault(ddp, o.faults, step);  // --fault: a wrong average, for --verify to catch
   const std::int64_t total_steps = steps_to_take(o, sampler.steps_per_epoch(local_batch));
-  optim::Recipe training(o.optimizer, model->parameters(), o.training.lr, total_steps);
-  Diagnostics checks(o, session, task, sampler, *model, global_batch, total_steps,
+  optim::Recipe training(o.optimizer, model->parameters(), o.training.lr, total_steps, o.precision.dtype(), &group,
+                         o.precision.loss_scale);
+  Diagnostics checks(o, session, task, sampler, *model, global_batch, total_steps, training,
                      [&](nn::Module& m, const std::vector<std::int64_t>& share) {  // the reference's step is ours
-                       return forward_backward(m, task, share, o.accum);
+                       return forward_backward(m, task, share, o.accum, training);
                      });
 
   for (step = 0; step < total_steps; ++step) {
     cli::fail_here_if_asked("train", step, group.rank());
     checks.begin_step(step);
     // 2. Forward and backward on this rank's share only: the gradients are this share's.
-    const float local_loss = forward_backward(ddp.module(), task, sampler.batch(step, local_batch), o.accum);
+    const float local_loss = forward_backward(ddp.module(), task, sampler.batch(step, local_batch), o.accum, training);
     // 3. The lesson: every gradient all-reduced and divided by the ranks, the whole batch's gradient.
     ddp.all_reduce_gradients();
+    training.unscale_();  // fp16: divided by the loss scale again, overflow agreed by every rank (else nothing)
     checks.gradients_ready(step, local_loss, ddp.take_communication_ms());  // --verify: against one rank
-    // 4. The same update from the same gradient on every rank: the replicas stay identical.
+    // 4. The same update from the same gradient on every rank: the replicas stay identical (in fp16 a
+    //    step whose gradient overflowed is skipped by every rank).
     const double norm = training.step(step);
     if (!checks.end_step(step, norm)) break;  // the loss is not finite: the run diverged
   }

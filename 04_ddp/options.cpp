@@ -14,6 +14,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(cli::PositiveInteger & CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--epochs", o.epochs, "Train whole epochs instead of --steps")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->excludes(steps);
+  cli::add_precision_options(app, o.precision);
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")

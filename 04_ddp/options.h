@@ -6,6 +6,7 @@
 
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
 
 namespace course::chapter04 {
@@ -14,6 +15,7 @@ struct Options {
   cli::CommonOptions common;
   cli::DistributedOptions distributed;
   cli::TrainingOptions training;  // --steps 60, --global-batch 240, --lr 0.01
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // --samples, --features, --hidden, --layers
   int accum = 1;

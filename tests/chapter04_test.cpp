@@ -172,6 +172,32 @@ TEST(Chapter04, TheGptWithAdamWPassesVerifyAndReportsItsAccuracy) {
   EXPECT_NE(r.out.find("held-out exact match: "), std::string::npos) << r.out;
 }
 
+// --precision bf16 and fp16 (float32 masters, the forward under autocast): checked in lock-step against
+// one rank of the same precision, at 1 to 4 ranks; a wrong average that begins late is caught at its
+// step; an fp16 loss scale far too large overflows, and run and reference skip those steps alike while
+// the scale backs off, then the run trains.
+TEST(Chapter04, MixedPrecisionPassesVerifyAndCatchesALateFault) {
+  const std::string model = "--model gpt --optimizer adamw --lr 6e-3 --n-layer 1 --n-embd 32 --global-batch 48 ";
+  for (const auto& [mpirun, precision] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP1, "bf16"}, {MPIRUN_NP2, "bf16"}, {MPIRUN_NP4, "bf16"}, {MPIRUN_NP3, "fp16"}}) {
+    auto s = run_verified(mpirun, model + "--steps 6 --precision " + precision);
+    expect_lockstep(s);
+    EXPECT_EQ(s["precision"].get<std::string>(), precision);
+    EXPECT_EQ(s["skipped_steps"].get<int>(), 0);
+  }
+  std::string metrics = temp_path("ch04_bf16_fault.jsonl");
+  auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + " --device cpu --verify " + model +
+                       "--steps 12 --precision bf16 --fault average-twice --fault-from-step 7 --metrics " + metrics);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("lock-step check FAILED at step 7: the gradient of"), std::string::npos) << r.out;
+  // 2^40: the scaled gradients overflow float16 (largest 65504) for the first steps.
+  auto overflowing = run_verified(MPIRUN_NP2, model + "--steps 40 --precision fp16 --loss-scale 1099511627776");
+  expect_lockstep(overflowing);
+  const int skipped = overflowing["skipped_steps"].get<int>();
+  EXPECT_GT(skipped, 5);
+  EXPECT_LT(skipped, 35);  // the scale came down and the run stepped
+}
+
 TEST(Chapter04, TheGptTrainsOnATextFile) {
   const std::string text = temp_path("ch04_text.txt"), metrics = temp_path("ch04_text.jsonl");
   std::string words;

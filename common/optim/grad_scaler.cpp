@@ -39,6 +39,14 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   found_inf_ = found;
 }
 
+void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
+  if (!options_.enabled) return;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) kernels(g.device()).scale(g.data(), 1.0f / scale_, g.data(), static_cast<std::size_t>(g.numel()));
+  }
+}
+
 bool GradScaler::step(Optimizer& optimizer) {
   if (!options_.enabled) {
     optimizer.step();

@@ -38,6 +38,12 @@ class GradScaler {
   void update();
 
   float get_scale() const { return options_.enabled ? scale_ : 1.0f; }
+  bool unscaled() const { return unscaled_; }    // unscale_ was called this step
+  bool found_inf() const { return found_inf_; }  // ... and found an inf or NaN (false before it is called)
+  // Divides each of `params`' gradients by the current scale, recording nothing: a lock-step reference
+  // recomputing a part of the step the run scaled. The scale is a power of two, so this gives the bits
+  // the run's own unscale_ gives after its gradients are added (barring float32 overflow or underflow).
+  void unscale_gradients(const std::vector<Tensor>& params) const;
   std::int64_t skipped_steps() const { return skipped_; }
   bool is_enabled() const { return options_.enabled; }
 

@@ -6,7 +6,18 @@
 
 namespace course::optim {
 
-Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps) {
+namespace {
+GradScalerOptions scaling_for(DType precision, float init_scale) {
+  GradScalerOptions options;
+  options.enabled = precision == DType::float16;
+  options.init_scale = init_scale;
+  return options;
+}
+}  // namespace
+
+Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps,
+               DType precision, comm::Communicator* group, float init_scale)
+    : precision_(precision), scaler_(scaling_for(precision, init_scale), group) {
   if (name == "sgd") {
     optimizer_ = std::make_unique<SGD>(params, lr);
   } else if (name == "adam") {
@@ -21,9 +32,22 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
   }
 }
 
+void Recipe::unscale_() {
+  if (scaler_.is_enabled() && !scaler_.unscaled()) scaler_.unscale_(*optimizer_);
+}
+
 double Recipe::step(std::int64_t step) {
+  unscale_();
+  skipped_ = scaler_.found_inf();
+  if (skipped_) {  // torch.amp's skipped step: no update, the scale halved; the schedule moves on
+    scaler_.step(*optimizer_);  // counts the skip, does not step
+    optimizer_->zero_grad();
+    scaler_.update();
+    return 0.0;
+  }
   const double norm = clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : 0.0;
   update(step);
+  scaler_.update();
   return norm;
 }
 

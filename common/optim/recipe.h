@@ -6,12 +6,17 @@
 //   adamw: what GPT-2 and nanoGPT train with: AdamW (betas 0.9, 0.95; weight decay 0.1 on matrices and
 //          embeddings only), linear warm-up over a tenth of the run (at most 100 steps) then cosine
 //          decay to lr/10, and the gradient clipped to norm 1 (after the DDP average).
+// A recipe also carries the run's precision (--precision): in float16 a GradScaler (grad_scaler.h) scales
+// the loss before backward and the gradients back before clipping, and skips a step whose gradients
+// overflowed; in bfloat16 and float32 it has nothing to do (bfloat16 keeps float32's range).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/core/dtype.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/lr_scheduler.h"
 #include "common/optim/optimizer.h"
 
@@ -20,11 +25,24 @@ namespace course::optim {
 class Recipe {
  public:
   // Throws std::invalid_argument for a name other than sgd, adam or adamw.
-  Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps);
+  // `precision`: the type autocast computes in; float16 turns loss scaling on from `init_scale`, its
+  // inf/NaN check agreed over `group` (the ranks whose gradients are averaged).
+  Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps,
+         DType precision = DType::float32, comm::Communicator* group = nullptr, float init_scale = 65536.0f);
 
+  // What backward starts from: the loss times the loss scale (float16), or the loss itself.
+  Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
+  // float16: divides the gradients by the loss scale and finds whether any is inf or NaN (on any rank of
+  // the group); nothing otherwise. After the gradients are averaged, before they are checked or clipped;
+  // step() calls it if the chapter has not.
+  void unscale_();
   // After backward (and after the gradients are averaged): clip, then update(step). Returns the
-  // gradients' norm before clipping (0 when the recipe does not clip).
+  // gradients' norm before clipping (0 when the recipe does not clip). In float16 a step whose gradients
+  // are not finite is skipped (the gradients cleared, the scale backed off; skipped() says so).
   double step(std::int64_t step);
+  bool skipped() const { return skipped_; }
+  const GradScaler& scaler() const { return scaler_; }
+  DType precision() const { return precision_; }
   // Set the rate of `step` (counted from 0 over the whole run, so a resumed run continues the
   // schedule), update, clear the gradients: the step without clipping, for a caller that has clipped
   // (the lock-step reference repeats the run's update with the run's own clipping).
@@ -38,6 +56,9 @@ class Recipe {
   std::unique_ptr<Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> schedule_;  // null: a constant rate
   double clip_ = 0.0;                      // 0: no clipping
+  DType precision_;
+  GradScaler scaler_;
+  bool skipped_ = false;
 };
 
 }  // namespace course::optim

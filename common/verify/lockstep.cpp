@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "common/kernels/kernels.h"
 #include "common/optim/optimizer.h"
@@ -149,6 +150,14 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   all[2 * count] = static_cast<float>(loss);
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
   if (!gather_step(all, run_gradient)) return;
+  const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
+  if (!finite(run_gradient.begin(), run_gradient.end())) {
+    if (finite(all.begin(), all.begin() + static_cast<long>(count)))
+      record(step, "the run's gradient is not finite (inf or NaN); the single-rank reference's is");
+    skipping_ = true;
+    ++summary_.skipped_steps;
+    return;
+  }
   // The run: R parts, R - 1 additions and the scaling (in 16 bits, each part's conversion too). The
   // reference: its float32 sum over the ranks, one rounding per rank and one for the result.
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
@@ -247,6 +256,10 @@ void Lockstep::check_update(std::int64_t step, double run_norm) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   ++summary_.updates;
   if (!judges()) return;
+  if (std::exchange(skipping_, false)) {  // the skipped step changes nothing: the prediction stands
+    predicted_by_ = step;
+    return;
+  }
   float factor = 1.0f;
   if (max_norm_ > 0) {
     double squares = 0;
@@ -290,8 +303,9 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
                                       static_cast<float>(summary_.worst_gradient_ratio),
                                       static_cast<float>(summary_.worst_loss_diff),
                                       static_cast<float>(summary_.worst_loss_ratio),
-                                      static_cast<float>(summary_.worst_floor)},
-                                     {7}, reference_->parameters().front().device());
+                                      static_cast<float>(summary_.worst_floor),
+                                      static_cast<float>(summary_.skipped_steps)},
+                                     {8}, reference_->parameters().front().device());
   group_->broadcast(verdict, 0);
   const auto v = verdict.to_host();
   summary_.passed = v[0] == 1.0f;
@@ -301,6 +315,7 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
   summary_.worst_loss_diff = v[4];
   summary_.worst_loss_ratio = v[5];
   summary_.worst_floor = v[6];
+  summary_.skipped_steps = static_cast<std::int64_t>(v[7]);
   return summary_;
 }
 

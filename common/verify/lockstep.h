@@ -62,6 +62,7 @@ struct LockstepSummary {
   double worst_gradient_diff = 0, worst_gradient_ratio = 0;  // ratio: difference / its tolerance
   double worst_loss_diff = 0, worst_loss_ratio = 0;
   double worst_floor = 0;  // reordered: the largest noise floor measured on a tensor (0 for parts)
+  std::int64_t skipped_steps = 0;  // float16 steps whose gradient overflowed, skipped by run and reference alike
 };
 
 // Builds the reference's model with its memory counted as MemoryCategory::verification, apart from the
@@ -85,7 +86,10 @@ class Lockstep {
   void begin_step(std::int64_t step, const std::vector<float>& run_parameters);
 
   // The run's gradient (whole, before clipping; read on rank 0) and loss are scale x the sum of `parts`
-  // parts. Rank r computes the parts r, r + size, r + 2 size, ... Collective.
+  // parts. Rank r computes the parts r, r + size, r + 2 size, ... Collective. A run in float16 whose
+  // gradient is not finite skips its update (its loss scale overflowed, optim::GradScaler): the
+  // reference, computing the same parts with the same scale, must overflow too, and then predicts no
+  // update (check_update repeats none).
   void check_parts(std::int64_t step, const std::vector<float>& run_gradient, float run_loss, std::size_t parts,
                    double scale, const PartFunction& part);
 
@@ -133,6 +137,7 @@ class Lockstep {
   std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
   std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
+  bool skipping_ = false;  // rank 0: this step's gradient overflowed in the run and the reference
 };
 
 }  // namespace course::verify

@@ -1,0 +1,48 @@
+// The precision flag.
+#include "common/cli/precision_options.h"
+
+#include <cmath>
+#include <cstdlib>
+
+namespace course::cli {
+
+DType PrecisionOptions::dtype() const {
+  if (precision == "bf16") return DType::bfloat16;
+  if (precision == "fp16") return DType::float16;
+  return DType::float32;
+}
+
+std::string precision_description(const PrecisionOptions& options) {
+  if (options.precision == "bf16") return "mixed precision bf16 (float32 masters, autocast)";
+  if (options.precision == "fp16")
+    return "mixed precision fp16 (float32 masters, autocast, dynamic loss scale from " +
+           std::to_string(static_cast<double>(options.loss_scale)) + ")";
+  return "fp32";
+}
+
+void add_precision_options(CLI::App& app, PrecisionOptions& options) {
+  app.add_option("--precision", options.precision,
+                 "fp32; or mixed precision, float32 masters with the matrix products in bf16, or in fp16 with "
+                 "dynamic loss scaling")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--loss-scale", options.loss_scale,
+                 "fp16: the initial loss scale, a power of two (halved after each step whose gradient overflows, "
+                 "doubled after 2000 clean ones)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            // A power of two, so that scaling and unscaling are exact and a lock-step reference that
+            // unscales each part gives the bits the run gives unscaling the sum.
+            char* end = nullptr;
+            const float value = std::strtof(text.c_str(), &end);
+            int exponent = 0;
+            if (text.empty() || *end != '\0' || !(value >= 1.0f && value <= 0x1p100f) ||
+                std::frexp(value, &exponent) != 0.5f)
+              return std::string("must be a power of two from 1 to 2^100, got ") + text;
+            return std::string();
+          },
+          "POWER OF TWO"))
+      ->capture_default_str();
+}
+
+}  // namespace course::cli
