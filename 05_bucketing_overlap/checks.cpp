@@ -2,12 +2,14 @@
 #include "05_bucketing_overlap/checks.h"
 
 #include "common/comm/agree.h"  // all_reduce_scalar
+#include "common/ops/autocast.h"
 
 namespace course::chapter05 {
 
 StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
-                       const parallel::DistributedSampler& sampler, std::int64_t local_batch)
-    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch) {
+                       const parallel::DistributedSampler& sampler, std::int64_t local_batch,
+                       const optim::Recipe& training)
+    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch), training_(training) {
   if (!o.verify) return;
   // One rank's model and SGD beside the run, re-synced to it every step (chapter 04).
   auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
@@ -33,8 +35,13 @@ void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, flo
   lockstep_->check_parts(step, model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                          [&](nn::Module& reference, std::size_t r) {
                            const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                           Tensor l = task_.loss(reference, theirs);
-                           l.backward();
+                           Tensor l;
+                           {
+                             Autocast autocast(training_.precision());  // the run's precision
+                             l = task_.loss(reference, theirs);
+                           }
+                           training_.scale_loss(l).backward();
+                           training_.scaler().unscale_gradients(reference.parameters());  // as the run unscales
                            return l.item();
                          });
 }

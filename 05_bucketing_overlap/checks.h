@@ -10,6 +10,7 @@
 #include "05_bucketing_overlap/report.h"
 #include "common/nn/tasks.h"
 #include "common/optim/optimizer.h"
+#include "common/optim/recipe.h"
 #include "common/parallel/distributed_sampler.h"
 #include "common/parallel/reducer.h"
 #include "common/verify/lockstep.h"
@@ -20,7 +21,7 @@ namespace course::chapter05 {
 class StepChecks {
  public:
   StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
-             const parallel::DistributedSampler& sampler, std::int64_t local_batch);
+             const parallel::DistributedSampler& sampler, std::int64_t local_batch, const optim::Recipe& training);
   void begin_step(std::int64_t step, const nn::Module& model);
   // The averaged gradients and this rank's loss, against one rank's over the global batch. Collective.
   void check_gradients(std::int64_t step, const nn::Module& model, float local_loss);
@@ -32,6 +33,7 @@ class StepChecks {
   comm::Communicator& group_;
   const parallel::DistributedSampler& sampler_;
   std::int64_t local_batch_;
+  const optim::Recipe& training_;  // the run's: its precision and loss scale
   std::unique_ptr<optim::SGD> reference_sgd_;
   std::unique_ptr<verify::Lockstep> lockstep_;
 };

@@ -17,7 +17,8 @@
 #include "common/comm/simulated_network.h"        // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                      // rank 0 prints
 #include "common/nn/tasks.h"                      // the MLP or the GPT, and its loss
-#include "common/optim/optimizer.h"               // SGD
+#include "common/ops/autocast.h"                  // --precision bf16|fp16: the forward's matrix products in 16 bits
+#include "common/optim/recipe.h"                  // SGD, in the run's precision
 #include "common/parallel/comm_hooks.h"           // --comm-hook: fp16 and bf16 compression
 #include "common/parallel/ddp.h"                  // DistributedDataParallel over the Reducer's buckets
 #include "common/parallel/distributed_sampler.h"  // each rank's share of the data
@@ -81,10 +82,12 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
   std::int64_t step = 0;
   std::size_t launched = 0;  // messages sent in this step (the faults pick one by its place)
   install_hook(o, ddp, step, launched);  // --comm-hook, --fault
-  optim::SGD sgd(model.parameters(), o.training.lr);
+  // SGD in the run's precision (--precision: fp16 scales the loss, common/optim/recipe.h).
+  optim::Recipe training("sgd", model.parameters(), o.training.lr, steps, o.precision.dtype(), &group,
+                         o.precision.loss_scale);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = global_batch / group.size();
-  StepChecks checks(o, task, group, sampler, local);  // --verify: one rank beside the run, in lock-step
+  StepChecks checks(o, task, group, sampler, local, training);  // --verify: one rank beside the run, in lock-step
   ModeResult result;
   std::int64_t bytes_before = 0;
   for (step = 0; step < steps; ++step) {
@@ -94,9 +97,14 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
     if (step == 1) bytes_before = bytes(ddp);
     group.barrier();  // every rank starts the step together, so the times compare
     const auto begin = Clock::now();
-    Tensor loss = task.loss(model, share);
-    loss.backward();   // with the Reducer, the buckets' all-reduces run inside, overlapped or at its end
+    Tensor loss;
+    {
+      Autocast autocast(training.precision());  // --precision bf16|fp16; fp32: off
+      loss = task.loss(model, share);
+    }
+    training.scale_loss(loss).backward();  // with the Reducer, the buckets' all-reduces run inside, overlapped or at its end
     synchronise(ddp);  // chapter 04's all-reduces run here
+    training.unscale_();  // fp16: the averaged gradients divided by the loss scale again
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
     const double exposed = exposed_ms(ddp);
     if (step > 0) {  // the first step allocates and rebuilds the buckets
@@ -104,8 +112,7 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
       result.exposed_ms += exposed / static_cast<double>(steps - 1);
     }
     checks.check_gradients(step, model, loss.item());
-    sgd.step();
-    sgd.zero_grad();
+    training.step(step);  // in fp16, skipped by every rank if the gradient overflowed
     checks.check_update(step);
   }
   result.messages = messages(ddp);
@@ -148,8 +155,9 @@ int run(const Options& o, cli::Session& session) {
     label = " (simulated network: " + comm::describe(network) + ")";
   }
   comm::Communicator& group = simulated ? *simulated : world;
-  log("Chapter 05: %d ranks, %s, global batch %lld, %lld steps, comm hook %s%s\n", group.size(), task.description.c_str(),
-      static_cast<long long>(global_batch), static_cast<long long>(o.training.steps), o.comm_hook.c_str(), label.c_str());
+  log("Chapter 05: %d ranks, %s, global batch %lld, %lld steps, %s, comm hook %s%s\n", group.size(),
+      task.description.c_str(), static_cast<long long>(global_batch), static_cast<long long>(o.training.steps),
+      cli::precision_description(o.precision).c_str(), o.comm_hook.c_str(), label.c_str());
   print_table_header();
   bool passed = true;
   std::vector<float> first;

@@ -15,6 +15,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_distributed_options(app, o.distributed);
   cli::add_save_option(app, o.save);
   cli::add_training_options(app, o.training, "SGD learning rate");
+  cli::add_precision_options(app, o.precision);
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb, 25 there, for models of GBs)")

@@ -5,6 +5,7 @@
 
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
 
 namespace course::chapter05 {
@@ -13,6 +14,7 @@ struct Options {
   cli::CommonOptions common;
   cli::DistributedOptions distributed;
   cli::TrainingOptions training;  // --steps 8, --global-batch 128, --lr 0.001
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // --samples 4096, --features 64, --hidden 1024, --layers 8
   double bucket_mb = 2, first_bucket_mb = 1;  // 2 MB suits this 30 MB model (PyTorch's 25 MB, models of GBs)

@@ -149,6 +149,30 @@ TEST(Chapter05, EveryModePassesWithTheGpt) {
   EXPECT_EQ(modes[0]["buckets"].get<int>(), 16);
 }
 
+// --precision bf16 and fp16 (float32 masters, the forward under autocast, fp16's loss scale): every mode
+// passes the lock-step check against one rank of the same precision, with and without a 16-bit hook on
+// top, and a bucket fault that begins late is caught at its step in every mode.
+TEST(Chapter05, MixedPrecisionPassesInEveryModeAndAFaultIsCaught) {
+  const std::string model = " --device cpu --model gpt --n-layer 1 --n-embd 32 --global-batch 48 --steps 6 --verify ";
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP3, "--precision bf16"}, {MPIRUN_NP2, "--precision fp16 --comm-hook bf16"}}) {
+    std::string metrics = temp_path("ch05_mixed.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + model + flags + " --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << flags << r.out << r.err;
+    EXPECT_NE(r.out.find("mixed precision"), std::string::npos) << r.out;
+    auto modes = events(read_metrics(metrics), "mode");
+    ASSERT_EQ(modes.size(), 4u);
+    for (auto& m : modes) EXPECT_TRUE(m["passed"].get<bool>()) << flags << " " << m["mode"];
+  }
+  auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + model + "--precision bf16 --fault skip-bucket --fault-from-step 4");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("buckets+overlap         1"), std::string::npos) << r.out;
+  std::size_t failed_at_4 = 0;
+  for (std::size_t at = r.out.find("FAILED at step 4"); at != std::string::npos; at = r.out.find("FAILED at step 4", at + 1))
+    ++failed_at_4;
+  EXPECT_EQ(failed_at_4, 4u) << r.out;  // every mode
+}
+
 TEST(Chapter05, SavesTheFinalParametersAsSafetensors) {
   std::string saved = temp_path("ch05.safetensors");
   auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --save " + saved);

@@ -15,8 +15,8 @@ DType PrecisionOptions::dtype() const {
 std::string precision_description(const PrecisionOptions& options) {
   if (options.precision == "bf16") return "mixed precision bf16 (float32 masters, autocast)";
   if (options.precision == "fp16")
-    return "mixed precision fp16 (float32 masters, autocast, dynamic loss scale from " +
-           std::to_string(static_cast<double>(options.loss_scale)) + ")";
+    return "mixed precision fp16 (float32 masters, autocast, dynamic loss scale from 2^" +
+           std::to_string(std::ilogb(options.loss_scale)) + ")";
   return "fp32";
 }
 
