@@ -21,11 +21,14 @@
 #include "common/checkpoint/parameters.h"
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/core/errors.h"
 #include "common/core/cuda_runtime.h"
 #include "common/kernels/cpu_gemm.h"
 #include "common/kernels/kernels.h"
 #include "common/nn/tasks.h"
+#include "common/ops/autocast.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "common/tensor/random.h"
 
@@ -44,6 +47,7 @@ struct Options {
   std::string save_init;
   bool json = false;
   cli::CommonOptions common;
+  cli::PrecisionOptions precision;  // --precision: the forward under autocast, fp16's loss scale
 };
 
 constexpr std::int64_t kMlpFeatures = 16;  // chapter 01's wide house-price model: 16 features, 3 hidden layers
@@ -112,7 +116,7 @@ int run(const Options& o) {
   std::shared_ptr<nn::Module> model;
   std::function<Tensor()> loss;
   std::unique_ptr<optim::Optimizer> optimizer;
-  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}};
+  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}, {"precision", o.precision.precision}};
   std::vector<Gemm> gemms;
   checkpoint::NamedTensors inputs;
 
@@ -178,18 +182,31 @@ int run(const Options& o) {
 
   std::vector<double> losses, step_ms, gemm_ms;
   std::unique_ptr<autograd::profiler::Profile> profile;
+  optim::GradScalerOptions scaling;
+  scaling.enabled = o.precision.dtype() == DType::float16;
+  scaling.init_scale = o.precision.loss_scale;
+  optim::GradScaler scaler(scaling);
+  std::int64_t activation_peak = 0;  // the most bytes of activations alive during a step, above the step's start
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     if (o.profile && step == o.warmup) profile = std::make_unique<autograd::profiler::Profile>(device);
+    const std::int64_t before = memory_stats(device).current_of(MemoryCategory::activations);
+    reset_peak_memory(device);
     auto start = std::chrono::steady_clock::now();
-    Tensor l = loss();
-    l.backward();
+    Tensor l;
+    {
+      Autocast autocast(o.precision.dtype());  // fp32: off
+      l = loss();
+    }
+    scaler.scale(l).backward();
     {
       autograd::profiler::RecordFunction timed(o.model == "gpt" ? "adamw step" : "sgd step");
-      optimizer->step();
+      scaler.step(*optimizer);  // fp16: unscaled first, skipped on overflow; otherwise optimizer->step()
+      scaler.update();
       optimizer->zero_grad();
     }
     sync(device);
     const double ms = ms_since(start);
+    activation_peak = std::max(activation_peak, memory_stats(device).peak_of(MemoryCategory::activations) - before);
     if (step < o.check_steps) losses.push_back(l.item());
     if (step < o.warmup) continue;
     step_ms.push_back(ms);
@@ -200,6 +217,7 @@ int run(const Options& o) {
   result["device"] = device_name(device);
   if (device == Device::cpu) result["gemm_library"] = cpu::gemm_library();
   result["step_ms"] = median(step_ms);
+  result["activation_peak_bytes"] = activation_peak;
   result["losses"] = losses;
   if (!gemm_ms.empty()) {
     result["gemm_ms"] = median(gemm_ms);
@@ -223,6 +241,8 @@ int run(const Options& o) {
                 device_name(device), device == Device::cpu ? ", GEMMs on " : "",
                 device == Device::cpu ? cpu::gemm_library() : "", o.threads,
                 static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
+    std::printf("  %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
+                static_cast<double>(activation_peak) / (1024.0 * 1024.0));
     if (!gemm_ms.empty())
       std::printf("  its GEMMs alone (same library, same shapes): %.3f ms; step / GEMMs = %.2f\n", median(gemm_ms),
                   median(step_ms) / median(gemm_ms));
@@ -260,6 +280,7 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", o.gpt.vocab_size, "the random tokens' vocabulary, with --block-size")
       ->check(CLI::Range(2, 1 << 20));
   app.add_flag("--profile", o.profile, "time the step op by op, forward and backward");
+  cli::add_precision_options(app, o.precision);
   app.add_option("--threads", o.threads, "CPU threads (GEMM and element-wise kernels)")->check(cli::PositiveInteger);
   app.add_option("--steps", o.steps, "timed steps")->check(cli::PositiveInteger);
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
