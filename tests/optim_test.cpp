@@ -197,9 +197,13 @@ TEST(GradScaler, TheScaleGrowsAfterGrowthIntervalCleanStepsInARow) {
     w.set_grad(Tensor::from_host({step == 1000 ? INFINITY : 1.0f}, {1}));
     scaler.step(sgd);
     scaler.update();
-    if (step == 1000) EXPECT_EQ(scaler.get_scale(), 32768.0f);     // backed off, the count restarts
-    if (step == 2999) EXPECT_EQ(scaler.get_scale(), 32768.0f);     // 1999 clean steps since
-    if (step == 3000) EXPECT_EQ(scaler.get_scale(), 65536.0f);     // the 2000th
+    if (step == 1000) {
+      EXPECT_EQ(scaler.get_scale(), 32768.0f);  // backed off, the count restarts
+    } else if (step == 2999) {
+      EXPECT_EQ(scaler.get_scale(), 32768.0f);  // 1999 clean steps since
+    } else if (step == 3000) {
+      EXPECT_EQ(scaler.get_scale(), 65536.0f);  // the 2000th
+    }
   }
   optim::GradScaler off({.enabled = false});
   EXPECT_EQ(off.get_scale(), 1.0f);

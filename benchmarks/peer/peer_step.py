@@ -77,6 +77,11 @@ GROUPS = [
 # Same weights, same data: only the order of float32 additions differs (OpenBLAS against MKL/oneDNN
 # blocking, our double-precision reductions), a few parts in 1e6 per step, over three steps.
 LOSS_RTOL = 1e-4
+# Under autocast the two round every GEMM's output to 16 bits, but not always the same sums (different
+# blocking, and ops PyTorch's CPU table keeps in another type): a loss differs by a few 16-bit roundings
+# of its terms, which the losses near ln(vocabulary) put at a few units of u_16 relative. Four units of
+# u_16 (2^-8 for bf16, 2^-11 for fp16) over three steps.
+LOSS_RTOL_16BIT = {"bf16": 4 * 2.0 ** -8, "fp16": 4 * 2.0 ** -11}
 
 
 def mlp_from(settings):
@@ -143,8 +148,12 @@ class GPT(nn.Module):
         return F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)
 
 
-def torch_step(path, device="cpu"):
-    """The model, its optimizer and a step function, from the file bench_step wrote, on `device`."""
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_step(path, device="cpu", precision="fp32"):
+    """The model, its optimizer and a step function, from the file bench_step wrote, on `device`; with bf16 or
+    fp16 the forward under torch.autocast (fp16 with torch.amp.GradScaler), as bench_step --precision."""
     with safe_open(path, "pt") as f:
         settings = json.loads(f.metadata()["bench"])
     tensors = load_file(path)
@@ -167,13 +176,16 @@ def torch_step(path, device="cpu"):
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=settings["lr"], betas=tuple(settings["betas"]), eps=settings["eps"])
     synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    scaler = torch.amp.GradScaler(device, enabled=precision == "fp16")
 
     def step(timings=None):
-        loss = loss_fn()
-        loss.backward()
+        with torch.autocast(device, dtype=DTYPES.get(precision, torch.bfloat16), enabled=precision != "fp32"):
+            loss = loss_fn()
+        scaler.scale(loss).backward()
         synchronize()
         start = time.perf_counter()
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad()
         synchronize()
         if timings is not None:
@@ -183,9 +195,9 @@ def torch_step(path, device="cpu"):
     return step
 
 
-def time_torch(path, threads, warmup, steps, check_steps, device="cpu"):
+def time_torch(path, threads, warmup, steps, check_steps, device="cpu", precision="fp32"):
     torch.set_num_threads(threads)
-    step = torch_step(path, device)
+    step = torch_step(path, device, precision)
     losses, times = [], []
     for i in range(warmup + steps):
         start = time.perf_counter()
@@ -283,6 +295,8 @@ def main():
     parser.add_argument("--weights", help="only load this file into PyTorch's GPT and print its loss")
     parser.add_argument("--cases", help="comma-separated prefixes of the case names to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="print both steps op group by op group (CPU)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="bf16 or fp16: both steps under autocast (ours: --precision; PyTorch: torch.autocast)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cuda: both steps on the GPU, PyTorch eager in float32 without TF32 (as ours)")
     args = parser.parse_args()
@@ -302,7 +316,7 @@ def main():
             sys.exit("peer_step: --profile compares CPU steps; run it without --device cuda")
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
-    print(f"PyTorch {torch.__version__} against the course, {where}; "
+    print(f"PyTorch {torch.__version__} against the course, {where}, {args.precision}; "
           f"medians over {args.rounds} alternating rounds")
     print(f"{'case':<20}{'threads':>8}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}"
           f"{'step/GEMMs':>12}  first losses, ours | PyTorch")
@@ -312,12 +326,14 @@ def main():
         sys.exit(f"peer_step: --cases {args.cases}: no case starts so; the cases: {', '.join(c[0] for c in CASES)}")
     with tempfile.TemporaryDirectory() as folder:
         for name, flags, case_steps in cases:
+            flags = flags + ["--precision", args.precision]
             steps = args.steps or case_steps
             for t in threads:
                 init = os.path.join(folder, "init.safetensors")
                 first = run_ours(args.bench, flags, t, 0, 3, save_init=init, device=args.device)
-                _, torch_losses = time_torch(init, t, 0, 3, 3, args.device)
-                agree = all(math.isclose(a, b, rel_tol=LOSS_RTOL) for a, b in zip(first["losses"], torch_losses))
+                _, torch_losses = time_torch(init, t, 0, 3, 3, args.device, args.precision)
+                tolerance = LOSS_RTOL if args.precision == "fp32" else LOSS_RTOL_16BIT[args.precision]
+                agree = all(math.isclose(a, b, rel_tol=tolerance) for a, b in zip(first["losses"], torch_losses))
                 all_agree &= agree
                 ours, theirs, gemm = [], [], []
                 for _ in range(args.rounds):
@@ -326,7 +342,7 @@ def main():
                     ours.append(result["step_ms"])
                     gemm.append(result.get("step_over_gemm", float("nan")))
                     time.sleep(0.2)
-                    theirs.append(time_torch(init, t, 2, steps, 0, args.device)[0])
+                    theirs.append(time_torch(init, t, 2, steps, 0, args.device, args.precision)[0])
                 ratio = statistics.median(o / p for o, p in zip(ours, theirs))
                 gemm_text = "-" if math.isnan(gemm[0]) else f"{statistics.median(gemm):.2f}"
                 losses = " ".join(f"{x:.6f}" for x in first["losses"]) + " | " + \
@@ -340,6 +356,7 @@ def main():
                 if args.metrics:
                     with open(args.metrics, "a") as f:
                         f.write(json.dumps({"benchmark": "peer_step", "case": name, "threads": t, "device": args.device,
+                                            "precision": args.precision,
                                             "ours_ms": statistics.median(ours),
                                             "pytorch_ms": statistics.median(theirs), "ratio": ratio,
                                             "step_over_gemm": None if math.isnan(gemm[0]) else statistics.median(gemm), "losses_agree": agree,
