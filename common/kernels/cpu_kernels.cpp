@@ -224,11 +224,6 @@ class CpuKernels final : public Kernels {
                  });
   }
 
-  void gemm_half(HalfFormat format, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) override {
-    gemm_batched_half(format, ta, tb, 1, m, n, k, alpha, a, m * k, b, k * n, beta, c, m * n);
-  }
-
   void gemm_batched_half(HalfFormat format, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
                          std::int64_t k, float alpha, const std::uint16_t* a, std::int64_t sa, const std::uint16_t* b,
                          std::int64_t sb, float beta, std::uint16_t* c, std::int64_t sc) override {

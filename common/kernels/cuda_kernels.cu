@@ -380,11 +380,6 @@ class CudaKernels final : public Kernels {
         static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(tb ? k : n), sb, a,
         static_cast<int>(ta ? m : k), sa, &beta, c, static_cast<int>(n), sc, static_cast<int>(batch)));
   }
-  void gemm_half(HalfFormat format, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-                 const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) override {
-    gemm_batched_half(format, ta, tb, 1, m, n, k, alpha, a, m * k, b, k * n, beta, c, m * n);
-  }
-
   // 16-bit operands, float32 accumulation (CUBLAS_COMPUTE_32F) on tensor cores: the handle's pedantic
   // math mode, which keeps the float32 GEMMs off TF32, is lifted for these calls, whose inputs are
   // 16-bit already.

@@ -62,8 +62,10 @@ class Kernels {
   // rounded once at the end (beta C read from the 16-bit C). cuBLAS runs them as cublasGemmEx with
   // CUBLAS_COMPUTE_32F (tensor cores); the CPU widens the operands to float32, which holds every 16-bit
   // value exactly, and rounds the float32 GEMM's result (cpu::half_gemm_path says why).
-  virtual void gemm_half(HalfFormat format, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                         float alpha, const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) = 0;
+  void gemm_half(HalfFormat format, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                 float alpha, const std::uint16_t* a, const std::uint16_t* b, float beta, std::uint16_t* c) {
+    gemm_batched_half(format, trans_a, trans_b, 1, m, n, k, alpha, a, m * k, b, k * n, beta, c, m * n);
+  }
   virtual void gemm_batched_half(HalfFormat format, bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m,
                                  std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
                                  std::int64_t stride_a, const std::uint16_t* b, std::int64_t stride_b, float beta,

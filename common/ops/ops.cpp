@@ -22,6 +22,20 @@ std::size_t count(const Tensor& t) { return static_cast<std::size_t>(t.numel());
 // A float32 operand for a float32 kernel: a 16-bit tensor widened (exactly), a float32 one as it is.
 Tensor wide(const Tensor& t) { return t.to(DType::float32); }
 
+// C = op(A) op(B), a new [m, n] tensor (of `shape`) in `dtype`: a 16-bit GEMM with float32 accumulation
+// when dtype is a 16-bit type, otherwise float32's on the widened operands.
+Tensor gemm_into(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
+                 const Tensor& b, const Shape& shape) {
+  Tensor c = Tensor::empty(shape, a.device(), dtype);
+  Kernels& kernel = kernels(a.device());
+  if (is_16bit(dtype))
+    kernel.gemm_half(half_format(dtype), ta, tb, m, n, k, 1.0f, a.to(dtype).data16(), b.to(dtype).data16(), 0.0f,
+                     c.data16());
+  else
+    kernel.gemm(ta, tb, m, n, k, 1.0f, wide(a).data(), wide(b).data(), 0.0f, c.data());
+  return c;
+}
+
 void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   if (a.device() != b.device())
     throw std::invalid_argument(std::string(op) + ": operands on " + device_name(a.device()) + " and " +
@@ -152,12 +166,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   if (k != kb)
     throw std::invalid_argument("matmul: inner dimensions differ: " + shape_string(a.shape()) +
                                 (ta ? "^T" : "") + " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
-  const DType dtype = promote_types(a.dtype(), b.dtype());
-  Tensor out = Tensor::empty({m, n}, a.device(), dtype);
-  if (is_16bit(dtype))
-    kernels(a.device()).gemm_half(half_format(dtype), ta, tb, m, n, k, 1.0f, a.data16(), b.data16(), 0.0f, out.data16());
-  else
-    kernels(a.device()).gemm(ta, tb, m, n, k, 1.0f, wide(a).data(), wide(b).data(), 0.0f, out.data());
+  Tensor out = gemm_into(promote_types(a.dtype(), b.dtype()), ta, tb, m, n, k, a, b, {m, n});
   // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB likewise. An operand that needs no
   // gradient (the data) gets none: its GEMM is skipped, as PyTorch skips it by ctx.needs_input_grad.
   return autograd::record(out, "matmul", {a, b},
@@ -217,26 +226,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                             std::vector<Tensor> grads(has_bias ? 3 : 2);
                             // In 16 bits (the forward's type) when the forward was: the GEMMs of the
                             // backward take the same operands, as PyTorch's do under autocast.
-                            const bool half = is_16bit(dtype) && x.dtype() == dtype && w.dtype() == dtype;
-                            const Tensor gh = half ? g.to(dtype) : Tensor(), gw = half ? Tensor() : wide(g);
-                            if (need_x) {  // dx = dy W
-                              grads[0] = Tensor::empty(x.shape(), g.device(), half ? dtype : DType::float32);
-                              if (half)
-                                k.gemm_half(half_format(dtype), false, false, rows, in, out_features, 1.0f, gh.data16(),
-                                            w.data16(), 0.0f, grads[0].data16());
-                              else
-                                k.gemm(false, false, rows, in, out_features, 1.0f, gw.data(), wide(w).data(), 0.0f,
-                                       grads[0].data());
-                            }
-                            if (need_w) {  // dW = dy^T x
-                              grads[1] = Tensor::empty(w.shape(), g.device(), half ? dtype : DType::float32);
-                              if (half)
-                                k.gemm_half(half_format(dtype), true, false, out_features, in, rows, 1.0f, gh.data16(),
-                                            x.data16(), 0.0f, grads[1].data16());
-                              else
-                                k.gemm(true, false, out_features, in, rows, 1.0f, gw.data(), wide(x).data(), 0.0f,
-                                       grads[1].data());
-                            }
+                            const DType type = is_16bit(dtype) && x.dtype() == dtype && w.dtype() == dtype
+                                                   ? dtype : DType::float32;
+                            if (need_x)  // dx = dy W
+                              grads[0] = gemm_into(type, false, false, rows, in, out_features, g, w, x.shape());
+                            if (need_w)  // dW = dy^T x
+                              grads[1] = gemm_into(type, true, false, out_features, in, rows, g, x, w.shape());
                             if (has_bias) {  // db = the column sums of dy, in float32
                               grads[2] = Tensor::empty({out_features}, g.device());
                               k.sum_rows(wide(g).data(), static_cast<std::size_t>(rows),
