@@ -17,8 +17,10 @@
 #include "common/data/house_prices.h"   // the wide house-price data and batching
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/nn/layers.h"           // make_mlp
+#include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
+#include "common/ops/autocast.h"        // the forward's matrix products in 16 bits
 #include "common/ops/ops.h"             // mse_loss, scale
-#include "common/optim/optimizer.h"     // SGD
+#include "common/optim/recipe.h"        // SGD, in the run's precision
 #include "common/verify/compare.h"      // max_abs_diff, the noise floor
 #include "common/verify/lockstep.h"     // the step-by-step check against the big batch
 
@@ -33,6 +35,7 @@ struct Options {
   int epochs = 3;
   float lr = 0.01f;
   cli::MlpOptions mlp;  // --samples 1000, --features 16, --hidden 128, --layers 2
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16
   std::string save;
 };
 
@@ -54,17 +57,28 @@ Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::ve
   return mse_loss(model(batch.x), batch.y);
 }
 
+// One micro-batch's weighted loss, forward and backward, in the recipe's precision (--precision: the
+// forward under autocast, fp16's loss scaled). Returns the loss.
+float micro_batch_step(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& micro,
+                       float weight, Device device, const optim::Recipe& training) {
+  Tensor loss;
+  {
+    Autocast autocast(training.precision());  // fp32: off
+    loss = scale(batch_loss(model, dataset, micro, device), weight);
+  }
+  training.scale_loss(loss).backward();  // gradients accumulate (+=) across micro-batches
+  return loss.item();
+}
+
 // One optimizer step's gradient: the global batch in micro-batches, each loss weighted by its share.
 float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& global,
-                           std::int64_t micro_batch, Device device) {
+                           std::int64_t micro_batch, Device device, const optim::Recipe& training) {
   const auto global_size = static_cast<float>(global.size());
   float total = 0;
   for (auto& micro : data::split_batches(global, micro_batch)) {
     // Mean over the micro-batch, weighted by its share of the global batch: the sum of these
     // is the mean over the global batch. For k full micro-batches the weight is exactly 1/k.
-    Tensor loss = scale(batch_loss(model, dataset, micro, device), static_cast<float>(micro.size()) / global_size);
-    loss.backward();  // gradients accumulate (+=) across micro-batches
-    total += loss.item();
+    total += micro_batch_step(model, dataset, micro, static_cast<float>(micro.size()) / global_size, device, training);
   }
   return total;
 }
@@ -74,7 +88,7 @@ float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, cons
 RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum,
               bool reversed = false) {
   auto model = make_model(o, dataset, device);
-  optim::SGD sgd(model->parameters(), o.lr);
+  optim::Recipe training("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
   reset_peak_memory(device);
   RunResult result;
   const std::int64_t global_batch = micro_batch * accum;
@@ -82,9 +96,8 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
     for (auto& global : data::split_batches(order, global_batch)) {  // the last one may be partial
       if (reversed) std::reverse(global.begin(), global.end());
-      accumulate_gradients(*model, dataset, global, micro_batch, device);
-      sgd.step();
-      sgd.zero_grad();
+      accumulate_gradients(*model, dataset, global, micro_batch, device, training);
+      training.step(result.optimizer_steps);  // fp16: unscaled first, skipped if it overflowed
       ++result.optimizer_steps;
     }
   }
@@ -104,7 +117,7 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
 // the update against SGD's from it (verify/lockstep.h).
 verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
   auto model = make_model(o, dataset, device);
-  optim::SGD sgd(model->parameters(), o.lr);
+  optim::Recipe training("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
   auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
   optim::SGD reference_sgd(reference->parameters(), o.lr);
   verify::Lockstep check(reference, [&](std::int64_t) {
@@ -116,18 +129,19 @@ verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset,
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
     for (auto& global : data::split_batches(order, o.micro_batch * o.accum)) {
       check.begin_step(step, *model);
-      float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device);
+      float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device, training);
+      training.unscale_();  // fp16: the accumulated gradient divided by the loss scale again
       // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
       // accumulated .grad must be their sum, up to the rounding of the += additions.
       auto micro = data::split_batches(global, o.micro_batch);
       check.check_parts(step, *model, accumulated, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
-        Tensor loss = scale(batch_loss(reference, dataset, micro[m], device),
-                            static_cast<float>(micro[m].size()) / static_cast<float>(global.size()));
-        loss.backward();
-        return loss.item();
+        const float loss = micro_batch_step(reference, dataset, micro[m],
+                                            static_cast<float>(micro[m].size()) / static_cast<float>(global.size()),
+                                            device, training);
+        training.scaler().unscale_gradients(reference.parameters());  // as the run unscales the sum
+        return loss;
       });
-      sgd.step();
-      sgd.zero_grad();
+      training.step(step);
       check.check_update(step++);
     }
   }
@@ -137,9 +151,9 @@ verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset,
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed);
   const std::int64_t global_batch = o.micro_batch * o.accum;
-  log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s\n",
+  log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s, %s\n",
       o.accum, static_cast<long long>(o.micro_batch), static_cast<long long>(global_batch),
-      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device));
+      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device), cli::precision_description(o.precision).c_str());
   RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum);
   RunResult big = run(o, dataset, device, global_batch, 1);
   RunResult reordered = run(o, dataset, device, global_batch, 1, true);
@@ -175,6 +189,7 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
              {"global_batch", global_batch}, {"samples", o.mlp.samples}, {"device", device_name(device)},
+             {"precision", o.precision.precision},
              {"max_weight_diff", drift.difference}, {"noise_floor", drift.noise_floor}, {"drift_ratio", drift.ratio()},
              {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
              {"gradient_bound_ratio", check.worst_gradient_ratio},
@@ -194,6 +209,7 @@ int main(int argc, char** argv) {
   o.mlp.samples = 1000;
   o.mlp.hidden = 128;
   cli::add_mlp_options(app, o.mlp);  // --samples, --features, --hidden, --layers: shared names and bounds
+  cli::add_precision_options(app, o.precision);
   app.add_option("--micro-batch", o.micro_batch, "Samples per micro-batch (b)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")
