@@ -15,8 +15,10 @@
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/metrics/timer.h"       // step timing
 #include "common/nn/layers.h"           // Linear, make_mlp
+#include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
+#include "common/ops/autocast.h"        // the forward's matrix products in 16 bits
 #include "common/ops/ops.h"             // mse_loss
-#include "common/optim/optimizer.h"     // SGD
+#include "common/optim/recipe.h"        // SGD, in the run's precision
 
 using namespace course;
 
@@ -34,6 +36,7 @@ struct Options {
   std::int64_t batch_size = 1;
   cli::MlpOptions mlp;  // --samples 1000 (both models), --features 16, --hidden 256, --layers 3 (mlp)
   std::string activation = "relu";
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16 (chapter 04 explains it)
   std::string save;
 };
 
@@ -93,26 +96,30 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = mlp ? data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed)
                               : data::make_house_prices(o.mlp.samples, o.common.seed);
   auto model = build_model(o, device, dataset.features);
-  optim::SGD sgd(model->parameters(), o.lr);
-  log("Training %s (%lld parameters) on %lld samples, batch %lld, lr %g, %d epochs on %s\n", o.model.c_str(),
+  optim::Recipe sgd("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
+  log("Training %s (%lld parameters) on %lld samples, batch %lld, lr %g, %d epochs on %s, %s\n", o.model.c_str(),
       static_cast<long long>(model->parameter_count()), static_cast<long long>(dataset.size),
-      static_cast<long long>(o.batch_size), o.lr, o.epochs, device_name(device));
+      static_cast<long long>(o.batch_size), o.lr, o.epochs, device_name(device),
+      cli::precision_description(o.precision).c_str());
   float initial = evaluate(*model, dataset, device);
   log("epoch %3d  loss %.6f\n", 0, initial);
   out.write({{"event", "epoch"}, {"epoch", 0}, {"loss", initial}});
 
   metrics::Timer timer(device);
   double train_ms = 0.0;
-  std::int64_t timed_samples = 0;
+  std::int64_t timed_samples = 0, step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto batches = data::split_batches(data::shuffled_indices(dataset.size, o.common.seed, epoch), o.batch_size);
     for (auto& indices : batches) {
       data::Batch batch = data::make_batch(dataset, indices, device);
       timer.start();
-      Tensor loss = mse_loss((*model)(batch.x), batch.y);  // forward
-      loss.backward();                                      // backward: fills .grad
-      sgd.step();                                           // update
-      sgd.zero_grad();                                      // clear for the next step
+      Tensor loss;
+      {
+        Autocast autocast(sgd.precision());                 // --precision bf16|fp16; fp32: off
+        loss = mse_loss((*model)(batch.x), batch.y);        // forward
+      }
+      sgd.scale_loss(loss).backward();                      // backward: fills .grad (fp16: of the scaled loss)
+      sgd.step(step++);                                     // update (unscaled first), then clear .grad
       double ms = timer.stop_ms();
       if (epoch > 1 || &indices != &batches.front()) {      // the first step warms caches up
         train_ms += ms;
@@ -179,6 +186,7 @@ int main(int argc, char** argv) {
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
+  cli::add_precision_options(app, o.precision);
   return cli::run(app, argc, argv, [&] {
     const bool mlp = o.model == "mlp";
     cli::check_memory(cli::mlp_training_bytes(o.mlp.samples, mlp ? o.mlp.features : 2, mlp ? o.mlp.hidden : 0, mlp ? o.mlp.layers : 0,

@@ -67,6 +67,21 @@ TEST(Chapter01, MlpModeTrainsAndReportsThroughput) {
   EXPECT_GT(events(records, "final").at(0)["samples_per_s"].get<double>(), 0.0);
 }
 
+// --precision bf16 and fp16: the same lesson in mixed precision (float32 weights, the forward's products
+// in 16 bits, fp16's loss scaled) finds the true weights within the same tolerance.
+TEST(Chapter01, MixedPrecisionFindsTheTrueWeights) {
+  for (const std::string precision : {"bf16", "fp16"}) {
+    std::string metrics = temp_path("ch01_mixed.jsonl");
+    auto r = run_process(kBinary + " --device cpu --epochs 5 --precision " + precision + " --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("mixed precision " + precision), std::string::npos) << r.out;
+    auto final_record = events(read_metrics(metrics), "final").at(0);
+    EXPECT_NEAR(final_record["weights"][0].get<double>(), data::kTrueBedroomWeight, kWeightTolerance) << precision;
+    EXPECT_NEAR(final_record["weights"][1].get<double>(), data::kTrueBathroomWeight, kWeightTolerance) << precision;
+    EXPECT_NEAR(final_record["bias"].get<double>(), data::kTrueBias, kWeightTolerance) << precision;
+  }
+}
+
 TEST(Chapter01, RunsOnTheGpuWhenOneIsUsable) {
   std::string reason;
   if (!cuda_usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
