@@ -48,6 +48,7 @@ int run(Options& o, cli::Session& session) {
                                                               *trainer.model, trainer.optimizer(), session.metrics,
                                                               checks.also_restore());
   checkpoint::TrainingState state = start.state;
+  if (!start.resumed_from.empty()) trainer.recipe->load_scaler_state(state.loss_scale);  // fp16: the scale goes on
   checks.begin(start);
 
   for (std::int64_t step = state.step; step < o.training.steps; ++step) {
@@ -60,6 +61,7 @@ int run(Options& o, cli::Session& session) {
     state.samples_seen += global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
+    state.loss_scale = trainer.recipe->scaler().state();  // fp16: whether the next steps skip depends on it
     if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
     // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
     if (state.step % o.checkpoints.every == 0 || state.step == o.training.steps)

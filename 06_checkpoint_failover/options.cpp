@@ -12,6 +12,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_save_option(app, o.save);
   cli::add_model_options(app, o.models);
   cli::add_training_options(app, o.training, "Learning rate (Adam's; for the GPT, AdamW's peak)");
+  cli::add_precision_options(app, o.precision);
   cli::add_mlp_options(app, o.mlp);
   cli::add_checkpoint_options(app, o.checkpoints, /*required=*/true, "Folder of the checkpoints (rank 0 writes it)",
                               "any world size, the same --global-batch and --seed");

@@ -8,6 +8,7 @@
 #include "common/cli/cli.h"
 #include "common/cli/kill_options.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
 
 namespace course::chapter06 {
@@ -16,6 +17,7 @@ struct Options {
   cli::CommonOptions common;
   cli::DistributedOptions distributed;
   cli::TrainingOptions training;  // --steps 200, --global-batch 240, --lr 1e-3
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // --samples, --features, --hidden, --layers
   cli::CheckpointOptions checkpoints;  // --ckpt-dir (required), --ckpt-every 20, --keep 3, --resume

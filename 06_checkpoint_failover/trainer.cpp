@@ -5,6 +5,7 @@
 
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/nn/gpt.h"
+#include "common/ops/autocast.h"
 #include "common/parallel/distributed_sampler.h"
 
 namespace course::chapter06 {
@@ -15,13 +16,18 @@ namespace {
 // recomputed as that rank computed it.
 void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& task, const data::SampleStream& stream,
                             std::int64_t step, std::int64_t global_batch, comm::Communicator& group,
-                            const nn::Module& model, float loss) {
+                            const nn::Module& model, float loss, const optim::Recipe& recipe) {
   const auto global = stream.take(step * global_batch, global_batch);
   const int ranks = group.size();
   check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                     [&](nn::Module& reference, std::size_t r) {
-                      Tensor l = task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
-                      l.backward();
+                      Tensor l;
+                      {
+                        Autocast autocast(recipe.precision());  // the run's precision
+                        l = task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                      }
+                      recipe.scale_loss(l).backward();
+                      recipe.scaler().unscale_gradients(reference.parameters());  // as the run unscales
                       return l.item();
                     });
 }
@@ -38,7 +44,10 @@ checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& t
     s << R"({"model":"gpt","gpt":)" << dynamic_cast<const nn::GPT&>(model).config().to_json()
       << R"(,"schedule_steps":)" << o.training.steps;
   }
-  s << R"(,"data":")" << task.description << R"("})";
+  s << R"(,"data":")" << task.description << R"(")";
+  // A run in another precision rounds differently and, in fp16, carries a loss scale: another run.
+  if (o.precision.precision != "fp32") s << R"(,"precision":")" << o.precision.precision << R"(")";
+  s << "}";
   return {s.str(), o.common.seed, global_batch, o.training.steps};
 }
 
@@ -46,17 +55,23 @@ checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& t
 Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group) {
   model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
   ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
-  recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.training.lr, o.training.steps);
+  recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.training.lr, o.training.steps,
+                                           o.precision.dtype(), &group, o.precision.loss_scale);
 }
 
 float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step,
                     std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check) {
   if (check) check->begin_step(step, *model);
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
-  Tensor loss = task.loss(*model, share);
-  loss.backward();  // DDP averages the gradients across ranks
+  Tensor loss;
+  {
+    Autocast autocast(recipe->precision());  // --precision bf16|fp16; fp32: off
+    loss = task.loss(*model, share);
+  }
+  recipe->scale_loss(loss).backward();  // DDP averages the gradients across ranks
+  recipe->unscale_();                   // fp16: divided by the loss scale again
   const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
-  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global);
+  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global, *recipe);
   const double norm = recipe->step(step);
   if (check) check->check_update(step, norm);
   return global;

@@ -106,6 +106,30 @@ TEST(Chapter06, StopAndResumeIsBitIdentical) {
   EXPECT_EQ(read_file(halves + "/latest"), "step_00000040.safetensors\n");
 }
 
+// fp16: the loss scale decides whether the next steps skip (2^30 is far too large: the first steps
+// overflow and skip while it backs off). It is saved with the rest, so a run stopped at step 20 and
+// resumed ends bit-identical to the uninterrupted one, and in lock-step; a resume that restarted the
+// scale would skip those steps again.
+TEST(Chapter06, AnFp16ResumeKeepsTheLossScale) {
+  const std::string fp16 = " --precision fp16 --loss-scale 1073741824";
+  const std::string whole = fresh_folder(), halves = fresh_folder();
+  Outcome reference = run(MPIRUN_NP2, "--ckpt-dir " + whole + " --steps 40" + fp16);
+  expect_passed(reference);
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + halves + " --steps 20" + fp16));
+  auto saved = checkpoint::load_safetensors(halves + "/step_00000020.safetensors");
+  const auto skipped = std::stoll(saved.metadata.at("loss_scale_skipped_steps"));
+  EXPECT_GT(skipped, 0);
+  EXPECT_LT(skipped, 20);  // it backed off and trained before the stop
+  EXPECT_EQ(std::stoll(saved.metadata.at("optimizer_step")) + skipped, 20);
+  Outcome second = run(MPIRUN_NP2, "--ckpt-dir " + halves + " --steps 40 --resume --verify" + fp16);
+  expect_passed(second);
+  expect_same_result(second.summary, reference.summary);
+  expect_same_checkpoint(whole + "/step_00000040.safetensors", halves + "/step_00000040.safetensors");
+  // A checkpoint of the fp16 run is another run's for an fp32 one.
+  Outcome other = run(MPIRUN_NP2, "--ckpt-dir " + halves + " --steps 50 --resume");
+  EXPECT_NE(other.process.exit_code, 0) << other.process.out;
+}
+
 TEST(Chapter06, KeepDeletesTheOldest) {
   const std::string dir = fresh_folder();
   expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --keep 2"));

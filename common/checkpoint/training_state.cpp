@@ -1,7 +1,9 @@
 // Training checkpoints: what is saved, and the checks before anything is loaded.
 #include "common/checkpoint/training_state.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 namespace course::checkpoint {
@@ -52,7 +54,7 @@ NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& o
 }
 
 Metadata training_metadata(const TrainingState& s, const std::string& model_config, const optim::Optimizer& optimizer) {
-  return {{"format", kFormat},
+  Metadata m{{"format", kFormat},
           {"step", std::to_string(s.step)},
           {"samples_seen", std::to_string(s.samples_seen)},
           {"epoch", std::to_string(s.epoch)},
@@ -65,6 +67,14 @@ Metadata training_metadata(const TrainingState& s, const std::string& model_conf
           {"optimizer", optimizer.name()},
           {"optimizer_step", std::to_string(optimizer.steps_taken())},
           {"lr", std::to_string(optimizer.lr())}};
+  if (s.loss_scale.scale > 0.0f) {  // fp16 runs only; the scale in hexadecimal, exactly
+    char scale[40];
+    std::snprintf(scale, sizeof scale, "%a", static_cast<double>(s.loss_scale.scale));
+    m["loss_scale"] = scale;
+    m["loss_scale_growth_tracker"] = std::to_string(s.loss_scale.growth_tracker);
+    m["loss_scale_skipped_steps"] = std::to_string(s.loss_scale.skipped);
+  }
+  return m;
 }
 
 TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
@@ -88,8 +98,19 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   s.global_batch = integer(path, m, "global_batch");
   s.world_size = static_cast<int>(integer(path, m, "world_size"));
   s.world_history = text(path, m, "world_history");
-  if (integer(path, m, "optimizer_step") != s.step)
-    fail(path, "optimizer_step " + m.at("optimizer_step") + " differs from step " + m.at("step"));
+  if (m.count("loss_scale")) {
+    const std::string& scale = m.at("loss_scale");
+    char* end = nullptr;
+    const double value = std::strtod(scale.c_str(), &end);
+    if (scale.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value))
+      fail(path, "metadata 'loss_scale' is '" + scale + "', not a positive number");
+    s.loss_scale = {static_cast<float>(value), integer(path, m, "loss_scale_growth_tracker"),
+                    integer(path, m, "loss_scale_skipped_steps")};
+  }
+  // The optimizer stepped at every step but those the loss scaler skipped (fp16's overflows).
+  if (integer(path, m, "optimizer_step") + s.loss_scale.skipped != s.step)
+    fail(path, "optimizer_step " + m.at("optimizer_step") + " and " + std::to_string(s.loss_scale.skipped) +
+                   " skipped steps do not add up to step " + m.at("step"));
   if (s.world_size < 1) fail(path, "world_size is 0");
 
   std::map<std::string, Shape> saved;

@@ -9,6 +9,7 @@
 
 #include "common/checkpoint/safetensors.h"
 #include "common/nn/module.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 
 namespace course::checkpoint {
@@ -21,6 +22,7 @@ struct TrainingState {
   std::int64_t global_batch = 0;
   int world_size = 1;         // at save time
   std::string world_history;  // each world size and the step it started at: "4@0 2@40"
+  optim::GradScalerState loss_scale;  // fp16's dynamic loss scale, which decides whether the next steps skip
 };
 
 // What a checkpoint records of the model: its configuration as JSON text, and a hash of it.

@@ -39,6 +39,18 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   found_inf_ = found;
 }
 
+void GradScaler::load_state(const GradScalerState& state) {
+  if (!options_.enabled) {
+    if (state.scale != 0.0f) throw std::invalid_argument("GradScaler: a loss scale was saved, but this run has none");
+    return;
+  }
+  if (!(state.scale > 0.0f) || !std::isfinite(state.scale) || state.growth_tracker < 0 || state.skipped < 0)
+    throw std::invalid_argument("GradScaler: no loss scale was saved (or an invalid one), but this run scales its loss");
+  scale_ = state.scale;
+  growth_tracker_ = state.growth_tracker;
+  skipped_ = state.skipped;
+}
+
 void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
   if (!options_.enabled) return;
   for (const Tensor& p : params) {

@@ -15,6 +15,15 @@
 
 namespace course::optim {
 
+// What a checkpoint keeps of a scaler (torch.amp.GradScaler's state_dict): its scale, the clean steps
+// since the scale last changed, and the steps it skipped (the optimizer took that many fewer). A scale of
+// 0 stands for no scaler (disabled).
+struct GradScalerState {
+  float scale = 0.0f;
+  std::int64_t growth_tracker = 0;
+  std::int64_t skipped = 0;
+};
+
 struct GradScalerOptions {
   float init_scale = 65536.0f;  // 2^16
   float growth_factor = 2.0f;
@@ -38,6 +47,12 @@ class GradScaler {
   void update();
 
   float get_scale() const { return options_.enabled ? scale_ : 1.0f; }
+  GradScalerState state() const {
+    return options_.enabled ? GradScalerState{scale_, growth_tracker_, skipped_} : GradScalerState{};
+  }
+  // Continues from a checkpoint's state (load_state_dict). Throws std::invalid_argument when the state
+  // and this scaler disagree on being enabled, or the scale is not positive and finite.
+  void load_state(const GradScalerState& state);
   bool unscaled() const { return unscaled_; }    // unscale_ was called this step
   bool found_inf() const { return found_inf_; }  // ... and found an inf or NaN (false before it is called)
   // Divides each of `params`' gradients by the current scale, recording nothing: a lock-step reference

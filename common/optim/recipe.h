@@ -42,6 +42,7 @@ class Recipe {
   double step(std::int64_t step);
   bool skipped() const { return skipped_; }
   const GradScaler& scaler() const { return scaler_; }
+  void load_scaler_state(const GradScalerState& state) { scaler_.load_state(state); }
   DType precision() const { return precision_; }
   // Set the rate of `step` (counted from 0 over the whole run, so a resumed run continues the
   // schedule), update, clear the gradients: the step without clipping, for a caller that has clipped
