@@ -2,7 +2,6 @@
 #include "05_bucketing_overlap/checks.h"
 
 #include "common/comm/agree.h"  // all_reduce_scalar
-#include "common/ops/autocast.h"
 
 namespace course::chapter05 {
 
@@ -35,14 +34,9 @@ void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, flo
   lockstep_->check_parts(step, model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                          [&](nn::Module& reference, std::size_t r) {
                            const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                           Tensor l;
-                           {
-                             Autocast autocast(training_.precision());  // the run's precision
-                             l = task_.loss(reference, theirs);
-                           }
-                           training_.scale_loss(l).backward();
-                           training_.scaler().unscale_gradients(reference.parameters());  // as the run unscales
-                           return l.item();
+                           // In the run's precision, its loss scale undone as the run undoes it.
+                           return training_.reference_backward(reference.parameters(),
+                                                               [&] { return task_.loss(reference, theirs); });
                          });
 }
 

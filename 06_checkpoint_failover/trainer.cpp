@@ -21,14 +21,10 @@ void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& tas
   const int ranks = group.size();
   check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                     [&](nn::Module& reference, std::size_t r) {
-                      Tensor l;
-                      {
-                        Autocast autocast(recipe.precision());  // the run's precision
-                        l = task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
-                      }
-                      recipe.scale_loss(l).backward();
-                      recipe.scaler().unscale_gradients(reference.parameters());  // as the run unscales
-                      return l.item();
+                      // In the run's precision, its loss scale undone as the run undoes it.
+                      return recipe.reference_backward(reference.parameters(), [&] {
+                        return task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+                      });
                     });
 }
 

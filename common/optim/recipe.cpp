@@ -1,6 +1,8 @@
 // The training recipes.
 #include "common/optim/recipe.h"
 
+#include "common/ops/autocast.h"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -30,6 +32,17 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
   } else {
     throw std::invalid_argument("unknown training recipe '" + name + "' (sgd, adam or adamw)");
   }
+}
+
+float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {
+  Tensor value;
+  {
+    Autocast autocast(precision_);  // float32: off
+    value = loss();
+  }
+  scale_loss(value).backward();
+  scaler_.unscale_gradients(params);
+  return value.item();
 }
 
 void Recipe::unscale_() {

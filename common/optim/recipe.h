@@ -11,6 +11,7 @@
 // overflowed; in bfloat16 and float32 it has nothing to do (bfloat16 keeps float32's range).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ class Recipe {
   // are not finite is skipped (the gradients cleared, the scale backed off; skipped() says so).
   double step(std::int64_t step);
   bool skipped() const { return skipped_; }
+  // One part of a step as the run computes it, for a lock-step reference: `loss` evaluated under the
+  // recipe's autocast, backward from it times the run's loss scale, then `params`' gradients divided by
+  // that scale again (the run divides the sum once; the scale is a power of two, so the bits agree).
+  // Returns the loss.
+  float reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const;
   const GradScaler& scaler() const { return scaler_; }
   void load_scaler_state(const GradScalerState& state) { scaler_.load_state(state); }
   DType precision() const { return precision_; }
