@@ -268,6 +268,66 @@ TEST(Agree, ScalarsStringsAndTheFirstError) {
   EXPECT_EQ(first.message, "rank 1 failed");
 }
 
+// bfloat16 and float16 tensors travel as their type (half the bytes) and reduce in it: the small
+// integers here are exact in both, so sums and maxima are exact; an average is the float32 quotient
+// rounded once to the type.
+TEST(Communicator, SixteenBitTensorsTravelAndReduceInTheirType) {
+  const int ranks = world().size(), me = world().rank();
+  const std::size_t n = 1001;
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<float> sum(n, 0.0f), largest(n, 0.0f);
+    for (int r = 0; r < ranks; ++r)
+      for (std::size_t i = 0; i < n; ++i) sum[i] += value(r, i), largest[i] = std::max(largest[i], value(r, i));
+    std::vector<float> quotient(n);
+    for (std::size_t i = 0; i < n; ++i) quotient[i] = sum[i] * (1.0f / static_cast<float>(ranks));
+    const auto in_type = [&](const std::vector<float>& v) {
+      return Tensor::from_host(v, {static_cast<std::int64_t>(v.size())}).to(dtype).to_host();
+    };
+
+    Tensor t = rank_tensor(n, me).to(dtype);
+    const std::int64_t sent = world().bytes_sent();
+    world().all_reduce(t, ReduceOp::sum);
+    EXPECT_EQ(world().bytes_sent() - sent, static_cast<std::int64_t>(2 * n));  // two bytes an element
+    EXPECT_EQ(t.dtype(), dtype);
+    EXPECT_EQ(t.to_host(), sum);
+    t = rank_tensor(n, me).to(dtype);
+    world().all_reduce(t, ReduceOp::average);
+    EXPECT_EQ(t.to_host(), in_type(quotient));
+    t = rank_tensor(n, me).to(dtype);
+    world().all_reduce(t, ReduceOp::max);
+    EXPECT_EQ(t.to_host(), largest);
+
+    // The reduce-scatter's average and the all-gather back: every rank ends with the whole average.
+    const std::size_t part = 7;
+    Tensor whole = rank_tensor(part * static_cast<std::size_t>(ranks), me).to(dtype);
+    Tensor mine = Tensor::zeros({static_cast<std::int64_t>(part)}, Device::cpu, dtype);
+    world().reduce_scatter(whole, mine, ReduceOp::average);
+    Tensor gathered = Tensor::zeros({static_cast<std::int64_t>(part) * ranks}, Device::cpu, dtype);
+    world().all_gather(mine, gathered);
+    std::vector<float> expected(part * static_cast<std::size_t>(ranks));
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = quotient[i];
+    EXPECT_EQ(gathered.to_host(), in_type(expected));
+
+    Tensor root = rank_tensor(n, me).to(dtype);
+    world().broadcast(root, ranks - 1);
+    EXPECT_EQ(root.to_host(), rank_tensor(n, ranks - 1).to_host());
+    Tensor out = Tensor::full({3}, static_cast<float>(me), Device::cpu, dtype), in = Tensor::zeros({3}, Device::cpu, dtype);
+    world().send_recv(out, (me + 1) % ranks, in, (me - 1 + ranks) % ranks);
+    EXPECT_EQ(in.to_host(), std::vector<float>(3, static_cast<float>((me - 1 + ranks) % ranks)));
+    auto receiving = world().recv_async(in, (me - 1 + ranks) % ranks, 5);
+    world().send_async(out, (me + 1) % ranks, 5)->wait();
+    receiving->wait();
+    EXPECT_EQ(in.to_host(), std::vector<float>(3, static_cast<float>((me - 1 + ranks) % ranks)));
+
+    Tensor wide = Tensor::zeros({static_cast<std::int64_t>(part) * ranks});
+    EXPECT_THROW(world().all_gather(mine, wide), std::invalid_argument);  // one element type per call
+    Tensor wide_in = Tensor::zeros({3});
+    EXPECT_THROW(world().send_recv(out, (me + 1) % ranks, wide_in, (me - 1 + ranks) % ranks), std::invalid_argument);
+    EXPECT_THROW(world().all_reduce_async(t, ReduceOp::sum, comm::Element::bfloat16), std::invalid_argument);
+  }
+}
+
 TEST(Communicator, RejectsBadArguments) {
   Tensor t = Tensor::zeros({4});
   EXPECT_THROW(world().broadcast(t, world().size()), std::invalid_argument);

@@ -37,23 +37,9 @@ void fire_hooks(const Tensor& leaf) {
   for (auto& hook : leaf.impl()->post_accumulate_grad_hooks) hook(parameter);
 }
 
-// Gradients are added in float32; a 16-bit gradient is widened for the addition and the sum rounded
-// once, as PyTorch's engine adds two bfloat16 gradients.
-void accumulate(Tensor& target, const Tensor& contribution) {
-  const auto n = static_cast<std::size_t>(target.numel());
-  if (target.dtype() == DType::float32 && contribution.dtype() == DType::float32) {
-    kernels(target.device()).binary(BinaryOp::add, target.data(), n, contribution.data(), n, target.data(), n);
-    return;
-  }
-  Tensor sum = target.to(DType::float32).clone();
-  const Tensor part = contribution.to(DType::float32);
-  kernels(target.device()).binary(BinaryOp::add, sum.data(), n, part.data(), n, sum.data(), n);
-  target.copy_from(sum);
-}
-
 Tensor sum_of(const Tensor& a, const Tensor& b) {
   Tensor out = a.to(DType::float32).clone();
-  accumulate(out, b);
+  out.add_(b);  // in float32, rounded once: as PyTorch adds two bfloat16 gradients
   return out.to(a.dtype());
 }
 
@@ -132,7 +118,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
       impl->grad = Tensor::zeros(leaf.shape(), leaf.device(), leaf.dtype()).impl_ptr();
     }
     Tensor grad(impl->grad);
-    if (g.defined()) accumulate(grad, g);
+    if (g.defined()) grad.add_(g);  // a 16-bit gradient: added in float32, rounded once
   };
 
   std::unordered_map<TensorImpl*, Tensor> grads;

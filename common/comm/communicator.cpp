@@ -69,6 +69,9 @@ class WatchedWork final : public Work {
 };
 
 void check_count(const Tensor& big, const Tensor& small, int ranks, const char* what) {
+  if (big.dtype() != small.dtype())
+    throw std::invalid_argument(std::string(what) + ": the tensors hold " + dtype_name(big.dtype()) + " and " +
+                                dtype_name(small.dtype()) + "; both must have one element type");
   if (big.numel() != small.numel() * ranks)
     throw std::invalid_argument(std::string(what) + ": the larger tensor must hold " + std::to_string(ranks) +
                                 " x " + std::to_string(small.numel()) + " elements, it holds " +
@@ -141,6 +144,8 @@ WorkHandle Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
 WorkHandle Communicator::all_reduce_async(Tensor& packed, ReduceOp op, Element element) {
   if (element != Element::float32 && op != ReduceOp::sum)
     throw std::invalid_argument("all_reduce: 16-bit buffers support the sum only");
+  if (element != Element::float32 && packed.dtype() != DType::float32)
+    throw std::invalid_argument("all_reduce: packed 16-bit values travel in a float32 buffer");
   return submit({OpKind::all_reduce, packed, packed, 0, 0, 0, op, element});
 }
 WorkHandle Communicator::all_gather_async(const Tensor& input, Tensor& output) {
@@ -176,6 +181,9 @@ WorkHandle Communicator::recv_async(Tensor& t, int src, int tag) {
 }
 void Communicator::send_recv(const Tensor& send, int dst, Tensor& recv, int src, int tag) {
   check_peer(dst, "send_recv");
+  if (send.dtype() != recv.dtype())
+    throw std::invalid_argument(std::string("send_recv: sends ") + dtype_name(send.dtype()) + " and receives " +
+                                dtype_name(recv.dtype()) + "; both must have one element type");
   check_peer(src, "send_recv");
   submit({OpKind::send_recv, send, recv, dst, src, tag})->wait();
 }

@@ -1,6 +1,8 @@
 // The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors (either backend
 // takes either: MPI stages CUDA tensors through pinned host memory, NCCL stages CPU tensors through
-// device memory), each with an asynchronous form. Chapters program against this class and never see
+// device memory) of any element type (float32, bfloat16, float16: a 16-bit reduction computes in
+// float32 and rounds each partial result to 16 bits, as NCCL's does; an average rounds the sum's
+// quotient once), each with an asynchronous form. Chapters program against this class and never see
 // which backend (MPI or NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
 #pragma once
 #include <chrono>
@@ -28,8 +30,9 @@ class Work {
 using WorkHandle = std::shared_ptr<Work>;
 WorkHandle completed_work();  // a work that is already done: for hooks that finish synchronously
 
-// What a buffer holds: float32 values, or 16-bit values packed two to each float32 slot (the
-// compression hooks of chapter 05; 16-bit buffers support ReduceOp::sum only).
+// What a float32 buffer holds: float32 values, or 16-bit values packed two to each float32 slot (the
+// compression hooks of chapter 05, written before tensors had 16-bit types; packed buffers support
+// ReduceOp::sum only). A bfloat16 or float16 tensor is reduced as its type without this.
 enum class Element { float32, float16, bfloat16 };
 
 // What to run: one description per call, so each backend implements one dispatch.

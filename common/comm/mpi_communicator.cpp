@@ -4,6 +4,7 @@
 // because Debian's Open MPI is not CUDA-aware.
 #include <mpi.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "common/comm/backends.h"
 #include "common/core/cuda_runtime.h"
+#include "common/core/dtype.h"
 #include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 
@@ -29,24 +31,27 @@ void check_mpi(int code, const char* call) {
   throw std::runtime_error(std::string(call) + ": " + std::string(text, static_cast<std::size_t>(length)));
 }
 
-int count_of(const Tensor& t) {
+// The count of MPI elements: the tensor's, or twice it for a packed 16-bit buffer.
+int count_of(const Tensor& t, int per_element = 1) {
   if (!t.defined()) return 0;
-  if (t.numel() > std::numeric_limits<int>::max()) throw std::invalid_argument("tensor too large for one MPI call");
-  return static_cast<int>(t.numel());
+  if (t.numel() > std::numeric_limits<int>::max() / per_element)
+    throw std::invalid_argument("tensor too large for one MPI call");
+  return static_cast<int>(t.numel()) * per_element;
 }
 
-// A host pointer for a tensor: the tensor itself on the CPU, a pinned copy for a CUDA tensor.
+// A host pointer for a tensor of any element type: the tensor itself on the CPU, a pinned copy for a
+// CUDA tensor.
 class HostBuffer {
  public:
   HostBuffer(const Tensor& t, bool copy_in) : tensor_(t) {
     if (!t.defined() || t.device() == Device::cpu) {
-      host_ = t.defined() ? t.data() : nullptr;
+      host_ = t.defined() ? t.raw() : nullptr;
       return;
     }
 #if COURSE_HAVE_CUDA
-    pinned_ = static_cast<float*>(allocate_pinned_bytes(t.nbytes()));
+    pinned_ = allocate_pinned_bytes(t.nbytes());
     host_ = pinned_;
-    if (copy_in) cuda::copy(pinned_, t.data(), t.nbytes(), cuda::CopyKind::device_to_host);
+    if (copy_in) cuda::copy(pinned_, t.raw(), t.nbytes(), cuda::CopyKind::device_to_host);
 #else
     (void)copy_in;
 #endif
@@ -54,42 +59,67 @@ class HostBuffer {
   ~HostBuffer() { free_pinned_bytes(pinned_, tensor_.defined() ? tensor_.nbytes() : 0); }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
-  float* get() const { return host_; }
+  void* get() const { return host_; }
   void copy_out() {  // results back to the device
 #if COURSE_HAVE_CUDA
-    if (pinned_) cuda::copy(tensor_.data(), pinned_, tensor_.nbytes(), cuda::CopyKind::host_to_device);
+    if (pinned_) cuda::copy(tensor_.raw(), pinned_, tensor_.nbytes(), cuda::CopyKind::host_to_device);
 #endif
   }
 
  private:
   Tensor tensor_;
-  float* host_ = nullptr;
-  float* pinned_ = nullptr;
+  void* host_ = nullptr;
+  void* pinned_ = nullptr;
 };
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
-// MPI has no 16-bit float type: sums of packed fp16 or bf16 travel as MPI_UINT16_T with these
-// operations, which add in float32 and round each partial sum back to 16 bits, as a 16-bit
-// all-reduce on the wire does.
-template <HalfFormat format>
-void add_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
+// MPI has no 16-bit float type: 16-bit values (a bfloat16 or float16 tensor, or chapter 05's packed
+// buffers) travel as MPI_UINT16_T, reduced by these operations, which compute in float32 and round each
+// partial result back to 16 bits, as a 16-bit reduction on the wire does (NCCL's among them).
+float widen(std::uint16_t bits, HalfFormat format) {
+  return format == HalfFormat::float16 ? half::from_float16(bits) : half::from_bfloat16(bits);
+}
+std::uint16_t narrow(float value, HalfFormat format) {
+  return format == HalfFormat::float16 ? half::to_float16(value) : half::to_bfloat16(value);
+}
+
+template <HalfFormat format, bool maximum>
+void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
   for (int i = 0; i < *length; ++i) {
-    if constexpr (format == HalfFormat::float16) b[i] = half::to_float16(half::from_float16(a[i]) + half::from_float16(b[i]));
-    else b[i] = half::to_bfloat16(half::from_bfloat16(a[i]) + half::from_bfloat16(b[i]));
+    const float x = widen(a[i], format), y = widen(b[i], format);
+    b[i] = narrow(maximum ? (x > y || std::isnan(x) ? x : y) : x + y, format);
   }
 }
 
-MPI_Op sum_16bit(Element element) {
-  static MPI_Op fp16 = MPI_OP_NULL, bf16 = MPI_OP_NULL;
+MPI_Op op_16bit(HalfFormat format, ReduceOp op) {
+  static MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
   static std::once_flag created;
   std::call_once(created, [] {
-    MPI_Op_create(&add_16bit<HalfFormat::float16>, 1, &fp16);
-    MPI_Op_create(&add_16bit<HalfFormat::bfloat16>, 1, &bf16);
+    MPI_Op_create(&reduce_16bit<HalfFormat::float16, false>, 1, &ops[0][0]);
+    MPI_Op_create(&reduce_16bit<HalfFormat::float16, true>, 1, &ops[0][1]);
+    MPI_Op_create(&reduce_16bit<HalfFormat::bfloat16, false>, 1, &ops[1][0]);
+    MPI_Op_create(&reduce_16bit<HalfFormat::bfloat16, true>, 1, &ops[1][1]);
   });
-  return element == Element::float16 ? fp16 : bf16;
+  return ops[format == HalfFormat::bfloat16 ? 1 : 0][op == ReduceOp::max ? 1 : 0];
+}
+
+// How a collective's values travel: MPI's type, how many per tensor element, and the 16-bit format.
+struct Wire {
+  MPI_Datatype type = MPI_FLOAT;
+  int per_element = 1;  // 2: chapter 05's packed buffers, two 16-bit values in each float32 slot
+  bool sixteen_bit = false;
+  HalfFormat format = HalfFormat::bfloat16;
+};
+
+Wire wire_of(const Collective& c) {
+  const Tensor& t = c.input.defined() ? c.input : c.output;
+  if (c.element != Element::float32)
+    return {MPI_UINT16_T, 2, true, c.element == Element::float16 ? HalfFormat::float16 : HalfFormat::bfloat16};
+  if (t.defined() && is_16bit(t.dtype())) return {MPI_UINT16_T, 1, true, half_format(t.dtype())};
+  return {};
 }
 
 class FutureWork final : public Work {
@@ -126,7 +156,7 @@ class RequestWork final : public Work {
     if (flag) finish();
     return done_;
   }
-  float* host() const { return buffer_.get(); }
+  void* host() const { return buffer_.get(); }
   MPI_Request* request() { return &request_; }
 
  private:
@@ -173,10 +203,11 @@ class MpiCommunicator final : public Communicator {
     if (c.kind == OpKind::send || c.kind == OpKind::recv) {
       const bool receive = c.kind == OpKind::recv;
       auto work = std::make_shared<RequestWork>(receive ? c.output : c.input, receive);
+      const Wire w = wire_of(c);
       if (receive)
-        check_mpi(MPI_Irecv(work->host(), count_of(c.output), MPI_FLOAT, c.peer, c.tag, comm_, work->request()), "MPI_Irecv");
+        check_mpi(MPI_Irecv(work->host(), count_of(c.output), w.type, c.peer, c.tag, comm_, work->request()), "MPI_Irecv");
       else
-        check_mpi(MPI_Isend(work->host(), count_of(c.input), MPI_FLOAT, c.root, c.tag, comm_, work->request()), "MPI_Isend");
+        check_mpi(MPI_Isend(work->host(), count_of(c.input), w.type, c.root, c.tag, comm_, work->request()), "MPI_Isend");
       return work;
     }
     if (c.kind == OpKind::send_recv) {
@@ -239,39 +270,35 @@ class MpiCommunicator final : public Communicator {
     const bool in_place = c.input.defined() && c.output.defined() && c.input.impl() == c.output.impl();
     HostBuffer in(c.input, true);
     HostBuffer out(in_place ? Tensor() : c.output, false);  // outputs are written whole
-    float* inp = in.get();
-    float* outp = in_place ? in.get() : out.get();
-    int n_in = count_of(c.input), n_out = count_of(c.output);
+    void* inp = in.get();
+    void* outp = in_place ? in.get() : out.get();
+    const Wire w = wire_of(c);
+    const int n_in = count_of(c.input, w.per_element), n_out = count_of(c.output, w.per_element);
+    const MPI_Op op = w.sixteen_bit ? op_16bit(w.format, c.op) : mpi_op(c.op);
     switch (c.kind) {
       case OpKind::broadcast:
-        check_mpi(MPI_Bcast(inp, n_in, MPI_FLOAT, c.root, comm_), "MPI_Bcast");
+        check_mpi(MPI_Bcast(inp, n_in, w.type, c.root, comm_), "MPI_Bcast");
         break;
       case OpKind::reduce:
-        check_mpi(MPI_Reduce(rank() == c.root ? MPI_IN_PLACE : inp, inp, n_in, MPI_FLOAT, mpi_op(c.op), c.root, comm_),
-                  "MPI_Reduce");
-        if (c.op == ReduceOp::average && rank() == c.root) average(inp, n_in);
+        check_mpi(MPI_Reduce(rank() == c.root ? MPI_IN_PLACE : inp, inp, n_in, w.type, op, c.root, comm_), "MPI_Reduce");
+        if (c.op == ReduceOp::average && rank() == c.root) average(inp, n_in, w);
         break;
       case OpKind::all_reduce:
-        if (c.element != Element::float32) {
-          if (n_in > std::numeric_limits<int>::max() / 2) throw std::invalid_argument("tensor too large for one MPI call");
-          check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, 2 * n_in, MPI_UINT16_T, sum_16bit(c.element), comm_), "MPI_Allreduce");
-          break;
-        }
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, n_in, MPI_FLOAT, mpi_op(c.op), comm_), "MPI_Allreduce");
-        if (c.op == ReduceOp::average) average(inp, n_in);
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, n_in, w.type, op, comm_), "MPI_Allreduce");
+        if (c.op == ReduceOp::average) average(inp, n_in, w);
         break;
       case OpKind::all_gather:
-        check_mpi(MPI_Allgather(inp, n_in, MPI_FLOAT, outp, n_in, MPI_FLOAT, comm_), "MPI_Allgather");
+        check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
-        check_mpi(MPI_Reduce_scatter_block(inp, outp, n_out, MPI_FLOAT, mpi_op(c.op), comm_), "MPI_Reduce_scatter_block");
-        if (c.op == ReduceOp::average) average(outp, n_out);
+        check_mpi(MPI_Reduce_scatter_block(inp, outp, n_out, w.type, op, comm_), "MPI_Reduce_scatter_block");
+        if (c.op == ReduceOp::average) average(outp, n_out, w);
         break;
       case OpKind::scatter:
-        check_mpi(MPI_Scatter(inp, n_out, MPI_FLOAT, outp, n_out, MPI_FLOAT, c.root, comm_), "MPI_Scatter");
+        check_mpi(MPI_Scatter(inp, n_out, w.type, outp, n_out, w.type, c.root, comm_), "MPI_Scatter");
         break;
       case OpKind::gather:
-        check_mpi(MPI_Gather(inp, n_in, MPI_FLOAT, outp, n_in, MPI_FLOAT, c.root, comm_), "MPI_Gather");
+        check_mpi(MPI_Gather(inp, n_in, w.type, outp, n_in, w.type, c.root, comm_), "MPI_Gather");
         break;
       case OpKind::barrier:
         check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
@@ -280,7 +307,7 @@ class MpiCommunicator final : public Communicator {
       case OpKind::recv:
         break;  // non-blocking, see start()
       case OpKind::send_recv:
-        check_mpi(MPI_Sendrecv(inp, n_in, MPI_FLOAT, c.root, c.tag, outp, n_out, MPI_FLOAT, c.peer, c.tag, comm_,
+        check_mpi(MPI_Sendrecv(inp, n_in, w.type, c.root, c.tag, outp, n_out, w.type, c.peer, c.tag, comm_,
                                MPI_STATUS_IGNORE),
                   "MPI_Sendrecv");
         break;
@@ -289,8 +316,16 @@ class MpiCommunicator final : public Communicator {
     else out.copy_out();
   }
 
-  void average(float* data, int n) {
-    kernels(Device::cpu).scale(data, 1.0f / static_cast<float>(size()), data, static_cast<std::size_t>(n));
+  // The sum divided by the group's size, in float32, rounded once to a 16-bit type.
+  void average(void* data, int n, const Wire& w) {
+    const float inverse = 1.0f / static_cast<float>(size());
+    if (!w.sixteen_bit) {
+      auto* values = static_cast<float*>(data);
+      kernels(Device::cpu).scale(values, inverse, values, static_cast<std::size_t>(n));
+      return;
+    }
+    auto* bits = static_cast<std::uint16_t*>(data);
+    for (int i = 0; i < n; ++i) bits[i] = narrow(widen(bits[i], w.format) * inverse, w.format);
   }
 
   MPI_Comm comm_;

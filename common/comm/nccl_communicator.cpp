@@ -81,59 +81,65 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void launch(const Collective& c) {
-    const float* in = c.input.defined() ? c.input.data() : nullptr;
-    float* out = c.output.defined() ? c.output.data() : nullptr;
-    size_t n_in = c.input.defined() ? static_cast<size_t>(c.input.numel()) : 0;
-    size_t n_out = c.output.defined() ? static_cast<size_t>(c.output.numel()) : 0;
+    // Any element type: NCCL reduces float16 and bfloat16 itself. Chapter 05's packed buffers hold two
+    // 16-bit values in each float32 slot.
+    const Tensor& typed = c.input.defined() ? c.input : c.output;
+    ncclDataType_t type = ncclFloat;
+    size_t per_element = 1;
+    if (c.element != Element::float32) {
+      type = c.element == Element::float16 ? ncclFloat16 : ncclBfloat16;
+      per_element = 2;
+    } else if (typed.defined() && typed.dtype() != DType::float32) {
+      type = typed.dtype() == DType::float16 ? ncclFloat16 : ncclBfloat16;
+    }
+    const size_t item = c.element != Element::float32 ? 2 : (typed.defined() ? typed.element_size() : 4);
+    const char* in = c.input.defined() ? static_cast<const char*>(c.input.raw()) : nullptr;
+    char* out = c.output.defined() ? static_cast<char*>(c.output.raw()) : nullptr;
+    size_t n_in = c.input.defined() ? static_cast<size_t>(c.input.numel()) * per_element : 0;
+    size_t n_out = c.output.defined() ? static_cast<size_t>(c.output.numel()) * per_element : 0;
     switch (c.kind) {
       case OpKind::broadcast:
-        check_nccl(ncclBroadcast(in, out, n_in, ncclFloat, c.root, comm_, stream_), "ncclBroadcast");
+        check_nccl(ncclBroadcast(in, out, n_in, type, c.root, comm_, stream_), "ncclBroadcast");
         break;
       case OpKind::reduce:
-        check_nccl(ncclReduce(in, out, n_in, ncclFloat, nccl_op(c.op), c.root, comm_, stream_), "ncclReduce");
+        check_nccl(ncclReduce(in, out, n_in, type, nccl_op(c.op), c.root, comm_, stream_), "ncclReduce");
         break;
       case OpKind::all_reduce:
-        if (c.element != Element::float32) {  // packed 16-bit values, two per float slot
-          check_nccl(ncclAllReduce(in, out, 2 * n_in, c.element == Element::float16 ? ncclFloat16 : ncclBfloat16,
-                                   ncclSum, comm_, stream_),
-                     "ncclAllReduce");
-          break;
-        }
-        check_nccl(ncclAllReduce(in, out, n_in, ncclFloat, nccl_op(c.op), comm_, stream_), "ncclAllReduce");
+        check_nccl(ncclAllReduce(in, out, n_in, type, nccl_op(c.op), comm_, stream_), "ncclAllReduce");
         break;
       case OpKind::all_gather:
-        check_nccl(ncclAllGather(in, out, n_in, ncclFloat, comm_, stream_), "ncclAllGather");
+        check_nccl(ncclAllGather(in, out, n_in, type, comm_, stream_), "ncclAllGather");
         break;
       case OpKind::reduce_scatter:
-        check_nccl(ncclReduceScatter(in, out, n_out, ncclFloat, nccl_op(c.op), comm_, stream_), "ncclReduceScatter");
+        check_nccl(ncclReduceScatter(in, out, n_out, type, nccl_op(c.op), comm_, stream_), "ncclReduceScatter");
         break;
       case OpKind::scatter:  // NCCL has no scatter: the root sends each rank its slice in one group
         check_nccl(ncclGroupStart(), "ncclGroupStart");
         if (rank() == c.root)
-          for (int r = 0; r < size(); ++r) check_nccl(ncclSend(in + r * n_out, n_out, ncclFloat, r, comm_, stream_), "ncclSend");
-        check_nccl(ncclRecv(out, n_out, ncclFloat, c.root, comm_, stream_), "ncclRecv");
+          for (int r = 0; r < size(); ++r) check_nccl(ncclSend(in + r * n_out * item, n_out, type, r, comm_, stream_), "ncclSend");
+        check_nccl(ncclRecv(out, n_out, type, c.root, comm_, stream_), "ncclRecv");
         check_nccl(ncclGroupEnd(), "ncclGroupEnd");
         break;
       case OpKind::gather:
         check_nccl(ncclGroupStart(), "ncclGroupStart");
         if (rank() == c.root)
-          for (int r = 0; r < size(); ++r) check_nccl(ncclRecv(out + r * n_in, n_in, ncclFloat, r, comm_, stream_), "ncclRecv");
-        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
+          for (int r = 0; r < size(); ++r) check_nccl(ncclRecv(out + r * n_in * item, n_in, type, r, comm_, stream_), "ncclRecv");
+        check_nccl(ncclSend(in, n_in, type, c.root, comm_, stream_), "ncclSend");
         check_nccl(ncclGroupEnd(), "ncclGroupEnd");
         break;
       case OpKind::barrier:  // an all-reduce of one value: every rank must arrive before any leaves
         check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
         break;
       case OpKind::send:
-        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
+        check_nccl(ncclSend(in, n_in, type, c.root, comm_, stream_), "ncclSend");
         break;
       case OpKind::recv:
-        check_nccl(ncclRecv(out, n_out, ncclFloat, c.peer, comm_, stream_), "ncclRecv");
+        check_nccl(ncclRecv(out, n_out, type, c.peer, comm_, stream_), "ncclRecv");
         break;
       case OpKind::send_recv:
         check_nccl(ncclGroupStart(), "ncclGroupStart");
-        check_nccl(ncclSend(in, n_in, ncclFloat, c.root, comm_, stream_), "ncclSend");
-        check_nccl(ncclRecv(out, n_out, ncclFloat, c.peer, comm_, stream_), "ncclRecv");
+        check_nccl(ncclSend(in, n_in, type, c.root, comm_, stream_), "ncclSend");
+        check_nccl(ncclRecv(out, n_out, type, c.peer, comm_, stream_), "ncclRecv");
         check_nccl(ncclGroupEnd(), "ncclGroupEnd");
         break;
     }

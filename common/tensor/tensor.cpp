@@ -201,6 +201,22 @@ void Tensor::fill_(float value) {
   }
 }
 
+Tensor& Tensor::add_(const Tensor& other) {
+  const auto n = static_cast<std::size_t>(numel());
+  if (other.numel() != numel())
+    throw std::invalid_argument("add_: " + std::to_string(other.numel()) + " elements added to " + std::to_string(numel()));
+  if (dtype() == DType::float32 && other.dtype() == DType::float32) {
+    const Tensor here = other.device() == device() ? other : other.to(device());
+    kernels(device()).binary(BinaryOp::add, data(), n, here.data(), n, data(), n);
+    return *this;
+  }
+  Tensor sum = to(DType::float32).clone();
+  const Tensor part = other.to(DType::float32).to(device());
+  kernels(device()).binary(BinaryOp::add, sum.data(), n, part.data(), n, sum.data(), n);
+  copy_from(sum);
+  return *this;
+}
+
 Tensor Tensor::view(std::size_t offset, const Shape& new_shape) const {
   std::size_t available = impl_->storage->bytes / element_size() - impl_->offset;
   if (offset + static_cast<std::size_t>(shape_numel(new_shape)) > available)

@@ -97,6 +97,9 @@ class Tensor {
   // type to this one's if they differ (rounded when narrowing).
   void copy_from(const Tensor& source);
   void fill_(float value);              // the value rounded to this tensor's type
+  // Adds `other` (as many elements, any type) in place, outside autograd: in float32, the sum rounded
+  // once to this tensor's type (as PyTorch adds two bfloat16 tensors).
+  Tensor& add_(const Tensor& other);
 
   // A tensor sharing this storage: `count` elements from element `offset`, with a new shape (same type).
   Tensor view(std::size_t offset, const Shape& shape) const;
