@@ -1,7 +1,9 @@
 // Chapter 07: ZeRO. Data parallelism keeps a whole copy of the model states on every rank: 16 bytes per
 // parameter with float32 AdamW (4 the parameter, 4 its gradient, 8 Adam's two moments). ZeRO shards
 // them: stage 1 the optimizer state, stage 2 the gradients too, stage 3 the parameters too
-// (common/parallel/zero.h; stage 0 is chapter 04's data parallelism, every gradient all-reduced). The
+// (common/parallel/zero.h; stage 0 is chapter 04's data parallelism, every gradient all-reduced). With
+// --precision bf16|fp16 the parameters and gradients are 16-bit over float32 masters, the paper's
+// mixed-precision accounting: 2 + 2 + 12 bytes a parameter, sharded the same way. The
 // lesson is train() below: the stage is one field of ZeroOptions, and the loop is the same at every
 // stage: forward and backward, reduce_gradients, apply. The program prints where every byte went
 // beside the paper's formula and the bytes each rank sent beside the theory (report.cpp), and with
@@ -9,6 +11,7 @@
 // --compare runs all four stages one after the other, each checked so.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -24,6 +27,7 @@
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/core/memory.h"                  // the per-category counters, the budget
 #include "common/nn/tasks.h"                     // the model, its data and its loss
+#include "common/ops/autocast.h"                 // --precision bf16|fp16: the forward's matrix products in 16 bits
 #include "common/ops/ops.h"                      // scale
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
@@ -71,6 +75,9 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   options.weight_decay = 0.1f;
   options.max_grad_norm = o.clip;
   options.prefetch = plan.prefetch;
+  // Mixed precision: 16-bit parameters and gradients, float32 masters beside Adam's moments (K = 12).
+  options.precision = o.precision.dtype();
+  options.init_scale = o.precision.loss_scale;
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = global_batch / ranks;
@@ -100,20 +107,26 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     double local_loss = 0;
     for (const auto& batch : data::split_batches(share, (local_batch + o.accum - 1) / o.accum)) {
       const float weight = lose_my_share ? 0.0f : static_cast<float>(batch.size()) / static_cast<float>(share.size());
-      Tensor loss = scale(task.loss(*model, batch), weight);
+      Tensor loss;
+      {
+        Autocast autocast(zero.precision());  // fp32: off
+        loss = scale(task.loss(*model, batch), weight);
+      }
       local_loss += loss.item();
-      loss.backward();  // stages 2 and 3 reduce-scatter each unit's gradients as soon as they are complete
+      // fp16: backward from the loss times the loss scale. Stages 2 and 3 reduce-scatter each unit's
+      // gradients as soon as they are complete.
+      zero.scale_loss(loss).backward();
     }
     zero.reduce_gradients();  // stage 0 all-reduces; stages 1-3 reduce-scatter, each rank keeping its part
     const float loss = comm::all_reduce_scalar(group, static_cast<float>(local_loss), comm::ReduceOp::average);
     if (check) checking([&] { check->check_gradient(step, loss); });
-    const double norm = zero.apply();  // clip, AdamW on this rank's part, all-gather the parameters
+    const double norm = zero.apply();  // clip, AdamW on this rank's part (skipped by fp16 on overflow), all-gather
     if (check) checking([&] { check->check_update(step, norm); });
     zero.zero_grad();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count() - checking_ms;
     if (step > 0 || o.training.steps == 1) total_ms += ms;
     run.losses.push_back(loss);
-    if (step == 0) run.ring_bytes = zero.ring_bytes_last_step();
+    if (run.ring_bytes == 0 && std::isfinite(norm)) run.ring_bytes = zero.ring_bytes_last_step();  // a step taken whole
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
     if (folder && ((step + 1) % o.checkpoints.every == 0 || step + 1 == o.training.steps))
@@ -121,6 +134,8 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   }
   // What the run measured, against the formulas (report.cpp).
   run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.training.steps - run.first_step - 1));
+  run.precision = zero.precision();
+  run.skipped_steps = zero.scaler().skipped_steps();
   const MemoryStats after = memory_stats(device);
   run.parameters = zero.full_parameters();
   if (check) run.check = check->finish(run.parameters);
@@ -154,8 +169,9 @@ int run(const Options& o, cli::Session& session) {
                                                    group.local_size(), device, o.common.seed);
   const std::int64_t global_batch = cli::global_batch_for(o.training, ranks, o.accum, task.size);
   if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
-  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g%s%s%s\n", ranks,
+  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g, %s%s%s%s\n", ranks,
       task.description.c_str(), static_cast<long long>(global_batch), static_cast<long long>(o.training.steps), o.training.lr, o.clip,
+      cli::precision_description(o.precision).c_str(),
       o.prefetch ? ", stage 3 prefetching" : "", label.c_str(),
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
@@ -200,7 +216,7 @@ checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTas
   return {{"stage", std::to_string(stage)},        {"model", task.description},
           {"seed", std::to_string(o.common.seed)}, {"global-batch", std::to_string(global_batch)},
           {"accum", std::to_string(o.accum)},      {"lr", text(o.training.lr)},
-          {"clip", text(o.clip)}};
+          {"clip", text(o.clip)},                  {"precision", o.precision.precision}};
 }
 
 std::int64_t resume(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,

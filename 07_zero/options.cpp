@@ -18,6 +18,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::Range(0, 3))->capture_default_str();
   cli::add_training_options(app, o.training, "AdamW learning rate");
   cli::add_mlp_options(app, o.mlp);
+  cli::add_precision_options(app, o.precision);
   app.add_option("--accum", o.accum, "Micro-batches per step on each rank")->check(cli::PositiveInteger & CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--clip", o.clip, "Clip the gradient's global norm to this (0: off)")
       ->check(cli::NonNegativeFinite)->capture_default_str();

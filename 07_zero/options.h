@@ -8,6 +8,7 @@
 #include "common/cli/cli.h"
 #include "common/cli/kill_options.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
 
 namespace course::chapter07 {
@@ -18,6 +19,7 @@ struct Options {
   cli::TrainingOptions training;  // --steps 20, --global-batch 240, --lr 1e-3
   cli::ModelOptions models;       // --model mlp|gpt, the GPT's sizes, --data
   cli::MlpOptions mlp;            // 8 hidden layers of 256, so that model states dominate and units are small
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16: 16-bit parameters and gradients over float32 masters
   int stage = 3;
   int accum = 1;
   double clip = 1.0;

@@ -11,10 +11,14 @@
 
 namespace course::chapter07 {
 
-Formula formula(int stage, double psi, int n) {
-  return {stage <= 2 ? 4 * psi : 4 * psi / n, stage <= 1 ? 4 * psi : 4 * psi / n, stage == 0 ? 8 * psi : 8 * psi / n};
+Formula formula(int stage, double psi, int n, DType precision) {
+  const double b = static_cast<double>(element_size(precision));         // a parameter, a gradient
+  const double k = precision == DType::float32 ? 8 : 12;                  // the paper's K
+  return {stage <= 2 ? b * psi : b * psi / n, stage <= 1 ? b * psi : b * psi / n, stage == 0 ? k * psi : k * psi / n};
 }
-double ring_theory(int stage, double psi, int n) { return (stage == 3 ? 3 : 2) * 4 * psi * (n - 1) / n; }
+double ring_theory(int stage, double psi, int n, DType precision) {
+  return (stage == 3 ? 3 : 2) * static_cast<double>(element_size(precision)) * psi * (n - 1) / n;
+}
 
 void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after, int ranks, const std::string& sim_network,
              metrics::MetricsWriter& metrics) {
@@ -27,12 +31,13 @@ void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after,
   run.peak_communication = after.peak_of(MemoryCategory::communication) - before.current_of(MemoryCategory::communication);
   const Tensor gathered = Tensor::from_host(run.parameters, {static_cast<std::int64_t>(run.parameters.size())});
   run.checksum = parallel::parameter_checksum({gathered});
-  const Formula f = formula(stage, run.psi, ranks);
+  const Formula f = formula(stage, run.psi, ranks, run.precision);
   run.record = {{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
                  {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
                  {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
-                 {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks)},
+                 {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks, run.precision)},
+                 {"precision", dtype_name(run.precision)}, {"skipped_steps", run.skipped_steps},
                  {"step_ms", run.step_ms}, {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
                  {"checksum", run.checksum},
                  {"first_step", run.first_step}, {"prefetch", run.prefetch},
@@ -58,10 +63,16 @@ void save_gathered(const Options& o, const StageRun& run, const nn::Module& mode
 }
 
 void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network) {
-  log("model states per rank (float32 AdamW, %d ranks, %.0f parameters):\n", ranks, runs.front().psi);
-  log("  stage  parameters   gradients   Adam state  total       formula     measured/formula  | peak activations  peak comm. buffers\n");
+  const DType precision = runs.front().precision;
+  if (precision == DType::float32)
+    log("model states per rank (float32 AdamW, %d ranks, %.0f parameters):\n", ranks, runs.front().psi);
+  else
+    log("model states per rank (%s parameters and gradients, float32 masters and AdamW: 2 + 2 + 12 bytes a "
+        "parameter unsharded; %d ranks, %.0f parameters):\n", dtype_name(precision), ranks, runs.front().psi);
+  log("  stage  parameters   gradients   %s  total       formula     measured/formula  | peak activations  peak comm. buffers\n",
+      precision == DType::float32 ? "Adam state" : "masters+Adam");
   for (const StageRun& r : runs) {
-    const Formula f = formula(r.stage, r.psi, ranks);
+    const Formula f = formula(r.stage, r.psi, ranks, r.precision);
     const double total = static_cast<double>(r.params_bytes + r.grads_bytes + r.adam_bytes);
     log("  %d%s %-12s %-11s %-11s %-11s %-11s %.3f             | %-17s %s\n", r.stage, r.prefetch ? "p    " : "     ",
         format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(), format_bytes(r.adam_bytes).c_str(),
@@ -71,7 +82,7 @@ void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std:
   log("communication per rank per step (as a ring sends it)%s:\n",
       network.empty() ? "" : ("; step times on a simulated network: " + network).c_str());
   for (const StageRun& r : runs) {
-    const double theory = ring_theory(r.stage, r.psi, ranks);
+    const double theory = ring_theory(r.stage, r.psi, ranks, r.precision);
     char against[32] = "";
     if (runs.size() > 1) std::snprintf(against, sizeof against, " (%.2fx stage 0's)", r.step_ms / runs.front().step_ms);
     log("  stage %d%s %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms%s\n", r.stage, r.prefetch ? "p" : " ",
@@ -86,9 +97,11 @@ bool report_check(const StageRun& run) {
   const verify::LockstepSummary& c = run.check;
   if (c.passed)
     log("verify stage %d%s, %lld steps in lock-step against the whole model: every averaged gradient within its "
-        "float32 bound (%.3g of it), every loss (%.3g of its bound), every update AdamW's bit for bit: PASSED\n",
-        run.stage, run.prefetch ? " (prefetching)" : "", static_cast<long long>(c.steps), c.worst_gradient_ratio,
-        c.worst_loss_ratio);
+        "%s bound (%.3g of it), every loss (%.3g of its bound), every update AdamW's bit for bit%s: PASSED\n",
+        run.stage, run.prefetch ? " (prefetching)" : "", static_cast<long long>(c.steps), dtype_name(run.precision),
+        c.worst_gradient_ratio, c.worst_loss_ratio,
+        c.skipped_steps > 0 ? (", " + std::to_string(c.skipped_steps) + " overflowed steps skipped by run and reference").c_str()
+                            : "");
   else
     log("verify stage %d%s FAILED at step %lld: %s\n", run.stage, run.prefetch ? " (prefetching)" : "",
         static_cast<long long>(c.first_failed_step), c.first_failure.c_str());

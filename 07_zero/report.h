@@ -29,18 +29,23 @@ struct StageRun {
   std::uint64_t checksum = 0;   // of the final parameters
   nlohmann::json record;        // the zero_stage metric
   double step_ms = 0;           // without the verification's own work
+  DType precision = DType::float32;  // of the parameters and gradients (mixed: over float32 masters)
+  std::int64_t skipped_steps = 0;    // fp16: steps whose gradients overflowed, skipped
   verify::LockstepSummary check;
 };
 
-// The model states per rank, by the ZeRO paper's formulas for float32 AdamW (bytes).
+// The model states per rank, by the ZeRO paper's formulas (bytes): float32 AdamW (4 + 4 + 8 per
+// parameter), or mixed precision (16-bit parameters and gradients, 2 + 2, and K = 12 for the float32
+// masters and Adam's moments), each sharded as the stage says.
 struct Formula {
-  double params, grads, adam;
+  double params, grads, adam;  // adam: Adam's moments, and in mixed precision the masters
   double total() const { return params + grads + adam; }
 };
-Formula formula(int stage, double psi, int n);
-// The bytes each rank sends per step, as a ring sends them: 2 psi (reduce-scatter and all-gather, or
-// an all-reduce), 3 psi at stage 3 (the parameters gathered in forward and again in backward).
-double ring_theory(int stage, double psi, int n);
+Formula formula(int stage, double psi, int n, DType precision);
+// The bytes each rank sends per step, as a ring sends them: 2 psi elements (reduce-scatter and
+// all-gather, or an all-reduce), 3 psi at stage 3 (the parameters gathered in forward and again in
+// backward), of the parameters' type.
+double ring_theory(int stage, double psi, int n, DType precision);
 
 
 // After a stage's run: the model states it holds (`after` against `before`, both taken outside

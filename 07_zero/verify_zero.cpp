@@ -3,6 +3,7 @@
 
 #include "common/core/memory.h"
 #include "common/data/sampling.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 
 namespace course::chapter07 {
@@ -12,6 +13,13 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
                      std::int64_t global_batch, int accum, std::int64_t first_step)
     : task_(task), zero_(zero), sampler_(sampler), global_batch_(global_batch), accum_(accum) {
   reference_ = verify::make_reference([&] { return task.make_model(seed); });
+  if (zero.precision() != DType::float32) {
+    working_ = verify::make_reference([&] {
+      auto model = task.make_model(seed);
+      model->to(zero.precision());
+      return model;
+    });
+  }
   adam_ = std::make_unique<optim::Adam>(optim::weight_decay_groups(reference_->parameters(), options.weight_decay),
                                         options.lr, options.beta1, options.beta2, options.eps, true);
   if (first_step > 0) start_from_resumed();
@@ -19,6 +27,41 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
     adam_->step();
     adam_->zero_grad();
   }, &group, options.max_grad_norm);
+  check_->set_rounding(verify::rounding_of(zero.precision()));  // the run adds its parts in its type
+}
+
+void ZeroCheck::begin_step(std::int64_t step) {
+  check_->begin_step(step, zero_.full_parameters());
+  if (working_) {
+    MemoryCategoryOverride verification(MemoryCategory::verification);
+    working_->load_parameters_from_host(reference_->parameters_to_host());  // rounded to 16 bits
+  }
+}
+
+float ZeroCheck::part(nn::Module& reference, const std::vector<std::int64_t>& batch, float weight) {
+  if (!working_) {
+    Tensor l = scale(task_.loss(reference, batch), weight);
+    l.backward();
+    return l.item();
+  }
+  working_->zero_grad();
+  Tensor l;
+  {
+    Autocast autocast(zero_.precision());
+    l = scale(task_.loss(*working_, batch), weight);
+  }
+  zero_.scale_loss(l).backward();
+  // The 16-bit gradients, widened and unscaled (the scale a power of two: exact), as the masters'.
+  const float inverse = 1.0f / zero_.scaler().get_scale();
+  const auto masters = reference.parameters(), working = working_->parameters();
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    std::vector<float> g = working[i].grad().defined() ? working[i].grad().to_host()
+                                                       : std::vector<float>(static_cast<std::size_t>(working[i].numel()), 0.0f);
+    for (float& v : g) v *= inverse;
+    Tensor master = masters[i];
+    master.set_grad(Tensor::from_host(g, master.shape(), master.device()));
+  }
+  return l.item();
 }
 
 void ZeroCheck::check_gradient(std::int64_t step, float loss) {
@@ -31,6 +74,7 @@ void ZeroCheck::check_gradient(std::int64_t step, float loss) {
                                (local_batch + accum_ - 1) / accum_);
   };
   const std::size_t per_rank = micro_of(0).size();
+  check_->set_loss_scale(zero_.scaler().get_scale());  // fp16: the run added its parts so scaled
   // Part i is micro-batch i / ranks of rank i % ranks, so each rank recomputes its own.
   check_->check_parts(step, zero_.full_gradients(), loss, per_rank * static_cast<std::size_t>(ranks), 1.0 / ranks,
                     [&](nn::Module& reference, std::size_t i) {
@@ -38,10 +82,7 @@ void ZeroCheck::check_gradient(std::int64_t step, float loss) {
                       const auto micro = micro_of(rank);
                       const auto& batch = micro[i / static_cast<std::size_t>(ranks)];
                       const auto share = parallel::DistributedSampler::share_of(global, rank, ranks);
-                      Tensor l = scale(task_.loss(reference, batch),
-                                       static_cast<float>(batch.size()) / static_cast<float>(share.size()));
-                      l.backward();
-                      return l.item();
+                      return part(reference, batch, static_cast<float>(batch.size()) / static_cast<float>(share.size()));
                     });
 }
 

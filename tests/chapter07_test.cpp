@@ -17,7 +17,8 @@ namespace course::testing {
 namespace {
 
 const std::string kBinary = CHAPTER07_BINARY;
-const std::string kSmall = " --device cpu --hidden 64 --layers 4 --global-batch 48 --steps 4";
+const std::string kMlp = " --device cpu --hidden 64 --layers 4 --global-batch 48";
+const std::string kSmall = kMlp + " --steps 4";
 constexpr double kFormulaTolerance = 0.05;  // the 5%: padding adds at most N-1 elements per unit
 
 TEST(Chapter07, EveryStageVerifiesAtOneToFourRanks) {
@@ -50,6 +51,64 @@ TEST(Chapter07, TheGptVerifiesWithAccumulation) {
                        "--stage 3 --verify");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("verify stage 3, 3 steps in lock-step"), std::string::npos) << r.out;
+}
+
+// Mixed precision (--precision bf16|fp16): 16-bit parameters and gradients over float32 masters.
+// --compare measures every stage's model states at the paper's mixed-precision formulas (2 + 2 + 12
+// bytes a parameter, sharded per stage: written out here, not read from the program) and its bytes on
+// the wire at the theory's in 16 bits, half of float32's, every stage passing --verify against the
+// single-rank run of the same precision: bf16 at 2 and 4 ranks, fp16 at 3.
+TEST(Chapter07, MixedPrecisionTakesThePapersFormulasAndPassesVerify) {
+  for (const auto& [mpirun, precision, ranks] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP2, "bf16", 2}, {MPIRUN_NP4, "bf16", 4}, {MPIRUN_NP3, "fp16", 3}}) {
+    SCOPED_TRACE(precision + " at " + std::to_string(ranks) + " ranks");
+    const std::string metrics = temp_path("ch07_mixed.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + kSmall + " --compare --precision " + precision + " --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("masters+Adam"), std::string::npos) << r.out;
+    auto stages = events(read_metrics(metrics), "zero_stage");
+    ASSERT_EQ(stages.size(), 4u);
+    for (int s = 0; s < 4; ++s) {
+      auto& m = stages[static_cast<std::size_t>(s)];
+      const double psi = m["parameters"].get<double>(), n = ranks;
+      EXPECT_EQ(m["precision"].get<std::string>(), precision == "bf16" ? "bfloat16" : "float16");
+      const double params = s <= 2 ? 2 * psi : 2 * psi / n, grads = s <= 1 ? 2 * psi : 2 * psi / n,
+                   optimizer = s == 0 ? 12 * psi : 12 * psi / n, ring = (s == 3 ? 3 : 2) * 2 * psi * (n - 1) / n;
+      EXPECT_NEAR(m["params_bytes"].get<double>() / params, 1.0, kFormulaTolerance) << s;
+      EXPECT_NEAR(m["grads_bytes"].get<double>() / grads, 1.0, kFormulaTolerance) << s;
+      EXPECT_NEAR(m["adam_bytes"].get<double>() / optimizer, 1.0, kFormulaTolerance) << s;
+      EXPECT_NEAR(m["ring_bytes"].get<double>() / ring, 1.0, kFormulaTolerance) << s;
+      EXPECT_NE(r.out.find("verify stage " + std::to_string(s) + ", 4 steps in lock-step against the whole model: "
+                           "every averaged gradient within its " + m["precision"].get<std::string>() + " bound"),
+                std::string::npos) << r.out;
+    }
+    std::remove(metrics.c_str());
+  }
+}
+
+// A lost share from a later step fails there in 16 bits too (fp16 with a scale that does not overflow,
+// so that no step is skipped); and fp16 with a scale far too large skips its first steps, run and
+// reference alike, then trains and passes.
+TEST(Chapter07, MixedPrecisionCatchesALateFaultAndSkipsOverflowedSteps) {
+  for (const std::string flags : {"--stage 3 --precision bf16", "--stage 2 --precision fp16 --loss-scale 1024",
+                                  "--stage 1 --precision fp16 --loss-scale 1024 --accum 2"}) {
+    auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + kMlp + " --steps 8 --verify " + flags +
+                         " --fault skip-rank-share --fault-from-step 5");
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("FAILED at step 5: the gradient of"), std::string::npos) << flags << "\n" << r.out;
+  }
+  const std::string metrics = temp_path("ch07_overflow.jsonl");
+  auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kMlp +
+                       " --steps 40 --stage 3 --verify --precision fp16 --loss-scale 1099511627776 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto stage = events(read_metrics(metrics), "zero_stage");
+  ASSERT_FALSE(stage.empty());
+  const auto skipped = stage.front()["skipped_steps"].get<int>();
+  EXPECT_GE(skipped, 20) << r.out;  // 2^40 halves to below fp16's range in about 25 steps
+  EXPECT_LT(skipped, 40) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(skipped) + " overflowed steps skipped by run and reference: PASSED"), std::string::npos)
+      << r.out;
+  std::remove(metrics.c_str());
 }
 
 TEST(Chapter07, CompareReportsTheFormulasAndTheTheory) {
@@ -179,6 +238,27 @@ TEST(Chapter07, ShardedResumeIsBitIdenticalAndConsolidates) {
     ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
     expect_same_tensors(consolidated, saved);
   }
+}
+
+// fp16's loss scale is part of a sharded checkpoint: from a scale far too large (its first steps
+// skipped, the scale halving), stopped at step 10 and resumed, the run ends bit-identical to the
+// uninterrupted one, in lock-step, with the same skipped steps; a bf16 run refuses the fp16 checkpoint.
+TEST(Chapter07, AnFp16ResumeKeepsTheLossScale) {
+  const std::string fp16 = " --stage 2 --precision fp16 --loss-scale 16777216 --ckpt-every 10";
+  const std::string whole = fresh("ch07_fp16_whole"), halves = fresh("ch07_fp16_halves");
+  Trained reference = train(MPIRUN_NP2, fp16 + " --steps 20 --ckpt-dir " + whole);
+  ASSERT_EQ(reference.process.exit_code, 0) << reference.process.out << reference.process.err;
+  Trained first = train(MPIRUN_NP2, fp16 + " --steps 10 --ckpt-dir " + halves);
+  ASSERT_EQ(first.process.exit_code, 0) << first.process.out << first.process.err;
+  EXPECT_GT(first.stage["skipped_steps"].get<int>(), 0) << first.process.out;
+  Trained resumed = train(MPIRUN_NP2, fp16 + " --steps 20 --ckpt-dir " + halves + " --resume --verify");
+  ASSERT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+  EXPECT_EQ(resumed.stage["checksum"].get<std::uint64_t>(), reference.stage["checksum"].get<std::uint64_t>());
+  EXPECT_EQ(resumed.stage["skipped_steps"].get<int>(), reference.stage["skipped_steps"].get<int>());
+  Trained other = train(MPIRUN_NP2, " --stage 2 --precision bf16 --ckpt-every 10 --steps 20 --ckpt-dir " + halves + " --resume");
+  EXPECT_EQ(other.process.exit_code, 2) << other.process.out << other.process.err;
+  EXPECT_NE(other.process.err.find("--precision: bf16 differs from the checkpoint's fp16"), std::string::npos)
+      << other.process.err;
 }
 
 // A resumed run is checked in lock-step from the step it resumed at: a fault after the resume fails at

@@ -237,5 +237,41 @@ TEST(Lockstep, ANormThatIsNotTheGradientsFails) {
   }
 }
 
+// An fp16 run whose gradient is not finite where the reference's is: an overflow of the run's own 16-bit
+// sums is possible only when its parts, times the loss scale, reach 65504; then run and reference skip
+// the step together. With small parts (or no scale) the same infinity is a fault at its step.
+TEST(Lockstep, ANonFiniteGradientPassesOnlyWhereItsSixteenBitSumsCouldOverflow) {
+  for (double loss_scale : {1.0, 0x1p24}) {  // |parts| ~ 1: scaled by 2^24 they pass 65504
+    auto model = small_mlp();
+    auto reference = verify::make_reference(small_mlp);
+    optim::SGD reference_sgd(reference->parameters(), 0.1f);
+    verify::Lockstep check(reference, [&](std::int64_t) {
+      reference_sgd.step();
+      reference_sgd.zero_grad();
+    }, nullptr);
+    check.set_rounding(verify::kFloat16Rounding);
+    check.set_loss_scale(loss_scale);
+    check.begin_step(0, *model);
+    std::vector<float> overflowed = model->gradients_to_host();
+    overflowed.assign(overflowed.size(), 0.0f);
+    overflowed[0] = INFINITY;
+    check.check_parts(0, overflowed, 0.0f, kParts, 1.0, [&](nn::Module& m, std::size_t p) {
+      Tensor l = scale(sum(m(inputs(0, static_cast<int>(p)))), 1.0f / kParts);
+      l.backward();
+      return l.item();
+    });
+    check.check_update(0);
+    const auto summary = check.finish(*model);
+    EXPECT_EQ(summary.skipped_steps, 1);
+    if (loss_scale == 1.0) {
+      EXPECT_FALSE(summary.passed);
+      EXPECT_NE(summary.first_failure.find("not finite"), std::string::npos) << summary.first_failure;
+      EXPECT_NE(summary.first_failure.find("'0.weight'[0]"), std::string::npos) << summary.first_failure;
+    } else {
+      EXPECT_TRUE(summary.passed) << summary.first_failure;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace course::testing

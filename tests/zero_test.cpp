@@ -17,6 +17,7 @@
 #include "common/core/errors.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/zero.h"
@@ -196,46 +197,58 @@ TEST(Zero, StageThreePrefetchChangesOnlyTheTiming) {
   }
 }
 
-// Model states per rank against the formulas (float32 AdamW, Ψ parameters, N ranks): 16Ψ, 8Ψ + 8Ψ/N,
-// 4Ψ + 12Ψ/N, 16Ψ/N, split by category. Measured after a step, and at the step's peak for what is
-// sharded: stage 2's gradients, stage 3's gradients and parameters (gathered units are communication
-// buffers, and they too stay well below the whole model).
+// Model states per rank against the formulas (AdamW, Ψ parameters, N ranks), split by category. float32:
+// 16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N; mixed precision (bfloat16 parameters and gradients, float32
+// masters beside Adam's moments, the paper's K = 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Measured after
+// a step, and at the step's peak for what is sharded: stage 2's gradients, stage 3's gradients and
+// parameters (gathered units are communication buffers, and they too stay well below the whole model).
 TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
   const int n = world().size();
+  for (DType precision : {DType::float32, DType::bfloat16})
   for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(std::string(dtype_name(precision)) + " stage " + std::to_string(stage));
+    const bool mixed = precision != DType::float32;
+    const double bytes = mixed ? 2 : 4;  // per parameter and per gradient
     // Many small layers (the largest weight a twelfth of the model), so units can be small.
     auto model = nn::make_mlp(16, 32, 12, 1, nn::Activation::relu, Device::cpu, 4);
     const double psi = static_cast<double>(model->parameter_count());
     const auto before = memory_stats(Device::cpu);
     parallel::ZeroOptions options;
     options.stage = stage;
+    options.precision = precision;
     options.unit_cap_mb = psi * 4 / 16 / (1024.0 * 1024.0);  // about one layer per unit
     std::optional<parallel::ZeroOptimizer> zero(std::in_place, *model, world(), options);
     Tensor x = Tensor::randn({24, 16}, 1), y = Tensor::randn({24, 1}, 2);
     reset_peak_memory(Device::cpu);
-    mse_loss((*model)(x), y).backward();
+    {
+      Autocast autocast(precision, mixed);
+      mse_loss((*model)(x), y).backward();
+    }
     zero->step();
     const auto after = memory_stats(Device::cpu);
     auto grown = [&](MemoryCategory c) {
       return static_cast<double>(after.current_of(c) - before.current_of(c));
     };
-    const double grads_formula = stage <= 1 ? 4 * psi : 4 * psi / n;
-    const double params_formula = stage <= 2 ? 4 * psi : 4 * psi / n;
-    const double adam_formula = stage == 0 ? 8 * psi : 8 * psi / n;
+    const double grads_formula = stage <= 1 ? bytes * psi : bytes * psi / n;
+    const double params_formula = stage <= 2 ? bytes * psi : bytes * psi / n;
+    const double optimizer_bytes = mixed ? 12 : 8;  // Adam's moments, and in mixed precision the masters
+    const double adam_formula = stage == 0 ? optimizer_bytes * psi : optimizer_bytes * psi / n;
     // The model's own parameter tensors were freed when they moved into the flat buffer.
     EXPECT_NEAR(static_cast<double>(after.current_of(MemoryCategory::parameters)) / params_formula, 1.0,
-                kFormulaTolerance)
-        << "stage " << stage;
-    EXPECT_NEAR(grown(MemoryCategory::gradients) / grads_formula, 1.0, kFormulaTolerance) << "stage " << stage;
-    EXPECT_NEAR(grown(MemoryCategory::optimizer_state) / adam_formula, 1.0, kFormulaTolerance) << "stage " << stage;
+                kFormulaTolerance);
+    EXPECT_NEAR(grown(MemoryCategory::gradients) / grads_formula, 1.0, kFormulaTolerance);
+    EXPECT_NEAR(grown(MemoryCategory::optimizer_state) / adam_formula, 1.0, kFormulaTolerance);
+    for (const Tensor& p : model->parameters()) EXPECT_EQ(p.dtype(), precision);
     // Communication per rank, as a ring sends it: 2Ψ elements at stages 0-2, 3Ψ at stage 3 (this
-    // model has no root unit: every parameter is in a Linear, gathered for forward and for backward).
-    const double ring_formula = (stage == 3 ? 3 : 2) * 4 * psi * (n - 1) / n;
-    if (n == 1) EXPECT_EQ(zero->ring_bytes_last_step(), 0) << "stage " << stage;
-    else EXPECT_NEAR(static_cast<double>(zero->ring_bytes_last_step()) / ring_formula, 1.0, kFormulaTolerance) << "stage " << stage;
+    // model has no root unit: every parameter is in a Linear, gathered for forward and for backward),
+    // of the parameters' type.
+    const double ring_formula = (stage == 3 ? 3 : 2) * bytes * psi * (n - 1) / n;
+    if (n == 1) EXPECT_EQ(zero->ring_bytes_last_step(), 0);
+    else EXPECT_NEAR(static_cast<double>(zero->ring_bytes_last_step()) / ring_formula, 1.0, kFormulaTolerance);
     if (stage >= 2) {
       // Gradients never exceed the shard, and the units in flight (at most two, and one parameter's own
-      // gradient) stay below half of the whole model's gradients.
+      // gradient) stay below half of the whole model's gradients; in mixed precision the update's
+      // float32 copy of this rank's gradients comes on top, for the update's duration.
       EXPECT_LE(static_cast<double>(after.peak_of(MemoryCategory::gradients) - before.current_of(MemoryCategory::gradients)) /
                     grads_formula,
                 1.0 + kFormulaTolerance);
@@ -246,11 +259,104 @@ TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
       if (n > 1) {
         EXPECT_LT(static_cast<double>(after.peak_of(MemoryCategory::communication) -
                                       before.current_of(MemoryCategory::communication)),
-                  0.5 * 4 * psi);
+                  0.5 * bytes * psi + (mixed ? 4 * psi / n * (1 + kFormulaTolerance) : 0));
       }
     }
     zero.reset();
     model.reset();
+  }
+}
+
+// Mixed precision on one rank, stage 0, is AdamW on float32 masters bit for bit (Micikevicius et al.
+// 2018): each step the model computes with the masters' 16-bit roundings under autocast, float16's loss
+// is scaled and its gradients unscaled in float32, and the masters take AdamW's update. The reference
+// does exactly that with a float32 model, a 16-bit copy of it (Module::to) and optim::Adam.
+TEST(Zero, MixedStageZeroOnOneRankIsAdamWOnFloat32MastersBitForBit) {
+  auto alone = world().split(world().rank(), 0);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const float loss_scale = dtype == DType::float16 ? 1024.0f : 1.0f;
+    auto model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    auto masters = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    auto working = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    working->to(dtype);
+    parallel::ZeroOptions options;
+    options.stage = 0;
+    options.lr = 1e-2f;
+    options.weight_decay = 0.1f;
+    options.precision = dtype;
+    options.init_scale = loss_scale;
+    parallel::ZeroOptimizer zero(*model, *alone, options);
+    optim::Adam adamw(optim::weight_decay_groups(masters->parameters(), 0.1f), 1e-2f, 0.9f, 0.999f, 1e-8f, true);
+    Tensor x = Tensor::randn({24, 6}, 5), y = Tensor::randn({24, 1}, 6);
+    for (int step = 0; step < 5; ++step) {
+      {
+        Autocast autocast(dtype);
+        zero.scale_loss(mse_loss((*model)(x), y)).backward();
+      }
+      zero.step();
+      zero.zero_grad();
+      working->load_parameters_from_host(masters->parameters_to_host());  // rounded to 16 bits
+      working->zero_grad();
+      {
+        Autocast autocast(dtype);
+        scale(mse_loss((*working)(x), y), loss_scale).backward();
+      }
+      const auto w = working->parameters(), m = masters->parameters();
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        std::vector<float> g = w[i].grad().to_host();
+        for (float& v : g) v *= 1.0f / loss_scale;
+        Tensor master = m[i];
+        master.set_grad(Tensor::from_host(g, m[i].shape()));
+      }
+      adamw.step();
+      adamw.zero_grad();
+    }
+    EXPECT_EQ(model->parameters().front().dtype(), dtype);
+    const auto a = zero.full_parameters(), b = masters->parameters_to_host();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    working->load_parameters_from_host(b);
+    EXPECT_EQ(model->parameters_to_host(), working->parameters_to_host());  // the masters' roundings
+    EXPECT_EQ(zero.steps_taken(), 5);
+  }
+}
+
+// float16 with a loss scale far too large: the gradients overflow, every rank skips the step (the
+// parameters untouched, the scale halved, nothing counted as Adam's step), until the scale has come
+// down and training goes on.
+TEST(Zero, AnOverflowingFloat16StepIsSkippedByEveryRank) {
+  for (int stage : {0, 1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    parallel::ZeroOptions options;
+    options.stage = stage;
+    options.precision = DType::float16;
+    options.init_scale = 0x1p40f;
+    parallel::ZeroOptimizer zero(*model, world(), options);
+    Tensor x = Tensor::randn({24, 6}, 5 + world().rank()), y = Tensor::randn({24, 1}, 6);
+    const auto initial = zero.full_parameters();
+    auto train_step = [&] {
+      {
+        Autocast autocast(DType::float16);
+        zero.scale_loss(mse_loss((*model)(x), y)).backward();
+      }
+      const double norm = zero.step();
+      zero.zero_grad();
+      return norm;
+    };
+    EXPECT_TRUE(std::isinf(train_step()));
+    EXPECT_EQ(zero.full_parameters(), initial);
+    EXPECT_EQ(zero.scaler().skipped_steps(), 1);
+    EXPECT_EQ(zero.scaler().get_scale(), 0x1p39f);
+    EXPECT_EQ(zero.steps_taken(), 0);
+    for (int step = 1; step < 40; ++step) train_step();
+    EXPECT_GT(zero.steps_taken(), 0);
+    EXPECT_EQ(zero.steps_taken() + zero.scaler().skipped_steps(), 40);
+    EXPECT_NE(zero.full_parameters(), initial);
+    // Every rank skipped the same steps.
+    EXPECT_EQ(comm::all_reduce_scalar(world(), static_cast<float>(zero.steps_taken()), comm::ReduceOp::max),
+              static_cast<float>(zero.steps_taken()));
   }
 }
 

@@ -67,14 +67,28 @@ Metadata training_metadata(const TrainingState& s, const std::string& model_conf
           {"optimizer", optimizer.name()},
           {"optimizer_step", std::to_string(optimizer.steps_taken())},
           {"lr", std::to_string(optimizer.lr())}};
-  if (s.loss_scale.scale > 0.0f) {  // fp16 runs only; the scale in hexadecimal, exactly
-    char scale[40];
-    std::snprintf(scale, sizeof scale, "%a", static_cast<double>(s.loss_scale.scale));
-    m["loss_scale"] = scale;
-    m["loss_scale_growth_tracker"] = std::to_string(s.loss_scale.growth_tracker);
-    m["loss_scale_skipped_steps"] = std::to_string(s.loss_scale.skipped);
-  }
+  put_loss_scale(m, s.loss_scale);
   return m;
+}
+
+void put_loss_scale(Metadata& m, const optim::GradScalerState& state) {
+  if (!(state.scale > 0.0f)) return;  // fp16 runs only; the scale in hexadecimal, exactly
+  char scale[40];
+  std::snprintf(scale, sizeof scale, "%a", static_cast<double>(state.scale));
+  m["loss_scale"] = scale;
+  m["loss_scale_growth_tracker"] = std::to_string(state.growth_tracker);
+  m["loss_scale_skipped_steps"] = std::to_string(state.skipped);
+}
+
+optim::GradScalerState loss_scale_of(const std::string& path, const Metadata& m) {
+  if (!m.count("loss_scale")) return {};
+  const std::string& scale = m.at("loss_scale");
+  char* end = nullptr;
+  const double value = std::strtod(scale.c_str(), &end);
+  if (scale.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value))
+    fail(path, "metadata 'loss_scale' is '" + scale + "', not a positive number");
+  return {static_cast<float>(value), integer(path, m, "loss_scale_growth_tracker"),
+          integer(path, m, "loss_scale_skipped_steps")};
 }
 
 TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
@@ -98,15 +112,7 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   s.global_batch = integer(path, m, "global_batch");
   s.world_size = static_cast<int>(integer(path, m, "world_size"));
   s.world_history = text(path, m, "world_history");
-  if (m.count("loss_scale")) {
-    const std::string& scale = m.at("loss_scale");
-    char* end = nullptr;
-    const double value = std::strtod(scale.c_str(), &end);
-    if (scale.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value))
-      fail(path, "metadata 'loss_scale' is '" + scale + "', not a positive number");
-    s.loss_scale = {static_cast<float>(value), integer(path, m, "loss_scale_growth_tracker"),
-                    integer(path, m, "loss_scale_skipped_steps")};
-  }
+  s.loss_scale = loss_scale_of(path, m);
   // The optimizer stepped at every step but those the loss scaler skipped (fp16's overflows).
   if (integer(path, m, "optimizer_step") + s.loss_scale.skipped != s.step)
     fail(path, "optimizer_step " + m.at("optimizer_step") + " and " + std::to_string(s.loss_scale.skipped) +

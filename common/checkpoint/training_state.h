@@ -32,6 +32,12 @@ NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& o
 Metadata training_metadata(const TrainingState& state, const std::string& model_config,
                            const optim::Optimizer& optimizer);
 
+// fp16's loss scale in a checkpoint's metadata (nothing for a disabled scaler: scale 0): the scale
+// exactly, in hexadecimal, its growth count and the steps it skipped; loss_scale_of reads it back (a
+// zero state when absent) and throws CheckpointError naming `path` when it is malformed.
+void put_loss_scale(Metadata& m, const optim::GradScalerState& state);
+optim::GradScalerState loss_scale_of(const std::string& path, const Metadata& m);
+
 // Checks a loaded checkpoint against this run: the training metadata is complete and well-formed,
 // the model configuration's hash matches, and every parameter and optimizer tensor is present with
 // this model's shape. Returns the training state, or throws CheckpointError naming `path` and the

@@ -1,8 +1,9 @@
 // The communicator: rank, size, local rank, and collectives on CPU or CUDA tensors (either backend
 // takes either: MPI stages CUDA tensors through pinned host memory, NCCL stages CPU tensors through
 // device memory) of any element type (float32, bfloat16, float16: a 16-bit reduction computes in
-// float32 and rounds each partial result to 16 bits, as NCCL's does; an average rounds the sum's
-// quotient once), each with an asynchronous form. Chapters program against this class and never see
+// float32 and rounds each partial result to 16 bits, as NCCL's does, and a 16-bit average multiplies
+// each rank's values by 1/N before adding them, as NCCL's ncclAvg does for floating types, so that it
+// cannot overflow where the values do not), each with an asynchronous form. Chapters program against this class and never see
 // which backend (MPI or NCCL) runs underneath. Every collective is numbered and watched (watchdog.h).
 #pragma once
 #include <chrono>

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "common/comm/backends.h"
 #include "common/core/cuda_runtime.h"
@@ -275,24 +276,40 @@ class MpiCommunicator final : public Communicator {
     const Wire w = wire_of(c);
     const int n_in = count_of(c.input, w.per_element), n_out = count_of(c.output, w.per_element);
     const MPI_Op op = w.sixteen_bit ? op_16bit(w.format, c.op) : mpi_op(c.op);
+    // A 16-bit average multiplies each rank's values by 1/N (rounded to 16 bits) before they are added,
+    // as NCCL's ncclAvg does for floating types (its PreMulSum): the partial sums then stay within the
+    // values' range, so the average of finite float16 values never overflows where their sum would.
+    std::vector<std::uint16_t> premultiplied;
+    const bool premultiply = w.sixteen_bit && c.op == ReduceOp::average;
+    if (premultiply) {
+      const auto* bits = static_cast<const std::uint16_t*>(inp);
+      const float inverse = 1.0f / static_cast<float>(size());
+      premultiplied.resize(static_cast<std::size_t>(n_in));
+      for (int i = 0; i < n_in; ++i) premultiplied[static_cast<std::size_t>(i)] = narrow(widen(bits[i], w.format) * inverse, w.format);
+    }
+    const bool divide = c.op == ReduceOp::average && !premultiply;  // float32: the sum divided once
     switch (c.kind) {
       case OpKind::broadcast:
         check_mpi(MPI_Bcast(inp, n_in, w.type, c.root, comm_), "MPI_Bcast");
         break;
       case OpKind::reduce:
-        check_mpi(MPI_Reduce(rank() == c.root ? MPI_IN_PLACE : inp, inp, n_in, w.type, op, c.root, comm_), "MPI_Reduce");
-        if (c.op == ReduceOp::average && rank() == c.root) average(inp, n_in, w);
+        check_mpi(MPI_Reduce(premultiply ? premultiplied.data() : rank() == c.root ? MPI_IN_PLACE : inp, inp, n_in, w.type, op,
+                             c.root, comm_),
+                  "MPI_Reduce");
+        if (divide && rank() == c.root) average(inp, n_in);
         break;
       case OpKind::all_reduce:
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, inp, n_in, w.type, op, comm_), "MPI_Allreduce");
-        if (c.op == ReduceOp::average) average(inp, n_in, w);
+        check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
+                  "MPI_Allreduce");
+        if (divide) average(inp, n_in);
         break;
       case OpKind::all_gather:
         check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
-        check_mpi(MPI_Reduce_scatter_block(inp, outp, n_out, w.type, op, comm_), "MPI_Reduce_scatter_block");
-        if (c.op == ReduceOp::average) average(outp, n_out, w);
+        check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
+                  "MPI_Reduce_scatter_block");
+        if (divide) average(outp, n_out);
         break;
       case OpKind::scatter:
         check_mpi(MPI_Scatter(inp, n_out, w.type, outp, n_out, w.type, c.root, comm_), "MPI_Scatter");
@@ -316,16 +333,9 @@ class MpiCommunicator final : public Communicator {
     else out.copy_out();
   }
 
-  // The sum divided by the group's size, in float32, rounded once to a 16-bit type.
-  void average(void* data, int n, const Wire& w) {
-    const float inverse = 1.0f / static_cast<float>(size());
-    if (!w.sixteen_bit) {
-      auto* values = static_cast<float*>(data);
-      kernels(Device::cpu).scale(values, inverse, values, static_cast<std::size_t>(n));
-      return;
-    }
-    auto* bits = static_cast<std::uint16_t*>(data);
-    for (int i = 0; i < n; ++i) bits[i] = narrow(widen(bits[i], w.format) * inverse, w.format);
+  void average(void* data, int n) {
+    auto* values = static_cast<float*>(data);
+    kernels(Device::cpu).scale(values, 1.0f / static_cast<float>(size()), values, static_cast<std::size_t>(n));
   }
 
   MPI_Comm comm_;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/core/memory.h"
+
 namespace course::nn {
 
 Tensor Module::operator()(const Tensor& x) {
@@ -66,7 +68,7 @@ void Module::load_parameters_from_host(const std::vector<float>& values) {
   std::size_t at = 0;
   for (auto& [name, tensor] : named_parameters()) {
     const auto n = static_cast<std::size_t>(tensor.numel());
-    if (tensor.device() == Device::cpu) {  // straight into the storage: no temporary per step
+    if (tensor.device() == Device::cpu && tensor.dtype() == DType::float32) {  // straight in: no temporary
       std::copy(values.begin() + static_cast<long>(at), values.begin() + static_cast<long>(at + n), tensor.data());
     } else {
       Tensor target = tensor;
@@ -75,6 +77,22 @@ void Module::load_parameters_from_host(const std::vector<float>& values) {
                                          tensor.shape(), tensor.device()));
     }
     at += n;
+  }
+}
+
+void Module::to(DType dtype) {
+  for (auto& [name, tensor] : named_parameters()) {
+    if (tensor.dtype() == dtype) continue;
+    Tensor converted;
+    {
+      MemoryCategoryScope scope(MemoryCategory::parameters);
+      converted = tensor.to(dtype);
+    }
+    TensorImpl& impl = *tensor.impl();
+    impl.storage = converted.impl()->storage;
+    impl.offset = converted.impl()->offset;
+    impl.dtype = dtype;
+    impl.grad = nullptr;
   }
 }
 

@@ -42,6 +42,10 @@ class Module {
   // Overwrites every parameter with `values`, laid out as parameters_to_host() lays them; throws
   // std::invalid_argument when the count differs.
   void load_parameters_from_host(const std::vector<float>& values);
+  // PyTorch's module.to(dtype) (model.bfloat16(), model.half()): every parameter converted in place to
+  // `dtype`, rounded to nearest even, its gradient dropped. The tensors stay the same objects, so the
+  // modules holding them compute in the new type.
+  void to(DType dtype);
   void zero_grad();
 
  protected:

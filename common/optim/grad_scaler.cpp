@@ -21,14 +21,19 @@ GradScaler::GradScaler(GradScalerOptions options, comm::Communicator* group)
 Tensor GradScaler::scale(const Tensor& loss) const { return options_.enabled ? course::scale(loss, scale_) : loss; }
 
 void GradScaler::unscale_(Optimizer& optimizer) {
+  std::vector<Tensor> gradients;
+  for (const Tensor& p : optimizer.params())
+    if (p.grad().defined()) gradients.push_back(p.grad());
+  unscale_(gradients);
+}
+
+void GradScaler::unscale_(const std::vector<Tensor>& gradients) {
   if (!options_.enabled) return;
   if (unscaled_) throw std::logic_error("GradScaler: unscale_() has already been called since the last update()");
   unscaled_ = true;
   bool found = false;
   const float inverse = 1.0f / scale_;
-  for (const Tensor& p : optimizer.params()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
+  for (Tensor g : gradients) {
     Kernels& k = kernels(g.device());
     k.scale(g.data(), inverse, g.data(), static_cast<std::size_t>(g.numel()));
     Tensor total = Tensor::empty({1}, g.device());
@@ -60,16 +65,17 @@ void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
 }
 
 bool GradScaler::step(Optimizer& optimizer) {
-  if (!options_.enabled) {
-    optimizer.step();
-    return true;
-  }
-  if (!unscaled_) unscale_(optimizer);
-  if (found_inf_) {
+  if (options_.enabled && !unscaled_) unscale_(optimizer);
+  return step([&] { optimizer.step(); });
+}
+
+bool GradScaler::step(const std::function<void()>& update) {
+  if (options_.enabled && !unscaled_) throw std::logic_error("GradScaler: step() before unscale_()");
+  if (options_.enabled && found_inf_) {
     ++skipped_;
     return false;
   }
-  optimizer.step();
+  update();
   return true;
 }
 

@@ -9,6 +9,8 @@
 // Ours differs from PyTorch's in serving one optimizer (PyTorch's keeps a record per optimizer).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "common/comm/communicator.h"
 #include "common/optim/optimizer.h"
@@ -40,9 +42,15 @@ class GradScaler {
   // Divides every gradient of `optimizer` by the scale, in place, and records whether any is inf or NaN
   // (on any rank of the group). Once per step: a second call before update() throws std::logic_error.
   void unscale_(Optimizer& optimizer);
+  // The same for gradients that no optim::Optimizer holds (ZeRO's shards): divides each of `gradients`
+  // (float32) in place.
+  void unscale_(const std::vector<Tensor>& gradients);
   // optimizer.step() unless the unscaled gradients were not finite (unscale_ first if it was not called).
   // Returns whether the optimizer stepped.
   bool step(Optimizer& optimizer);
+  // The same for an update that is not an optim::Optimizer's: runs `update` unless the gradients
+  // unscale_ saw were not finite (unscale_ must have been called); returns whether it ran.
+  bool step(const std::function<void()>& update);
   // The scale for the next step: backed off after a skipped step, grown after growth_interval clean ones.
   void update();
 

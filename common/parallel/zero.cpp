@@ -5,6 +5,7 @@
 #include "common/parallel/zero.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
@@ -30,42 +31,78 @@ FlatLayout make_layout(nn::Module& model, const std::vector<Tensor>& params, int
   return FlatLayout(params, shards, wrapped_units(model, params, o.unit_policy ? o.unit_policy : default_unit_policy).units);
 }
 
+optim::GradScalerOptions scaler_options(const ZeroOptions& o) {
+  optim::GradScalerOptions scaler;
+  scaler.init_scale = o.init_scale;
+  scaler.enabled = o.precision == DType::float16;
+  return scaler;
+}
+
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroOptions options)
     : group_(group),
       options_(options),
       params_(model.parameters()),
-      layout_(make_layout(model, params_, group.size(), options)) {
+      layout_(make_layout(model, params_, group.size(), options)),
+      scaler_(scaler_options(options), &group) {
   if (params_.empty()) throw std::invalid_argument("ZeroOptimizer: the model has no parameters");
   const Device device = params_.front().device();
+  const DType working = options_.precision;
 
-  // The parameters move into one flat buffer; the model's tensors become views into it.
+  // The parameters move into one flat buffer, rank 0's values broadcast (every rank starts from them,
+  // as DDP). In mixed precision that float32 buffer holds the masters (at stage 0 all of them, above
+  // it this rank's part is kept), and the model computes with their 16-bit roundings.
+  Tensor whole;
   {
-    MemoryCategoryScope scope(MemoryCategory::parameters);
-    flat_params_ = Tensor::zeros({layout_.padded()}, device);
+    MemoryCategoryScope scope(!mixed() ? MemoryCategory::parameters
+                              : options_.stage == 0 ? MemoryCategory::optimizer_state : MemoryCategory::communication);
+    whole = Tensor::zeros({layout_.padded()}, device);
   }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    whole.view(static_cast<std::size_t>(layout_.offset_of(i)), params_[i].shape()).copy_from(params_[i]);
+  group_.broadcast(whole, 0);
+  if (!mixed()) {
+    flat_params_ = whole;
+  } else {
+    {
+      MemoryCategoryScope scope(MemoryCategory::parameters);
+      flat_params_ = Tensor::zeros({layout_.padded()}, device, working);
+    }
+    flat_params_.copy_from(whole);
+    if (options_.stage == 0) {
+      master_ = whole;
+    } else {
+      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+      master_ = Tensor::empty({layout_.shard()}, device);
+      for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+        const FlatUnit& unit = layout_.units()[u];
+        master_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
+            .copy_from(part_of(whole.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u));
+      }
+    }
+  }
+  whole = Tensor();
+  // The model's tensors become views into the flat buffer (of the working type).
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
-    const auto offset = static_cast<std::size_t>(layout_.offset_of(i));
-    flat_params_.view(offset, p.shape()).copy_from(p);
     p.impl()->storage = flat_params_.impl()->storage;
-    p.impl()->offset = flat_params_.impl()->offset + offset;
+    p.impl()->offset = flat_params_.impl()->offset + static_cast<std::size_t>(layout_.offset_of(i));
+    p.impl()->dtype = working;
     weight_decay_.push_back(p.shape().size() >= 2 ? options_.weight_decay : 0.0f);
   }
-  group_.broadcast(flat_params_, 0);  // every rank starts from rank 0's values, as DDP
   if (options_.stage == 3) shard_parameters(model);
 
   if (options_.stage <= 1) {
     MemoryCategoryScope scope(MemoryCategory::gradients);
-    flat_grads_ = Tensor::zeros({layout_.padded()}, device);
+    flat_grads_ = Tensor::zeros({layout_.padded()}, device, working);
     for (std::size_t i = 0; i < params_.size(); ++i)
       params_[i].set_grad(flat_grads_.view(static_cast<std::size_t>(layout_.offset_of(i)), params_[i].shape()));
   }
   if (options_.stage >= 1) {
     // Stage 1: the reduce-scatter's output, a communication buffer. Stage 2: the only gradient kept.
     MemoryCategoryScope scope(options_.stage == 1 ? MemoryCategory::communication : MemoryCategory::gradients);
-    grad_shard_ = Tensor::zeros({layout_.shard()}, device);
+    grad_shard_ = Tensor::zeros({layout_.shard()}, device, working);
   }
   {
     MemoryCategoryScope scope(MemoryCategory::optimizer_state);
@@ -131,9 +168,18 @@ void ZeroOptimizer::reduce_gradients() {
 
 double ZeroOptimizer::apply() {
   autograd::NoGradGuard no_grad;
-  const double norm = clip();
-  update();
-  gather_parameters();
+  const Tensor grads = update_gradients();
+  double norm = std::numeric_limits<double>::infinity();
+  scaler_.unscale_(std::vector<Tensor>{grads});  // float16: the loss scale undone, overflow agreed by all
+  const bool stepped = scaler_.step([&] {
+    norm = clip(grads);
+    update(grads);
+  });
+  scaler_.update();
+  if (stepped) {
+    if (mixed()) round_parameters();
+    gather_parameters();
+  }
   // Stage 3: every gathered copy is stale now; the next forward gathers the updated shards.
   for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);
   bytes_last_step_ = group_.bytes_sent() - bytes_at_last_step_;
@@ -143,34 +189,57 @@ double ZeroOptimizer::apply() {
   return norm;
 }
 
+// The gradients the update reads, in float32: the held ones themselves, or in mixed precision a
+// float32 copy of the 16-bit ones (a transient buffer of this rank's part, as DeepSpeed's).
+Tensor ZeroOptimizer::update_gradients() {
+  const Tensor& held = options_.stage == 0 ? flat_grads_ : grad_shard_;
+  if (!mixed()) return held;
+  MemoryCategoryScope scope(MemoryCategory::communication);
+  return held.to(DType::float32);
+}
+
 // optim::clip_grad_norm_ over the whole model's averaged gradient, from the shards: each rank sums the
 // squares of what it holds and the sums are added over the group (at stage 0 every rank holds it all).
-double ZeroOptimizer::clip() {
+double ZeroOptimizer::clip(const Tensor& grads) {
   if (options_.max_grad_norm <= 0) return 0;
-  const Tensor& held = options_.stage == 0 ? flat_grads_ : grad_shard_;
   std::vector<comm::Communicator*> groups;
   if (options_.stage > 0) groups.push_back(&group_);
-  return optim::clip_grad_norm_({held}, {held}, options_.max_grad_norm, groups);
+  return optim::clip_grad_norm_({grads}, {grads}, options_.max_grad_norm, groups);
 }
 
 // AdamW on the pieces of parameters this rank owns: every element is updated by exactly one rank (all
-// of them at stage 0) with the same arithmetic as optim::Adam.
-void ZeroOptimizer::update() {
+// of them at stage 0) with the same arithmetic as optim::Adam; in mixed precision on the masters.
+void ZeroOptimizer::update(const Tensor& grads) {
   ++steps_;
   AdamParams a{options_.lr, options_.beta1, options_.beta2, options_.eps, 0.0f, true,
                static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), steps_)),
                static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), steps_))};
   const int me = options_.stage == 0 ? 0 : group_.rank();
-  const Tensor& grads = options_.stage == 0 ? flat_grads_ : grad_shard_;
   Kernels& k = kernels(grads.device());
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
     for (const FlatSegment& s : layout_.segments(u, me)) {
       const std::int64_t flat = unit.offset + me * unit.part + s.part_offset, shard = unit.shard_offset + s.part_offset;
       a.weight_decay = weight_decay_[s.param];
-      float* param = options_.stage == 3 ? param_shard_.data() + shard : flat_params_.data() + flat;
+      float* param = mixed() ? master_.data() + shard
+                     : options_.stage == 3 ? param_shard_.data() + shard
+                                           : flat_params_.data() + flat;
       k.adam_step(param, grads.data() + shard, exp_avg_.data() + shard,
                   exp_avg_sq_.data() + shard, static_cast<std::size_t>(s.length), a);
+    }
+  }
+}
+
+void ZeroOptimizer::round_parameters() {
+  if (options_.stage == 0) {
+    flat_params_.copy_from(master_);
+  } else if (options_.stage == 3) {
+    param_shard_.copy_from(master_);
+  } else {
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+      const FlatUnit& unit = layout_.units()[u];
+      part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u)
+          .copy_from(master_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part)));
     }
   }
 }

@@ -1,5 +1,6 @@
 // Sharded data parallelism: ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
-// Trillion Parameter Models", SC 2020), stages 0 to 3, with AdamW in float32.
+// Trillion Parameter Models", SC 2020), stages 0 to 3, with AdamW in float32 (on float32 masters of
+// 16-bit parameters in mixed precision, below).
 //
 // Every rank holds a whole model and computes on its share of the batch, as in DDP; what changes is
 // who keeps which model state. With Ψ parameters and N ranks, per rank (float32: 4 bytes each for the
@@ -33,6 +34,18 @@
 // Parameters live in flat buffers (flat_parameter.h), padded so that any size shards at any world size.
 // Gradient clipping works on the shards: each rank sums the squares of its part and the sums are
 // all-reduced, which gives the same norm as stage 0's.
+//
+// Mixed precision (Micikevicius et al. 2018, as the ZeRO paper counts it: K = 12): with a 16-bit
+// `precision` the model's parameters and gradients are bfloat16 or float16 (2 + 2 bytes), reduced and
+// gathered in 16 bits, and the optimizer keeps float32 master weights beside Adam's two moments (4 + 8
+// bytes), sharded as the stage says:
+//   stage 0  params 2Ψ    grads 2Ψ    masters and Adam 12Ψ     16Ψ
+//   stage 1  params 2Ψ    grads 2Ψ    masters and Adam 12Ψ/N   4Ψ + 12Ψ/N
+//   stage 2  params 2Ψ    grads 2Ψ/N  masters and Adam 12Ψ/N   2Ψ + 14Ψ/N
+//   stage 3  params 2Ψ/N  grads 2Ψ/N  masters and Adam 12Ψ/N   16Ψ/N
+// The update widens this rank's gradients to float32 (float16's loss scale undone, optim::GradScaler,
+// a step with an inf or NaN anywhere skipped by every rank), clips, steps the masters with AdamW and
+// rounds them into the 16-bit parameters, which are then all-gathered: half the bytes of float32.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -42,7 +55,9 @@
 #include <vector>
 
 #include "common/comm/communicator.h"
+#include "common/core/dtype.h"
 #include "common/nn/module.h"
+#include "common/optim/grad_scaler.h"
 #include "common/parallel/flat_parameter.h"
 
 namespace course::parallel {
@@ -67,6 +82,9 @@ struct ZeroOptions {
   // forward, the previous during backward): FSDP's forward_prefetch and backward_prefetch=BACKWARD_PRE.
   // Two units' parameters are then held at once instead of one.
   bool prefetch = false;
+  // The parameters' and gradients' type: float32, or bfloat16 / float16 over float32 masters (above).
+  DType precision = DType::float32;
+  float init_scale = 65536.0f;  // float16's initial loss scale (GradScaler's 2^16)
 };
 
 
@@ -81,17 +99,27 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
+  // The loss to call backward on: times float16's loss scale (unchanged in float32 and bfloat16).
+  Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
+  // float16's loss scaler: its scale, and the steps it skipped because a gradient overflowed.
+  const optim::GradScaler& scaler() const { return scaler_; }
+  optim::GradScalerState scaler_state() const { return scaler_.state(); }
+  void load_scaler_state(const optim::GradScalerState& state) { scaler_.load_state(state); }
+  DType precision() const { return options_.precision; }
+
   // After backward on this rank's share (the loss a mean over it): average the gradients over the
   // group, clip, update, and leave every rank with the same new parameters. Returns the gradient norm
   // before clipping (0 when clipping is off). The same as reduce_gradients() then apply().
   double step();
   // The step's two halves. reduce_gradients: the average over the group (stage 0 all-reduces, stages
   // 1-3 reduce-scatter, each rank keeping its part). apply: clip, update this rank's part with its part
-  // of Adam's state, all-gather the parameters (stages 1 and 2); returns the norm before clipping.
+  // of Adam's state, all-gather the parameters (stages 1 and 2); returns the norm before clipping
+  // (infinity for a float16 step skipped because its gradients overflowed).
   void reduce_gradients();
   double apply();
   // Between the two: the averaged gradient of every parameter in registration order, gathered from
-  // the ranks' parts at stages 1-3 (collective), for the lock-step check.
+  // the ranks' parts at stages 1-3 (collective), for the lock-step check: widened to float32 and
+  // unscaled as the update will use it.
   std::vector<float> full_gradients();
   // Adam's two moments of every parameter in registration order, gathered the same way (collective):
   // what a lock-step reference starts from after a resume.
@@ -104,10 +132,12 @@ class ZeroOptimizer {
   long steps_taken() const { return steps_; }
 
   // Every parameter's values in registration order (parameters_to_host), gathered at stage 3: for
-  // verification and for writing one ordinary checkpoint.
+  // verification and for writing one ordinary checkpoint. In mixed precision, the float32 masters (the
+  // model's 16-bit parameters are their roundings).
   std::vector<float> full_parameters();
 
-  // This rank's part of the training state, for a sharded checkpoint: "param", "exp_avg" and
+  // This rank's part of the training state, for a sharded checkpoint: "param" (the float32 masters in
+  // mixed precision), "exp_avg" and
   // "exp_avg_sq", each [layout().shard()], rank r's part of every unit (stage 3 holds no more; stages 1
   // and 2 hold the whole parameters but save their part). At stage 0 nothing is sharded: rank 0's holds
   // the whole [padded] buffers and the other ranks' nothing.
@@ -130,8 +160,11 @@ class ZeroOptimizer {
   void complete_unit(std::size_t unit);
   void complete_finished_units(bool all);
   void finish_reductions();
-  double clip();
-  void update();
+  bool mixed() const { return options_.precision != DType::float32; }
+  Tensor update_gradients();        // the held gradients in float32: themselves, or widened (mixed)
+  double clip(const Tensor& grads);
+  void update(const Tensor& grads);
+  void round_parameters();          // mixed: the masters rounded into the 16-bit parameters this rank updates
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
   // Every parameter's values in registration order from a buffer laid out as the flat units: [padded]
@@ -149,11 +182,14 @@ class ZeroOptimizer {
   ZeroOptions options_;
   std::vector<Tensor> params_;
   FlatLayout layout_;
+  // Of the parameters' type (precision), as the gradients below:
   Tensor flat_params_;            // [padded], the model's parameters are views into it
   Tensor flat_grads_;             // stages 0 and 1: [padded], the parameters' .grad are views into it
   Tensor grad_shard_;             // stages 1 and 2: [shard], this rank's part of every unit's average
   Tensor exp_avg_, exp_avg_sq_;   // [padded] at stage 0, [shard] above
   Tensor param_shard_;            // stage 3: [shard], this rank's part of every unit's parameters
+  Tensor master_;                 // mixed: float32 masters, [padded] at stage 0, [shard] above
+  optim::GradScaler scaler_;      // float16's loss scale (disabled otherwise)
   std::vector<std::shared_ptr<Storage>> unit_storage_;  // stage 3: each unit's gathered parameters
   std::vector<comm::WorkHandle> gathering_;              // stage 3: each unit's all-gather in flight
   std::size_t root_unit_ = 0;     // stage 3: the parameters no wrapped module owns

@@ -1,6 +1,7 @@
 // Saving and resuming a ZeRO run.
 #include "common/parallel/zero_checkpoint.h"
 
+#include "common/checkpoint/training_state.h"
 #include "common/core/errors.h"
 #include "common/core/log.h"
 
@@ -24,6 +25,7 @@ std::size_t save_zero_checkpoint(const checkpoint::ShardedFolder& folder, comm::
                                  const checkpoint::Metadata& settings, const checkpoint::WriteProgress& progress) {
   checkpoint::Metadata metadata = settings;
   metadata["optimizer_step"] = std::to_string(zero.steps_taken());
+  checkpoint::put_loss_scale(metadata, zero.scaler_state());  // fp16: decides which of the next steps skip
   metadata["world_size"] = std::to_string(group.size());
   return folder.save(group, step, zero.layout().shards(), zero.state_shard(), metadata,
                      describe_layout(zero.layout(), model), progress);
@@ -48,8 +50,15 @@ std::int64_t resume_zero_checkpoint(const checkpoint::ShardedFolder& folder, com
           throw UsageError("--" + flag + ": " + value + " differs from the checkpoint's " + theirs + " (" +
                            folder.step_dir(step) + ")");
       }
+      const auto scaler = checkpoint::loss_scale_of(folder.step_dir(step), saved);
+      const long optimizer_step = std::stol(saved.at("optimizer_step"));
+      if (optimizer_step + scaler.skipped != step)  // the optimizer stepped at every step fp16 did not skip
+        throw checkpoint::CheckpointError(folder.step_dir(step) + ": optimizer_step " + saved.at("optimizer_step") +
+                                          " and " + std::to_string(scaler.skipped) + " skipped steps do not add up to step " +
+                                          std::to_string(step));
       loaded = folder.load_shard(group, step);  // every rank throws alike when any shard is damaged
-      zero.load_state_shard(loaded.tensors, std::stol(saved.at("optimizer_step")));
+      zero.load_state_shard(loaded.tensors, optimizer_step);
+      zero.load_scaler_state(scaler);
       return step;
     } catch (const checkpoint::CheckpointError& e) {  // damaged: the next older one, as chapter 06 does
       log("rejected %s%s\n", e.what(), step == steps.back() ? "" : "; trying an older one");

@@ -19,12 +19,12 @@ void ZeroOptimizer::on_gradient_ready(std::size_t i) {
   Tensor& p = params_[i];
   if (!pending.buffer.defined()) {
     MemoryCategoryScope scope(MemoryCategory::communication);
-    pending.buffer = Tensor::zeros({unit.padded}, p.device());
+    pending.buffer = Tensor::zeros({unit.padded}, p.device(), p.dtype());
     pending.missing = unit.params.size();
   }
-  Tensor grad = p.grad();
-  kernels(p.device()).copy(pending.buffer.data() + (layout_.offset_of(i) - unit.offset), grad.data(),
-                           static_cast<std::size_t>(grad.numel()));
+  const Tensor grad = p.grad();
+  pending.buffer.flat_view(static_cast<std::size_t>(layout_.offset_of(i) - unit.offset), static_cast<std::size_t>(grad.numel()))
+      .copy_from(grad);
   p.set_grad(Tensor());  // freed now: the whole model's gradients never exist at once
   if (--pending.missing == 0) {
     reduce_unit_async(u);
@@ -35,7 +35,7 @@ void ZeroOptimizer::on_gradient_ready(std::size_t i) {
 void ZeroOptimizer::reduce_unit_async(std::size_t u) {
   PendingUnit& pending = pending_[u];
   MemoryCategoryScope scope(MemoryCategory::communication);
-  pending.reduced = Tensor::empty({layout_.units()[u].part}, pending.buffer.device());
+  pending.reduced = Tensor::empty({layout_.units()[u].part}, pending.buffer.device(), pending.buffer.dtype());
   pending.work = group_.reduce_scatter_async(pending.buffer, pending.reduced, comm::ReduceOp::average);
   count_ring(comm::OpKind::reduce_scatter, pending.buffer.nbytes());
   in_flight_.push_back(u);
@@ -55,9 +55,7 @@ void ZeroOptimizer::complete_unit(std::size_t u) {
   pending.work->wait();
   Tensor mine = grad_shard_.flat_view(static_cast<std::size_t>(layout_.units()[u].shard_offset),
                                       static_cast<std::size_t>(layout_.units()[u].part));
-  kernels(mine.device()).binary(BinaryOp::add, mine.data(), static_cast<std::size_t>(mine.numel()),
-                                pending.reduced.data(), static_cast<std::size_t>(mine.numel()), mine.data(),
-                                static_cast<std::size_t>(mine.numel()));
+  mine.add_(pending.reduced);  // 16-bit shards: added in float32, rounded once
   pending = PendingUnit{};
   for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it)
     if (*it == u) {

@@ -65,7 +65,7 @@ void ZeroOptimizer::shard_parameters(nn::Module& model) {
   const Device device = flat_params_.device();
   {
     MemoryCategoryScope scope(MemoryCategory::parameters);
-    param_shard_ = Tensor::empty({layout_.shard()}, device);
+    param_shard_ = Tensor::empty({layout_.shard()}, device, flat_params_.dtype());
   }
   const auto& units = layout_.units();
   root_unit_ = units.size();
@@ -74,8 +74,8 @@ void ZeroOptimizer::shard_parameters(nn::Module& model) {
     param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
         .copy_from(flat_params_.flat_view(static_cast<std::size_t>(unit.offset + group_.rank() * unit.part),
                                           static_cast<std::size_t>(unit.part)));
-    unit_storage_.push_back(std::make_shared<Storage>(device, static_cast<std::size_t>(unit.padded) * sizeof(float),
-                                                      MemoryCategory::communication));
+    unit_storage_.push_back(std::make_shared<Storage>(
+        device, static_cast<std::size_t>(unit.padded) * flat_params_.element_size(), MemoryCategory::communication));
     unit_storage_.back()->release();
     for (std::size_t i : unit.params) {
       params_[i].impl()->storage = unit_storage_.back();
@@ -126,6 +126,7 @@ void ZeroOptimizer::start_gather(std::size_t u) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = unit_storage_[u];
   impl->shape = {unit.padded};
+  impl->dtype = param_shard_.dtype();
   Tensor whole(impl);
   Tensor mine = param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
   if (group_.size() == 1) whole.copy_from(mine);

@@ -33,7 +33,7 @@ std::vector<float> ZeroOptimizer::gather_flat(const Tensor& buffer) {
     for (std::size_t u = 0; u < layout_.units().size(); ++u) {
       const FlatUnit& unit = layout_.units()[u];
       const Tensor mine = buffer.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
-      Tensor gathered = Tensor::empty({unit.padded}, buffer.device());
+      Tensor gathered = Tensor::empty({unit.padded}, buffer.device(), buffer.dtype());
       if (group_.size() == 1) gathered.copy_from(mine);
       else group_.all_gather(mine, gathered);
       const auto values = gathered.to_host();
@@ -49,7 +49,12 @@ std::vector<float> ZeroOptimizer::gather_flat(const Tensor& buffer) {
 }
 
 std::vector<float> ZeroOptimizer::full_gradients() {
-  return gather_flat(options_.stage == 0 ? flat_grads_ : grad_shard_);  // the averages
+  std::vector<float> averages = gather_flat(options_.stage == 0 ? flat_grads_ : grad_shard_);
+  if (scaler_.is_enabled()) {  // float16: unscaled as unscale_ will (the scale a power of two: exact)
+    const float inverse = 1.0f / scaler_.get_scale();
+    for (float& g : averages) g *= inverse;
+  }
+  return averages;
 }
 
 ZeroOptimizer::FullState ZeroOptimizer::full_optimizer_state() {
@@ -57,6 +62,7 @@ ZeroOptimizer::FullState ZeroOptimizer::full_optimizer_state() {
 }
 
 std::vector<float> ZeroOptimizer::full_parameters() {
+  if (mixed()) return gather_flat(master_);
   const Uncounted inspection(*this);
   // Unit by unit, each released again before the next is gathered: no more memory than a forward holds.
   std::vector<std::size_t> offset(params_.size(), 0);
@@ -78,10 +84,13 @@ std::vector<float> ZeroOptimizer::full_parameters() {
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_shard() const {
   if (options_.stage == 0) {
     if (group_.rank() != 0) return {};
-    return {{"param", flat_params_.clone()}, {"exp_avg", exp_avg_.clone()}, {"exp_avg_sq", exp_avg_sq_.clone()}};
+    return {{"param", (mixed() ? master_ : flat_params_).clone()}, {"exp_avg", exp_avg_.clone()},
+            {"exp_avg_sq", exp_avg_sq_.clone()}};
   }
   Tensor param;
-  if (options_.stage == 3) {
+  if (mixed()) {
+    param = master_.clone();
+  } else if (options_.stage == 3) {
     param = param_shard_.clone();
   } else {
     param = Tensor::empty({layout_.shard()}, flat_params_.device());
@@ -114,7 +123,17 @@ void ZeroOptimizer::load_state_shard(const std::vector<std::pair<std::string, Te
     exp_avg_sq_.copy_from(find("exp_avg_sq"));
   }
   const Tensor* param = holds ? &find("param") : nullptr;
-  if (options_.stage == 0) {
+  if (mixed()) {  // the masters, and the 16-bit parameters rounded from them
+    if (param) master_.copy_from(*param);
+    if (options_.stage == 0) {
+      group_.broadcast(master_, 0);
+      group_.broadcast(exp_avg_, 0);
+      group_.broadcast(exp_avg_sq_, 0);
+    }
+    round_parameters();
+    gather_parameters();
+    for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);
+  } else if (options_.stage == 0) {
     if (param) flat_params_.copy_from(*param);
     group_.broadcast(flat_params_, 0);
     group_.broadcast(exp_avg_, 0);

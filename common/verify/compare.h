@@ -23,20 +23,26 @@
 #include <limits>
 #include <vector>
 
+#include "common/core/dtype.h"
+
 namespace course::verify {
 
-// How a format rounds: the relative error of one rounding to nearest (the unit roundoff u), and the
+// How a format rounds: the relative error of one rounding to nearest (the unit roundoff u), the
 // absolute error of one rounding in the subnormal range (half the smallest subnormal), which a
-// relative bound does not cover.
+// relative bound does not cover, and the largest finite value (a sum reaching it may overflow).
 struct Rounding {
-  double unit_roundoff, subnormal;
+  double unit_roundoff, subnormal, largest;
 };
-constexpr Rounding kFloat32Rounding{0x1p-24, 0x1p-150};
-// The 16-bit formats of chapter 05's compression hooks: fp16 has 11 significant bits and subnormals
-// from 2^-24; bf16 has 8 significant bits and float32's exponent range.
-constexpr Rounding kFloat16Rounding{0x1p-11, 0x1p-25};
-constexpr Rounding kBfloat16Rounding{0x1p-8, 0x1p-134};
+constexpr Rounding kFloat32Rounding{0x1p-24, 0x1p-150, 0x1.fffffep127};
+// The 16-bit formats (mixed precision, chapter 05's compression hooks): fp16 has 11 significant bits,
+// subnormals from 2^-24 and 65504 its largest value; bf16 has 8 significant bits and float32's range.
+constexpr Rounding kFloat16Rounding{0x1p-11, 0x1p-25, 65504.0};
+constexpr Rounding kBfloat16Rounding{0x1p-8, 0x1p-134, 0x1.fep127};
 constexpr double kUnitRoundoff = kFloat32Rounding.unit_roundoff;
+// The rounding of a tensor type (common/core/dtype.h).
+constexpr Rounding rounding_of(DType dtype) {
+  return dtype == DType::float16 ? kFloat16Rounding : dtype == DType::bfloat16 ? kBfloat16Rounding : kFloat32Rounding;
+}
 
 // gamma(n) = n u / (1 - n u); infinite when n u >= 1 (no bound).
 double gamma(std::int64_t n, double unit_roundoff = kUnitRoundoff);

@@ -35,13 +35,19 @@ std::string text(const char* format, auto... values) {
   return buffer;
 }
 
-// Every value moved by one unit in the last place, up or down as a hash of its index and the step
-// says: a perturbation of every term of the computation by one rounding.
-std::vector<float> nudged(std::vector<float> values, std::int64_t step) {
+// Every value moved by one unit in the last place of the format the run computes in, up or down as a
+// hash of its index and the step says: a perturbation of every term of the computation by one rounding.
+// In float32 the next float; in a 16-bit format (mixed precision: the forward sees the parameters'
+// 16-bit roundings) a relative step of 2u, one 16-bit unit in the last place.
+std::vector<float> nudged(std::vector<float> values, std::int64_t step, Rounding rounding) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     std::uint64_t h = static_cast<std::uint64_t>(i) * 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(step + 1) * 0xbf58476d1ce4e5b9ull;
     h = (h ^ (h >> 31)) * 0x94d049bb133111ebull;
-    values[i] = std::nextafter(values[i], (h >> 63) != 0 ? INFINITY : -INFINITY);
+    const bool up = (h >> 63) != 0;
+    if (rounding.unit_roundoff <= kUnitRoundoff)
+      values[i] = std::nextafter(values[i], up ? INFINITY : -INFINITY);
+    else
+      values[i] *= static_cast<float>(1.0 + (up ? 2.0 : -2.0) * rounding.unit_roundoff);
   }
   return values;
 }
@@ -151,17 +157,28 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
   if (!gather_step(all, run_gradient)) return;
   const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
-  if (!finite(run_gradient.begin(), run_gradient.end())) {
-    if (finite(all.begin(), all.begin() + static_cast<long>(count)))
-      record(step, "the run's gradient is not finite (inf or NaN); the single-rank reference's is");
-    skipping_ = true;
-    ++summary_.skipped_steps;
-    return;
-  }
   // The run: R parts, R - 1 additions and the scaling (in 16 bits, each part's conversion too). The
   // reference: its float32 sum over the ranks, one rounding per rank and one for the result.
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
   const auto run_roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
+  if (!finite(run_gradient.begin(), run_gradient.end())) {
+    if (finite(all.begin(), all.begin() + static_cast<long>(count))) {
+      // Legitimate only where the run's own sums could overflow: no partial sum of the run exceeds the
+      // sum of its parts' magnitudes (the reference's magnitude is that over the whole step, times
+      // `scale`), times the loss scale, grown by the sums' roundings.
+      const double reach = loss_scale_ / scale * (1 + gamma(run_roundings, rounding_.unit_roundoff));
+      for (std::size_t i = 0; i < count; ++i)
+        if (!std::isfinite(run_gradient[i]) && !(all[count + i] * reach >= rounding_.largest)) {
+          record(step, text("the run's gradient of %s is not finite (%g); the single-rank reference's is %.9g, and no "
+                            "sum of its parts can reach %g",
+                            locate(*reference_, i).c_str(), run_gradient[i], all[i], rounding_.largest));
+          break;
+        }
+    }
+    skipping_ = true;
+    ++summary_.skipped_steps;
+    return;
+  }
   const auto reference_roundings = static_cast<std::int64_t>(ranks()) + 1;
   // summation_bound(m, r) = gamma(r) m + r x subnormal: its factors once, not per element.
   const double per_magnitude = gamma(run_roundings, rounding_.unit_roundoff) + gamma(reference_roundings);
@@ -200,7 +217,7 @@ void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_
     std::vector<float> exact;
     if (reversed) {  // the noise floor's pass: every parameter one rounding away, up or down
       exact = reference_->parameters_to_host();
-      reference_->load_parameters_from_host(nudged(exact, step));
+      reference_->load_parameters_from_host(nudged(exact, step, rounding_));
     }
     reference_->zero_grad();
     all[2 * count + (reversed ? 1 : 0)] = piece(*reference_, reversed);
@@ -209,6 +226,14 @@ void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_
     if (!exact.empty()) reference_->load_parameters_from_host(exact);
   }
   if (!gather_step(all, run_gradient)) return;
+  const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
+  if (!finite(run_gradient.begin(), run_gradient.end())) {  // fp16's overflow: both must skip
+    if (finite(all.begin(), all.begin() + static_cast<long>(count)))
+      record(step, "the run's gradient is not finite (inf or NaN); the unsharded reference's is");
+    skipping_ = true;
+    ++summary_.skipped_steps;
+    return;
+  }
   // Per tensor: the floor (in order against nudged and reversed), the largest gradient, the run's difference.
   const auto named = reference_->named_parameters();
   std::vector<double> floors, largest, diffs;

@@ -80,6 +80,11 @@ class Lockstep {
   // The format the run adds its parts in: float32 (the default), or a 16-bit format when a compression
   // hook sums the gradients in 16 bits. The bound of check_parts grows with its unit roundoff.
   void set_rounding(Rounding rounding) { rounding_ = rounding; }
+  // The factor the run's parts carried when it added them (fp16's loss scale, undone after the sum; 1
+  // by default). In 16 bits a sum of finite parts can overflow: a run whose gradient is not finite where
+  // the reference's is passes (both skip the step) only if its parts, so scaled, reach the format's
+  // largest value.
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
 
   // Step `step` begins: `run_parameters` are the run's whole parameters in the reference's order (read
   // on rank 0). They must be what the reference predicted; every rank's reference copy takes them.
@@ -88,8 +93,9 @@ class Lockstep {
   // The run's gradient (whole, before clipping; read on rank 0) and loss are scale x the sum of `parts`
   // parts. Rank r computes the parts r, r + size, r + 2 size, ... Collective. A run in float16 whose
   // gradient is not finite skips its update (its loss scale overflowed, optim::GradScaler): the
-  // reference, computing the same parts with the same scale, must overflow too, and then predicts no
-  // update (check_update repeats none).
+  // reference, computing the same parts with the same scale, must overflow too (or its parts reach
+  // the run's 16-bit format's largest value, set_loss_scale), and then predicts no update (check_update
+  // repeats none).
   void check_parts(std::int64_t step, const std::vector<float>& run_gradient, float run_loss, std::size_t parts,
                    double scale, const PartFunction& part);
 
@@ -131,6 +137,7 @@ class Lockstep {
   comm::Communicator* group_;
   double max_norm_;
   Rounding rounding_ = kFloat32Rounding;
+  double loss_scale_ = 1.0;
   std::vector<float> run_gradient_;  // rank 0: the gradient of the step being checked
   std::vector<double> sum_, magnitude_;  // check_parts' buffers, kept from step to step
   std::vector<float> all_;
