@@ -10,6 +10,7 @@
 #include "common/comm/faults.h"                    // --fault skip-tp-all-reduce
 #include "common/core/errors.h"
 #include "common/core/memory.h"                    // peak activations
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/distributed_sampler.h"   // share_of: each DP replica's share of it
 #include "common/parallel/tensor_parallel_mlp.h"
@@ -92,7 +93,7 @@ std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int6
 
 parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, parallel::Topology& topology,
                                   const std::vector<std::vector<std::int64_t>>& parts, const std::string& schedule,
-                                  Device device) {
+                                  const optim::Recipe& training, Device device) {
   std::vector<Tensor> ids, targets;
   for (const auto& part : parts) {
     auto b = task.addition->batch(part, device);
@@ -101,13 +102,15 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
   }
   const int p = topology.pp_size();
   const parallel::PipelineLinks links{topology.pp_group(), topology.previous_stage(), topology.next_stage()};
+  Autocast autocast(training.precision());  // backward runs outside it
   return parallel::run_pipeline(*run.stage, links,
                                 parallel::make_schedule(schedule, p, static_cast<int>(parts.size())), ids, targets,
-                                data::AdditionTask::kIgnore, run.ddp.get());
+                                data::AdditionTask::kIgnore, run.ddp.get(), training.scaler().get_scale());
 }
 
 parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
-                                  const std::vector<std::vector<std::int64_t>>& parts, Device device) {
+                                  const std::vector<std::vector<std::int64_t>>& parts, const optim::Recipe& training,
+                                  Device device) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
@@ -129,15 +132,19 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
   parallel::PipelineStep step;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const double begin = since();
-    Tensor loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids), batches[i].targets, data::AdditionTask::kIgnore)
-                                : task.task.loss(*run.model, parts[i]);
-    loss = scale(loss, static_cast<float>(weight[i]));
+    Tensor loss;
+    {
+      Autocast autocast(training.precision());  // fp32: off
+      loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids), batches[i].targets, data::AdditionTask::kIgnore)
+                           : task.task.loss(*run.model, parts[i]);
+      loss = scale(loss, static_cast<float>(weight[i]));
+    }
     step.loss += loss.item();
     const double middle = since();
     step.timeline.push_back({{parallel::PipeOp::forward, static_cast<int>(i)}, begin, middle});
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> accumulate_only;
     if (run.ddp && i + 1 < parts.size()) accumulate_only.emplace(*run.ddp);
-    loss.backward();
+    training.scale_loss(loss).backward();
     step.timeline.push_back({{parallel::PipeOp::backward, static_cast<int>(i)}, middle, since()});
   }
   step.step_ms = since();

@@ -44,6 +44,7 @@ struct GridRun {
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
   double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
+  std::int64_t skipped_steps = 0;  // fp16: steps whose gradients overflowed somewhere in the grid
   verify::LockstepSummary check;  // with --verify
 };
 // This rank's part of the model, made alike on every rank from the seed: its stage's layers (all of
@@ -61,11 +62,14 @@ std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int6
 // with --pp 2 or more), or one micro-batch after the other on a model split by TP alone (accumulate).
 // Each micro-batch's loss is weighted by its share of what counts (the GPT's counted targets, the MLP's
 // samples); with DDP every backward but the last runs under no_sync, so the replicas average once.
+// Both run the forward under `training`'s autocast (bf16, fp16; off in fp32) and backward from the loss
+// times its loss scale (fp16).
 parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, parallel::Topology& topology,
                                   const std::vector<std::vector<std::int64_t>>& parts, const std::string& schedule,
-                                  Device device);
+                                  const optim::Recipe& training, Device device);
 parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
-                                  const std::vector<std::vector<std::int64_t>>& parts, Device device);
+                                  const std::vector<std::vector<std::int64_t>>& parts, const optim::Recipe& training,
+                                  Device device);
 
 // torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (counts_once). Returns the norm.
 double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);

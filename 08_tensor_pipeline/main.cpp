@@ -7,7 +7,9 @@
 // (common/parallel/topology.h) owns the TP x PP x DP grid; nothing here computes a rank. The step is
 // train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
 // step in lock-step against the unsharded model on the whole global batch: the grid's gradient, its
-// loss and its update. Below the fence: the sweep and the report.
+// loss and its update. With --precision bf16|fp16 the forward runs under autocast over float32 masters
+// (chapter 04's mixed precision), and the row-parallel sums travel in 16 bits; --verify checks float32
+// grids only (the README says why). Below the fence: the sweep and the report.
 #include "08_tensor_pipeline/grid_training.h"      // the step's parts: the model's parts, forward and backward, clipping
 #include "08_tensor_pipeline/options.h"            // the chapter's flags
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
@@ -38,8 +40,11 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
   // every micro-batch has the same size; each replica takes its share.
   data::SampleStream stream(task.task.size, o.common.seed);
-  // AdamW, warm-up and cosine decay, as GPT-2 trains (the course's adamw recipe); the clip is the grid's own.
-  optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps);
+  // AdamW, warm-up and cosine decay, as GPT-2 trains (the course's adamw recipe); the clip is the grid's
+  // own. With --precision bf16|fp16 the parameters stay float32 masters and the forward runs under
+  // autocast; fp16's loss scale is agreed over the whole grid, every rank skipping the same steps.
+  optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps, o.precision.dtype(),
+                         &topology.world(), o.precision.loss_scale);
   StepFigures figures(o.training.steps);
   for (step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
@@ -49,16 +54,18 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // 1. Forward and backward over this replica's micro-batches: through the stages by the schedule,
     //    or one after the other when TP alone splits the model. DDP averages over the DP group in the
     //    last backward.
-    const parallel::PipelineStep result = topology.pp_size() > 1 ? run_stages(run, task, topology, parts, schedule, device)
-                                                                 : accumulate(run, task, parts, device);
+    const parallel::PipelineStep result = topology.pp_size() > 1
+                                              ? run_stages(run, task, topology, parts, schedule, training, device)
+                                              : accumulate(run, task, parts, training, device);
     // 2. What the split left to add up, in Megatron-LM's finalize_model_grads order: the sequence-
     //    parallel sums over TP, then the tied table's two halves across the pipeline.
     parallel::finish_gradients(*run.model, {!o.faults.at("skip-sp-sum", step), !o.faults.at("skip-tied-exchange", step)});
     const float loss = comm::all_reduce_scalar(topology.dp_group(), result.loss, comm::ReduceOp::average);  // the replicas' mean
-    if (check) figures.apart([&] { check->check_gradient(step, loss); });
-    // 3. Clip by the whole model's norm, summed over TP and the stages, and step.
-    const double norm = o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : 0.0;
-    training.update(step);
+    training.unscale_();  // fp16: the loss scale undone before the check and the clip
+    if (check) figures.apart([&] { check->check_gradient(step, loss, training); });
+    // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
+    //    whose gradients overflowed anywhere in the grid).
+    const double norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : 0.0; });
     if (check) figures.apart([&] { check->check_update(step, norm); });
     figures.end_step(step, result);
     run.losses.push_back(loss);
@@ -68,6 +75,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     }
   }
   if (check) run.check = check->finish();
+  run.skipped_steps = training.scaler().skipped_steps();
   figures.finish(run, topology);
   return run;
 }
@@ -118,12 +126,19 @@ int run(Options o, cli::Session& session) {
   const int dp = topology.dp_size();
   const ChapterTask task = make_task(o, device);
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
+  // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
+  // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it.
+  if (o.verify && o.precision.dtype() != DType::float32)
+    throw UsageError("--verify: checks a grid in fp32 only; in " + o.precision.precision +
+                     " tensor and pipeline parallelism's roundings come within a few noise floors of a lost micro-batch "
+                     "(use --precision fp32 to verify)");
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
-  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s\n",
+  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
       task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
       static_cast<long long>(micro), topology.pp_size() > 1 ? (" (" + o.schedule + " schedule)").c_str() : "",
-      static_cast<long long>(o.training.steps), network.c_str());
+      static_cast<long long>(o.training.steps),
+      (o.precision.dtype() == DType::float32 ? "" : ", " + cli::precision_description(o.precision)).c_str(), network.c_str());
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
     return sweep(o, task, topology, device, session.metrics, network);
@@ -144,7 +159,12 @@ int run(Options o, cli::Session& session) {
   const char* unit = task.is_gpt() ? "tokens" : "samples";
   log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
       unit, run.step_ms, network.c_str());
+  if (o.precision.dtype() == DType::float16)
+    log("fp16: %lld of %lld steps skipped for gradients that overflowed (the loss scale halved at each)\n",
+        static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
   session.metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
+                         {"precision", o.precision.precision}, {"skipped_steps", run.skipped_steps},
+                         {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
                          {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
                          {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
   if (!o.trace.empty() && topology.rank() == 0)

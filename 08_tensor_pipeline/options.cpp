@@ -16,6 +16,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_distributed_options(app, o.distributed);
   cli::add_model_options(app, o.models);
   cli::add_mlp_options(app, o.mlp);
+  cli::add_precision_options(app, o.precision);
   app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
                                                           "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");

@@ -7,6 +7,7 @@
 
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"
+#include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
 #include "common/parallel/topology.h"
 
@@ -18,6 +19,7 @@ struct Options {
   cli::ModelOptions models;
   cli::TrainingOptions training;  // --steps 20, --global-batch 48, --lr 3e-3 (AdamW's peak)
   cli::MlpOptions mlp;            // the MLP: as chapter 07's, 8 hidden layers of 256
+  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16: the forward under autocast, float32 masters
   int tp = 1, pp = 1, dp = 0;
   bool sequence_parallel = false;
   int micro_batches = 4;

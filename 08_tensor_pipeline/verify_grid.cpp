@@ -11,7 +11,8 @@ namespace course::chapter08 {
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
     : o_(o), task_(task), topology_(topology), stream_(task.task.size, o.common.seed) {
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
-  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps);
+  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps,
+                                              o.precision.dtype());
   // One copy of every element: the first replica's, the TP rank's that holds it (TP rank 0 for what
   // every TP rank holds whole), the first stage's tied table.
   gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
@@ -28,7 +29,7 @@ void GridCheck::begin_step(std::int64_t step) {
   lockstep_->begin_step(step, gather_->parameters());
 }
 
-void GridCheck::check_gradient(std::int64_t step, float loss) {
+void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recipe& training) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
   const auto global = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
@@ -39,10 +40,10 @@ void GridCheck::check_gradient(std::int64_t step, float loss) {
     if (piece.empty()) return 0.0f;
     auto samples = piece;
     if (reversed) std::reverse(samples.begin(), samples.end());
-    Tensor l = scale(task_.task.loss(model, samples),
-                     static_cast<float>(samples.size()) / static_cast<float>(global.size()));
-    l.backward();
-    return l.item();
+    // In the run's precision: under its autocast, backward from the loss times its loss scale, undone.
+    return training.reference_backward(model.parameters(), [&] {
+      return scale(task_.task.loss(model, samples), static_cast<float>(samples.size()) / static_cast<float>(global.size()));
+    });
   });
 }
 

@@ -18,7 +18,9 @@ class GridCheck {
  public:
   GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology);
   void begin_step(std::int64_t step);                  // the grid's parameters: the predicted ones?
-  void check_gradient(std::int64_t step, float loss);  // after the gradient fix-ups, before clipping
+  // After the gradient fix-ups and the unscaling, before clipping; `training`: the run's recipe, whose
+  // autocast and loss scale the reference computes with.
+  void check_gradient(std::int64_t step, float loss, const optim::Recipe& training);
   void check_update(std::int64_t step, double norm);   // after the optimizer step (norm: clipping's)
   verify::LockstepSummary finish();
 

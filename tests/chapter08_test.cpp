@@ -18,17 +18,18 @@ namespace {
 
 const std::string kBinary = CHAPTER08_BINARY;
 // 4 layers of 4 heads of 32 (divisible by 1, 2 and 4 stages and TP ranks), a short run.
-const std::string kSmall = " --device cpu --n-layer 4 --n-head 4 --n-embd 32 --global-batch 48 --steps 6";
+const std::string kModel = " --device cpu --n-layer 4 --n-head 4 --n-embd 32 --global-batch 48";
+const std::string kSmall = kModel + " --steps 6";
 
 struct Outcome {
   ProcessResult process;
   std::vector<nlohmann::json> records;
 };
 
-Outcome run(const std::string& mpirun, const std::string& flags) {
+Outcome run(const std::string& mpirun, const std::string& flags, const std::string& base = kSmall) {
   const std::string metrics = temp_path("ch08.jsonl");
   Outcome r;
-  r.process = run_process(mpirun + " " + kBinary + kSmall + " " + flags + " --metrics " + metrics);
+  r.process = run_process(mpirun + " " + kBinary + base + " " + flags + " --metrics " + metrics);
   r.records = read_metrics(metrics);
   std::remove(metrics.c_str());
   return r;
@@ -221,6 +222,43 @@ TEST(Chapter08, TheDefaultsRunAtSevenRanks) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("global batch 56: the default 48 rounded up to a multiple of DP x --micro-batches (7 x 4)"),
             std::string::npos) << r.out;
+}
+
+// Mixed precision (--precision bf16|fp16): the forward under autocast over float32 masters, the
+// row-parallel sums all-reduced in 16 bits, fp16's loss scale agreed over the whole grid. Every grid
+// learns (the final loss a fifth below the first); too large a loss scale skips the same steps on every
+// rank, then training goes on. --verify refuses 16 bits: no tolerance separates their rounding from a
+// lost micro-batch in a tensor- or pipeline-parallel grid (the chapter's README).
+TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
+  for (const std::string precision : {"bf16", "fp16"})
+    for (const auto& [mpirun, grid] : std::vector<std::pair<std::string, std::string>>{
+             {MPIRUN_NP2, "--tp 2"},
+             {MPIRUN_NP2, "--tp 2 --sequence-parallel"},
+             {MPIRUN_NP2, "--pp 2"},
+             {MPIRUN_NP4, "--tp 2 --pp 2 --dp 1"},
+             {MPIRUN_NP3, "--dp 3"},
+             {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2"}}) {
+      Outcome r = run(mpirun, grid + " --precision " + precision + " --steps 20 --log-every 1", kModel);
+      ASSERT_EQ(r.process.exit_code, 0) << precision << " " << grid << "\n" << r.process.out << r.process.err;
+      auto steps = events(r.records, "step"), throughput = events(r.records, "throughput");
+      ASSERT_EQ(steps.size(), 20u) << grid;
+      ASSERT_EQ(throughput.size(), 1u) << grid;
+      EXPECT_EQ(throughput[0]["precision"].get<std::string>(), precision);
+      EXPECT_LT(steps.back()["loss"].get<double>(), 0.8 * steps.front()["loss"].get<double>())
+          << precision << " " << grid << "\n" << r.process.out;
+    }
+  Outcome overflowing = run(MPIRUN_NP4, "--tp 2 --pp 2 --precision fp16 --loss-scale 1099511627776 --steps 40", kModel);
+  ASSERT_EQ(overflowing.process.exit_code, 0) << overflowing.process.out << overflowing.process.err;
+  auto throughput = events(overflowing.records, "throughput");
+  ASSERT_EQ(throughput.size(), 1u);
+  const int skipped = throughput[0]["skipped_steps"].get<int>();
+  EXPECT_GE(skipped, 20) << overflowing.process.out;  // 2^40 halves below fp16's range in about 25 steps
+  EXPECT_LT(skipped, 40) << overflowing.process.out;
+  EXPECT_NE(overflowing.process.out.find("fp16: " + std::to_string(skipped) + " of 40 steps skipped"), std::string::npos)
+      << overflowing.process.out;
+  Outcome refused = run(MPIRUN_NP2, "--tp 2 --precision bf16 --verify");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("--verify: checks a grid in fp32 only"), std::string::npos) << refused.process.err;
 }
 
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {

@@ -50,6 +50,10 @@ void Recipe::unscale_() {
 }
 
 double Recipe::step(std::int64_t step) {
+  return this->step(step, [this] { return clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : 0.0; });
+}
+
+double Recipe::step(std::int64_t step, const std::function<double()>& clip) {
   unscale_();
   skipped_ = scaler_.found_inf();
   if (skipped_) {  // torch.amp's skipped step: no update, the scale halved; the schedule moves on
@@ -58,7 +62,7 @@ double Recipe::step(std::int64_t step) {
     scaler_.update();
     return 0.0;
   }
-  const double norm = clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : 0.0;
+  const double norm = clip();
   update(step);
   scaler_.update();
   return norm;

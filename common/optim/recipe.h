@@ -41,6 +41,9 @@ class Recipe {
   // gradients' norm before clipping (0 when the recipe does not clip). In float16 a step whose gradients
   // are not finite is skipped (the gradients cleared, the scale backed off; skipped() says so).
   double step(std::int64_t step);
+  // The same for gradients that no one rank holds whole (chapter 08's grid): `clip` clips them, however
+  // they are spread, and returns their norm; it is called only when the step is taken.
+  double step(std::int64_t step, const std::function<double()>& clip);
   bool skipped() const { return skipped_; }
   // One part of a step as the run computes it, for a lock-step reference: `loss` evaluated under the
   // recipe's autocast, backward from it times the run's loss scale, then `params`' gradients divided by

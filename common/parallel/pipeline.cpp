@@ -135,7 +135,7 @@ PipelineLinks PipelineLinks::along(comm::Communicator& group) {
 
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
-                          DistributedDataParallel* ddp) {
+                          DistributedDataParallel* ddp, float loss_scale) {
   comm::Communicator& pp = links.group;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -171,7 +171,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
       if (stage.is_first()) {
         inputs[i] = ids[i];
       } else {
-        inputs[i] = Tensor::empty(stage.activation_shape(batch, t), device);
+        inputs[i] = Tensor::empty(stage.activation_shape(batch, t), device);  // float32: the residual stream
         pp.recv(inputs[i], links.previous, tag(i, false));
         inputs[i].set_requires_grad(true);
         begin = since();
@@ -183,15 +183,16 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
         loss += outputs[i].item();
       } else {
         outputs[i] = out;
-        sends.push_back(pp.send_async(out.detach(), links.next, tag(i, false)));
+        // The residual stream, float32 (under autocast too, as in PyTorch), which the next stage expects.
+        sends.push_back(pp.send_async(out.detach().to(DType::float32), links.next, tag(i, false)));
       }
     } else {
       std::optional<DistributedDataParallel::NoSyncGuard> accumulate_only;  // the replicas average once, at the last
       if (ddp && k != last_backward) accumulate_only.emplace(*ddp);
       if (stage.is_last()) {
-        outputs[i].backward();
+        (loss_scale == 1.0f ? outputs[i] : scale(outputs[i], loss_scale)).backward();
       } else {
-        Tensor grad = Tensor::empty(outputs[i].shape(), device);
+        Tensor grad = Tensor::empty(outputs[i].shape(), device, outputs[i].dtype());
         pp.recv(grad, links.next, tag(i, true));
         begin = since();
         autograd::backward(outputs[i], grad);

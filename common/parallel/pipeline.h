@@ -95,8 +95,9 @@ struct PipelineLinks {
   static PipelineLinks along(comm::Communicator& group);
 };
 
+// `loss_scale`: backward starts from each loss times it (fp16's GradScaler; the caller unscales).
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
-                          DistributedDataParallel* ddp = nullptr);
+                          DistributedDataParallel* ddp = nullptr, float loss_scale = 1.0f);
 
 }  // namespace course::parallel

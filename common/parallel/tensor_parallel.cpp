@@ -52,7 +52,7 @@ Tensor all_gather_sequence(const Tensor& x, comm::Communicator& tp) {
   Tensor shard = sequence_first(x);
   Shape whole_shape = shard.shape();
   whole_shape[0] *= tp.size();
-  Tensor whole = Tensor::empty(whole_shape, x.device());
+  Tensor whole = Tensor::empty(whole_shape, x.device(), x.dtype());
   tp.all_gather(shard, whole);
   return batch_first(whole, x.shape());
 }
@@ -60,7 +60,7 @@ Tensor reduce_scatter_of_sequence(const Tensor& x, comm::Communicator& tp) {
   Tensor whole = sequence_first(x);
   Shape shard_shape = whole.shape();
   shard_shape[0] /= tp.size();
-  Tensor shard = Tensor::empty(shard_shape, x.device());
+  Tensor shard = Tensor::empty(shard_shape, x.device(), x.dtype());
   tp.reduce_scatter(whole, shard, comm::ReduceOp::sum);
   return batch_first(shard, x.shape());
 }
@@ -166,25 +166,26 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
         const Tensor shard = sequence_first(x);
         Shape gathered_shape = shard.shape();
         gathered_shape[0] *= tp.size();
-        Tensor gathered = Tensor::empty(gathered_shape, g.device());
+        Tensor gathered = Tensor::empty(gathered_shape, g.device(), shard.dtype());
         comm::WorkHandle gathering = tp.all_gather_async(shard, gathered);
         const std::int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() * tp.size() / in;
-        Kernels& k = kernels(g.device());
+        // In the type the forward computed in: under autocast the 16-bit copies of W and x, as linear's
+        // own backward (the engine widens dW to the parameter's type).
+        const Tensor wt = w.to(g.dtype()), dy = reshape(g, {rows, out});
         std::vector<Tensor> grads(has_bias ? 3 : 2);
-        Tensor dx = Tensor::empty(whole_shape, g.device());  // dx = dy W, then each rank's shard of the sum
-        k.gemm(false, false, rows, in, out, 1.0f, g.data(), w.data(), 0.0f, dx.data());
+        const Tensor dx = reshape(matmul(dy, wt), whole_shape);  // dx = dy W, then each rank's shard of the sum
         const Tensor dx_by_sequence = sequence_first(dx);
         Shape dx_shard_shape = dx_by_sequence.shape();
         dx_shard_shape[0] /= tp.size();
-        Tensor dx_shard = Tensor::empty(dx_shard_shape, g.device());
+        Tensor dx_shard = Tensor::empty(dx_shard_shape, g.device(), dx.dtype());
         comm::WorkHandle scattering = tp.reduce_scatter_async(dx_by_sequence, dx_shard, comm::ReduceOp::sum);
         gathering->wait();
-        const Tensor whole = batch_first(gathered, whole_shape);
-        grads[1] = Tensor::empty(w.shape(), g.device());  // dW = dy^T x
-        k.gemm(true, false, out, in, rows, 1.0f, g.data(), whole.data(), 0.0f, grads[1].data());
-        if (has_bias) {  // db = the column sums of dy
+        const Tensor whole = batch_first(gathered, whole_shape).to(g.dtype());
+        grads[1] = matmul(dy, reshape(whole, {rows, in}), true, false);  // dW = dy^T x
+        if (has_bias) {  // db = the column sums of dy, in float32
+          const Tensor wide = dy.to(DType::float32);
           grads[2] = Tensor::empty({out}, g.device());
-          k.sum_rows(g.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(out), grads[2].data());
+          kernels(g.device()).sum_rows(wide.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(out), grads[2].data());
         }
         scattering->wait();
         grads[0] = batch_first(dx_shard, x.shape());
