@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --batch-size " + std::to_string(o.batch_size) +
                           (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     if (o.model == "linear") worked_example(session.device, session.metrics);
     return train(o, session.device, session.metrics);
   });

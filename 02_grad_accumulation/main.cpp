@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --hidden " + std::to_string(o.mlp.hidden) +
                           ", --layers and --micro-batch x --accum");
     cli::Session session = cli::start_session(o.common);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return compare(o, session.device, session.metrics);
   });
 }

@@ -11,6 +11,7 @@
 #include "04_ddp/options.h"                      // the chapter's flags
 #include "common/checkpoint/parameters.h"        // --save and --init: parameters as safetensors
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
+#include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/nn/tasks.h"                     // the model, its data and its loss
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
   chapter04::add_options(app, o);
   return cli::run(app, argc, argv, [&] {
     cli::Session session = cli::start_session(o.common, o.distributed);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return train(o, session);
   });
 }

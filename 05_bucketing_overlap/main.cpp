@@ -12,6 +12,7 @@
 #include "05_bucketing_overlap/options.h"         // the chapter's flags
 #include "05_bucketing_overlap/report.h"          // the table, the metrics, the timeline
 #include "common/checkpoint/parameters.h"         // --save: the final parameters as safetensors
+#include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                   // device, topology and metrics, set up once
 #include "common/comm/environment.h"              // MPI start-up
 #include "common/comm/simulated_network.h"        // --sim-network: an alpha-beta delay per message
@@ -229,6 +230,7 @@ int main(int argc, char** argv) {
   return cli::run(app, argc, argv, [&] {
     check_options(o);
     cli::Session session = cli::start_session(o.common, o.distributed);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);
   });
 }

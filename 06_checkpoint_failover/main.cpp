@@ -12,6 +12,7 @@
 #include "06_checkpoint_failover/trainer.h"         // chapter 04's DDP step and its optimizer
 #include "common/checkpoint/folder.h"               // step_N.safetensors, `latest`, --keep
 #include "common/checkpoint/training_checkpoint.h"  // resume_training and save_training
+#include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                     // device, topology and metrics, set up once
 #include "common/comm/environment.h"                // MPI start-up
 #include "common/core/log.h"                        // rank 0 prints
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   return cli::run(app, argc, argv, [&] {
     check_options(app, o);
     cli::Session session = cli::start_session(o.common, o.distributed);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);
   });
 }

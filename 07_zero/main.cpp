@@ -21,6 +21,7 @@
 #include "common/comm/agree.h"                   // all_reduce_scalar: the ranks' mean loss
 #include "common/checkpoint/resume.h"            // prepare_checkpoint_folder
 #include "common/checkpoint/sharded.h"           // ShardedFolder: one file per rank and an index
+#include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/comm/simulated_network.h"       // --sim-network: an alpha-beta delay per message
@@ -251,6 +252,7 @@ int main(int argc, char** argv) {
   return cli::run(app, argc, argv, [&] {
     check_options(o);
     auto session = cli::start_session(o.common, o.distributed);
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);
   });
 }

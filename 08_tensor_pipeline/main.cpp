@@ -15,6 +15,7 @@
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
 #include "08_tensor_pipeline/verify_grid.h"        // --verify
 #include "common/comm/agree.h"                     // all_reduce_scalar: the replicas' mean loss
+#include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
@@ -128,10 +129,10 @@ int run(Options o, cli::Session& session) {
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
   // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
   // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it.
-  if (o.verify && o.precision.dtype() != DType::float32)
-    throw UsageError("--verify: checks a grid in fp32 only; in " + o.precision.precision +
+  if (o.verify && (o.precision.dtype() != DType::float32 || o.precision.tf32))
+    throw UsageError("--verify: checks a grid in fp32 only; in " + (o.precision.tf32 ? "TF32" : o.precision.precision) +
                      " tensor and pipeline parallelism's roundings come within a few noise floors of a lost micro-batch "
-                     "(use --precision fp32 to verify)");
+                     "(verify in fp32, without --tf32)");
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
@@ -185,6 +186,7 @@ int main(int argc, char** argv) {
   return cli::run(app, argc, argv, [&] {
     if (!o.models.data.empty()) throw UsageError("--data: chapter 08 trains on the addition task only");
     auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp});
+    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);
   });
 }

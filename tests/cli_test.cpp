@@ -1,5 +1,5 @@
 // The CLI helpers: byte sizes with suffixes, checked against overflow and limits; integer flags read
-// in decimal whatever their leading zeros, and never in another base.
+// in decimal whatever their leading zeros, and never in another base; --tf32 only where there is a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "common/cli/cli.h"
+#include "common/cli/precision_options.h"
 #include "common/core/errors.h"
+#include "common/kernels/kernels.h"
 
 namespace course {
 namespace {
@@ -54,4 +56,24 @@ TEST(IntegerFlags, AreDecimalWhateverTheirLeadingZeros) {
 }
 
 }  // namespace
+// --tf32 is a GPU format: refused on the CPU with one line naming the flag, TF32 left off; without the
+// flag nothing is allowed on either device.
+TEST(PrecisionFlags, Tf32IsForTheGpuOnly) {
+  cli::PrecisionOptions options;
+  options.tf32 = true;
+  try {
+    cli::apply_precision(options, Device::cpu);
+    ADD_FAILURE() << "--tf32 on the CPU was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--tf32: ", 0), 0u) << e.what();
+  }
+  EXPECT_FALSE(allow_tf32());
+  options.tf32 = false;
+  cli::apply_precision(options, Device::cpu);
+  EXPECT_FALSE(allow_tf32());
+  EXPECT_EQ(cli::precision_description(options), "fp32");
+  options.tf32 = true;
+  EXPECT_EQ(cli::precision_description(options), "fp32, TF32 matrix products");
+}
+
 }  // namespace course

@@ -1,6 +1,9 @@
 // The precision flag.
 #include "common/cli/precision_options.h"
 
+#include "common/core/errors.h"
+#include "common/kernels/kernels.h"
+
 #include <cmath>
 #include <cstdlib>
 
@@ -13,6 +16,11 @@ DType PrecisionOptions::dtype() const {
 }
 
 std::string precision_description(const PrecisionOptions& options) {
+  if (options.tf32) {
+    PrecisionOptions plain = options;
+    plain.tf32 = false;
+    return precision_description(plain) + ", TF32 matrix products";
+  }
   if (options.precision == "bf16") return "mixed precision bf16 (float32 masters, autocast)";
   if (options.precision == "fp16")
     return "mixed precision fp16 (float32 masters, autocast, dynamic loss scale from 2^" +
@@ -43,6 +51,15 @@ void add_precision_options(CLI::App& app, PrecisionOptions& options) {
           },
           "POWER OF TWO"))
       ->capture_default_str();
+  app.add_flag("--tf32", options.tf32,
+               "GPU: float32 matrix products on tensor cores in TF32 (a 10-bit mantissa; PyTorch's allow_tf32); off "
+               "by default, so results stay comparable with the CPU's");
+}
+
+void apply_precision(const PrecisionOptions& options, Device device) {
+  if (options.tf32 && device != Device::cuda)
+    throw UsageError("--tf32: TF32 is a GPU tensor-core format, and this run is on the CPU (--device cuda needs a GPU)");
+  set_allow_tf32(options.tf32);
 }
 
 }  // namespace course::cli

@@ -430,6 +430,16 @@ Kernels& cpu_kernels() {
 Kernels& cuda_kernels();  // cuda_kernels.cu
 #endif
 
+namespace {
+std::atomic<bool>& tf32_setting() {
+  static std::atomic<bool> allowed{false};
+  return allowed;
+}
+}  // namespace
+
+void set_allow_tf32(bool allow) { tf32_setting() = allow; }
+bool allow_tf32() { return tf32_setting(); }
+
 Kernels& kernels(Device device) {
   if (device == Device::cpu) return cpu_kernels();
 #if COURSE_HAVE_CUDA

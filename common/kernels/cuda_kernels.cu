@@ -266,17 +266,18 @@ unsigned blocks_for(std::size_t n, int threads = kThreads) {
 
 void check_launch() { COURSE_CUDA_CHECK(cudaGetLastError()); }
 
+cublasMath_t float32_math() { return allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH; }
+
 cublasHandle_t cublas_handle() {
   static std::mutex mutex;
   static cublasHandle_t handles[64] = {};
   int device = 0;
   COURSE_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  if (!handles[device]) {
-    COURSE_CUBLAS_CHECK(cublasCreate(&handles[device]));
-    // Plain FP32 (no TF32), so GPU results stay comparable with the CPU reference.
-    COURSE_CUBLAS_CHECK(cublasSetMathMode(handles[device], CUBLAS_PEDANTIC_MATH));
-  }
+  if (!handles[device]) COURSE_CUBLAS_CHECK(cublasCreate(&handles[device]));
+  // Plain FP32, so GPU results stay comparable with the CPU reference, unless TF32 is allowed
+  // (set_allow_tf32, --tf32); set at every call, as the setting may change between them.
+  COURSE_CUBLAS_CHECK(cublasSetMathMode(handles[device], float32_math()));
   return handles[device];
 }
 
@@ -405,7 +406,7 @@ class CudaKernels final : public Kernels {
         static_cast<int>(m), static_cast<int>(k), &alpha, b, type, static_cast<int>(tb ? k : n), sb, a, type,
         static_cast<int>(ta ? m : k), sa, &beta, c, type, static_cast<int>(n), sc, static_cast<int>(batch),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, float32_math()));
     COURSE_CUBLAS_CHECK(status);
   }
 

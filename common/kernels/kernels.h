@@ -134,6 +134,11 @@ class Kernels {
 };
 
 Kernels& kernels(Device device);
+// torch.backends.cuda.matmul.allow_tf32: the CUDA backend's float32 matrix products on tensor cores in
+// TF32 (float32's range, a 10-bit mantissa: unit roundoff 2^-11 on the inputs, products accumulated in
+// float32). Off by default, so GPU results stay comparable with the CPU reference; the CPU has no TF32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 // Limits the CPU kernels (OpenBLAS's GEMM and the element-wise loops) to `threads` threads; ranks
 // sharing a machine must not oversubscribe it. `gemm_threads`, when positive, gives OpenBLAS another
 // count: the course's own kernels give the same bits at any thread count, OpenBLAS's GEMM only on some
