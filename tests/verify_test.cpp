@@ -139,6 +139,14 @@ Tensor inputs(int step, int part) {
   return Tensor::from_host(x, {2, 4});
 }
 
+// A check on one process whose reference steps with `sgd` (over the reference's parameters).
+verify::Lockstep with_sgd(std::shared_ptr<nn::Module> reference, optim::SGD& sgd, double max_norm = 0) {
+  return verify::Lockstep(std::move(reference), [&sgd](std::int64_t) {
+    sgd.step();
+    sgd.zero_grad();
+  }, nullptr, max_norm);
+}
+
 // How a run can go wrong, from step kFrom on.
 enum class Fault { none, gradient, loss, update, start };
 constexpr int kFrom = 4;
@@ -148,10 +156,7 @@ verify::LockstepSummary run_with(Fault fault, bool reordered) {
   optim::SGD sgd(model->parameters(), 0.1f);
   auto reference = verify::make_reference(small_mlp);
   optim::SGD reference_sgd(reference->parameters(), 0.1f);
-  verify::Lockstep check(reference, [&](std::int64_t) {
-    reference_sgd.step();
-    reference_sgd.zero_grad();
-  }, nullptr);
+  verify::Lockstep check = with_sgd(reference, reference_sgd);
   auto part_loss = [](nn::Module& m, int step, std::size_t part) {
     Tensor l = scale(sum(m(inputs(step, static_cast<int>(part)))), 1.0f / kParts);
     l.backward();
@@ -212,10 +217,7 @@ TEST(Lockstep, ANormThatIsNotTheGradientsFails) {
   auto reference = verify::make_reference(small_mlp);
   optim::SGD reference_sgd(reference->parameters(), 0.1f);
   for (double wrong : {1.0, 2.0}) {  // the right norm, then the norm doubled
-    verify::Lockstep check(reference, [&](std::int64_t) {
-      reference_sgd.step();
-      reference_sgd.zero_grad();
-    }, nullptr, 1e-3);
+    verify::Lockstep check = with_sgd(reference, reference_sgd, 1e-3);
     optim::SGD sgd(model->parameters(), 0.1f);
     check.begin_step(0, *model);
     Tensor l = sum((*model)(inputs(0, 0)));
@@ -245,10 +247,7 @@ TEST(Lockstep, ANonFiniteGradientPassesOnlyWhereItsSixteenBitSumsCouldOverflow) 
     auto model = small_mlp();
     auto reference = verify::make_reference(small_mlp);
     optim::SGD reference_sgd(reference->parameters(), 0.1f);
-    verify::Lockstep check(reference, [&](std::int64_t) {
-      reference_sgd.step();
-      reference_sgd.zero_grad();
-    }, nullptr);
+    verify::Lockstep check = with_sgd(reference, reference_sgd);
     check.set_rounding(verify::kFloat16Rounding);
     check.set_loss_scale(loss_scale);
     check.begin_step(0, *model);
