@@ -186,7 +186,7 @@ TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
 // Faults that begin late in 1000-step runs, at 2 and 3 ranks, the GPT and the MLP: caught at that step.
 // Without the fault the same runs pass.
 TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
-  const std::string small = " --device cpu --n-layer 3 --n-head 3 --n-embd 24 --global-batch 48 --steps 1000 "
+  const std::string small = " --device cpu --n-layer 3 --n-head 3 --n-embd 24 --global-batch 24 --steps 1000 "
                             "--log-every 1000 --verify";
   for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
            {MPIRUN_NP3, "--dp 3 --fault skip-dp-average", 700},
