@@ -273,4 +273,26 @@ TEST(Lockstep, ANonFiniteGradientPassesOnlyWhereItsSixteenBitSumsCouldOverflow) 
 }
 
 }  // namespace
+// The other way round: the reference's parts overflowed where the run's gradient is finite (the run
+// lost part of its step): a failure at that step, said so.
+TEST(Lockstep, AFiniteRunWhereTheReferenceOverflowedFails) {
+  auto model = small_mlp();
+  auto reference = verify::make_reference(small_mlp);
+  optim::SGD reference_sgd(reference->parameters(), 0.1f);
+  verify::Lockstep check = with_sgd(reference, reference_sgd);
+  check.set_rounding(verify::kFloat16Rounding);
+  check.begin_step(0, *model);
+  const std::vector<float> finite(static_cast<std::size_t>(model->parameter_count()), 0.0f);
+  check.check_parts(0, finite, 0.0f, kParts, 1.0, [&](nn::Module& m, std::size_t p) {
+    Tensor l = scale(sum(m(inputs(0, static_cast<int>(p)))), 1e38f);
+    scale(l, 1e38f).backward();  // its gradients overflow
+    return 0.0f;
+  });
+  check.check_update(0);
+  const auto summary = check.finish(*model);
+  EXPECT_FALSE(summary.passed);
+  EXPECT_EQ(summary.first_failed_step, 0);
+  EXPECT_NE(summary.first_failure.find("reference's gradient is not finite"), std::string::npos) << summary.first_failure;
+}
+
 }  // namespace course::testing

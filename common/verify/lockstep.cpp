@@ -173,6 +173,10 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
     ++summary_.skipped_steps;
     return;
   }
+  if (!finite(all.begin(), all.begin() + static_cast<long>(count))) {
+    record(step, "the single-rank reference's gradient is not finite (its float16 parts overflowed), and the run's is");
+    return;
+  }
   const auto reference_roundings = static_cast<std::int64_t>(ranks()) + 1;
   // summation_bound(m, r) = gamma(r) m + r x subnormal: its factors once, not per element.
   const double per_magnitude = gamma(run_roundings, rounding_.unit_roundoff) + gamma(reference_roundings);
