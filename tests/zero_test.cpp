@@ -426,6 +426,7 @@ TEST(ShardedCheckpoint, SavesKeepsResumesConsolidates) {
   }
   group.barrier();
   EXPECT_EQ(folder.latest_complete(), std::optional<std::int64_t>(3));
+  group.barrier();  // every rank has looked before rank 0 removes the folder
   if (group.rank() == 0) {
     EXPECT_EQ(folder.remove_incomplete().size(), 1u);
     EXPECT_FALSE(std::filesystem::exists(folder.step_dir(7)));
