@@ -75,11 +75,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
     } else {
       MemoryCategoryScope scope(MemoryCategory::optimizer_state);
       master_ = Tensor::empty({layout_.shard()}, device);
-      for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-        const FlatUnit& unit = layout_.units()[u];
-        master_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
-            .copy_from(part_of(whole.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u));
-      }
+      copy_to_shard(whole, master_);
     }
   }
   whole = Tensor();
@@ -126,6 +122,22 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
 Tensor ZeroOptimizer::part_of(const Tensor& buffer, std::size_t unit) const {
   const FlatUnit& u = layout_.units()[unit];
   return buffer.flat_view(static_cast<std::size_t>(group_.rank() * u.part), static_cast<std::size_t>(u.part));
+}
+
+void ZeroOptimizer::copy_to_shard(const Tensor& padded, Tensor& shard) const {
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const FlatUnit& unit = layout_.units()[u];
+    shard.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
+        .copy_from(part_of(padded.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u));
+  }
+}
+
+void ZeroOptimizer::copy_from_shard(const Tensor& shard, Tensor& padded) const {
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const FlatUnit& unit = layout_.units()[u];
+    part_of(padded.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u)
+        .copy_from(shard.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part)));
+  }
 }
 
 void ZeroOptimizer::count_ring(comm::OpKind kind, std::size_t bytes) {
@@ -236,11 +248,7 @@ void ZeroOptimizer::round_parameters() {
   } else if (options_.stage == 3) {
     param_shard_.copy_from(master_);
   } else {
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const FlatUnit& unit = layout_.units()[u];
-      part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u)
-          .copy_from(master_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part)));
-    }
+    copy_from_shard(master_, flat_params_);
   }
 }
 

@@ -167,6 +167,10 @@ class ZeroOptimizer {
   void round_parameters();          // mixed: the masters rounded into the 16-bit parameters this rank updates
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
+  // Between a [padded] buffer and a [shard] one: this rank's part of every unit, copied (converting
+  // types where they differ) one way or the other.
+  void copy_to_shard(const Tensor& padded, Tensor& shard) const;
+  void copy_from_shard(const Tensor& shard, Tensor& padded) const;
   // Every parameter's values in registration order from a buffer laid out as the flat units: [padded]
   // at stage 0, this rank's [shard] above (all-gathered unit by unit; collective).
   std::vector<float> gather_flat(const Tensor& buffer);

@@ -67,13 +67,11 @@ void ZeroOptimizer::shard_parameters(nn::Module& model) {
     MemoryCategoryScope scope(MemoryCategory::parameters);
     param_shard_ = Tensor::empty({layout_.shard()}, device, flat_params_.dtype());
   }
+  copy_to_shard(flat_params_, param_shard_);
   const auto& units = layout_.units();
   root_unit_ = units.size();
   for (std::size_t u = 0; u < units.size(); ++u) {
     const FlatUnit& unit = units[u];
-    param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
-        .copy_from(flat_params_.flat_view(static_cast<std::size_t>(unit.offset + group_.rank() * unit.part),
-                                          static_cast<std::size_t>(unit.part)));
     unit_storage_.push_back(std::make_shared<Storage>(
         device, static_cast<std::size_t>(unit.padded) * flat_params_.element_size(), MemoryCategory::communication));
     unit_storage_.back()->release();

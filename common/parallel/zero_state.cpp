@@ -94,12 +94,7 @@ std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_shard() const {
     param = param_shard_.clone();
   } else {
     param = Tensor::empty({layout_.shard()}, flat_params_.device());
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const FlatUnit& unit = layout_.units()[u];
-      param.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part))
-          .copy_from(part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset),
-                                                    static_cast<std::size_t>(unit.padded)), u));
-    }
+    copy_to_shard(flat_params_, param);
   }
   return {{"param", param}, {"exp_avg", exp_avg_.clone()}, {"exp_avg_sq", exp_avg_sq_.clone()}};
 }
@@ -142,11 +137,7 @@ void ZeroOptimizer::load_state_shard(const std::vector<std::pair<std::string, Te
     param_shard_.copy_from(*param);
     for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);  // any gathered copy is stale
   } else {
-    for (std::size_t u = 0; u < layout_.units().size(); ++u) {
-      const FlatUnit& unit = layout_.units()[u];
-      part_of(flat_params_.flat_view(static_cast<std::size_t>(unit.offset), static_cast<std::size_t>(unit.padded)), u)
-          .copy_from(param->flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part)));
-    }
+    copy_from_shard(*param, flat_params_);
     gather_parameters();
   }
   steps_ = steps;
