@@ -24,9 +24,11 @@ namespace course::chapter04 {
 
 class DataParallelNaive {
  public:
-  // `group` is every rank that holds a replica (pure data parallelism: the world).
-  DataParallelNaive(std::shared_ptr<nn::Module> module, comm::Communicator& group)
-      : module_(std::move(module)), group_(group), parameters_(module_->parameters()) {
+  // `group` is every rank that holds a replica (pure data parallelism: the world). `reduce_dtype`: the
+  // type the average is taken in (--reduce-dtype; bf16 or fp16 send half the bytes, comm_hooks.h).
+  DataParallelNaive(std::shared_ptr<nn::Module> module, comm::Communicator& group, DType reduce_dtype = DType::float32)
+      : module_(std::move(module)), group_(group), parameters_(module_->parameters()),
+        hook_(parallel::average_hook(reduce_dtype)) {
     // Once, before training: every rank starts from rank 0's parameters, even if it initialised with
     // its own seed. From here on the identical updates keep them identical.
     for (Tensor& p : parameters_) group_.broadcast(p, 0);
@@ -65,7 +67,7 @@ class DataParallelNaive {
   std::shared_ptr<nn::Module> module_;
   comm::Communicator& group_;
   std::vector<Tensor> parameters_;
-  parallel::CommHook hook_ = parallel::allreduce_hook();
+  parallel::CommHook hook_;
   double communication_ms_ = 0;
   std::int64_t bytes_ = 0;
 };

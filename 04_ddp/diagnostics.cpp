@@ -36,6 +36,8 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
   reference_training_ = std::make_unique<optim::Recipe>(o.optimizer, reference->parameters(), o.training.lr, total_steps);
   lockstep_ = std::make_unique<verify::Lockstep>(
       reference, [this](std::int64_t s) { reference_training_->update(s); }, &group_, reference_training_->clip());
+  // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
+  lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
 }
 
 void Diagnostics::begin_step(std::int64_t step) {
@@ -52,6 +54,7 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
     // global batch as that rank computed it, and averaged exactly.
     const int ranks = group_.size();
     const auto global = sampler_.global_batch(step, local_batch_);
+    lockstep_->set_loss_scale(training_.scaler().get_scale());  // fp16: the parts carried it when they were added
     lockstep_->check_parts(step, model_, global_loss_, static_cast<std::size_t>(ranks), 1.0 / ranks,
                            [&](nn::Module& reference, std::size_t r) {
                              const float loss = share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
@@ -120,10 +123,10 @@ int Diagnostics::finish(bool identical) {
   if (lockstep_ && !diverged_) {
     check = lockstep_->finish(model_);
     if (check.passed)
-      log("lock-step check, %lld steps: every averaged gradient within its float32 bound of the single-rank gradient "
+      log("lock-step check, %lld steps: every averaged gradient within its %s bound of the single-rank gradient "
           "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "
           "single-rank optimizer's, bit for bit%s\n",
-          static_cast<long long>(check.steps), check.worst_gradient_diff, check.worst_gradient_ratio,
+          static_cast<long long>(check.steps), dtype_name(o_.precision.reduce()), check.worst_gradient_diff, check.worst_gradient_ratio,
           check.worst_loss_diff, check.worst_loss_ratio,
           check.skipped_steps ? (" (" + std::to_string(check.skipped_steps) + " fp16 steps overflowed and were "
                                  "skipped by both)").c_str() : "");
@@ -157,7 +160,7 @@ int Diagnostics::finish(bool identical) {
                           {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                           {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                           {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
-                          {"precision", o_.precision.precision},
+                          {"precision", o_.precision.precision}, {"reduce_dtype", o_.precision.reduce_dtype},
                           {"skipped_steps", training_.scaler().skipped_steps()},
                           {"fault", o_.faults.fault}, {"fault_from_step", o_.faults.from_step},
                           {"backend", group_.backend_name()}, {"device", device_name(session_.device)},

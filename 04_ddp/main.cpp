@@ -27,7 +27,7 @@ using chapter04::Options;
 namespace {
 
 nn::TrainingTask make_task(const Options& o, int copies, int ranks_here, Device device);
-void install_fault(chapter04::DataParallelNaive& ddp, const cli::FaultOptions& faults, const std::int64_t& step);
+void install_fault(chapter04::DataParallelNaive& ddp, const Options& o, const std::int64_t& step);
 std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch);
 
 // Forward and backward on one rank's share, in `accum` micro-batches (chapter 02): each loss weighted by
@@ -61,9 +61,9 @@ int train(const Options& o, cli::Session& session) {
 
   // 1. Each rank initialises with its own seed on purpose: the broadcast is what makes them identical.
   auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
-  chapter04::DataParallelNaive ddp(model, group);
+  chapter04::DataParallelNaive ddp(model, group, o.precision.reduce());  // --reduce-dtype: fp32 unless asked
   std::int64_t step = 0;
-  install_fault(ddp, o.faults, step);  // --fault: a wrong average, for --verify to catch
+  install_fault(ddp, o, step);  // --fault: a wrong average, for --verify to catch
   const std::int64_t total_steps = steps_to_take(o, sampler.steps_per_epoch(local_batch));
   optim::Recipe training(o.optimizer, model->parameters(), o.training.lr, total_steps, o.precision.dtype(), &group,
                          o.precision.loss_scale);
@@ -121,16 +121,18 @@ std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch) {
 
 // --fault: a deliberately wrong average from step --fault-from-step on, to watch --verify catch it (and
 // to test that it can). `step` is the step being taken.
-void install_fault(chapter04::DataParallelNaive& ddp, const cli::FaultOptions& faults, const std::int64_t& step) {
+void install_fault(chapter04::DataParallelNaive& ddp, const Options& o, const std::int64_t& step) {
+  const cli::FaultOptions& faults = o.faults;
   if (faults.fault == "none") return;
-  ddp.register_comm_hook([&faults, &step](comm::Communicator& group, Tensor& g) {
+  ddp.register_comm_hook([&faults, &step, average = parallel::average_hook(o.precision.reduce())](
+                             comm::Communicator& group, Tensor& g) {
     if (faults.at("average-twice", step)) {
-      group.all_reduce(g, comm::ReduceOp::average);
+      average(group, g)->wait();
       g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));  // divided by the world size twice
       return comm::completed_work();
     }
     if (faults.at("skip-rank-share", step) && group.rank() == group.size() - 1) g.fill_(0.0f);  // never arrives
-    return group.all_reduce_async(g, comm::ReduceOp::average);
+    return average(group, g);
   });
 }
 

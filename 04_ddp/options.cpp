@@ -15,6 +15,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--epochs", o.epochs, "Train whole epochs instead of --steps")
       ->check(cli::PositiveInteger & CLI::Range(std::int64_t{1}, cli::kMaxSteps))->excludes(steps);
   cli::add_precision_options(app, o.precision);
+  cli::add_reduce_dtype_option(app, o.precision);  // DDP's gradients in 16 bits
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")

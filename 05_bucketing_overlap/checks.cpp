@@ -31,6 +31,7 @@ void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, flo
   const float global_loss = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);
   const int ranks = group_.size();
   const auto global = sampler_.global_batch(step, local_batch_);
+  lockstep_->set_loss_scale(training_.scaler().get_scale());  // fp16: the parts a 16-bit hook adds carried it
   lockstep_->check_parts(step, model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                          [&](nn::Module& reference, std::size_t r) {
                            const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);

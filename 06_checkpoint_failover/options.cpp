@@ -13,6 +13,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_model_options(app, o.models);
   cli::add_training_options(app, o.training, "Learning rate (Adam's; for the GPT, AdamW's peak)");
   cli::add_precision_options(app, o.precision);
+  cli::add_reduce_dtype_option(app, o.precision);  // DDP's gradients in 16 bits
   cli::add_mlp_options(app, o.mlp);
   cli::add_checkpoint_options(app, o.checkpoints, /*required=*/true, "Folder of the checkpoints (rank 0 writes it)",
                               "any world size, the same --global-batch and --seed");

@@ -39,6 +39,8 @@ void Diagnostics::begin(const checkpoint::Start& start) {
   if (reference_)
     lockstep_ = std::make_unique<verify::Lockstep>(
         reference_, [this](std::int64_t s) { reference_recipe_->update(s); }, &group_, reference_recipe_->clip());
+  // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
+  if (lockstep_) lockstep_->set_rounding(verify::rounding_of(o_.precision.reduce()));
   if (o_.kill.armed()) log("fault injection: %s\n", o_.kill.describe().c_str());
 }
 
@@ -106,9 +108,10 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
     check = lockstep_->finish(*trainer_.model);
     if (check.passed)
       log("verify: steps %lld-%lld in lock-step against one rank (started from %s): every averaged gradient within its "
-          "float32 bound (%.3g of it), every update the optimizer's, bit for bit\n",
+          "%s bound (%.3g of it), every update the optimizer's, bit for bit\n",
           static_cast<long long>(start_step_), static_cast<long long>(state.step) - 1,
           start_.resumed_from.empty() ? "the same initialisation" : "the checkpoint, restored on its own",
+          dtype_name(o_.precision.reduce()),
           check.worst_gradient_ratio);
     else
       log("verify: lock-step FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),

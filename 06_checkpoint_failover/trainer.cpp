@@ -19,6 +19,7 @@ void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& tas
                             const nn::Module& model, float loss, const optim::Recipe& recipe) {
   const auto global = stream.take(step * global_batch, global_batch);
   const int ranks = group.size();
+  check.set_loss_scale(recipe.scaler().get_scale());  // fp16: the parts DDP averaged carried it
   check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                     [&](nn::Module& reference, std::size_t r) {
                       // In the run's precision, its loss scale undone as the run undoes it.
@@ -50,7 +51,9 @@ checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& t
 
 Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group) {
   model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
-  ddp = std::make_unique<parallel::DistributedDataParallel>(model, group);
+  parallel::ReducerOptions reduce;
+  reduce.reduce_dtype = o.precision.reduce();  // --reduce-dtype: gradients averaged in 16 bits
+  ddp = std::make_unique<parallel::DistributedDataParallel>(model, group, reduce);
   recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.training.lr, o.training.steps,
                                            o.precision.dtype(), &group, o.precision.loss_scale);
 }

@@ -8,6 +8,7 @@
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/autograd/autograd.h"              // NoGradGuard, for clipping
 #include "common/comm/faults.h"                    // --fault skip-tp-all-reduce
+#include "common/parallel/comm_hooks.h"            // --reduce-dtype
 #include "common/core/errors.h"
 #include "common/core/memory.h"                    // peak activations
 #include "common/ops/autocast.h"
@@ -72,11 +73,14 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   // --fault skip-dp-average gives DDP a communication hook that does nothing: each replica keeps its
   // own share's gradient.
   if (topology.dp_size() > 1) {
-    run.ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group());
+    parallel::ReducerOptions reduce;
+    reduce.reduce_dtype = o.precision.reduce();  // --reduce-dtype
+    run.ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group(), reduce);
     if (o.faults.fault == "skip-dp-average")
-      run.ddp->register_comm_hook([&o, &step](comm::Communicator& group, Tensor& g) {
+      run.ddp->register_comm_hook([&o, &step, average = parallel::average_hook(reduce.reduce_dtype)](
+                                      comm::Communicator& group, Tensor& g) {
         if (o.faults.at("skip-dp-average", step)) return comm::completed_work();
-        return group.all_reduce_async(g, comm::ReduceOp::average);
+        return average(group, g);
       });
   }
   return run;

@@ -129,17 +129,19 @@ int run(Options o, cli::Session& session) {
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
   // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
   // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it.
-  if (o.verify && (o.precision.dtype() != DType::float32 || o.precision.tf32))
-    throw UsageError("--verify: checks a grid in fp32 only; in " + (o.precision.tf32 ? "TF32" : o.precision.precision) +
+  if (o.verify && (o.precision.dtype() != DType::float32 || o.precision.tf32 || o.precision.reduce_dtype != "fp32"))
+    throw UsageError("--verify: checks a grid in fp32 only; in " +
+                     (o.precision.tf32 ? "TF32" : o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype) +
                      " tensor and pipeline parallelism's roundings come within a few noise floors of a lost micro-batch "
-                     "(verify in fp32, without --tf32)");
+                     "(verify with --precision fp32 and --reduce-dtype fp32, without --tf32)");
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
       task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
       static_cast<long long>(micro), topology.pp_size() > 1 ? (" (" + o.schedule + " schedule)").c_str() : "",
       static_cast<long long>(o.training.steps),
-      (o.precision.dtype() == DType::float32 ? "" : ", " + cli::precision_description(o.precision)).c_str(), network.c_str());
+      (cli::precision_description(o.precision) == "fp32" ? "" : ", " + cli::precision_description(o.precision)).c_str(),
+      network.c_str());
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
     return sweep(o, task, topology, device, session.metrics, network);
@@ -164,7 +166,7 @@ int run(Options o, cli::Session& session) {
     log("fp16: %lld of %lld steps skipped for gradients that overflowed (the loss scale halved at each)\n",
         static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
   session.metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
-                         {"precision", o.precision.precision}, {"skipped_steps", run.skipped_steps},
+                         {"precision", o.precision.precision}, {"reduce_dtype", o.precision.reduce_dtype}, {"skipped_steps", run.skipped_steps},
                          {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
                          {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
                          {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});

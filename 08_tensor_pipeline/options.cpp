@@ -17,6 +17,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_model_options(app, o.models);
   cli::add_mlp_options(app, o.mlp);
   cli::add_precision_options(app, o.precision);
+  cli::add_reduce_dtype_option(app, o.precision);  // DDP's gradients in 16 bits
   app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
                                                           "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");

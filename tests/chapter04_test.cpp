@@ -198,6 +198,21 @@ TEST(Chapter04, MixedPrecisionPassesVerifyAndCatchesALateFault) {
   EXPECT_LT(skipped, 35);  // the scale came down and the run stepped
 }
 
+// --reduce-dtype: the average taken in 16 bits (half the bytes), checked against the bound of 16-bit sums,
+// alone and under fp16's loss scale; a wrong average from a later step fails there.
+TEST(Chapter04, GradientsAveragedIn16BitsPassVerifyAndAWrongAverageFails) {
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP3, "--reduce-dtype bf16"}, {MPIRUN_NP2, "--reduce-dtype fp16 --precision fp16"}}) {
+    auto s = run_verified(mpirun, "--steps 12 " + flags);
+    expect_lockstep(s);
+    EXPECT_EQ(s["reduce_dtype"].get<std::string>(), flags.substr(15, 4));
+  }
+  auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary +
+                       " --device cpu --verify --steps 12 --reduce-dtype bf16 --fault skip-rank-share --fault-from-step 8");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("lock-step check FAILED at step 8: the gradient of"), std::string::npos) << r.out;
+}
+
 TEST(Chapter04, TheGptTrainsOnATextFile) {
   const std::string text = temp_path("ch04_text.txt"), metrics = temp_path("ch04_text.jsonl");
   std::string words;

@@ -237,6 +237,7 @@ TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
              {MPIRUN_NP2, "--pp 2"},
              {MPIRUN_NP4, "--tp 2 --pp 2 --dp 1"},
              {MPIRUN_NP3, "--dp 3"},
+             {MPIRUN_NP4, "--dp 2 --pp 2 --reduce-dtype bf16"},  // DDP's average in 16 bits too
              {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2"}}) {
       Outcome r = run(mpirun, grid + " --precision " + precision + " --steps 20 --log-every 1", kModel);
       ASSERT_EQ(r.process.exit_code, 0) << precision << " " << grid << "\n" << r.process.out << r.process.err;
@@ -244,6 +245,7 @@ TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
       ASSERT_EQ(steps.size(), 20u) << grid;
       ASSERT_EQ(throughput.size(), 1u) << grid;
       EXPECT_EQ(throughput[0]["precision"].get<std::string>(), precision);
+      EXPECT_EQ(throughput[0]["reduce_dtype"].get<std::string>(), grid.find("bf16") == std::string::npos ? "fp32" : "bf16");
       EXPECT_LT(steps.back()["loss"].get<double>(), 0.8 * steps.front()["loss"].get<double>())
           << precision << " " << grid << "\n" << r.process.out;
     }
@@ -259,6 +261,9 @@ TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
   Outcome refused = run(MPIRUN_NP2, "--tp 2 --precision bf16 --verify");
   EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
   EXPECT_NE(refused.process.err.find("--verify: checks a grid in fp32 only"), std::string::npos) << refused.process.err;
+  refused = run(MPIRUN_NP2, "--dp 2 --reduce-dtype fp16 --verify");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("--verify: checks a grid in fp32 only; in fp16"), std::string::npos) << refused.process.err;
 }
 
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {

@@ -28,6 +28,7 @@ struct RunSetup {
   float lr = 0.05f;
   int broken_from = -1;  // the step from which the gradient average is wrong, or -1
   bool skip_share = false;  // how it is wrong: the last rank's share skipped, or divided twice
+  DType reduce_dtype = DType::float32;  // ReducerOptions::reduce_dtype
 };
 
 std::shared_ptr<nn::Sequential> mlp(std::uint64_t seed) {
@@ -61,7 +62,7 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
     ddp.register_comm_hook([&](comm::Communicator& group, Tensor& g) {
       const bool broken = step_now >= s.broken_from;
       if (broken && s.skip_share && group.rank() == group.size() - 1) g.fill_(0.0f);
-      group.all_reduce(g, comm::ReduceOp::average);
+      parallel::average_hook(s.reduce_dtype)(group, g)->wait();
       if (broken && !s.skip_share) g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));
       return comm::completed_work();
     });
@@ -75,6 +76,7 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
     reference_sgd.step();
     reference_sgd.zero_grad();
   }, &world());
+  lockstep.set_rounding(verify::rounding_of(s.reduce_dtype));  // the parts added in 16 bits: their bound
   for (int step = 0; step < s.steps; ++step) {
     step_now = step;
     lockstep.begin_step(step, model);
@@ -104,10 +106,19 @@ verify::LockstepSummary train_checked(const RunSetup& s, parallel::DistributedDa
 verify::LockstepSummary run(const RunSetup& s) {
   data::Dataset d = data::make_house_prices_wide(s.samples, 6, 5);
   // Rank r starts from seed 1 + 100 r; DDP's broadcast gives everyone rank 0's weights (seed 1).
-  parallel::DistributedDataParallel ddp(mlp(1 + 100 * static_cast<std::uint64_t>(world().rank())), world());
+  parallel::ReducerOptions options;
+  options.reduce_dtype = s.reduce_dtype;
+  parallel::DistributedDataParallel ddp(mlp(1 + 100 * static_cast<std::uint64_t>(world().rank())), world(), options);
   auto summary = train_checked(s, ddp, d);
   EXPECT_TRUE(ddp.parameters_identical());
   EXPECT_EQ(ddp.synchronisations(), s.steps);  // once per step, never inside no_sync
+  if (world().size() > 1 && s.broken_from < 0) {
+    // Every gradient handed to the all-reduce once a step, in the reduce type: 4 or 2 bytes an element
+    // (a 16-bit bucket of odd length is padded by one element).
+    const double elements = static_cast<double>(ddp.module().parameter_count()) * s.steps;
+    const double per_element = static_cast<double>(ddp.reducer().bytes_communicated()) / elements;
+    EXPECT_NEAR(per_element, static_cast<double>(element_size(s.reduce_dtype)), 0.05) << dtype_name(s.reduce_dtype);
+  }
   return summary;
 }
 
@@ -136,6 +147,22 @@ TEST(DistributedDataParallel, GradScalerSkipsOnEveryRankWhenOneRankOverflows) {
   w.set_grad(Tensor::from_host({32768.0f, 32768.0f}, {2}));
   EXPECT_TRUE(scaler.step(sgd));
   EXPECT_EQ(w.to_host(), (std::vector<float>{0.5f, 1.5f}));
+}
+
+// --reduce-dtype: the buckets averaged in bf16 or fp16 (half the bytes), checked in lock-step with the
+// bound of 16-bit sums; a wrong average still fails at the step it starts.
+TEST(DistributedDataParallel, AveragesIn16BitsWithinTheirBoundAndCatchesAWrongAverage) {
+  for (DType type : {DType::bfloat16, DType::float16}) {
+    RunSetup s;
+    s.reduce_dtype = type;
+    s.accum = 2;
+    expect_passes(s);
+    s.broken_from = 3;
+    s.skip_share = true;
+    auto summary = run(s);
+    EXPECT_FALSE(summary.passed) << dtype_name(type);
+    EXPECT_EQ(summary.first_failed_step, 3) << dtype_name(type);
+  }
 }
 
 TEST(DistributedDataParallel, MatchesWithAccumulationUnderNoSync) {

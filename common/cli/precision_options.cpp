@@ -9,13 +9,23 @@
 
 namespace course::cli {
 
-DType PrecisionOptions::dtype() const {
-  if (precision == "bf16") return DType::bfloat16;
-  if (precision == "fp16") return DType::float16;
+namespace {
+DType dtype_named(const std::string& name) {
+  if (name == "bf16") return DType::bfloat16;
+  if (name == "fp16") return DType::float16;
   return DType::float32;
 }
+}  // namespace
+
+DType PrecisionOptions::dtype() const { return dtype_named(precision); }
+DType PrecisionOptions::reduce() const { return dtype_named(reduce_dtype); }
 
 std::string precision_description(const PrecisionOptions& options) {
+  if (options.reduce_dtype != "fp32") {
+    PrecisionOptions plain = options;
+    plain.reduce_dtype = "fp32";
+    return precision_description(plain) + ", gradients averaged in " + options.reduce_dtype;
+  }
   if (options.tf32) {
     PrecisionOptions plain = options;
     plain.tf32 = false;
@@ -54,6 +64,14 @@ void add_precision_options(CLI::App& app, PrecisionOptions& options) {
   app.add_flag("--tf32", options.tf32,
                "GPU: float32 matrix products on tensor cores in TF32 (a 10-bit mantissa; PyTorch's allow_tf32); off "
                "by default, so results stay comparable with the CPU's");
+}
+
+void add_reduce_dtype_option(CLI::App& app, PrecisionOptions& options) {
+  app.add_option("--reduce-dtype", options.reduce_dtype,
+                 "The type data parallelism averages gradients in: fp32, or bf16 or fp16 for half the bytes (each "
+                 "rank's gradient divided by the ranks and rounded, the sum in 16 bits)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
 }
 
 void apply_precision(const PrecisionOptions& options, Device device) {

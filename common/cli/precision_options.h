@@ -14,10 +14,16 @@ struct PrecisionOptions {
   std::string precision = "fp32";
   float loss_scale = 65536.0f;  // fp16: GradScaler's init_scale, 2^16
   bool tf32 = false;            // --tf32: the GPU's float32 matrix products in TF32
-  DType dtype() const;  // float32, bfloat16 or float16
+  std::string reduce_dtype = "fp32";  // --reduce-dtype: the type data parallelism averages gradients in
+  DType dtype() const;         // float32, bfloat16 or float16
+  DType reduce() const;        // the same for --reduce-dtype
 };
 
 void add_precision_options(CLI::App& app, PrecisionOptions& options);
+// --reduce-dtype fp32|bf16|fp16, in the chapters whose data parallelism averages gradients with DDP's
+// hooks (04, 06, 08): PyTorch FSDP's MixedPrecision.reduce_dtype. Chapter 05 teaches the same as its
+// --comm-hook, and ZeRO (07) reduces in its --precision.
+void add_reduce_dtype_option(CLI::App& app, PrecisionOptions& options);
 // Once the device is known: --tf32 allows TF32 on a GPU (common/kernels/kernels.h: set_allow_tf32) and
 // is refused elsewhere, one line naming the flag (UsageError).
 void apply_precision(const PrecisionOptions& options, Device device);

@@ -60,6 +60,10 @@ CommHook compress_hook(HalfFormat format) {
   };
 }
 
+CommHook average_hook(DType reduce_dtype) {
+  return is_16bit(reduce_dtype) ? compress_hook(half_format(reduce_dtype)) : allreduce_hook();
+}
+
 CommHook comm_hook_named(const std::string& name) {
   if (name == "none") return allreduce_hook();
   if (name == "fp16") return compress_hook(HalfFormat::float16);

@@ -4,9 +4,12 @@
 //                    convert the bucket to 16 bits, all-reduce that (half the bytes on the wire),
 //                    convert back. The sum is rounded to 16 bits at every addition.
 // Dividing first keeps the sum in range: fp16 overflows above 65504.
+// average_hook(dtype) is the hook of DDP's reduce_dtype (ReducerOptions, chapter 04's --reduce-dtype):
+// mixed precision's choice of the type gradients are averaged in, which is the same arithmetic.
 #pragma once
 #include <string>
 
+#include "common/core/dtype.h"
 #include "common/kernels/kernels.h"
 #include "common/parallel/reducer.h"
 
@@ -14,6 +17,8 @@ namespace course::parallel {
 
 CommHook allreduce_hook();
 CommHook compress_hook(HalfFormat format);
+// The average in `reduce_dtype`: allreduce_hook() for float32, compress_hook() for a 16-bit type.
+CommHook average_hook(DType reduce_dtype);
 // "none" (the default all-reduce), "fp16" or "bf16"; throws UsageError otherwise.
 CommHook comm_hook_named(const std::string& name);
 

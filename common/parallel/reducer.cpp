@@ -27,7 +27,7 @@ Reducer::Reducer(std::vector<nn::NamedTensor> parameters, comm::Communicator& gr
     throw std::invalid_argument("Reducer: bucket caps must be positive (bucket_cap_mb " +
                                 std::to_string(options_.bucket_cap_mb) + ", first_bucket_mb " +
                                 std::to_string(options_.first_bucket_mb) + ")");
-  hook_ = allreduce_hook();
+  hook_ = average_hook(options_.reduce_dtype);
   std::vector<std::size_t> reverse(parameters_.size());
   for (std::size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
   build(reverse);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/comm/communicator.h"
+#include "common/core/dtype.h"
 #include "common/nn/module.h"
 
 namespace course::parallel {
@@ -32,6 +33,10 @@ struct ReducerOptions {
   bool find_unused_parameters = false; // a parameter without a gradient counts as zero instead of an error
   bool rebuild_buckets = true;         // after the first step, rebuild in the observed gradient order
   bool record_timeline = false;        // record when each gradient and bucket finished (for the trace)
+  // The type gradients are averaged in (FSDP's MixedPrecision.reduce_dtype): float32, or bfloat16 or
+  // float16 for half the bytes, each bucket divided by the world size, rounded, summed in that type and
+  // widened back (comm_hooks.h: average_hook). A registered hook replaces it.
+  DType reduce_dtype = DType::float32;
 };
 
 // How a bucket is synchronised (PyTorch's register_comm_hook): start the communication of `bucket`
