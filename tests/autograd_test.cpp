@@ -87,6 +87,38 @@ TEST(Autograd, GraphIsFreedAfterBackward) {
   EXPECT_EQ(memory_stats(Device::cpu).current_of(MemoryCategory::activations), before);
 }
 
+// The graph keeps what each op's backward saved, not the values of every tensor it read: an
+// intermediate that no op saved (a cast's float32 source, an addition's operands) is freed as soon as
+// the forward drops it, and its gradient still flows through it.
+TEST(Autograd, AGraphKeepsWhatBackwardNeedsNotEveryInput) {
+  Tensor x = Tensor::ones({1000}).set_requires_grad(true);
+  const auto activations = [] { return memory_stats(Device::cpu).current_of(MemoryCategory::activations); };
+  const auto before = activations();
+  Tensor narrow;
+  {
+    Tensor doubled = scale(x, 2.0f);               // 4000 bytes, saved by nothing that follows
+    narrow = cast(add(doubled, doubled), DType::bfloat16);  // add keeps shapes only; cast keeps its type
+  }
+  EXPECT_EQ(activations() - before, 2000);  // only the 16-bit result is alive
+  sum(narrow).backward();
+  EXPECT_EQ(x.grad().to_host(), std::vector<float>(1000, 4.0f));
+}
+
+// Backward frees each node's saved tensors as it passes it; a second backward through the freed graph
+// says what happened instead of reading freed memory.
+TEST(Autograd, ASecondBackwardThroughAFreedGraphIsNamed) {
+  Tensor x = Tensor::ones({4}).set_requires_grad(true);
+  Tensor y = relu(scale(x, 3.0f));
+  Tensor loss = sum(y);
+  loss.backward();
+  try {
+    sum(y).backward();
+    FAIL() << "backward through a freed graph ran";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a second time"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Autograd, HookNamesTheParameterAndCallbacksRunWhenBackwardEnds) {
   Tensor w = Tensor::from_host({1, 2}, {2}).set_requires_grad(true);
   Tensor v = Tensor::from_host({3, 4}, {2}).set_requires_grad(true);

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "common/core/memory.h"
+#include "common/kernels/kernels.h"
 #include "common/nn/gpt.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
@@ -175,6 +177,96 @@ TEST(MixedPrecision, TheGptUnderAutocastFollowsItsFloat32Step) {
       EXPECT_GT(dot / std::sqrt(n32 * n16), 0.99) << dtype_name(dtype) << " parameter " << t;
     }
   }
+}
+
+
+// In 16 bits the ops widen their operands a slice at a time (attention by sequences, element-wise ops by
+// an eighth of the tensor), so that float32 copies do not double the activations' memory. Slicing must
+// change nothing: the results equal the kernels run once over the whole tensor in float32 and rounded,
+// dropout's mask included (drawn by each probability's index in the whole batch).
+TEST(MixedPrecision, SlicedSixteenBitOpsEqualTheWholeTensorsKernels) {
+  Kernels& k = kernels(Device::cpu);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    AttentionShape s;
+    s.batch = 16, s.tokens = 8, s.heads = 2, s.head_size = 4, s.dropout = 0.25f, s.seed = 99;  // 16 sequences: 8 slices
+    const Tensor qkv = Tensor::rand_uniform({16, 8, 24}, 3, -1.0f, 1.0f).to(dtype).set_requires_grad(true);
+    const Tensor g = Tensor::rand_uniform({16, 8, 8}, 4, -1.0f, 1.0f).to(dtype);
+    Tensor y = scaled_dot_product_attention(qkv, 2, true, s.dropout, s.seed);
+    y.backward(g);
+    const Tensor wide = qkv.to(DType::float32);
+    Tensor probs = Tensor::empty({16, 2, 8, 8}), y32 = Tensor::empty({16, 8, 8}), grad = Tensor::empty({16, 8, 24});
+    k.attention(wide.data(), s, probs.data(), y32.data());
+    EXPECT_EQ(y.to_host(), y32.to(dtype).to_host()) << dtype_name(dtype);
+    const Tensor kept = probs.to(dtype).to(DType::float32);  // the probabilities as the op keeps them
+    k.attention_backward(wide.data(), kept.data(), g.to(DType::float32).data(), s, grad.data());
+    EXPECT_EQ(qkv.grad().to_host(), grad.to(dtype).to_host()) << dtype_name(dtype);
+
+    const std::int64_t n = 300001;  // more than 64K elements: five slices, the last one short
+    const Tensor x = Tensor::rand_uniform({n}, 5, -3.0f, 3.0f).to(dtype).set_requires_grad(true);
+    Tensor out = gelu(x, GeluApproximate::tanh);
+    const Tensor gx = Tensor::rand_uniform({n}, 6, -1.0f, 1.0f).to(dtype);
+    out.backward(gx);
+    Tensor expected = Tensor::empty({n}), expected_grad = Tensor::empty({n});
+    k.unary(UnaryOp::gelu_tanh, x.to(DType::float32).data(), expected.data(), static_cast<std::size_t>(n));
+    k.unary_backward(UnaryOp::gelu_tanh, x.to(DType::float32).data(), gx.to(DType::float32).data(), expected_grad.data(),
+                     static_cast<std::size_t>(n));
+    EXPECT_EQ(out.to_host(), expected.to(dtype).to_host()) << dtype_name(dtype);
+    EXPECT_EQ(x.grad().to_host(), expected_grad.to(dtype).to_host()) << dtype_name(dtype);
+  }
+}
+
+// Under autocast a linear layer keeps its float32 weight for backward and rounds it again there, instead
+// of keeping the 16-bit copy: the gradients are those of the 16-bit copy, bit for bit.
+TEST(MixedPrecision, ALinearLayerRoundsItsWeightAgainInBackward) {
+  const Tensor w = Tensor::rand_uniform({24, 40}, 7, -1.0f, 1.0f).set_requires_grad(true);
+  const Tensor x = Tensor::rand_uniform({12, 40}, 8, -1.0f, 1.0f).set_requires_grad(true);
+  const Tensor g = Tensor::rand_uniform({12, 24}, 9, -1.0f, 1.0f).to(DType::bfloat16);
+  Tensor y;
+  {
+    Autocast autocast(DType::bfloat16);
+    y = linear(x, w, Tensor());
+  }
+  y.backward(g);
+  // The same products on copies rounded by hand, with no autocast: dx = g W16, dW = g^T x16.
+  const Tensor w16 = w.to(DType::bfloat16).set_requires_grad(true), x16 = x.to(DType::bfloat16).set_requires_grad(true);
+  Tensor y16 = linear(x16, w16, Tensor());
+  y16.backward(g);
+  EXPECT_EQ(y.to_host(), y16.to_host());
+  EXPECT_EQ(x.grad().to_host(), x16.grad().to_host());
+  EXPECT_EQ(w.grad().to_host(), w16.grad().to_host());
+}
+
+// What mixed precision saves: a GPT step's activations at their peak, bf16 against float32 at the same
+// batch. Everything backward keeps is 16-bit except the float32 residual stream, which each layer norm
+// keeps for its backward (as under PyTorch's autocast): per layer, float32 keeps 64 bytes a token-channel
+// (B T C) plus 4 a probability (B H T T), bf16 36 and 2, of which 8 are the residual stream. With
+// H T / C = 4 here that is (36 + 8) / (64 + 16) = 0.55 of float32, 0.5 the floor if the residual stream
+// were 16-bit too; the peak adds the gradients alive at the start of backward.
+constexpr double kMixedActivationRatio = 0.6;
+TEST(MixedPrecision, ActivationsInBf16AreLittleMoreThanHalfOfFloat32s) {
+  nn::GPTConfig c;
+  c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.block_size = 64, c.vocab_size = 20;
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 8 * 64; ++i) ids.push_back(static_cast<float>((i * 7) % 20)), targets.push_back(static_cast<float>((i * 3) % 20));
+  auto peak = [&](DType dtype) {
+    nn::GPT gpt(c, Device::cpu, 1);
+    const Tensor input = Tensor::from_host(ids, {8, 64}), target = Tensor::from_host(targets, {512});
+    reset_peak_memory(Device::cpu);
+    const auto start = memory_stats(Device::cpu).current_of(MemoryCategory::activations);
+    {
+      Tensor loss;
+      {
+        Autocast autocast(dtype, dtype != DType::float32);
+        loss = cross_entropy(reshape(gpt(input), {512, 20}), target);
+      }
+      loss.backward();
+    }
+    return static_cast<double>(memory_stats(Device::cpu).peak_of(MemoryCategory::activations) - start);
+  };
+  const double fp32 = peak(DType::float32), bf16 = peak(DType::bfloat16);
+  std::printf("activations at their peak: float32 %.0f bytes, bf16 %.0f (%.3f)\n", fp32, bf16, bf16 / fp32);
+  EXPECT_LE(bf16 / fp32, kMixedActivationRatio);
+  EXPECT_GE(bf16 / fp32, 0.5);
 }
 
 }  // namespace

@@ -43,20 +43,20 @@ Tensor sum_of(const Tensor& a, const Tensor& b) {
   return out.to(a.dtype());
 }
 
-// Post-order depth-first walk over the tensors that have a grad_fn; reversed it is a valid
-// processing order, since every tensor then comes after all the tensors computed from it.
-void topological_order(TensorImpl* root, std::vector<TensorImpl*>& order) {
-  std::unordered_set<TensorImpl*> visited;
-  std::vector<std::pair<TensorImpl*, std::size_t>> stack{{root, 0}};
-  visited.insert(root);
+// Post-order depth-first walk over the nodes; reversed it is a valid processing order, since every
+// node then comes after all the nodes that used its output. The order owns the nodes for the pass: a
+// node processed drops its edges, which may hold the only reference to a node still to come.
+void topological_order(const std::shared_ptr<Node>& root, std::vector<std::shared_ptr<Node>>& order) {
+  std::unordered_set<Node*> visited;
+  std::vector<std::pair<std::shared_ptr<Node>, std::size_t>> stack{{root, 0}};
+  visited.insert(root.get());
   while (!stack.empty()) {
-    auto& [tensor, next_input] = stack.back();
-    const auto& inputs = tensor->grad_fn->inputs;
-    if (next_input < inputs.size()) {
-      TensorImpl* input = inputs[next_input++].impl();
-      if (input->grad_fn && visited.insert(input).second) stack.push_back({input, 0});
+    auto& [node, next_input] = stack.back();
+    if (next_input < node->inputs.size()) {
+      const std::shared_ptr<Node>& input = node->inputs[next_input++].producer;
+      if (input && visited.insert(input.get()).second) stack.push_back({input, 0});
     } else {
-      order.push_back(tensor);
+      order.push_back(std::move(node));
       stack.pop_back();
     }
   }
@@ -75,7 +75,15 @@ Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, Backw
   if (!any) return output;
   auto node = std::make_shared<Node>();
   node->name = std::move(name);
-  node->inputs = std::move(inputs);
+  node->inputs.reserve(inputs.size());
+  for (auto& input : inputs) {
+    Edge edge;
+    edge.producer = input.impl()->grad_fn;
+    edge.dtype = input.dtype();
+    edge.requires_grad = input.requires_grad();
+    if (edge.requires_grad && !edge.producer) edge.leaf = std::move(input);
+    node->inputs.push_back(std::move(edge));
+  }
   node->backward = std::move(backward);
   output.impl()->grad_fn = std::move(node);
   output.impl()->requires_grad = true;
@@ -102,14 +110,14 @@ void backward(const Tensor& root, const Tensor& grad_output) {
   Autocast no_autocast(DType::float32, false);
   CallbackQueue callbacks;
 
-  std::vector<TensorImpl*> order;
-  if (root.impl()->grad_fn) topological_order(root.impl(), order);
+  std::vector<std::shared_ptr<Node>> order;
+  if (root.impl()->grad_fn) topological_order(root.impl()->grad_fn, order);
 
   // How many contributions each leaf will receive in this pass; its hooks fire when the count hits 0.
   std::unordered_map<TensorImpl*, int> pending;
-  for (TensorImpl* t : order)
-    for (const auto& input : t->grad_fn->inputs)
-      if (input.requires_grad() && !input.impl()->grad_fn) ++pending[input.impl()];
+  for (const auto& node : order)
+    for (const Edge& input : node->inputs)
+      if (input.leaf.defined()) ++pending[input.leaf.impl()];
 
   auto add_to_leaf = [&](const Tensor& leaf, const Tensor& g) {
     TensorImpl* impl = leaf.impl();
@@ -121,21 +129,24 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     if (g.defined()) grad.add_(g);  // a 16-bit gradient: added in float32, rounded once
   };
 
-  std::unordered_map<TensorImpl*, Tensor> grads;
-  grads[root.impl()] = grad_output.defined() ? grad_output.to(root.dtype())
-                                             : Tensor::ones(root.shape(), root.device(), root.dtype());
   if (order.empty()) {  // the root is itself a leaf
-    add_to_leaf(root, grads[root.impl()]);
+    add_to_leaf(root, grad_output.defined() ? grad_output.to(root.dtype())
+                                            : Tensor::ones(root.shape(), root.device(), root.dtype()));
     fire_hooks(root);
     callbacks.run();
     return;
   }
+  // The gradient of each node's output, keyed by the node (one output each).
+  std::unordered_map<Node*, Tensor> grads;
+  grads[order.back().get()] = grad_output.defined() ? grad_output.to(root.dtype())
+                                              : Tensor::ones(root.shape(), root.device(), root.dtype());
 
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    TensorImpl* t = *it;
-    Tensor grad_output = grads[t];
-    grads.erase(t);
-    Node& node = *t->grad_fn;
+    Node& node = **it;
+    Tensor grad_output = grads[&node];
+    grads.erase(&node);
+    if (!node.backward)
+      throw std::logic_error("backward through " + node.name + " a second time: its graph was freed by the first backward");
     std::vector<Tensor> input_grads;
     {
       profiler::RecordFunction timed(node.name.c_str(), true);
@@ -144,25 +155,30 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     if (input_grads.size() != node.inputs.size())
       throw std::logic_error("backward of " + node.name + " returned the wrong number of gradients");
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
-      const Tensor& input = node.inputs[i];
-      if (!input.requires_grad()) continue;
+      const Edge& input = node.inputs[i];
+      if (!input.requires_grad) continue;
       // A gradient has its tensor's type, whatever type the rule computed it in (PyTorch's engine casts
       // likewise): the float32 gradient of a bfloat16 activation is rounded to bfloat16 here.
-      const Tensor g = input_grads[i].defined() ? input_grads[i].to(input.dtype()) : input_grads[i];
-      if (input.impl()->grad_fn) {
+      const Tensor g = input_grads[i].defined() ? input_grads[i].to(input.dtype) : input_grads[i];
+      if (input.producer) {
         if (!g.defined()) continue;
         // The first contribution is kept as it is (no copy); later ones make a new sum, so a gradient
         // that an op handed to several inputs (add gives the same tensor to both) is never written to.
-        auto found = grads.find(input.impl());
-        if (found == grads.end()) grads.emplace(input.impl(), g);
+        auto found = grads.find(input.producer.get());
+        if (found == grads.end()) grads.emplace(input.producer.get(), g);
         else found->second = sum_of(found->second, g);
       } else {
-        add_to_leaf(input, g);
-        if (--pending[input.impl()] == 0) fire_hooks(input);
+        add_to_leaf(input.leaf, g);
+        if (--pending[input.leaf.impl()] == 0) fire_hooks(input.leaf);
       }
     }
+    // Done with this node: the tensors its closure saved are freed now, not at the end of the pass,
+    // so backward's memory falls as it goes (PyTorch frees each node's saved tensors likewise, unless
+    // retain_graph). A tensor that outlives the graph keeps an empty node; a second backward through
+    // it says so.
+    node.backward = nullptr;
+    node.inputs.clear();
   }
-  for (TensorImpl* t : order) t->grad_fn.reset();  // free the graph and the tensors it saved
   callbacks.run();
 }
 

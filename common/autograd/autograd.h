@@ -11,9 +11,22 @@ namespace course {
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
 
+// An input of an op, as the graph sees it: the node that computed it, or the leaf itself (a parameter,
+// or a pipeline stage's received input) when it is one that wants a gradient. Not the input's values: a
+// node keeps what its backward needs in its closure (the saved tensors), and nothing else, so a tensor
+// no op saved is freed as soon as the forward drops it (PyTorch's edges likewise point at grad_fn, not
+// at the tensor). Under autocast this matters: a cast's float32 source is not kept for the cast's
+// backward, which needs only its type.
+struct Edge {
+  std::shared_ptr<Node> producer;  // the input's grad_fn; null for a leaf
+  Tensor leaf;                     // a leaf that requires a gradient; undefined otherwise
+  DType dtype = DType::float32;    // the input's type: the gradient flowing to it is cast to it
+  bool requires_grad = false;
+};
+
 struct Node {
   std::string name;            // the op, for error messages and graph printing
-  std::vector<Tensor> inputs;  // edges to the tensors this op read (kept alive until backward)
+  std::vector<Edge> inputs;    // one per tensor this op read, in the op's order
   BackwardFn backward;         // returns one gradient per input (undefined where none flows)
 };
 

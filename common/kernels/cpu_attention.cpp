@@ -82,7 +82,7 @@ void dropout_rows(const float* p, std::int64_t ldp, float* out, std::int64_t ldo
   const float kept = 1.0f / (1.0f - s.dropout);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < width; ++c) {
-      const auto index = static_cast<std::uint64_t>((bh * s.tokens + first + r) * s.tokens + c);
+      const auto index = static_cast<std::uint64_t>(((bh + s.first_sequence * s.heads) * s.tokens + first + r) * s.tokens + c);
       out[r * ldo + c] = p[r * ldp + c] * (random_uniform(s.seed, index) < s.dropout ? 0.0f : kept);
     }
 }
@@ -160,7 +160,7 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
           const float kept = 1.0f / (1.0f - s.dropout);
           for (std::int64_t r = 0; r < rows; ++r)
             for (std::int64_t j = 0; j < keys; ++j) {
-              const auto index = static_cast<std::uint64_t>((bh * t + i0 + r) * t + j);
+              const auto index = static_cast<std::uint64_t>(((bh + s.first_sequence * s.heads) * t + i0 + r) * t + j);
               ds[r * keys + j] *= random_uniform(s.seed, index) < s.dropout ? 0.0f : kept;
             }
         }

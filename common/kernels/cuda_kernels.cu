@@ -335,7 +335,8 @@ class CudaKernels final : public Kernels {
     const std::size_t n = static_cast<std::size_t>(s.batch * s.heads * s.tokens * s.tokens);
     std::vector<float> keep(n);
     const float kept = 1.0f / (1.0f - s.dropout);
-    for (std::size_t i = 0; i < n; ++i) keep[i] = random_uniform(s.seed, i) < s.dropout ? 0.0f : kept;
+    const auto first = static_cast<std::size_t>(s.first_sequence * s.heads * s.tokens * s.tokens);  // a slice's place
+    for (std::size_t i = 0; i < n; ++i) keep[i] = random_uniform(s.seed, first + i) < s.dropout ? 0.0f : kept;
     DeviceBuffer mask(n);
     cuda::copy(mask.get(), keep.data(), n * sizeof(float), cuda::CopyKind::host_to_device);
     binary(BinaryOp::mul, p, n, mask.get(), n, out, n);

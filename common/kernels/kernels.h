@@ -34,6 +34,9 @@ struct AttentionShape {
   bool causal = true;
   float dropout = 0.0f;
   std::uint64_t seed = 0;
+  // The first sequence's place in the whole batch, when a kernel call computes a slice of it: dropout
+  // draws each probability's mask from its index in the whole batch, so slices give the whole's mask.
+  std::int64_t first_sequence = 0;
 };
 
 // Broadcasting by the full NumPy rule, for the kernels: the output's shape (at most kMaxDims) and each

@@ -22,6 +22,30 @@ std::size_t count(const Tensor& t) { return static_cast<std::size_t>(t.numel());
 // A float32 operand for a float32 kernel: a 16-bit tensor widened (exactly), a float32 one as it is.
 Tensor wide(const Tensor& t) { return t.to(DType::float32); }
 
+// Fills `out` through `f(first, count, result)`, which computes elements [first, first + count) in
+// float32 into `result`. A float32 `out` is filled in one call, in place; a 16-bit one a slice at a
+// time through a float32 scratch, each slice rounded into `out` once: the kernels compute in float32,
+// and the float32 copies of a 16-bit op's operands then stay an eighth of the tensor (or 4K elements)
+// rather than twice its size, which is what keeps mixed precision's activation memory near half.
+// Slicing an element-wise op changes none of its arithmetic. `row`: slices hold whole rows of that many
+// elements.
+template <class F>
+void in_wide_slices(Tensor& out, F f, std::size_t row = 1) {
+  const auto n = static_cast<std::size_t>(out.numel());
+  if (!is_16bit(out.dtype())) {
+    if (n) f(0, n, out.data());
+    return;
+  }
+  std::size_t step = std::max<std::size_t>(std::size_t{1} << 12, (n + 7) / 8);
+  step = (step + row - 1) / row * row;
+  for (std::size_t first = 0; first < n; first += step) {
+    const std::size_t count = std::min(step, n - first);
+    Tensor scratch = Tensor::empty({static_cast<std::int64_t>(count)}, out.device());
+    f(first, count, scratch.data());
+    out.flat_view(first, count).copy_from(scratch);
+  }
+}
+
 // C = op(A) op(B), a new [m, n] tensor (of `shape`) in `dtype`: a 16-bit GEMM with float32 accumulation
 // when dtype is a 16-bit type, otherwise float32's on the widened operands.
 Tensor gemm_into(DType dtype, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
@@ -197,21 +221,24 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   out_shape.back() = out_features;
   DType dtype = promote_types(x.dtype(), weight.dtype());
   if (bias.defined()) dtype = promote_types(dtype, bias.dtype());
-  Tensor out = Tensor::empty(out_shape, x.device(), bias.defined() ? DType::float32 : dtype);
+  Tensor out = Tensor::empty(out_shape, x.device(), dtype);
   Kernels& k = kernels(x.device());
   // torch.addmm's fusion: the output starts as the bias, row after row, and the GEMM adds x W^T to it
-  // (beta = 1), so the bias costs no pass of its own over the output.
+  // (beta = 1), so the bias costs no pass of its own over the output. In 16 bits the bias rows are exact
+  // (the bias was 16-bit).
   if (bias.defined() && rows > 0) {
-    BroadcastIndex rows_of_bias;
-    rows_of_bias.rank = 2;
-    rows_of_bias.dims[0] = rows;
-    rows_of_bias.dims[1] = out_features;
-    rows_of_bias.a_strides[1] = 1;
-    k.gather(wide(bias).data(), out.data(), rows_of_bias);
+    const Tensor b = wide(bias);
+    in_wide_slices(out, [&](std::size_t, std::size_t n, float* result) {
+      BroadcastIndex rows_of_bias;
+      rows_of_bias.rank = 2;
+      rows_of_bias.dims[0] = static_cast<std::int64_t>(n) / out_features;
+      rows_of_bias.dims[1] = out_features;
+      rows_of_bias.a_strides[1] = 1;
+      k.gather(b.data(), result, rows_of_bias);
+    }, static_cast<std::size_t>(out_features));
   }
   const float beta = bias.defined() ? 1.0f : 0.0f;
-  if (is_16bit(dtype)) {  // the bias rows in 16 bits (exact: the bias was 16-bit), then the GEMM adds to them
-    out = out.to(dtype);
+  if (is_16bit(dtype)) {
     k.gemm_half(half_format(dtype), false, true, rows, out_features, in, 1.0f, x.data16(), weight.data16(), beta,
                 out.data16());
   } else {
@@ -219,9 +246,16 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   }
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  return autograd::record(out.to(dtype), "linear", inputs,
-                          [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), rows, in, out_features,
-                           need_x = x.requires_grad(), need_w = weight.requires_grad(), dtype](const Tensor& g) {
+  // Backward needs the weight as the forward used it. Where autocast cast a float32 weight, the float32
+  // weight is kept instead and cast again in backward (the same bits: nothing changes a weight between a
+  // forward and its backward), so no 16-bit copy of a weight lives from forward to backward: PyTorch's
+  // autocast caches the copy for the scope instead. A weight that is not float32 is kept as it is.
+  const bool recast = weight_in.dtype() != weight.dtype() && weight_in.dtype() == DType::float32;
+  return autograd::record(out, "linear", inputs,
+                          [x = x.detach(), kept = (recast ? weight_in : weight).detach(), recast, weight_type = weight.dtype(),
+                           has_bias = bias.defined(), rows, in, out_features, need_x = x.requires_grad(),
+                           need_w = weight.requires_grad(), dtype](const Tensor& g) {
+                            const Tensor w = recast ? kept.to(weight_type) : kept;
                             Kernels& k = kernels(g.device());
                             std::vector<Tensor> grads(has_bias ? 3 : 2);
                             // In 16 bits (the forward's type) when the forward was: the GEMMs of the
@@ -290,11 +324,16 @@ Tensor mean(const Tensor& a) {
 namespace {
 Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
   RecordFunction timed(name);
-  Tensor out = Tensor::empty(a.shape(), a.device());
-  kernels(a.device()).unary(op, wide(a).data(), out.data(), count(a));
-  return autograd::record(out.to(a.dtype()), name, {a}, [op, a = a.detach()](const Tensor& g) {
-    Tensor grad = Tensor::empty(a.shape(), a.device());
-    kernels(a.device()).unary_backward(op, wide(a).data(), wide(g).data(), grad.data(), count(a));
+  Tensor out = Tensor::empty(a.shape(), a.device(), a.dtype());
+  in_wide_slices(out, [&](std::size_t first, std::size_t n, float* result) {
+    kernels(a.device()).unary(op, wide(a.flat_view(first, n)).data(), result, n);
+  });
+  return autograd::record(out, name, {a}, [op, a = a.detach()](const Tensor& g) {
+    Tensor grad = Tensor::empty(a.shape(), a.device(), a.dtype());
+    in_wide_slices(grad, [&](std::size_t first, std::size_t n, float* result) {
+      kernels(a.device()).unary_backward(op, wide(a.flat_view(first, n)).data(), wide(g.flat_view(first, n)).data(),
+                                         result, n);
+    });
     return std::vector<Tensor>{grad};
   });
 }
@@ -384,6 +423,37 @@ Tensor softmax(const Tensor& x_in, bool causal) {
   });
 }
 
+namespace {
+
+// Views of one slice of sequences [first, first + count) of attention's tensors.
+struct Slices {
+  const AttentionShape& whole;
+  std::int64_t first, count;
+  Tensor tokens(const Tensor& t, std::int64_t width) const {  // [B, T, width] -> [count, T, width]
+    return t.view(static_cast<std::size_t>(first * whole.tokens * width), {count, whole.tokens, width});
+  }
+  Tensor probs(const Tensor& t) const {  // [B, H, T, T] -> [count, H, T, T]
+    const std::int64_t per = whole.heads * whole.tokens * whole.tokens;
+    return t.view(static_cast<std::size_t>(first * per), {count, whole.heads, whole.tokens, whole.tokens});
+  }
+};
+
+// Calls `f` for slices of the batch: the whole batch in float32 (no copies to bound), an eighth of it at
+// a time in 16 bits. Each sequence's attention is independent of the others', so slicing changes no
+// arithmetic; dropout draws by the index in the whole batch (AttentionShape::first_sequence).
+template <class F>
+void for_sequence_slices(const AttentionShape& s, DType type, F f) {
+  const std::int64_t step = is_16bit(type) ? std::max<std::int64_t>(1, (s.batch + 7) / 8) : std::max<std::int64_t>(1, s.batch);
+  for (std::int64_t first = 0; first < s.batch; first += step) {
+    AttentionShape part = s;
+    part.batch = std::min(step, s.batch - first);
+    part.first_sequence = s.first_sequence + first;
+    f(part, Slices{s, first, part.batch});
+  }
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, bool is_causal, float dropout_p,
                                     std::uint64_t seed) {
   RecordFunction timed("attention");
@@ -397,15 +467,27 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
   AttentionShape s;
   s.batch = qkv.dim(0), s.tokens = qkv.dim(1), s.heads = n_head, s.head_size = qkv.dim(2) / (3 * n_head);
   s.causal = is_causal, s.dropout = dropout_p, s.seed = seed;
-  Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device());
-  Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device());
-  kernels(qkv.device()).attention(wide(qkv).data(), s, probs.data(), y.data());
-  // In 16 bits the probabilities are kept rounded to the input's type (the backward's memory is the
-  // largest activation of attention); the backward computes from them in float32.
-  if (is_16bit(qkv.dtype())) probs = probs.to(qkv.dtype());
-  return autograd::record(y.to(qkv.dtype()), "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
-    Tensor grad = Tensor::empty(qkv.shape(), qkv.device());
-    kernels(qkv.device()).attention_backward(wide(qkv).data(), wide(probs).data(), wide(g).data(), s, grad.data());
+  // The probabilities are kept for backward in the input's type (in 16 bits the largest activation of
+  // attention, half float32's bytes); the kernels compute in float32. A 16-bit input is widened a slice
+  // of sequences at a time, so that the float32 copies stay a fraction of what is kept.
+  const DType type = qkv.dtype();
+  Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device(), type);
+  Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), type);
+  for_sequence_slices(s, type, [&](const AttentionShape& part, const Slices& at) {
+    Tensor p32 = at.probs(probs), y32 = at.tokens(y, s.heads * s.head_size);
+    if (is_16bit(type)) p32 = Tensor::empty(p32.shape(), qkv.device()), y32 = Tensor::empty(y32.shape(), qkv.device());
+    kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
+    if (is_16bit(type)) at.probs(probs).copy_from(p32), at.tokens(y, s.heads * s.head_size).copy_from(y32);
+  });
+  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
+    Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
+    for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
+      Tensor g32 = is_16bit(grad.dtype()) ? Tensor::empty({part.batch, s.tokens, qkv.dim(2)}, qkv.device())
+                                          : at.tokens(grad, qkv.dim(2));
+      kernels(qkv.device()).attention_backward(wide(at.tokens(qkv, qkv.dim(2))).data(), wide(at.probs(probs)).data(),
+                                               wide(at.tokens(g, s.heads * s.head_size)).data(), part, g32.data());
+      if (is_16bit(grad.dtype())) at.tokens(grad, qkv.dim(2)).copy_from(g32);
+    });
     return std::vector<Tensor>{grad};
   });
 }
