@@ -86,13 +86,21 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   return run;
 }
 
-std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int64_t>& batch, parallel::Topology& topology,
+std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int64_t>& batch, int replica, int replicas,
                                                      int m) {
-  const auto share = parallel::DistributedSampler::share_of(batch, topology.dp_rank(), topology.dp_size());
+  const auto share = parallel::DistributedSampler::share_of(batch, replica, replicas);
   const auto micro = static_cast<std::ptrdiff_t>(share.size()) / m;
   std::vector<std::vector<std::int64_t>> parts;
   for (int i = 0; i < m; ++i) parts.emplace_back(share.begin() + i * micro, share.begin() + (i + 1) * micro);
   return parts;
+}
+
+std::vector<float> micro_batch_weights(const ChapterTask& task, const std::vector<std::vector<std::int64_t>>& parts,
+                                       Device device) {
+  if (!task.is_gpt()) return std::vector<float>(parts.size(), static_cast<float>(1.0 / static_cast<double>(parts.size())));
+  std::vector<Tensor> targets;
+  for (const auto& part : parts) targets.push_back(task.addition->batch(part, device).targets);
+  return parallel::micro_batch_weights(targets, data::AdditionTask::kIgnore);
 }
 
 parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, parallel::Topology& topology,
@@ -121,18 +129,10 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
   const std::int64_t before = memory_stats(device).current_of(MemoryCategory::activations);
   reset_peak_memory(device);
   // Each micro-batch's weight: its share of what counts, so the sum is the whole share's mean loss.
+  const std::vector<float> weight = micro_batch_weights(task, parts, device);
   std::vector<data::AdditionTask::Batch> batches;
-  std::vector<double> weight(parts.size(), 1.0 / static_cast<double>(parts.size()));  // the MLP's: equal sizes
-  if (task.is_gpt()) {
-    double total = 0;
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      batches.push_back(task.addition->batch(parts[i], device));
-      weight[i] = 0;
-      for (float t : batches[i].targets.to_host()) weight[i] += static_cast<int>(t) != data::AdditionTask::kIgnore;
-      total += weight[i];
-    }
-    for (double& w : weight) w = total > 0 ? w / total : 0.0;
-  }
+  if (task.is_gpt())
+    for (const auto& part : parts) batches.push_back(task.addition->batch(part, device));
   parallel::PipelineStep step;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const double begin = since();
@@ -141,7 +141,7 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
       Autocast autocast(training.precision());  // fp32: off
       loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids), batches[i].targets, data::AdditionTask::kIgnore)
                            : task.task.loss(*run.model, parts[i]);
-      loss = scale(loss, static_cast<float>(weight[i]));
+      loss = scale(loss, weight[i]);
     }
     step.loss += loss.item();
     const double middle = since();

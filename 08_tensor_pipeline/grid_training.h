@@ -54,9 +54,14 @@ struct GridRun {
 GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
                         const std::int64_t& step);
 
-// This replica's share of a whole global batch (`batch`, the stream's next), in `m` micro-batches.
-std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int64_t>& batch, parallel::Topology& topology,
+// Replica `replica`'s share of a whole global batch (`batch`, the stream's next) of `replicas`, in `m`
+// micro-batches.
+std::vector<std::vector<std::int64_t>> micro_batches(const std::vector<std::int64_t>& batch, int replica, int replicas,
                                                      int m);
+// Each micro-batch's weight in its replica's mean loss: the GPT's share of counted targets
+// (parallel::micro_batch_weights), the MLP's 1/m (equal sizes).
+std::vector<float> micro_batch_weights(const ChapterTask& task, const std::vector<std::vector<std::int64_t>>& parts,
+                                       Device device);
 
 // Forward and backward of one step over `parts`: through the pipeline's stages by `schedule` (the GPT
 // with --pp 2 or more), or one micro-batch after the other on a model split by TP alone (accumulate).

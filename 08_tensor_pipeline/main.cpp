@@ -50,7 +50,8 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   for (step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
     if (check) figures.apart([&] { check->begin_step(step); });
-    auto parts = micro_batches(stream.take(step * o.training.global_batch, o.training.global_batch), topology, m);
+    auto parts = micro_batches(stream.take(step * o.training.global_batch, o.training.global_batch), topology.dp_rank(),
+                               topology.dp_size(), m);
     if (o.faults.at("lose-micro-batch", step)) parts.pop_back();  // the step's last micro-batch never runs
     // 1. Forward and backward over this replica's micro-batches: through the stages by the schedule,
     //    or one after the other when TP alone splits the model. DDP averages over the DP group in the
@@ -128,12 +129,13 @@ int run(Options o, cli::Session& session) {
   const ChapterTask task = make_task(o, device);
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
   // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
-  // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it.
-  if (o.verify && (o.precision.dtype() != DType::float32 || o.precision.tf32 || o.precision.reduce_dtype != "fp32"))
-    throw UsageError("--verify: checks a grid in fp32 only; in " +
+  // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it, so
+  // 16 bits are checked by their parts, which tensor parallelism splits.
+  if (o.verify && !verifiable(o, topology, task))
+    throw UsageError("--verify: checks tensor-parallel layers (any --tp, and the MLP's) in fp32 only; in " +
                      (o.precision.tf32 ? "TF32" : o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype) +
-                     " tensor and pipeline parallelism's roundings come within a few noise floors of a lost micro-batch "
-                     "(verify with --precision fp32 and --reduce-dtype fp32, without --tf32)");
+                     " their roundings come within a few noise floors of a lost micro-batch (verify with --precision fp32 "
+                     "and --reduce-dtype fp32, without --tf32; 16 bits on the GPT without --tp)");
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
@@ -173,7 +175,7 @@ int run(Options o, cli::Session& session) {
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
                                      std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
-  const bool passed = !o.verify || report_check(run.check, task, session.metrics);
+  const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology), session.metrics);
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }

@@ -21,6 +21,18 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
                                                          });
   lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);
+  by_parts_ = checked_by_parts(o, topology);
+  // The run adds its micro-batches in float32, its replicas in the reduce type: the bound follows it.
+  if (by_parts_) lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
+}
+
+bool checked_by_parts(const Options& o, const parallel::Topology& topology) {
+  return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) && topology.tp_size() == 1;
+}
+
+bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {
+  const bool float32 = o.precision.dtype() == DType::float32 && o.precision.reduce() == DType::float32;
+  return !o.precision.tf32 && (float32 || (topology.tp_size() == 1 && task.is_gpt()));
 }
 
 // The whole vectors put together for the check count as its memory, not the run's.
@@ -31,8 +43,25 @@ void GridCheck::begin_step(std::int64_t step) {
 
 void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recipe& training) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
+  const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
+  if (by_parts_) {
+    // Part d M + i: replica d's micro-batch i, weighted as the run weights it within the replica; the
+    // replicas averaged (1 / DP). In the run's precision and loss scale (Recipe::reference_backward).
+    const int dp = topology_.dp_size(), m = o_.micro_batches;
+    lockstep_->set_loss_scale(training.scaler().get_scale());  // fp16: the parts the run added carried it
+    lockstep_->check_parts(step, gather_->gradients(), loss, static_cast<std::size_t>(dp * m), 1.0 / dp,
+                           [&](nn::Module& model, std::size_t index) {
+                             const auto parts = micro_batches(global_batch, static_cast<int>(index) / m, dp, m);
+                             const auto i = index % static_cast<std::size_t>(m);
+                             const float weight = micro_batch_weights(task_, parts, model.parameters().front().device())[i];
+                             return training.reference_backward(model.parameters(), [&] {
+                               return scale(task_.task.loss(model, parts[i]), weight);
+                             });
+                           });
+    return;
+  }
   // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
-  const auto global = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
+  const auto& global = global_batch;
   const auto ranks = static_cast<std::size_t>(topology_.size()), r = static_cast<std::size_t>(topology_.rank());
   const std::vector<std::int64_t> piece(global.begin() + static_cast<long>(r * global.size() / ranks),
                                         global.begin() + static_cast<long>((r + 1) * global.size() / ranks));
@@ -54,9 +83,17 @@ verify::LockstepSummary GridCheck::finish() {
   return lockstep_->finish(gather_->parameters());
 }
 
-bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, metrics::MetricsWriter& metrics) {
+bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, bool by_parts,
+                  metrics::MetricsWriter& metrics) {
   const char* model = task.is_gpt() ? "GPT" : "MLP";
-  if (c.passed)
+  if (c.passed && by_parts)
+    log("verify, %lld steps in lock-step against the unsharded %s, micro-batch by micro-batch: every gradient within the "
+        "bound of its sums over micro-batches and replicas (at most %.3g of it), every loss (%.3g of its bound), every "
+        "update the unsharded AdamW's, bit for bit%s: PASSED\n",
+        static_cast<long long>(c.steps), model, c.worst_gradient_ratio, c.worst_loss_ratio,
+        c.skipped_steps ? (" (" + std::to_string(c.skipped_steps) + " fp16 steps overflowed and were skipped by both)").c_str()
+                        : "");
+  else if (c.passed)
     log("verify, %lld steps in lock-step against the unsharded %s on the whole global batch: every gradient within "
         "%g x its step's noise floor (at most %.3g of that tolerance; the largest floor %.3g), every loss (%.3g of "
         "its tolerance), every update the unsharded AdamW's, bit for bit: PASSED\n",
@@ -65,7 +102,7 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, met
   else
     log("verify against the unsharded %s FAILED at step %lld: %s\n", model, static_cast<long long>(c.first_failed_step),
         c.first_failure.c_str());
-  metrics.write({{"event", "verify"}, {"passed", c.passed}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
+  metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
                  {"gradient_ratio", c.worst_gradient_ratio}, {"loss_ratio", c.worst_loss_ratio},
                  {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor}});
   return c.passed;

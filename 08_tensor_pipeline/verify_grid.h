@@ -2,6 +2,12 @@
 // grid's parameters and gradients are put back together (common/parallel/whole_model.h) and compared
 // with the unsharded model's over the whole global batch, which the ranks compute piece by piece; the
 // tolerance is the step's own noise floor, since tensor and pipeline parallelism reorder the sums.
+// In 16 bits (--precision bf16|fp16, --reduce-dtype) that floor cannot tell rounding from a lost
+// micro-batch (README), so a grid without tensor parallelism is checked by its parts instead, as
+// chapter 04 checks DDP: each micro-batch's gradient through the stages is the unsharded model's on
+// that micro-batch, bit for bit, and only the sums over micro-batches and replicas differ, within
+// their derived bound. With tensor parallelism a micro-batch's own sums are split, and 16 bits stay
+// refused.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -33,9 +39,19 @@ class GridCheck {
   std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe
   std::unique_ptr<parallel::WholeModelGather> gather_;
   std::unique_ptr<verify::Lockstep> lockstep_;
+  bool by_parts_ = false;  // 16 bits without TP: the micro-batches as parts
 };
 
-// Logs the verdict in one line and writes the verify metric; true when it passed.
-bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, metrics::MetricsWriter& metrics);
+// Whether --verify checks this run by its parts (16 bits without tensor parallelism), and whether it can
+// check it at all: float32 anywhere; 16 bits on the GPT without --tp (the MLP's layers are tensor-
+// parallel at any --tp, their bias added after the row-parallel sum, so even one micro-batch is not the
+// unsharded MLP's); never TF32.
+bool checked_by_parts(const Options& o, const parallel::Topology& topology);
+bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
+
+// Logs the verdict in one line and writes the verify metric; true when it passed. `by_parts`: the run was
+// checked by its parts (checked_by_parts).
+bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, bool by_parts,
+                  metrics::MetricsWriter& metrics);
 
 }  // namespace course::chapter08

@@ -5,7 +5,8 @@
 // the step it begins, from the first and from a late one of a 1000-step run; sequence parallelism holds
 // fewer activations than TP alone; every stage reports its measured bubble beside
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
-// impossible grids and sizes are one line and exit code 2.
+// in bf16 and fp16 every grid trains, and without tensor parallelism --verify checks them by their
+// micro-batches, catching a late fault; impossible grids and sizes are one line and exit code 2.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -258,12 +259,39 @@ TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
   EXPECT_LT(skipped, 40) << overflowing.process.out;
   EXPECT_NE(overflowing.process.out.find("fp16: " + std::to_string(skipped) + " of 40 steps skipped"), std::string::npos)
       << overflowing.process.out;
-  Outcome refused = run(MPIRUN_NP2, "--tp 2 --precision bf16 --verify");
-  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
-  EXPECT_NE(refused.process.err.find("--verify: checks a grid in fp32 only"), std::string::npos) << refused.process.err;
-  refused = run(MPIRUN_NP2, "--dp 2 --reduce-dtype fp16 --verify");
-  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
-  EXPECT_NE(refused.process.err.find("--verify: checks a grid in fp32 only; in fp16"), std::string::npos) << refused.process.err;
+}
+
+// 16 bits without TP are checked by their parts: each micro-batch through the stages is the unsharded
+// GPT's on it, bit for bit, and the sums over micro-batches (float32) and replicas (the reduce type)
+// keep their bound; a lost micro-batch, a tied table not exchanged and replicas that never average fail
+// at the step they begin. With TP (and the MLP's tensor-parallel layers) 16 bits are refused.
+TEST(Chapter08, MixedPrecisionIsVerifiedByItsPartsWithoutTp) {
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--pp 2 --precision bf16"},
+           {MPIRUN_NP4, "--pp 2 --dp 2 --precision fp16 --reduce-dtype fp16"},
+           {MPIRUN_NP2, "--dp 2 --reduce-dtype bf16"}}) {
+    Outcome r = run(mpirun, flags + " --verify");
+    ASSERT_EQ(r.process.exit_code, 0) << flags << "\n" << r.process.out << r.process.err;
+    auto verify = events(r.records, "verify");
+    ASSERT_EQ(verify.size(), 1u) << flags;
+    EXPECT_TRUE(verify[0]["passed"].get<bool>()) << flags;
+    EXPECT_TRUE(verify[0]["by_parts"].get<bool>()) << flags;
+    EXPECT_LE(verify[0]["gradient_ratio"].get<double>(), 1.0) << flags;
+    EXPECT_NE(r.process.out.find("micro-batch by micro-batch"), std::string::npos) << r.process.out;
+  }
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--pp 2 --precision bf16 --fault lose-micro-batch"},
+           {MPIRUN_NP2, "--pp 2 --precision fp16 --fault skip-tied-exchange"},
+           {MPIRUN_NP2, "--dp 2 --precision bf16 --reduce-dtype bf16 --fault skip-dp-average"}}) {
+    Outcome r = run(mpirun, flags + " --verify --fault-from-step 3");
+    EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+    EXPECT_NE(r.process.out.find("FAILED at step 3: the gradient of"), std::string::npos) << flags << r.process.out;
+  }
+  for (const std::string flags : {"--tp 2 --precision bf16", "--model mlp --dp 2 --precision fp16"}) {
+    Outcome refused = run(MPIRUN_NP2, flags + " --verify");
+    EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+    EXPECT_NE(refused.process.err.find("--verify: checks tensor-parallel layers"), std::string::npos) << refused.process.err;
+  }
 }
 
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {

@@ -2,6 +2,8 @@
 #include "common/autograd/autograd.h"
 #include "common/ops/autocast.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -63,6 +65,33 @@ void topological_order(const std::shared_ptr<Node>& root, std::vector<std::share
 }
 
 }  // namespace
+
+thread_local ContributionMagnitudes* t_magnitudes = nullptr;
+
+ContributionMagnitudes::ContributionMagnitudes() : previous_(t_magnitudes) { t_magnitudes = this; }
+ContributionMagnitudes::~ContributionMagnitudes() { t_magnitudes = previous_; }
+ContributionMagnitudes* ContributionMagnitudes::current() { return t_magnitudes; }
+
+const std::vector<double>* ContributionMagnitudes::of(const Tensor& leaf) const {
+  const auto found = sums_.find(leaf.impl());
+  return found == sums_.end() ? nullptr : &found->second.magnitude;
+}
+
+void ContributionMagnitudes::add(const Tensor& leaf, const Tensor& contribution) {
+  Sums& sums = sums_[leaf.impl()];
+  const std::vector<float> values = contribution.to_host();
+  sums.magnitude.resize(values.size(), 0.0);
+  for (std::size_t i = 0; i < values.size(); ++i) sums.magnitude[i] += std::fabs(static_cast<double>(values[i]));
+  most_ = std::max(most_, ++sums.count);
+}
+
+void ContributionMagnitudes::scale(const std::vector<Tensor>& leaves, double factor) {
+  for (const Tensor& leaf : leaves) {
+    const auto found = sums_.find(leaf.impl());
+    if (found != sums_.end())
+      for (double& m : found->second.magnitude) m *= factor;
+  }
+}
 
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
@@ -127,6 +156,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     }
     Tensor grad(impl->grad);
     if (g.defined()) grad.add_(g);  // a 16-bit gradient: added in float32, rounded once
+    if (g.defined() && t_magnitudes) t_magnitudes->add(leaf, g);
   };
 
   if (order.empty()) {  // the root is itself a leaf

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/tensor/tensor.h"
@@ -44,6 +45,37 @@ class NoGradGuard {
 
  private:
   bool previous_;
+};
+
+// While one is alive on this thread, backward also adds up, for every leaf, the absolute values of the
+// contributions its gradient receives, in double, and counts them: what a lock-step check needs where
+// a leaf receives several terms in one backward (a tied table: the embedding's and the output layer's)
+// that a distributed run adds in another order, so that the bound of their sum covers the terms
+// themselves and not only their total, which may cancel (common/verify/lockstep.h). The optimizer's
+// loss scale reaches them too (GradScaler::unscale_gradients scales them with the gradients).
+class ContributionMagnitudes {
+ public:
+  ContributionMagnitudes();
+  ~ContributionMagnitudes();
+  ContributionMagnitudes(const ContributionMagnitudes&) = delete;
+  ContributionMagnitudes& operator=(const ContributionMagnitudes&) = delete;
+  static ContributionMagnitudes* current();  // this thread's innermost, or null
+
+  // The sum of |contribution| of each element of `leaf`'s gradient; null if it received none.
+  const std::vector<double>* of(const Tensor& leaf) const;
+  // The most contributions any leaf received.
+  int most_contributions() const { return most_; }
+  void add(const Tensor& leaf, const Tensor& contribution);  // the engine's
+  void scale(const std::vector<Tensor>& leaves, double factor);
+
+ private:
+  struct Sums {
+    std::vector<double> magnitude;
+    int count = 0;
+  };
+  std::unordered_map<const TensorImpl*, Sums> sums_;
+  int most_ = 0;
+  ContributionMagnitudes* previous_;
 };
 
 // Gives `output` a node when grad mode is on and some input requires a gradient.

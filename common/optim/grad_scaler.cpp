@@ -1,6 +1,8 @@
 // The loss scaler: a sum per gradient finds an inf or NaN (they survive any sum), the group agrees on it.
 #include "common/optim/grad_scaler.h"
 
+#include "common/autograd/autograd.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -62,6 +64,8 @@ void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
     Tensor g = p.grad();
     if (g.defined()) kernels(g.device()).scale(g.data(), 1.0f / scale_, g.data(), static_cast<std::size_t>(g.numel()));
   }
+  // A lock-step check's record of the gradients' terms follows them (autograd::ContributionMagnitudes).
+  if (auto* magnitudes = autograd::ContributionMagnitudes::current()) magnitudes->scale(params, 1.0 / scale_);
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

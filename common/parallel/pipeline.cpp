@@ -133,6 +133,18 @@ PipelineLinks PipelineLinks::along(comm::Communicator& group) {
   return {group, s > 0 ? s - 1 : -1, s + 1 < group.size() ? s + 1 : -1};
 }
 
+std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int ignore_index) {
+  std::vector<double> counted(targets.size(), 0);
+  double total = 0;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    for (float t : targets[i].to_host()) counted[i] += static_cast<int>(t) != ignore_index;
+    total += counted[i];
+  }
+  std::vector<float> weights(targets.size(), 0.0f);
+  for (std::size_t i = 0; i < targets.size(); ++i) weights[i] = total > 0 ? static_cast<float>(counted[i] / total) : 0.0f;
+  return weights;
+}
+
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
                           DistributedDataParallel* ddp, float loss_scale) {
@@ -146,13 +158,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
   const std::int64_t before = memory_stats(device).current_of(MemoryCategory::activations);
   reset_peak_memory(device);
 
-  // Each micro-batch's weight: its share of the targets that count.
-  std::vector<double> counted(m, 0);
-  double total = 0;
-  for (std::size_t i = 0; i < m; ++i) {
-    for (float t : targets[i].to_host()) counted[i] += static_cast<int>(t) != ignore_index;
-    total += counted[i];
-  }
+  const std::vector<float> weights = micro_batch_weights(targets, ignore_index);
   std::vector<Tensor> inputs(m), outputs(m);
   std::vector<comm::WorkHandle> sends;
   PipelineStep step;
@@ -178,8 +184,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
       }
       Tensor out = stage(inputs[i]);
       if (stage.is_last()) {
-        const float weight = total > 0 ? static_cast<float>(counted[i] / total) : 0.0f;
-        outputs[i] = scale(stage.loss(out, targets[i], ignore_index), weight);
+        outputs[i] = scale(stage.loss(out, targets[i], ignore_index), weights[i]);
         loss += outputs[i].item();
       } else {
         outputs[i] = out;

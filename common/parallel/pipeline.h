@@ -95,6 +95,10 @@ struct PipelineLinks {
   static PipelineLinks along(comm::Communicator& group);
 };
 
+// Each micro-batch's weight in a step's mean loss: its share of the targets that count (those not
+// `ignore_index`), so the weighted sum of the micro-batches' mean losses is the whole batch's mean.
+std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int ignore_index);
+
 // `loss_scale`: backward starts from each loss times it (fp16's GradScaler; the caller unscales).
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,

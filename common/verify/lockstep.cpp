@@ -8,6 +8,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/autograd/autograd.h"
+#include "common/comm/agree.h"
 #include "common/kernels/kernels.h"
 #include "common/optim/optimizer.h"
 
@@ -132,18 +134,30 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   sum.assign(count, 0.0);
   magnitude.assign(count, 0.0);
   double loss = 0, loss_magnitude = 0;
+  int terms = 1;  // the most terms a parameter's gradient receives in one part (2 for a tied table)
   const int me = group_ ? group_->rank() : 0;
   for (std::size_t r = static_cast<std::size_t>(me); r < parts; r += static_cast<std::size_t>(ranks())) {
     reference_->zero_grad();
+    // A part's gradient may itself be a sum of terms that cancel (a tied table's two uses), which the run
+    // may add in another order, across its parts: the magnitude is that of the terms.
+    autograd::ContributionMagnitudes terms_of;
     const double part_loss = scale * part(*reference_, r);
+    terms = std::max(terms, terms_of.most_contributions());
     loss += part_loss;
     loss_magnitude += std::fabs(part_loss);
     const auto g = reference_->gradients_to_host();
-    for (std::size_t i = 0; i < count; ++i) {
-      sum[i] += scale * g[i];
-      magnitude[i] += std::fabs(scale * g[i]);
+    for (std::size_t i = 0; i < count; ++i) sum[i] += scale * g[i];
+    std::size_t at = 0;
+    for (const Tensor& p : reference_->parameters()) {
+      const auto n = static_cast<std::size_t>(p.numel());
+      const std::vector<double>* recorded = terms_of.of(p);
+      for (std::size_t j = 0; j < n; ++j)
+        magnitude[at + j] += std::fabs(scale) * (recorded ? std::max((*recorded)[j], std::fabs(static_cast<double>(g[at + j])))
+                                                          : std::fabs(static_cast<double>(g[at + j])));
+      at += n;
     }
   }
+  if (group_ && group_->size() > 1) terms = static_cast<int>(comm::all_reduce_scalar(*group_, static_cast<float>(terms), comm::ReduceOp::max));
   std::vector<float>& all = all_;
   all.resize(2 * count + 2);
   for (std::size_t i = 0; i < count; ++i) all[i] = static_cast<float>(sum[i]), all[count + i] = static_cast<float>(magnitude[i]);
@@ -151,10 +165,11 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
   if (!gather_step(all, run_gradient)) return;
   const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
-  // The run: R parts, R - 1 additions and the scaling (in 16 bits, each part's conversion too). The
-  // reference: its float32 sum over the ranks, one rounding per rank and one for the result.
+  // The run: R parts, each of up to `terms` terms that it may add in any order, R terms - 1 additions
+  // and the scaling (in 16 bits, each part's conversion too). The reference: its float32 sum over the
+  // ranks, one rounding per rank and one for the result.
   const bool sixteen_bit = rounding_.unit_roundoff > kUnitRoundoff;
-  const auto run_roundings = static_cast<std::int64_t>(parts) + 1 + (sixteen_bit ? 1 : 0);
+  const auto run_roundings = static_cast<std::int64_t>(parts) * terms + 1 + (sixteen_bit ? 1 : 0);
   if (!finite(run_gradient.begin(), run_gradient.end())) {
     if (finite(all.begin(), all.begin() + static_cast<long>(count))) {
       // Legitimate only where the run's own sums could overflow: no partial sum of the run exceeds the

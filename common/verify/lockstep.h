@@ -8,7 +8,11 @@
 //      and its loss the reference's loss, within a tolerance (compare.h):
 //        parts:     the run's gradient is scale x (part 0 + ... + part R-1), and the reference can
 //                   compute every part exactly as the run did (DDP's shares, accumulation's
-//                   micro-batches, ZeRO's reduce-scatter): within the float32 bound of those additions;
+//                   micro-batches, ZeRO's reduce-scatter, a pipeline's micro-batches): within the
+//                   float32 bound of those additions. Where a part's gradient is itself a sum of
+//                   terms (a tied table's two uses, accumulation inside a part), which the run may add
+//                   across parts in another order, the bound counts every term and their magnitudes
+//                   (autograd::ContributionMagnitudes), not only each part's total, which may cancel;
 //        reordered: the run reorders the computation itself (tensor and pipeline parallelism): within
 //                   kNoiseFloorFactor times the step's own noise floor, the reference's gradient against
 //                   itself from every parameter nudged by one rounding, its samples reversed.
