@@ -8,6 +8,7 @@
 #include "common/autograd/profiler.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
+#include "common/optim/grad_scaler.h"
 
 namespace course {
 namespace {
@@ -117,6 +118,26 @@ TEST(Autograd, ASecondBackwardThroughAFreedGraphIsNamed) {
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("a second time"), std::string::npos) << e.what();
   }
+}
+
+// A lock-step check's record of a leaf's terms: a weight used twice gets two contributions, their
+// absolute values added (where their sum cancels, the record does not), and the loss scale's undoing
+// reaches the record as it reaches the gradient.
+TEST(Autograd, ContributionMagnitudesCountEveryTermOfALeafsGradient) {
+  Tensor w = Tensor::from_host({3.0f, -1.0f}, {2}).set_requires_grad(true);
+  const Tensor a = Tensor::from_host({1.0f, 2.0f}, {2}), b = Tensor::from_host({-1.0f, 0.5f}, {2});
+  autograd::ContributionMagnitudes terms;
+  sum(add(mul(w, a), mul(w, b))).backward();
+  EXPECT_EQ(w.grad().to_host(), (std::vector<float>{0.0f, 2.5f}));
+  ASSERT_NE(terms.of(w), nullptr);
+  EXPECT_EQ(*terms.of(w), (std::vector<double>{2.0, 2.5}));
+  EXPECT_EQ(terms.most_contributions(), 2);
+  optim::GradScalerOptions options;
+  options.init_scale = 4.0f;
+  optim::GradScaler(options).unscale_gradients({w});
+  EXPECT_EQ(w.grad().to_host(), (std::vector<float>{0.0f, 0.625f}));
+  EXPECT_EQ(*terms.of(w), (std::vector<double>{0.5, 0.625}));
+  EXPECT_EQ(terms.of(a), nullptr);  // no gradient, no record
 }
 
 TEST(Autograd, HookNamesTheParameterAndCallbacksRunWhenBackwardEnds) {
