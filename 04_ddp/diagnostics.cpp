@@ -9,6 +9,7 @@
 #include "common/checkpoint/parameters.h"
 #include "common/cli/model_options.h"
 #include "common/core/log.h"
+#include "common/core/memory.h"
 #include "common/ops/autocast.h"
 #include "common/parallel/replicas.h"
 #include "common/verify/compare.h"
@@ -42,10 +43,16 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
 
 void Diagnostics::begin_step(std::int64_t step) {
   if (lockstep_) lockstep_->begin_step(step, model_);
+  // The step's activations at their peak (forward and backward; --recompute's figure). The lock-step
+  // reference's memory is counted apart (MemoryCategory::verification).
+  activations_before_ = memory_stats(session_.device).current_of(MemoryCategory::activations);
+  reset_peak_memory(session_.device);
   began_ = Clock::now();
 }
 
 void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double communication_ms) {
+  peak_activations_ = std::max(peak_activations_, memory_stats(session_.device).peak_of(MemoryCategory::activations) -
+                                                      activations_before_);
   step_ms_ = ms_since(began_);
   step_comm_ms_ = communication_ms;
   global_loss_ = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);  // the global batch's
@@ -115,8 +122,9 @@ int Diagnostics::finish(bool identical) {
   const int ranks = group_.size();
   const double timed_steps = static_cast<double>(std::max<std::int64_t>(1, total_steps_ - 1));
   const double samples_per_s = total_ms_ > 0 ? static_cast<double>(timed_samples_) / (total_ms_ / 1000.0) : 0.0;
-  log("throughput: %.0f samples/s; per step %.2f ms = compute %.2f + communication %.2f\n", samples_per_s,
-      total_ms_ / timed_steps, compute_ms_ / timed_steps, comm_ms_ / timed_steps);
+  log("throughput: %.0f samples/s; per step %.2f ms = compute %.2f + communication %.2f; activations at their peak "
+      "%.2f MiB per rank\n", samples_per_s, total_ms_ / timed_steps, compute_ms_ / timed_steps, comm_ms_ / timed_steps,
+      static_cast<double>(peak_activations_) / (1024.0 * 1024.0));
   log("parameters identical on all %d ranks: %s\n", ranks, identical ? "yes" : "NO");
   verify::LockstepSummary check;
   verify::Drift drift;
@@ -161,6 +169,7 @@ int Diagnostics::finish(bool identical) {
                           {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                           {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
                           {"precision", o_.precision.precision}, {"reduce_dtype", o_.precision.reduce_dtype},
+                          {"recompute", o_.models.recompute}, {"peak_activation_bytes", peak_activations_},
                           {"skipped_steps", training_.scaler().skipped_steps()},
                           {"fault", o_.faults.fault}, {"fault_from_step", o_.faults.from_step},
                           {"backend", group_.backend_name()}, {"device", device_name(session_.device)},

@@ -53,6 +53,7 @@ class Diagnostics {
   std::unique_ptr<verify::Lockstep> lockstep_;
   double step_ms_ = 0, step_comm_ms_ = 0, total_ms_ = 0, compute_ms_ = 0, comm_ms_ = 0;
   std::int64_t timed_samples_ = 0;
+  std::int64_t activations_before_ = 0, peak_activations_ = 0;  // this rank's, above the step's start
   float global_loss_ = 0;
   bool diverged_ = false;
   std::chrono::steady_clock::time_point began_;

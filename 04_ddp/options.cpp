@@ -18,6 +18,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_reduce_dtype_option(app, o.precision);  // DDP's gradients in 16 bits
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
+  cli::add_recompute_option(app, o.models);  // --recompute: the GPT's activations
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();

@@ -116,7 +116,9 @@ int run(const Options& o) {
   std::shared_ptr<nn::Module> model;
   std::function<Tensor()> loss;
   std::unique_ptr<optim::Optimizer> optimizer;
-  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}, {"precision", o.precision.precision}};
+  const char* recompute[] = {"none", "selective", "full"};
+  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}, {"precision", o.precision.precision},
+                             {"recompute", recompute[static_cast<int>(o.gpt.recompute)]}};
   std::vector<Gemm> gemms;
   checkpoint::NamedTensors inputs;
 
@@ -241,8 +243,8 @@ int run(const Options& o) {
                 device_name(device), device == Device::cpu ? ", GEMMs on " : "",
                 device == Device::cpu ? cpu::gemm_library() : "", o.threads,
                 static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
-    std::printf("  %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
-                static_cast<double>(activation_peak) / (1024.0 * 1024.0));
+    std::printf("  %s, recompute %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
+                recompute[static_cast<int>(o.gpt.recompute)], static_cast<double>(activation_peak) / (1024.0 * 1024.0));
     if (!gemm_ms.empty())
       std::printf("  its GEMMs alone (same library, same shapes): %.3f ms; step / GEMMs = %.2f\n", median(gemm_ms),
                   median(step_ms) / median(gemm_ms));
@@ -279,6 +281,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 16));
   app.add_option("--vocab", o.gpt.vocab_size, "the random tokens' vocabulary, with --block-size")
       ->check(CLI::Range(2, 1 << 20));
+  app.add_option_function<std::string>(
+         "--recompute", [&o](const std::string& value) { o.gpt.recompute = nn::recompute_named(value); },
+         "the GPT's activation recomputation: none, selective or full")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->default_str("none");
   app.add_flag("--profile", o.profile, "time the step op by op, forward and backward");
   cli::add_precision_options(app, o.precision);
   app.add_option("--threads", o.threads, "CPU threads (GEMM and element-wise kernels)")->check(cli::PositiveInteger);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/process.h"
@@ -211,6 +212,33 @@ TEST(Chapter04, GradientsAveragedIn16BitsPassVerifyAndAWrongAverageFails) {
                        " --device cpu --verify --steps 12 --reduce-dtype bf16 --fault skip-rank-share --fault-from-step 8");
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("lock-step check FAILED at step 8: the gradient of"), std::string::npos) << r.out;
+}
+
+// --recompute changes what backward keeps, not what it computes: with selective and full recomputation
+// the GPT passes --verify and ends with the parameters of the run without, bit for bit, holding fewer
+// activations at their peak (full: each block's input and one block at a time). The MLP refuses it.
+TEST(Chapter04, RecomputationPassesVerifyBitIdenticalInLessMemory) {
+  std::map<std::string, checkpoint::Loaded> finals;
+  std::map<std::string, std::int64_t> peaks;
+  for (const std::string recompute : {"none", "selective", "full"}) {
+    const std::string saved = temp_path("ch04_recompute_" + recompute + ".safetensors");
+    auto s = run_verified(MPIRUN_NP2, "--model gpt --steps 6 --recompute " + recompute + " --save " + saved);
+    expect_lockstep(s);
+    EXPECT_EQ(s["recompute"].get<std::string>(), recompute);
+    peaks[recompute] = s["peak_activation_bytes"].get<std::int64_t>();
+    finals[recompute] = checkpoint::load_safetensors(saved);
+  }
+  for (const std::string recompute : {"selective", "full"}) {
+    ASSERT_EQ(finals[recompute].tensors.size(), finals["none"].tensors.size());
+    for (std::size_t i = 0; i < finals["none"].tensors.size(); ++i)
+      EXPECT_EQ(finals[recompute].tensors[i].second.to_host(), finals["none"].tensors[i].second.to_host())
+          << recompute << " " << finals["none"].tensors[i].first;
+  }
+  EXPECT_LT(peaks["selective"], peaks["none"]);
+  EXPECT_LT(peaks["full"], peaks["selective"]);
+  auto refused = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --recompute full");
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("--recompute"), std::string::npos) << refused.err;
 }
 
 TEST(Chapter04, TheGptTrainsOnATextFile) {

@@ -244,6 +244,33 @@ TEST(DistributedDataParallel, NamesAParameterThatGotNoGradientWhenBackwardEnds) 
   EXPECT_NO_THROW(sum(ddp(x)).backward());
 }
 
+// Full activation recomputation under DDP's overlapped buckets: each block's parameters get their
+// gradients in an inner backward run inside the outer one; their hooks launch the buckets there, and
+// DDP's end-of-backward callback still waits for the outer pass. The averaged gradients are those of
+// the same model without recomputation, bit for bit, synchronised once.
+TEST(DistributedDataParallel, FullRecomputationAveragesTheSameGradientsOnce) {
+  nn::GPTConfig c{3, 2, 16, 8, 12, 0.0f};
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 32; ++i) {
+    ids.push_back(static_cast<float>((i * 5 + world().rank()) % 12));
+    targets.push_back(static_cast<float>((i * 7 + world().rank()) % 12));
+  }
+  std::vector<std::vector<float>> gradients[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    c.recompute = recompute ? nn::Recompute::full : nn::Recompute::none;
+    auto gpt = std::make_shared<nn::GPT>(c, Device::cpu, 5);
+    parallel::ReducerOptions options;
+    options.bucket_cap_mb = 0.002;  // several buckets, launched from inside the recomputed blocks' passes
+    options.first_bucket_mb = 0.001;
+    parallel::DistributedDataParallel ddp(gpt, world(), options);
+    cross_entropy(ddp(Tensor::from_host(ids, {4, 8})), Tensor::from_host(targets, {32})).backward();
+    EXPECT_EQ(ddp.synchronisations(), 1);
+    EXPECT_GT(ddp.reducer().buckets().size(), 2u);
+    for (const Tensor& p : gpt->parameters()) gradients[recompute].push_back(p.grad().to_host());
+  }
+  EXPECT_EQ(gradients[1], gradients[0]);
+}
+
 TEST(DataParallelNaive, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
   // Chapter 04's DDP. The GPT's head is its token table: the weight is used twice in the forward, yet
   // it is one parameter with one gradient, all-reduced once.

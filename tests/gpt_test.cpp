@@ -7,6 +7,9 @@
 
 #include <cmath>
 
+#include "common/core/memory.h"
+#include "common/ops/autocast.h"
+#include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
 
 namespace course::testing {
@@ -185,6 +188,53 @@ TEST(Gpt, LearnsToRepeatASequence) {
   }
   EXPECT_NEAR(first, std::log(11.0), 0.3);
   EXPECT_LT(last, 0.05);
+}
+
+// Activation recomputation changes what backward keeps, not what it computes: the loss and every
+// gradient bit-identical with none, selective and full, in float32 and under bf16 autocast, with dropout
+// on (the block run again draws the forward's masks); and the activations at their peak fall from none
+// to selective (attention's probabilities) to full (each block's input only).
+TEST(Gpt, RecomputationGivesTheSameGradientsInLessMemory) {
+  nn::GPTConfig c = small();
+  c.n_layer = 4, c.block_size = 32, c.dropout = 0.1f;
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 8 * 32; ++i) ids.push_back(static_cast<float>((i * 7) % 11)), targets.push_back(static_cast<float>((i * 5) % 11));
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    std::vector<std::vector<float>> first;
+    float first_loss = 0;
+    std::int64_t previous_peak = 0;
+    for (nn::Recompute recompute : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full}) {
+      nn::GPT gpt(c, Device::cpu, 3);
+      gpt.set_recompute(recompute);
+      const Tensor input = ids_of(ids, 8), target = Tensor::from_host(targets, {256});
+      reset_peak_memory(Device::cpu);
+      const std::int64_t before = memory_stats(Device::cpu).current_of(MemoryCategory::activations);
+      float loss_value = 0;
+      {
+        Tensor loss;
+        {
+          Autocast autocast(dtype, dtype != DType::float32);
+          loss = cross_entropy(gpt(input), target);
+        }
+        loss.backward();
+        loss_value = loss.item();
+      }
+      const std::int64_t peak = memory_stats(Device::cpu).peak_of(MemoryCategory::activations) - before;
+      std::vector<std::vector<float>> grads;
+      for (const Tensor& p : gpt.parameters()) grads.push_back(p.grad().to_host());
+      const int r = static_cast<int>(recompute);
+      if (recompute == nn::Recompute::none) {
+        first = grads, first_loss = loss_value;
+      } else {
+        EXPECT_EQ(loss_value, first_loss) << dtype_name(dtype) << " recompute " << r;
+        ASSERT_EQ(grads.size(), first.size());
+        for (std::size_t i = 0; i < grads.size(); ++i) EXPECT_EQ(grads[i], first[i]) << dtype_name(dtype) << " recompute " << r << " parameter " << i;
+        EXPECT_LT(peak, previous_peak) << dtype_name(dtype) << " recompute " << r;
+      }
+      std::printf("%s, recompute %d: activations at their peak %lld bytes\n", dtype_name(dtype), r, static_cast<long long>(peak));
+      previous_peak = peak;
+    }
+  }
 }
 
 TEST(Gpt, BadSizesAreRefused) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -96,6 +97,8 @@ void ContributionMagnitudes::scale(const std::vector<Tensor>& leaves, double fac
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = previous_; }
 
 Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, BackwardFn backward) {
   if (!t_grad_enabled) return output;
@@ -137,7 +140,8 @@ void backward(const Tensor& root, const Tensor& grad_output) {
   // Each op's backward runs in the types its forward chose; autocast does not apply to it (PyTorch's
   // backward runs outside autocast too).
   Autocast no_autocast(DType::float32, false);
-  CallbackQueue callbacks;
+  std::optional<CallbackQueue> callbacks;  // a backward inside another's node queues into the outer pass's
+  if (!t_callbacks) callbacks.emplace();
 
   std::vector<std::shared_ptr<Node>> order;
   if (root.impl()->grad_fn) topological_order(root.impl()->grad_fn, order);
@@ -163,7 +167,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     add_to_leaf(root, grad_output.defined() ? grad_output.to(root.dtype())
                                             : Tensor::ones(root.shape(), root.device(), root.dtype()));
     fire_hooks(root);
-    callbacks.run();
+    if (callbacks) callbacks->run();
     return;
   }
   // The gradient of each node's output, keyed by the node (one output each).
@@ -209,7 +213,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     node.backward = nullptr;
     node.inputs.clear();
   }
-  callbacks.run();
+  if (callbacks) callbacks->run();
 }
 
 }  // namespace course::autograd

@@ -47,6 +47,18 @@ class NoGradGuard {
   bool previous_;
 };
 
+// The opposite: ops record again inside it (torch.enable_grad), e.g. a recomputation inside backward.
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // While one is alive on this thread, backward also adds up, for every leaf, the absolute values of the
 // contributions its gradient receives, in double, and counts them: what a lock-step check needs where
 // a leaf receives several terms in one backward (a tied table: the embedding's and the output layer's)
@@ -89,6 +101,8 @@ Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, Backw
 // callbacks queued during this pass run, in the order they were queued.
 void backward(const Tensor& root, const Tensor& grad_output = Tensor());
 
+// A backward called from inside another's node (activation recomputation, common/autograd/checkpoint.h)
+// is part of the outer pass: what it queues runs when the outer pass ends.
 // Queues `callback` to run once the backward pass in progress has finished (PyTorch's
 // Engine.queue_callback): how a hook learns that backward is over without counting gradients.
 // Callable only from inside backward (from a hook); throws std::logic_error elsewhere.

@@ -52,9 +52,24 @@ void add_mlp_options(CLI::App& app, MlpOptions& o) {
   app.add_option("--layers", o.layers, "Hidden layers (MLP)")->check(CLI::Range(1, 64))->capture_default_str();
 }
 
+void add_recompute_option(CLI::App& app, ModelOptions& o) {
+  app.add_option_function<std::string>(
+         "--recompute",
+         [&o](const std::string& value) {
+           o.recompute = value;
+           o.gpt.recompute = nn::recompute_named(value);
+         },
+         "GPT: what backward keeps (activation recomputation): none; selective, attention's probabilities "
+         "computed again in backward; full, each block's input only, the block run again in backward")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->default_str("none");
+}
+
 nn::TrainingTask training_task(const ModelOptions& models, const MlpOptions& mlp, std::int64_t global_batch,
                                int copies, int ranks_here, Device device, std::uint64_t seed) {
   if (!models.data.empty() && models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
+  if (models.recompute != "none" && models.model != "gpt")
+    throw UsageError("--recompute: recomputes the GPT's blocks (--model gpt); the MLP keeps its activations");
   if (models.model == "gpt") return gpt_training_task(models, mlp.samples, mlp.samples_given, device, seed);
   check_memory(copies * mlp_training_bytes(mlp.samples, mlp.features, mlp.hidden, mlp.layers, global_batch),
                "--samples " + std::to_string(mlp.samples) + ", --hidden " + std::to_string(mlp.hidden) +

@@ -17,8 +17,12 @@ struct ModelOptions {
   int digits = 2;                            // --digits: the addition task's
   std::string data;                          // --data FILE: character-level text instead of addition
   double val_fraction = 0.1;                 // --val-fraction
+  std::string recompute = "none";            // --recompute, where a chapter offers it (gpt.recompute follows)
 };
 void add_model_options(CLI::App& app, ModelOptions& options);
+// --recompute none|selective|full (04, 07, 08): what the GPT's blocks keep for backward
+// (nn::Recompute); the MLP refuses anything but none.
+void add_recompute_option(CLI::App& app, ModelOptions& options);
 
 // The MLP's sizes (--samples, --features, --hidden, --layers): one name and one bound each, in every
 // chapter that trains the MLP. The chapter sets its defaults in the struct before adding the flags.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/autograd/checkpoint.h"
 #include "common/core/errors.h"
 #include "common/ops/ops.h"
 #include "common/tensor/random.h"
@@ -64,7 +65,7 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, Device device, std:
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   // q, k and v side by side in one projection; the attention reads them in place (ops.h).
   Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
-  Tensor y = scaled_dot_product_attention(qkv, n_head_, true, dropout_, random_bits(seed_, ++calls_));
+  Tensor y = scaled_dot_product_attention(qkv, n_head_, true, dropout_, random_bits(seed_, ++calls_), keep_probabilities);
   return dropout((*c_proj)(y), dropout_, random_bits(seed_, ++calls_));
 }
 
@@ -90,8 +91,31 @@ Block::Block(const GPTConfig& c, Device device, std::uint64_t seed) {
 }
 
 Tensor Block::forward(const Tensor& x) {
+  if (!full_recompute_) return layers(x);
+  // Full recomputation: only x is kept; backward runs the block again, its dropout from the same draws.
+  const std::uint64_t calls = attn->calls();
+  return autograd::checkpoint([this, calls](const Tensor& input) {
+    attn->set_calls(calls);
+    return layers(input);
+  }, x);
+}
+
+Tensor Block::layers(const Tensor& x) {
   Tensor h = add(x, (*attn)((*ln_1)(x)));
   return add(h, (*mlp)((*ln_2)(h)));
+}
+
+void Block::set_recompute(Recompute recompute) {
+  full_recompute_ = recompute == Recompute::full;
+  // Full recomputation keeps them inside the block run again: one block's at a time.
+  attn->keep_probabilities = recompute != Recompute::selective;
+}
+
+Recompute recompute_named(const std::string& name) {
+  if (name == "none") return Recompute::none;
+  if (name == "selective") return Recompute::selective;
+  if (name == "full") return Recompute::full;
+  throw UsageError("--recompute: '" + name + "' is not none, selective or full");
 }
 
 // The token and position tables and the final norm are registered under "transformer." as in GPT-2.
@@ -116,6 +140,11 @@ GPT::GPT(const GPTConfig& config, Device device, std::uint64_t seed) : config_(c
         std::to_string(i),
         std::make_shared<Block>(config, device, random_bits(seed, 10 + static_cast<std::uint64_t>(i)))));
   ln_f_ = transformer->register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, device));
+  set_recompute(config.recompute);
+}
+
+void GPT::set_recompute(Recompute recompute) {
+  for (auto& block : blocks_) block->set_recompute(recompute);
 }
 
 Tensor GPT::forward(const Tensor& ids) {

@@ -6,15 +6,26 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/nn/layers.h"
 
 namespace course::nn {
 
+// Activation recomputation (Korthikanti et al., "Reducing Activation Recomputation in Large
+// Transformer Models", 2022): none keeps every activation backward needs; selective recomputes only
+// attention's [B, H, T, T] probabilities in backward (the largest part, the cheapest to redo); full
+// keeps only each block's input and runs the whole block again in backward (Chen et al., 2016).
+// Gradients are bit-identical in all three: the same ops on the same values.
+enum class Recompute { none, selective, full };
+// "none", "selective" or "full"; throws UsageError naming --recompute otherwise.
+Recompute recompute_named(const std::string& name);
+
 struct GPTConfig {
   std::int64_t n_layer = 2, n_head = 2, n_embd = 64, block_size = 32, vocab_size = 16;
   float dropout = 0.0f;  // off for verification: dropout makes each rank's step different by design
+  Recompute recompute = Recompute::none;  // what backward keeps (not the model: not in to_json)
   // Throws UsageError naming the first size that is not positive, or heads that do not divide n_embd.
   void check() const;
   std::string to_json() const;  // for checkpoints: the configuration a checkpoint must match
@@ -34,6 +45,10 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(const GPTConfig& config, Device device, std::uint64_t seed);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Linear> c_attn, c_proj;
+  bool keep_probabilities = true;  // false: selective recomputation
+  // Dropout's draws so far: a block run again in backward starts from the count its forward started from.
+  std::uint64_t calls() const { return calls_; }
+  void set_calls(std::uint64_t calls) { calls_ = calls; }
 
  private:
   std::int64_t n_head_;
@@ -54,9 +69,14 @@ class Block : public Module {
  public:
   Block(const GPTConfig& config, Device device, std::uint64_t seed);
   Tensor forward(const Tensor& x) override;
+  void set_recompute(Recompute recompute);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLPBlock> mlp;
+
+ private:
+  Tensor layers(const Tensor& x);
+  bool full_recompute_ = false;
 };
 
 class GPT : public Module {
@@ -67,6 +87,8 @@ class GPT : public Module {
   // ids: [B, T] token indices as floats, T <= block_size. Returns the logits, [B * T, vocab_size].
   Tensor forward(const Tensor& ids) override;
   const GPTConfig& config() const { return config_; }
+  // --recompute: what every block keeps for backward (none by default).
+  void set_recompute(Recompute recompute);
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   const LayerNorm& ln_f() const { return *ln_f_; }
   Tensor wte, wpe;

@@ -7,6 +7,14 @@
 #include "common/ops/ops.h"
 
 namespace course::nn {
+namespace {
+// ", full recomputation" in a task's description when the blocks recompute (nn::Recompute).
+std::string recompute_note(const GPTConfig& config) {
+  if (config.recompute == Recompute::selective) return ", selective recomputation";
+  if (config.recompute == Recompute::full) return ", full recomputation";
+  return "";
+}
+}  // namespace
 
 TrainingTask mlp_task(std::int64_t samples, std::int64_t features, std::int64_t hidden, int layers, Device device,
                       std::uint64_t seed, Activation activation) {
@@ -66,7 +74,7 @@ GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64
   const auto params = GPT(config, Device::cpu, 0).parameter_count();
   t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
                   std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
-                  std::to_string(problems) + " " + std::to_string(digits) + "-digit additions";
+                  std::to_string(problems) + " " + std::to_string(digits) + "-digit additions" + recompute_note(config);
   return {t, data, config};
 }
 
@@ -104,7 +112,7 @@ TrainingTask text_task(GPTConfig config, const std::string& path, double val_fra
   const auto params = GPT(config, Device::cpu, 0).parameter_count();
   t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
                   std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
-                  std::to_string(text->train_windows()) + " windows of " + path;
+                  std::to_string(text->train_windows()) + " windows of " + path + recompute_note(config);
   return t;
 }
 

@@ -455,7 +455,7 @@ void for_sequence_slices(const AttentionShape& s, DType type, F f) {
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, bool is_causal, float dropout_p,
-                                    std::uint64_t seed) {
+                                    std::uint64_t seed, bool keep_probabilities) {
   RecordFunction timed("attention");
   const Tensor qkv = autocast_input("attention", qkv_in);
   if (qkv.shape().size() != 3 || n_head < 1 || qkv.dim(2) % (3 * n_head) != 0)
@@ -479,7 +479,18 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
     kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
     if (is_16bit(type)) at.probs(probs).copy_from(p32), at.tokens(y, s.heads * s.head_size).copy_from(y32);
   });
-  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), probs, s](const Tensor& g) {
+  if (!keep_probabilities) probs = Tensor();  // selective recomputation: computed again in backward
+  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), kept = probs, s](const Tensor& g) {
+    Tensor probs = kept;
+    if (!probs.defined()) {  // the forward's kernel again, its probabilities rounded as the forward's were
+      probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device(), qkv.dtype());
+      for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
+        Tensor p32 = is_16bit(qkv.dtype()) ? Tensor::empty(at.probs(probs).shape(), qkv.device()) : at.probs(probs);
+        Tensor y32 = Tensor::empty({part.batch, s.tokens, s.heads * s.head_size}, qkv.device());
+        kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
+        if (is_16bit(qkv.dtype())) at.probs(probs).copy_from(p32);
+      });
+    }
     Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
     for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
       Tensor g32 = is_16bit(grad.dtype()) ? Tensor::empty({part.batch, s.tokens, qkv.dim(2)}, qkv.device())

@@ -37,8 +37,12 @@ Tensor softmax(const Tensor& x, bool causal = false);
 // split, the views and the transposes around PyTorch's call are not needed: the kernel reads the packed
 // layout in place. Scores are scaled by 1/sqrt(head_size); dropout_p drops probabilities with a mask drawn
 // from `seed` as the dropout op draws it. Ours differs from PyTorch's in taking q, k and v packed.
+// `keep_probabilities` false is selective recomputation (Korthikanti et al., "Reducing Activation
+// Recomputation in Large Transformer Models", 2022): the [B, H, T, T] probabilities, the largest thing
+// attention keeps, are not kept but computed again in backward from qkv (the same bits: the same
+// kernel on the same input, rounded as the kept ones would have been).
 Tensor scaled_dot_product_attention(const Tensor& qkv, std::int64_t n_head, bool is_causal = true,
-                                    float dropout_p = 0.0f, std::uint64_t seed = 0);
+                                    float dropout_p = 0.0f, std::uint64_t seed = 0, bool keep_probabilities = true);
 // nn.Dropout in training mode: each element is zeroed with probability p and the rest scaled by
 // 1 / (1 - p). The mask is a pure function of (seed, element index), the same on every device and
 // every run; p = 0 returns x itself.
