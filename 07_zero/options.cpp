@@ -14,6 +14,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_model_options(app, o.models);
+  cli::add_recompute_option(app, o.models);  // --recompute: the GPT's activations
   app.add_option("--stage", o.stage, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::Range(0, 3))->capture_default_str();
   cli::add_training_options(app, o.training, "AdamW learning rate");

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/process.h"
@@ -51,6 +52,30 @@ TEST(Chapter07, TheGptVerifiesWithAccumulation) {
                        "--stage 3 --verify");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("verify stage 3, 3 steps in lock-step"), std::string::npos) << r.out;
+}
+
+// --recompute with every stage (stage 3 gathers a block's parameters for backward before the block runs
+// again; their gradients come out of the recomputed pass): every stage passes --verify, with fewer
+// activations at their peak for full recomputation than without, and the same ones at every stage.
+TEST(Chapter07, RecomputationPassesVerifyAtEveryStage) {
+  std::map<std::string, double> peak;
+  for (const std::string recompute : {"none", "full"}) {
+    const std::string metrics = temp_path("ch07_recompute.jsonl");
+    auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary +
+                         " --device cpu --model gpt --n-layer 2 --n-embd 32 --global-batch 24 --steps 3 --compare "
+                         "--verify --recompute " + recompute + " --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << recompute << "\n" << r.out << r.err;
+    for (int stage = 0; stage <= 3; ++stage)
+      EXPECT_NE(r.out.find("verify stage " + std::to_string(stage) + ", 3 steps in lock-step"), std::string::npos)
+          << recompute << "\n" << r.out;
+    EXPECT_NE(r.out.find(recompute == "full" ? "full recomputation" : "additions, "), std::string::npos) << r.out;
+    for (const auto& stage : events(read_metrics(metrics), "zero_stage")) {
+      const double mine = stage["peak_activations"].get<double>();
+      if (peak.count(recompute)) EXPECT_EQ(mine, peak[recompute]) << recompute;  // the same at every stage
+      peak[recompute] = mine;
+    }
+  }
+  EXPECT_LT(peak["full"], peak["none"]);
 }
 
 // Mixed precision (--precision bf16|fp16): 16-bit parameters and gradients over float32 masters.
