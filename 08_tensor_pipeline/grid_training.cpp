@@ -20,6 +20,7 @@ namespace course::chapter08 {
 
 ChapterTask make_task(const Options& o, Device device) {
   ChapterTask t;
+  cli::check_recompute(o.models);
   if (o.models.model == "mlp") {
     // GELU, as the GPT's MLP: tensor parallelism splits a row layer's sums, and a ReLU whose input lies
     // within that rounding of zero would flip, a whole sample's gradient through one unit that no

@@ -169,6 +169,7 @@ int run(Options o, cli::Session& session) {
         static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
   session.metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
                          {"precision", o.precision.precision}, {"reduce_dtype", o.precision.reduce_dtype}, {"skipped_steps", run.skipped_steps},
+                         {"recompute", o.models.recompute}, {"peak_activation_bytes", run.peak_activations},  // per stage
                          {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
                          {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
                          {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});

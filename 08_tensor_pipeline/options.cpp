@@ -15,6 +15,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
   cli::add_model_options(app, o.models);
+  cli::add_recompute_option(app, o.models);  // --recompute: the GPT's activations
   cli::add_mlp_options(app, o.mlp);
   cli::add_precision_options(app, o.precision);
   cli::add_reduce_dtype_option(app, o.precision);  // DDP's gradients in 16 bits

@@ -65,11 +65,15 @@ void add_recompute_option(CLI::App& app, ModelOptions& o) {
       ->default_str("none");
 }
 
+void check_recompute(const ModelOptions& o) {
+  if (o.recompute != "none" && o.model != "gpt")
+    throw UsageError("--recompute: recomputes the GPT's blocks (--model gpt); the MLP keeps its activations");
+}
+
 nn::TrainingTask training_task(const ModelOptions& models, const MlpOptions& mlp, std::int64_t global_batch,
                                int copies, int ranks_here, Device device, std::uint64_t seed) {
   if (!models.data.empty() && models.model != "gpt") throw UsageError("--data: a text file is for --model gpt");
-  if (models.recompute != "none" && models.model != "gpt")
-    throw UsageError("--recompute: recomputes the GPT's blocks (--model gpt); the MLP keeps its activations");
+  check_recompute(models);
   if (models.model == "gpt") return gpt_training_task(models, mlp.samples, mlp.samples_given, device, seed);
   check_memory(copies * mlp_training_bytes(mlp.samples, mlp.features, mlp.hidden, mlp.layers, global_batch),
                "--samples " + std::to_string(mlp.samples) + ", --hidden " + std::to_string(mlp.hidden) +

@@ -23,6 +23,8 @@ void add_model_options(CLI::App& app, ModelOptions& options);
 // --recompute none|selective|full (04, 07, 08): what the GPT's blocks keep for backward
 // (nn::Recompute); the MLP refuses anything but none.
 void add_recompute_option(CLI::App& app, ModelOptions& options);
+// Throws UsageError naming --recompute when it is given for the MLP.
+void check_recompute(const ModelOptions& options);
 
 // The MLP's sizes (--samples, --features, --hidden, --layers): one name and one bound each, in every
 // chapter that trains the MLP. The chapter sets its defaults in the struct before adding the flags.

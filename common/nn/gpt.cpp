@@ -88,6 +88,7 @@ Block::Block(const GPTConfig& c, Device device, std::uint64_t seed) {
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(c, device, random_bits(seed, 0)));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, device));
   mlp = register_module("mlp", std::make_shared<MLPBlock>(c, device, random_bits(seed, 1)));
+  set_recompute(c.recompute);
 }
 
 Tensor Block::forward(const Tensor& x) {
@@ -140,7 +141,6 @@ GPT::GPT(const GPTConfig& config, Device device, std::uint64_t seed) : config_(c
         std::to_string(i),
         std::make_shared<Block>(config, device, random_bits(seed, 10 + static_cast<std::uint64_t>(i)))));
   ln_f_ = transformer->register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, device));
-  set_recompute(config.recompute);
 }
 
 void GPT::set_recompute(Recompute recompute) {

@@ -1,6 +1,8 @@
 // The tensor-parallel GPT: Megatron's split of every block, built from the whole model.
 #include "common/parallel/tensor_parallel_gpt.h"
 
+#include "common/autograd/checkpoint.h"
+
 #include <cmath>
 
 #include "common/core/errors.h"
@@ -42,7 +44,7 @@ Tensor shard_of_qkv(const Tensor& full, comm::Communicator& tp) {
 
 TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp,
                                          bool sequence_parallel)
-    : local_heads_(config.n_head / tp.size()) {
+    : local_heads_(config.n_head / tp.size()), recompute_(config.recompute) {
   ln_1_ = register_module("ln_1", copy_of(*full.ln_1));
   auto attn = register_module("attn", std::make_shared<Named>());
   c_attn_ = attn->register_module("c_attn", std::make_shared<ColumnParallelLinear>(
@@ -60,7 +62,7 @@ TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTCon
 // whole sequence either way.
 Tensor TensorParallelBlock::attention(const Tensor& x) {
   Tensor qkv = (*c_attn_)(x);  // [B, T, 3 C/size]: this rank's heads, packed as in the whole model
-  Tensor y = scaled_dot_product_attention(qkv, local_heads_, true);
+  Tensor y = scaled_dot_product_attention(qkv, local_heads_, true, 0.0f, 0, recompute_ != nn::Recompute::selective);
   return (*attn_proj_)(y);  // [B, T, C], or [B, T / size, C]
 }
 
@@ -69,6 +71,11 @@ Tensor TensorParallelBlock::mlp(const Tensor& x) {
 }
 
 Tensor TensorParallelBlock::forward(const Tensor& x) {
+  if (recompute_ != nn::Recompute::full) return layers(x);
+  return autograd::checkpoint([this](const Tensor& input) { return layers(input); }, x);
+}
+
+Tensor TensorParallelBlock::layers(const Tensor& x) {
   Tensor h = add(x, attention((*ln_1_)(x)));
   return add(h, mlp((*ln_2_)(h)));
 }

@@ -33,15 +33,20 @@ class TensorParallelBlock : public nn::Module {
  public:
   TensorParallelBlock(const nn::Block& full, const nn::GPTConfig& config, comm::Communicator& tp,
                       bool sequence_parallel = false);
+  // config.recompute as nn::Block does it: selective recomputes attention's probabilities in backward;
+  // full runs the whole block again in backward, its collectives too (every TP rank recomputes the same
+  // block at the same point of backward, so they stay matched).
   Tensor forward(const Tensor& x) override;
 
  private:
+  Tensor layers(const Tensor& x);
   Tensor attention(const Tensor& x);
   Tensor mlp(const Tensor& x);
   std::shared_ptr<nn::LayerNorm> ln_1_, ln_2_;
   std::shared_ptr<ColumnParallelLinear> c_attn_, c_fc_;
   std::shared_ptr<RowParallelLinear> attn_proj_, mlp_proj_;
   std::int64_t local_heads_;
+  nn::Recompute recompute_;
 };
 
 // A copy of a layer norm, parameters of its own.
