@@ -452,6 +452,22 @@ void for_sequence_slices(const AttentionShape& s, DType type, F f) {
   }
 }
 
+// The attention kernel over the batch into `y`, returning the probabilities, both in qkv's type (the
+// probabilities are what backward needs: in 16 bits the largest thing attention keeps, half float32's
+// bytes). The kernels compute in float32; a 16-bit input is widened a slice of sequences at a time, so
+// that the float32 copies stay a fraction of what is kept.
+Tensor attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& y) {
+  const DType type = qkv.dtype();
+  Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device(), type);
+  for_sequence_slices(s, type, [&](const AttentionShape& part, const Slices& at) {
+    Tensor p32 = at.probs(probs), y32 = at.tokens(y, s.heads * s.head_size);
+    if (is_16bit(type)) p32 = Tensor::empty(p32.shape(), qkv.device()), y32 = Tensor::empty(y32.shape(), qkv.device());
+    kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
+    if (is_16bit(type)) at.probs(probs).copy_from(p32), at.tokens(y, s.heads * s.head_size).copy_from(y32);
+  });
+  return probs;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, bool is_causal, float dropout_p,
@@ -467,29 +483,14 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
   AttentionShape s;
   s.batch = qkv.dim(0), s.tokens = qkv.dim(1), s.heads = n_head, s.head_size = qkv.dim(2) / (3 * n_head);
   s.causal = is_causal, s.dropout = dropout_p, s.seed = seed;
-  // The probabilities are kept for backward in the input's type (in 16 bits the largest activation of
-  // attention, half float32's bytes); the kernels compute in float32. A 16-bit input is widened a slice
-  // of sequences at a time, so that the float32 copies stay a fraction of what is kept.
-  const DType type = qkv.dtype();
-  Tensor probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device(), type);
-  Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), type);
-  for_sequence_slices(s, type, [&](const AttentionShape& part, const Slices& at) {
-    Tensor p32 = at.probs(probs), y32 = at.tokens(y, s.heads * s.head_size);
-    if (is_16bit(type)) p32 = Tensor::empty(p32.shape(), qkv.device()), y32 = Tensor::empty(y32.shape(), qkv.device());
-    kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
-    if (is_16bit(type)) at.probs(probs).copy_from(p32), at.tokens(y, s.heads * s.head_size).copy_from(y32);
-  });
+  Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), qkv.dtype());
+  Tensor probs = attention_forward(qkv, s, y);
   if (!keep_probabilities) probs = Tensor();  // selective recomputation: computed again in backward
   return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), kept = probs, s](const Tensor& g) {
     Tensor probs = kept;
     if (!probs.defined()) {  // the forward's kernel again, its probabilities rounded as the forward's were
-      probs = Tensor::empty({s.batch, s.heads, s.tokens, s.tokens}, qkv.device(), qkv.dtype());
-      for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
-        Tensor p32 = is_16bit(qkv.dtype()) ? Tensor::empty(at.probs(probs).shape(), qkv.device()) : at.probs(probs);
-        Tensor y32 = Tensor::empty({part.batch, s.tokens, s.heads * s.head_size}, qkv.device());
-        kernels(qkv.device()).attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part, p32.data(), y32.data());
-        if (is_16bit(qkv.dtype())) at.probs(probs).copy_from(p32);
-      });
+      Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), qkv.dtype());
+      probs = attention_forward(qkv, s, y);
     }
     Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
     for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
