@@ -60,6 +60,19 @@ if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
     "$(grep -c '^failover: attempt [0-9]* failed' "$dir/output.txt") failure(s), $("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" \
     "${dir#$COURSE_ROOT/}"
 fi
+if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
+  # Activation recomputation on the GPT (--recompute): each run verified in lock-step, its activations
+  # at their peak side by side.
+  dir="$RUNS/04_ddp/recompute"
+  mkdir -p "$dir"
+  status=PASSED peaks=""
+  for r in none selective full; do
+    course_mpirun 2 "$COURSE_BUILD/04_ddp/04_ddp" --model gpt --steps 20 --verify --recompute "$r" \
+      --metrics "$dir/$r.jsonl" >"$dir/$r.txt" 2>&1 || { status=FAILED; failed=1; }
+    peaks="$peaks $r $(grep -o 'activations at their peak [0-9.]* MiB' "$dir/$r.txt" | grep -o '[0-9.]* MiB'),"
+  done
+  printf '%-24s %-7s %s   (%s)\n' "04 --recompute" "$status" "peak activations per rank:${peaks%,}" "${dir#$COURSE_ROOT/}"
+fi
 run_chapter 07_zero 4 --compare
 "$PY" "$COURSE_ROOT/scripts/plot.py" zero "$RUNS/07_zero/metrics.jsonl" "$RUNS/07_zero/zero" >/dev/null 2>&1 || true  # zero_memory.png, zero_communication.png
 run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
