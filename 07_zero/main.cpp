@@ -3,7 +3,8 @@
 // them: stage 1 the optimizer state, stage 2 the gradients too, stage 3 the parameters too
 // (common/parallel/zero.h; stage 0 is chapter 04's data parallelism, every gradient all-reduced). With
 // --precision bf16|fp16 the parameters and gradients are 16-bit over float32 masters, the paper's
-// mixed-precision accounting: 2 + 2 + 12 bytes a parameter, sharded the same way. The
+// mixed-precision accounting: 2 + 2 + 12 bytes a parameter, sharded the same way. With --offload
+// (ZeRO-Offload) the masters and Adam's moments live in host memory and AdamW runs on the CPU. The
 // lesson is train() below: the stage is one field of ZeroOptions, and the loop is the same at every
 // stage: forward and backward, reduce_gradients, apply. The program prints where every byte went
 // beside the paper's formula and the bytes each rank sent beside the theory (report.cpp), and with
@@ -64,7 +65,7 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   StageRun run;
   run.stage = stage;
   run.prefetch = plan.prefetch && stage == 3;
-  const MemoryStats before = memory_stats(device);
+  const MemoryStats before = memory_stats(device), host_before = memory_stats(Device::cpu);
   auto model = task.make_model(o.common.seed);  // every rank makes it alike; ZeRO keeps each rank's part
   run.psi = static_cast<double>(model->parameter_count());
   // The stages are one option: what each rank keeps only its part of, the optimizer state (1), the
@@ -79,6 +80,8 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   // Mixed precision: 16-bit parameters and gradients, float32 masters beside Adam's moments (K = 12).
   options.precision = o.precision.dtype();
   options.init_scale = o.precision.loss_scale;
+  // ZeRO-Offload: Adam's state and the float32 masters in host memory, AdamW on the CPU (--offload).
+  options.offload = offload_of(o);
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = global_batch / ranks;
@@ -127,7 +130,10 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count() - checking_ms;
     if (step > 0 || o.training.steps == 1) total_ms += ms;
     run.losses.push_back(loss);
-    if (run.ring_bytes == 0 && std::isfinite(norm)) run.ring_bytes = zero.ring_bytes_last_step();  // a step taken whole
+    if (run.ring_bytes == 0 && std::isfinite(norm)) {  // a step taken whole
+      run.ring_bytes = zero.ring_bytes_last_step();
+      run.host_traffic = zero.host_traffic_last_step();
+    }
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
     if (folder && ((step + 1) % o.checkpoints.every == 0 || step + 1 == o.training.steps))
@@ -137,11 +143,12 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.training.steps - run.first_step - 1));
   run.precision = zero.precision();
   run.skipped_steps = zero.scaler().skipped_steps();
-  const MemoryStats after = memory_stats(device);
+  const MemoryStats after = memory_stats(device), host_after = memory_stats(Device::cpu);
+  run.offload = options.offload;
   run.parameters = zero.full_parameters();
   if (check) run.check = check->finish(run.parameters);
   if (plan.checkpointed && !o.save.empty()) save_gathered(o, run, *model, group);
-  measure(run, before, after, ranks, o.sim_network, metrics);
+  measure(run, {before, after}, {host_before, host_after}, ranks, o.sim_network, metrics);
   return run;
 }
 
@@ -170,10 +177,14 @@ int run(const Options& o, cli::Session& session) {
                                                    group.local_size(), device, o.common.seed);
   const std::int64_t global_batch = cli::global_batch_for(o.training, ranks, o.accum, task.size);
   if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
-  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g, %s%s%s%s\n", ranks,
+  log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g, %s%s%s%s%s\n", ranks,
       task.description.c_str(), static_cast<long long>(global_batch), static_cast<long long>(o.training.steps), o.training.lr, o.clip,
       cli::precision_description(o.precision).c_str(),
-      o.prefetch ? ", stage 3 prefetching" : "", label.c_str(),
+      o.prefetch ? ", stage 3 prefetching" : "",
+      o.offload == "none"        ? ""
+      : o.offload == "optimizer" ? ", optimizer state offloaded to the host"
+                                 : ", optimizer state and parameters offloaded to the host",
+      label.c_str(),
       o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
   if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
   if (!o.checkpoints.dir.empty()) {
@@ -218,6 +229,7 @@ checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTas
           {"seed", std::to_string(o.common.seed)}, {"global-batch", std::to_string(global_batch)},
           {"accum", std::to_string(o.accum)},      {"lr", text(o.training.lr)},
           {"clip", text(o.clip)},                  {"precision", o.precision.precision}};
+  // --offload is left out: where the state lives changes no bit of it, so a run may resume either way.
 }
 
 std::int64_t resume(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,

@@ -17,6 +17,10 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_recompute_option(app, o.models);  // --recompute: the GPT's activations
   app.add_option("--stage", o.stage, "0 (DDP), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)")
       ->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--offload", o.offload,
+                 "ZeRO-Offload: keep the optimizer's state in host memory and run AdamW on the CPU (optimizer), and "
+                 "at stage 3 this rank's part of the parameters too (parameters)")
+      ->check(CLI::IsMember({"none", "optimizer", "parameters"}))->capture_default_str();
   cli::add_training_options(app, o.training, "AdamW learning rate");
   cli::add_mlp_options(app, o.mlp);
   cli::add_precision_options(app, o.precision);
@@ -42,7 +46,16 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
 }
 
+parallel::ZeroOptions::Offload offload_of(const Options& o) {
+  using Offload = parallel::ZeroOptions::Offload;
+  return o.offload == "parameters" ? Offload::parameters : o.offload == "optimizer" ? Offload::optimizer : Offload::none;
+}
+
 void check_options(const Options& o) {
+  if (o.offload == "parameters" && (o.stage != 3 || o.compare))
+    throw UsageError(std::string("--offload: parameters are offloaded at stage 3 only; ") +
+                     (o.compare ? "--compare runs stages 0-2 too (use --offload optimizer)"
+                                : "--stage " + std::to_string(o.stage) + " keeps every parameter on every rank"));
   if (o.checkpoints.resume && o.checkpoints.dir.empty())
     throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
   cli::check_fault_options(o.faults, o.training.steps);

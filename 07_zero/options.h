@@ -10,6 +10,7 @@
 #include "common/cli/model_options.h"
 #include "common/cli/precision_options.h"
 #include "common/cli/training_options.h"
+#include "common/parallel/zero.h"
 
 namespace course::chapter07 {
 
@@ -21,6 +22,7 @@ struct Options {
   cli::MlpOptions mlp;            // 8 hidden layers of 256, so that model states dominate and units are small
   cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16: 16-bit parameters and gradients over float32 masters
   int stage = 3;
+  std::string offload = "none";  // ZeRO-Offload: none, optimizer, parameters (stage 3)
   int accum = 1;
   double clip = 1.0;
   int log_every = 5;
@@ -35,6 +37,7 @@ struct Options {
 };
 
 void add_options(CLI::App& app, Options& o);
+parallel::ZeroOptions::Offload offload_of(const Options& o);  // --offload
 // What the flags cannot check one by one, before and after the world is known; throws UsageError
 // naming the flag.
 void check_options(const Options& o);

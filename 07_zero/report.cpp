@@ -2,6 +2,7 @@
 #include "07_zero/report.h"
 
 #include <cstdio>
+#include <string>
 
 #include "common/checkpoint/safetensors.h"
 #include "common/checkpoint/sharded.h"
@@ -11,18 +12,39 @@
 
 namespace course::chapter07 {
 
-Formula formula(int stage, double psi, int n, DType precision) {
+Formula formula(int stage, double psi, int n, DType precision, parallel::ZeroOptions::Offload offload) {
+  using Offload = parallel::ZeroOptions::Offload;
   const double b = static_cast<double>(element_size(precision));         // a parameter, a gradient
   const double k = precision == DType::float32 ? 8 : 12;                  // the paper's K
-  return {stage <= 2 ? b * psi : b * psi / n, stage <= 1 ? b * psi : b * psi / n, stage == 0 ? k * psi : k * psi / n};
+  const double part = stage == 0 ? psi : psi / n;                         // what this rank's optimizer updates
+  Formula f{stage <= 2 ? b * psi : b * psi / n, stage <= 1 ? b * psi : b * psi / n, k * part};
+  if (offload == Offload::none) return f;
+  // Offloaded: the float32 masters (in float32 a copy of the parameters) and Adam's moments, 12 bytes.
+  f.host = 12 * part;
+  f.adam = 0;
+  if (stage >= 2) f.host += f.grads, f.grads = 0;
+  if (offload == Offload::parameters) {
+    if (precision != DType::float32) f.host += f.params;  // in float32 the masters are this part
+    f.params = 0;
+  }
+  return f;
 }
 double ring_theory(int stage, double psi, int n, DType precision) {
   return (stage == 3 ? 3 : 2) * static_cast<double>(element_size(precision)) * psi * (n - 1) / n;
 }
+parallel::ZeroOptimizer::HostTraffic host_traffic_theory(int stage, double psi, int n, DType precision,
+                                                         parallel::ZeroOptions::Offload offload) {
+  using Offload = parallel::ZeroOptions::Offload;
+  if (offload == Offload::none) return {};
+  const double part = static_cast<double>(element_size(precision)) * (stage == 0 ? psi : psi / n);
+  return {static_cast<std::int64_t>(part), static_cast<std::int64_t>((offload == Offload::parameters ? 2 : 1) * part)};
+}
 
-void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after, int ranks, const std::string& sim_network,
+void measure(StageRun& run, const Snapshots& device, const Snapshots& host, int ranks, const std::string& sim_network,
              metrics::MetricsWriter& metrics) {
   const int stage = run.stage;
+  const MemoryStats &before = device.before, &after = device.after;
+  run.host_bytes = host.after.current_of(MemoryCategory::offloaded) - host.before.current_of(MemoryCategory::offloaded);
   auto held = [&](MemoryCategory c) { return after.current_of(c) - before.current_of(c); };
   run.params_bytes = held(MemoryCategory::parameters);
   run.grads_bytes = held(MemoryCategory::gradients);
@@ -31,10 +53,14 @@ void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after,
   run.peak_communication = after.peak_of(MemoryCategory::communication) - before.current_of(MemoryCategory::communication);
   const Tensor gathered = Tensor::from_host(run.parameters, {static_cast<std::int64_t>(run.parameters.size())});
   run.checksum = parallel::parameter_checksum({gathered});
-  const Formula f = formula(stage, run.psi, ranks, run.precision);
+  const Formula f = formula(stage, run.psi, ranks, run.precision, run.offload);
+  const auto traffic = host_traffic_theory(stage, run.psi, ranks, run.precision, run.offload);
   run.record = {{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
                  {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
                  {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
+                 {"offload", parallel::offload_name(run.offload)}, {"host_bytes", run.host_bytes}, {"formula_host", f.host},
+                 {"host_down_bytes", run.host_traffic.down}, {"host_up_bytes", run.host_traffic.up},
+                 {"host_down_theory", traffic.down}, {"host_up_theory", traffic.up},
                  {"peak_activations", run.peak_activations}, {"peak_communication", run.peak_communication},
                  {"ring_bytes", run.ring_bytes}, {"ring_theory", ring_theory(stage, run.psi, ranks, run.precision)},
                  {"precision", dtype_name(run.precision)}, {"skipped_steps", run.skipped_steps},
@@ -62,23 +88,55 @@ void save_gathered(const Options& o, const StageRun& run, const nn::Module& mode
   });
 }
 
+namespace {
+
+// "0.998", or "-" where the formula is 0 (stage 3 with its parameters offloaded keeps no model state on the device).
+std::string ratio(double measured, double formula) {
+  if (formula == 0) return measured == 0 ? "-" : "inf";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", measured / formula);
+  return text;
+}
+
+// ZeRO-Offload: what each rank keeps in host memory, and what a step copies down and up, beside the formulas.
+void print_host_table(const std::vector<StageRun>& runs, int ranks) {
+  if (runs.front().offload == parallel::ZeroOptions::Offload::none) return;
+  log("offloaded to the host per rank (%s; not on the device, not in the totals above):\n",
+      runs.front().offload == parallel::ZeroOptions::Offload::optimizer
+          ? "float32 masters and Adam's moments, and at stages 2-3 the gradients' part"
+          : "float32 masters and Adam's moments, the gradients' and the parameters' parts");
+  log("  stage  host         formula      measured/formula  | down per step  theory       up per step  theory\n");
+  for (const StageRun& r : runs) {
+    const Formula f = formula(r.stage, r.psi, ranks, r.precision, r.offload);
+    const auto theory = host_traffic_theory(r.stage, r.psi, ranks, r.precision, r.offload);
+    log("  %d%s %-12s %-12s %-17s | %-14s %-12s %-12s %s\n", r.stage, r.prefetch ? "p    " : "     ",
+        format_bytes(r.host_bytes).c_str(), format_bytes(static_cast<std::int64_t>(f.host)).c_str(),
+        ratio(static_cast<double>(r.host_bytes), f.host).c_str(), format_bytes(r.host_traffic.down).c_str(),
+        format_bytes(theory.down).c_str(), format_bytes(r.host_traffic.up).c_str(), format_bytes(theory.up).c_str());
+  }
+}
+
+}  // namespace
+
 void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network) {
   const DType precision = runs.front().precision;
+  const char* where = runs.front().offload == parallel::ZeroOptions::Offload::none ? "" : " on the device";
   if (precision == DType::float32)
-    log("model states per rank (float32 AdamW, %d ranks, %.0f parameters):\n", ranks, runs.front().psi);
+    log("model states per rank%s (float32 AdamW, %d ranks, %.0f parameters):\n", where, ranks, runs.front().psi);
   else
-    log("model states per rank (%s parameters and gradients, float32 masters and AdamW: 2 + 2 + 12 bytes a "
-        "parameter unsharded; %d ranks, %.0f parameters):\n", dtype_name(precision), ranks, runs.front().psi);
+    log("model states per rank%s (%s parameters and gradients, float32 masters and AdamW: 2 + 2 + 12 bytes a "
+        "parameter unsharded; %d ranks, %.0f parameters):\n", where, dtype_name(precision), ranks, runs.front().psi);
   log("  stage  parameters   gradients   %s  total       formula     measured/formula  | peak activations  peak comm. buffers\n",
       precision == DType::float32 ? "Adam state" : "masters+Adam");
   for (const StageRun& r : runs) {
-    const Formula f = formula(r.stage, r.psi, ranks, r.precision);
+    const Formula f = formula(r.stage, r.psi, ranks, r.precision, r.offload);
     const double total = static_cast<double>(r.params_bytes + r.grads_bytes + r.adam_bytes);
-    log("  %d%s %-12s %-11s %-11s %-11s %-11s %.3f             | %-17s %s\n", r.stage, r.prefetch ? "p    " : "     ",
+    log("  %d%s %-12s %-11s %-11s %-11s %-11s %-17s | %-17s %s\n", r.stage, r.prefetch ? "p    " : "     ",
         format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(), format_bytes(r.adam_bytes).c_str(),
         format_bytes(static_cast<std::int64_t>(total)).c_str(), format_bytes(static_cast<std::int64_t>(f.total())).c_str(),
-        total / f.total(), format_bytes(r.peak_activations).c_str(), format_bytes(r.peak_communication).c_str());
+        ratio(total, f.total()).c_str(), format_bytes(r.peak_activations).c_str(), format_bytes(r.peak_communication).c_str());
   }
+  print_host_table(runs, ranks);
   log("communication per rank per step (as a ring sends it)%s:\n",
       network.empty() ? "" : ("; step times on a simulated network: " + network).c_str());
   for (const StageRun& r : runs) {

@@ -26,6 +26,9 @@ struct StageRun {
   std::int64_t params_bytes = 0, grads_bytes = 0, adam_bytes = 0;  // model states held after a step
   std::int64_t peak_activations = 0, peak_communication = 0;
   std::int64_t ring_bytes = 0;  // per step, as a ring sends it
+  parallel::ZeroOptions::Offload offload = parallel::ZeroOptions::Offload::none;
+  std::int64_t host_bytes = 0;  // ZeRO-Offload: the state held in host memory after a step
+  parallel::ZeroOptimizer::HostTraffic host_traffic;  // per step, device to host and back
   std::uint64_t checksum = 0;   // of the final parameters
   nlohmann::json record;        // the zero_stage metric
   double step_ms = 0;           // without the verification's own work
@@ -36,12 +39,21 @@ struct StageRun {
 
 // The model states per rank, by the ZeRO paper's formulas (bytes): float32 AdamW (4 + 4 + 8 per
 // parameter), or mixed precision (16-bit parameters and gradients, 2 + 2, and K = 12 for the float32
-// masters and Adam's moments), each sharded as the stage says.
+// masters and Adam's moments), each sharded as the stage says; with ZeRO-Offload (Ren et al. 2021) what
+// moves to the host (common/parallel/zero.h): the masters and Adam's moments (12 bytes a parameter of
+// this rank's part), the gradients' part at stages 2-3, and with the parameters offloaded their part.
 struct Formula {
-  double params, grads, adam;  // adam: Adam's moments, and in mixed precision the masters
-  double total() const { return params + grads + adam; }
+  double params, grads, adam;  // on the device; adam: Adam's moments, and in mixed precision the masters
+  double host = 0;             // offloaded
+  double total() const { return params + grads + adam; }  // on the device
 };
-Formula formula(int stage, double psi, int n, DType precision);
+Formula formula(int stage, double psi, int n, DType precision,
+                parallel::ZeroOptions::Offload offload = parallel::ZeroOptions::Offload::none);
+// ZeRO-Offload's copies per step: this rank's part of the gradients down to the host, of the
+// parameters up (b Psi/N each, b Psi at stage 0), the parameters twice with them offloaded (each unit
+// gathered for forward and again for backward; the GPT's root unit, gathered once, makes it a little less).
+parallel::ZeroOptimizer::HostTraffic host_traffic_theory(int stage, double psi, int n, DType precision,
+                                                         parallel::ZeroOptions::Offload offload);
 // The bytes each rank sends per step, as a ring sends them: 2 psi elements (reduce-scatter and
 // all-gather, or an all-reduce), 3 psi at stage 3 (the parameters gathered in forward and again in
 // backward), of the parameters' type.
@@ -51,7 +63,12 @@ double ring_theory(int stage, double psi, int n, DType precision);
 // After a stage's run: the model states it holds (`after` against `before`, both taken outside
 // anything the report gathers), its peaks, its checksum and the "zero_stage" metric, into `run`, whose
 // `parameters` are the final ones, gathered whole.
-void measure(StageRun& run, const MemoryStats& before, const MemoryStats& after, int ranks,
+struct Snapshots {
+  MemoryStats before, after;
+};
+// `device`: the run's device's counters; `host`: the CPU's, where ZeRO-Offload's state is counted (on a
+// CPU-only run the same counters).
+void measure(StageRun& run, const Snapshots& device, const Snapshots& host, int ranks,
              const std::string& sim_network, metrics::MetricsWriter& metrics);
 // --save: rank 0 writes the gathered parameters under `model`'s names and shapes. Collective-free.
 void save_gathered(const Options& o, const StageRun& run, const nn::Module& model, comm::Communicator& group);

@@ -55,6 +55,11 @@ def summary(path):
         text = f"{first['ranks']} ranks, stages {', '.join(str(r['stage']) for r in stages)}: model states per rank "
         text += ", ".join(f"{total(r) / 2**20:.2f}" for r in stages) + " MiB"
         text += f" (measured/formula {min(total(r) / formula(r) for r in stages):.3f}-{max(total(r) / formula(r) for r in stages):.3f})"
+        if any(r.get("host_bytes", 0) for r in stages):
+            text += (f" on the device, " + ", ".join(f"{r['host_bytes'] / 2**20:.2f}" for r in stages)
+                     + f" MiB offloaded to the host (measured/formula "
+                     + f"{min(r['host_bytes'] / r['formula_host'] for r in stages):.3f}-"
+                     + f"{max(r['host_bytes'] / r['formula_host'] for r in stages):.3f})")
         if first["ring_bytes"] > 0:
             text += f"; stage {last['stage']} sends {last['ring_bytes'] / first['ring_bytes']:.2f}x stage {first['stage']}"
         return text
@@ -193,10 +198,18 @@ def zero_charts(path, prefix):
     for key, label in (("params_bytes", "parameters"), ("grads_bytes", "gradients"), ("adam_bytes", "Adam state")):
         ax.bar(names, mib(key), bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, mib(key))]
-    formula = [(r["formula_params"] + r["formula_grads"] + r["formula_adam"]) / 2**20 for r in stages]
-    ax.scatter(names, formula, marker="_", s=900, color="black", zorder=3, label="formula (16, 8+8/N, 4+12/N, 16/N bytes x params)")
+    if any(r.get("host_bytes", 0) for r in stages):  # ZeRO-Offload: on the host, stacked above, hatched
+        ax.bar(names, mib("host_bytes"), bottom=bottom, color="white", edgecolor="grey", hatch="//",
+               label=f"offloaded to the host ({stages[0]['offload']}), not on the device")
+    formula = [(r["formula_params"] + r["formula_grads"] + r["formula_adam"] + r.get("formula_host", 0)) / 2**20
+               for r in stages]
+    fp32 = stages[0].get("precision", "float32") == "float32"
+    ax.scatter(names, formula, marker="_", s=900, color="black", zorder=3,
+               label="formula (16, 8+8/N, 4+12/N, 16/N bytes x params)" if fp32 and not stages[0].get("formula_host")
+               else "formula (the ZeRO paper's, per stage)")
     ax.set(ylabel="MiB per rank")
-    ax.set_title(f"Model states per rank, float32 AdamW, {stages[0]['ranks']} ranks, {stages[0]['parameters']:.0f} parameters",
+    kind = "float32 AdamW" if fp32 else f"{stages[0]['precision']} over float32 masters"
+    ax.set_title(f"Model states per rank, {kind}, {stages[0]['ranks']} ranks, {stages[0]['parameters']:.0f} parameters",
                  fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)

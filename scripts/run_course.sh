@@ -75,6 +75,20 @@ if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
 fi
 run_chapter 07_zero 4 --compare
 "$PY" "$COURSE_ROOT/scripts/plot.py" zero "$RUNS/07_zero/metrics.jsonl" "$RUNS/07_zero/zero" >/dev/null 2>&1 || true  # zero_memory.png, zero_communication.png
+if [ -x "$COURSE_BUILD/07_zero/07_zero" ]; then
+  # ZeRO-Offload (--offload optimizer): every stage verified in lock-step, its model states on the
+  # device and on the host side by side.
+  dir="$RUNS/07_zero/offload"
+  rm -rf "$dir"; mkdir -p "$dir"
+  if course_mpirun 2 "$COURSE_BUILD/07_zero/07_zero" --compare --offload optimizer --precision bf16 \
+      --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
+    status=PASSED
+  else
+    status=FAILED; failed=1
+  fi
+  printf '%-24s %-7s %s   (%s)\n' "07 --offload" "$status" \
+    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${dir#$COURSE_ROOT/}"
+fi
 run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then

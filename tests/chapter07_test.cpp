@@ -71,7 +71,9 @@ TEST(Chapter07, RecomputationPassesVerifyAtEveryStage) {
     EXPECT_NE(r.out.find(recompute == "full" ? "full recomputation" : "additions, "), std::string::npos) << r.out;
     for (const auto& stage : events(read_metrics(metrics), "zero_stage")) {
       const double mine = stage["peak_activations"].get<double>();
-      if (peak.count(recompute)) EXPECT_EQ(mine, peak[recompute]) << recompute;  // the same at every stage
+      if (peak.count(recompute)) {
+        EXPECT_EQ(mine, peak[recompute]) << recompute;  // the same at every stage
+      }
       peak[recompute] = mine;
     }
   }
@@ -163,6 +165,72 @@ TEST(Chapter07, CompareReportsTheFormulasAndTheTheory) {
   EXPECT_LT(stages[3]["params_bytes"].get<double>(), stages[0]["params_bytes"].get<double>() / 2);
 }
 
+// ZeRO-Offload (Ren et al. 2021), the formulas written out here: with --offload optimizer each rank keeps
+// the float32 masters and Adam's moments in host memory (12 bytes a parameter of the part it updates:
+// all of them at stage 0, 1/N above), at stages 2-3 its part of the gradients too, and none of them on
+// the device; a step copies that part of the gradients down and of the parameters up (b bytes a
+// parameter, 4 in float32 and 2 in bf16). With --offload parameters (stage 3) the device keeps no model
+// state at all. Every stage passes --verify and ends on the same parameters as without offloading, bit
+// for bit.
+TEST(Chapter07, OffloadingMovesTheStateToTheHostAndChangesNoBit) {
+  for (const auto& [mpirun, precision, ranks] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP2, "fp32", 2}, {MPIRUN_NP3, "bf16", 3}}) {
+    SCOPED_TRACE(precision + " at " + std::to_string(ranks) + " ranks");
+    const double b = precision == "fp32" ? 4 : 2, n = ranks;
+    const std::string metrics = temp_path("ch07_offload.jsonl"), flags = kSmall + " --precision " + precision;
+    auto plain = run_process(mpirun + " " + kBinary + flags + " --compare --metrics " + metrics);
+    ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;
+    const auto expected = events(read_metrics(metrics), "zero_stage");
+    ASSERT_EQ(expected.size(), 4u);
+    auto r = run_process(mpirun + " " + kBinary + flags + " --compare --offload optimizer --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("offloaded to the host per rank"), std::string::npos) << r.out;
+    const auto stages = events(read_metrics(metrics), "zero_stage");
+    ASSERT_EQ(stages.size(), 4u);
+    for (int s = 0; s < 4; ++s) {
+      const auto& m = stages[static_cast<std::size_t>(s)];
+      const double psi = m["parameters"].get<double>(), part = s == 0 ? psi : psi / n;
+      EXPECT_EQ(m["checksum"].get<std::uint64_t>(), expected[static_cast<std::size_t>(s)]["checksum"].get<std::uint64_t>())
+          << "stage " << s;
+      EXPECT_EQ(m["offload"].get<std::string>(), "optimizer");
+      EXPECT_NEAR(m["params_bytes"].get<double>() / (s <= 2 ? b * psi : b * psi / n), 1.0, kFormulaTolerance) << s;
+      if (s <= 1) {
+        EXPECT_NEAR(m["grads_bytes"].get<double>() / (b * psi), 1.0, kFormulaTolerance) << s;
+      } else {
+        EXPECT_EQ(m["grads_bytes"].get<double>(), 0) << s;
+      }
+      EXPECT_EQ(m["adam_bytes"].get<double>(), 0) << s;
+      EXPECT_NEAR(m["host_bytes"].get<double>() / (12 * part + (s >= 2 ? b * part : 0)), 1.0, kFormulaTolerance) << s;
+      EXPECT_NEAR(m["host_down_bytes"].get<double>() / (b * part), 1.0, kFormulaTolerance) << s;
+      EXPECT_NEAR(m["host_up_bytes"].get<double>() / (b * part), 1.0, kFormulaTolerance) << s;
+      EXPECT_NE(r.out.find("verify stage " + std::to_string(s) + ", 4 steps in lock-step"), std::string::npos) << r.out;
+    }
+    r = run_process(mpirun + " " + kBinary + flags + " --stage 3 --offload parameters --verify --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("verify stage 3, 4 steps in lock-step"), std::string::npos) << r.out;
+    const auto m = events(read_metrics(metrics), "zero_stage").front();
+    const double psi = m["parameters"].get<double>();
+    EXPECT_EQ(m["checksum"].get<std::uint64_t>(), expected[3]["checksum"].get<std::uint64_t>());
+    EXPECT_EQ(m["params_bytes"].get<double>() + m["grads_bytes"].get<double>() + m["adam_bytes"].get<double>(), 0);
+    // In float32 the host's masters are the parameters' part: 12 + b bytes; in bf16 12 + 2b.
+    EXPECT_NEAR(m["host_bytes"].get<double>() / ((12 + (precision == "fp32" ? 1 : 2) * b) * psi / n), 1.0,
+                kFormulaTolerance);
+    EXPECT_NEAR(m["host_up_bytes"].get<double>() / (2 * b * psi / n), 1.0, kFormulaTolerance);  // forward and backward
+    std::remove(metrics.c_str());
+  }
+}
+
+// Offloaded, a share lost from a later step fails there, in float32 and in 16 bits.
+TEST(Chapter07, OffloadingCatchesALateFault) {
+  for (const std::string flags : {"--stage 3 --offload parameters --precision bf16", "--stage 1 --offload optimizer",
+                                  "--stage 2 --offload optimizer --precision fp16 --loss-scale 1024"}) {
+    auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + kMlp + " --steps 8 --verify " + flags +
+                         " --fault skip-rank-share --fault-from-step 5");
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("FAILED at step 5: the gradient of"), std::string::npos) << flags << "\n" << r.out;
+  }
+}
+
 TEST(Chapter07, ABudgetStageZeroCannotMeetStageThreeTrainsWithin) {
   // 8 layers of 256: about 7.1 MiB of model states under stage 0 at any rank count, 3.6 MiB per rank
   // under stage 3 at 2 ranks; with the batch's activations, 8 MiB lies between the two.
@@ -172,6 +240,19 @@ TEST(Chapter07, ABudgetStageZeroCannotMeetStageThreeTrainsWithin) {
   EXPECT_NE((fails.out + fails.err).find("out of memory: needs"), std::string::npos) << fails.out << fails.err;
   EXPECT_NE((fails.out + fails.err).find("limit 8.00 MiB"), std::string::npos) << fails.out << fails.err;
   auto trains = run_process(std::string(MPIRUN_NP2) + " " + kBinary + model + " --stage 3");
+  EXPECT_EQ(trains.exit_code, 0) << trains.out << trains.err;
+  EXPECT_NE(trains.out.find("PASSED"), std::string::npos) << trains.out;
+}
+
+// The default MLP (465,153 parameters) at stage 2 on 2 ranks holds about 4.4 MiB of model states on the
+// device in float32 (4 + 2 + 4 bytes a parameter), more than a 5 MiB budget leaves beside its
+// activations; offloading Adam's state and the masters leaves 1.8 MiB (the parameters) and trains within it.
+TEST(Chapter07, ABudgetStageTwoCannotMeetTrainsWithinOffloaded) {
+  const std::string model = " --device cpu --stage 2 --steps 3 --mem-limit-mb 5";
+  auto fails = run_process(std::string(MPIRUN_NP2) + " " + kBinary + model);
+  EXPECT_NE(fails.exit_code, 0);
+  EXPECT_NE((fails.out + fails.err).find("out of memory: needs"), std::string::npos) << fails.out << fails.err;
+  auto trains = run_process(std::string(MPIRUN_NP2) + " " + kBinary + model + " --offload optimizer");
   EXPECT_EQ(trains.exit_code, 0) << trains.out << trains.err;
   EXPECT_NE(trains.out.find("PASSED"), std::string::npos) << trains.out;
 }
@@ -262,6 +343,26 @@ TEST(Chapter07, ShardedResumeIsBitIdenticalAndConsolidates) {
                          consolidated);
     ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
     expect_same_tensors(consolidated, saved);
+  }
+}
+
+// Where the optimizer's state lives is not part of a checkpoint: a run checkpointed without offloading
+// resumes offloaded (and the other way) and ends bit-identical to the uninterrupted run.
+TEST(Chapter07, AResumeMayOffloadOrNot) {
+  for (const auto& [stage, before, after] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"2", "none", "optimizer"}, {"3", "parameters", "none"}}) {
+    const std::string s = " --stage " + stage + " --precision bf16", dir = fresh("ch07_offload_resume");
+    Trained reference = train(MPIRUN_NP2, s + " --steps 8");
+    ASSERT_EQ(reference.process.exit_code, 0) << reference.process.out << reference.process.err;
+    Trained first = train(MPIRUN_NP2, s + " --steps 4 --ckpt-every 4 --offload " + before + " --ckpt-dir " + dir);
+    ASSERT_EQ(first.process.exit_code, 0) << first.process.out << first.process.err;
+    Trained resumed = train(MPIRUN_NP2, s + " --steps 8 --ckpt-every 4 --offload " + after + " --ckpt-dir " + dir +
+                                            " --resume --verify");
+    ASSERT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+    EXPECT_NE(resumed.process.out.find("resumed from step 4"), std::string::npos) << resumed.process.out;
+    EXPECT_EQ(resumed.stage["checksum"].get<std::uint64_t>(), reference.stage["checksum"].get<std::uint64_t>())
+        << before << " -> " << after;
+    fs::remove_all(dir);
   }
 }
 
@@ -430,6 +531,8 @@ TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
                                   "--ckpt-every 0", "--consolidate /nonexistent/step_00000001 --save /tmp/x.st",
                                   "--compare --ckpt-dir /tmp/ch07_compare",
                                   "--data /nonexistent/text.txt",  // the MLP reads no text: refused, not ignored
+                                  "--offload parameters --stage 2",  // stages 0-2 keep every parameter
+                                  "--offload parameters --compare", "--offload disk",
                                   "--fail-at-step 3 --steps 4"}) {  // a kill with no --ckpt-dir to recover from
     auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.out << r.err;

@@ -65,6 +65,8 @@ struct TrainingRun {
   double unit_cap_mb = 0;  // 0: a unit per layer
   int steps = kSteps;
   bool prefetch = false;
+  DType precision = DType::float32;
+  parallel::ZeroOptions::Offload offload = parallel::ZeroOptions::Offload::none;
 };
 
 struct Result {
@@ -107,14 +109,20 @@ Result train(const TrainingRun& run) {
   options.max_grad_norm = run.clip;
   options.unit_cap_mb = run.unit_cap_mb;
   options.prefetch = run.prefetch;
+  options.precision = run.precision;
+  options.offload = run.offload;
   parallel::ZeroOptimizer zero(*model, group, options);
   Result result;
   for (int step = 0; step < run.steps; ++step) {
     double total = 0;
     for (int m = 0; m < run.accum; ++m) {
-      Tensor l = scale(loss(rank * share + m * micro, micro), 1.0f / static_cast<float>(run.accum));
+      Tensor l;
+      {
+        Autocast autocast(run.precision);  // float32: off
+        l = scale(loss(rank * share + m * micro, micro), 1.0f / static_cast<float>(run.accum));
+      }
       total += l.item();
-      l.backward();
+      zero.scale_loss(l).backward();
     }
     Tensor mean_loss = Tensor::from_host({static_cast<float>(total)}, {1});
     group.all_reduce(mean_loss, comm::ReduceOp::average);
@@ -262,6 +270,101 @@ TEST(Zero, ModelStatesTakeWhatTheFormulasSay) {
                   0.5 * bytes * psi + (mixed ? 4 * psi / n * (1 + kFormulaTolerance) : 0));
       }
     }
+    zero.reset();
+    model.reset();
+  }
+}
+
+// ZeRO-Offload (Ren et al. 2021) moves where the optimizer's state lives and where AdamW runs, never
+// what it computes: the same parameters and losses, bit for bit, at every stage, in float32 and in both
+// 16-bit formats (float16's loss scale included), through accumulation and clipping, for the MLP and the
+// GPT in bfloat16 (whose root unit, the embeddings, stage 3 gathers for the whole step).
+TEST(Zero, OffloadingChangesNoBit) {
+  using Offload = parallel::ZeroOptions::Offload;
+  for (const auto& [gpt, precision] : std::vector<std::pair<bool, DType>>{
+           {false, DType::float32}, {false, DType::float16}, {true, DType::bfloat16}})
+  for (int stage = 0; stage <= 3; ++stage) {
+    TrainingRun run{stage, gpt, 2, 0.5, 0};
+    run.precision = precision;
+    const Result plain = train(run);
+    for (Offload offload : {Offload::optimizer, Offload::parameters}) {
+      if (offload == Offload::parameters && stage != 3) continue;
+      SCOPED_TRACE(std::string(gpt ? "gpt " : "mlp ") + dtype_name(precision) + " stage " + std::to_string(stage) +
+                   " offload " + parallel::offload_name(offload));
+      run.offload = offload;
+      const Result offloaded = train(run);
+      EXPECT_EQ(offloaded.parameters, plain.parameters);
+      EXPECT_EQ(offloaded.losses, plain.losses);
+    }
+  }
+}
+
+TEST(Zero, OffloadingTheParametersNeedsStageThree) {
+  auto model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+  parallel::ZeroOptions options;
+  options.offload = parallel::ZeroOptions::Offload::parameters;
+  for (int stage = 0; stage <= 2; ++stage) {
+    options.stage = stage;
+    EXPECT_THROW(parallel::ZeroOptimizer(*model, world(), options), std::invalid_argument) << stage;
+  }
+}
+
+// Where each byte is with offloading, against ZeRO-Offload's accounting (b bytes a parameter or
+// gradient: 2 in 16 bits, 4 in float32). The device keeps the parameters (stage 3: its part, or with the
+// parameters offloaded none but the units it gathers) and at stages 0-1 the gradients; the host keeps
+// the float32 masters and Adam's moments (12 bytes a parameter, this rank's part), at stages 2-3 this
+// rank's part of the gradients, and with the parameters offloaded in 16 bits their part too (in float32
+// the masters are that part). A step moves b bytes a parameter of this rank's part down (gradients) and
+// up (parameters); with the parameters offloaded, each unit's part goes up for forward and for backward.
+TEST(Zero, OffloadedStatesTakeWhatTheFormulasSay) {
+  using Offload = parallel::ZeroOptions::Offload;
+  const int n = world().size();
+  for (DType precision : {DType::float32, DType::bfloat16})
+  for (int stage = 0; stage <= 3; ++stage)
+  for (Offload offload : {Offload::optimizer, Offload::parameters}) {
+    if (offload == Offload::parameters && stage != 3) continue;
+    SCOPED_TRACE(std::string(dtype_name(precision)) + " stage " + std::to_string(stage) + " offload " +
+                 parallel::offload_name(offload));
+    const bool mixed = precision != DType::float32, params_off = offload == Offload::parameters;
+    const double b = mixed ? 2 : 4;
+    auto model = nn::make_mlp(16, 32, 12, 1, nn::Activation::relu, Device::cpu, 4);
+    const double psi = static_cast<double>(model->parameter_count());
+    const double part = stage == 0 ? psi : psi / n;  // what this rank's optimizer updates
+    const auto before = memory_stats(Device::cpu);
+    parallel::ZeroOptions options;
+    options.stage = stage;
+    options.precision = precision;
+    options.offload = offload;
+    std::optional<parallel::ZeroOptimizer> zero(std::in_place, *model, world(), options);
+    Tensor x = Tensor::randn({24, 16}, 1), y = Tensor::randn({24, 1}, 2);
+    {
+      Autocast autocast(precision);
+      mse_loss((*model)(x), y).backward();
+    }
+    zero->step();
+    const auto after = memory_stats(Device::cpu);
+    auto grown = [&](MemoryCategory c) { return static_cast<double>(after.current_of(c) - before.current_of(c)); };
+    auto near = [&](double measured, double formula) {
+      if (formula == 0) {
+        EXPECT_EQ(measured, 0);
+      } else {
+        EXPECT_NEAR(measured / formula, 1.0, kFormulaTolerance);
+      }
+    };
+    near(static_cast<double>(after.current_of(MemoryCategory::parameters)),
+         params_off ? 0 : stage <= 2 ? b * psi : b * psi / n);
+    near(grown(MemoryCategory::gradients), stage <= 1 ? b * psi : 0);
+    near(grown(MemoryCategory::optimizer_state), 0);
+    near(grown(MemoryCategory::offloaded),
+         12 * part + (stage >= 2 ? b * part : 0) + (params_off && mixed ? b * part : 0));
+    // The host's bytes are outside the device's totals (on a CPU-only run the host is the device).
+    EXPECT_EQ(static_cast<double>(after.current_total - before.current_total),
+              grown(MemoryCategory::parameters) + grown(MemoryCategory::gradients) +
+                  grown(MemoryCategory::optimizer_state) + grown(MemoryCategory::communication) +
+                  grown(MemoryCategory::activations));
+    const auto traffic = zero->host_traffic_last_step();
+    near(static_cast<double>(traffic.down), b * part);
+    near(static_cast<double>(traffic.up), (params_off ? 2 : 1) * b * part);
     zero.reset();
     model.reset();
   }

@@ -31,7 +31,7 @@ void count(Device device, MemoryCategory category, std::int64_t delta) {
   auto c = static_cast<std::size_t>(category);
   s.current[c] += delta;
   if (s.current[c] > s.peak[c]) s.peak[c] = s.current[c];
-  if (category == MemoryCategory::verification) return;  // apart from the run's totals
+  if (!counts_on_device(category)) return;  // apart from the run's totals
   s.current_total += delta;
   if (s.current_total > s.peak_total) s.peak_total = s.current_total;
 }
@@ -45,6 +45,7 @@ const char* memory_category_name(MemoryCategory category) {
     case MemoryCategory::optimizer_state: return "optimizer_state";
     case MemoryCategory::activations: return "activations";
     case MemoryCategory::communication: return "communication";
+    case MemoryCategory::offloaded: return "offloaded";
     case MemoryCategory::verification: return "verification";
     default: return "unknown";
   }
@@ -95,7 +96,7 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
     std::lock_guard<std::mutex> lock(counters().mutex);
     const std::int64_t limit = counters().limit[static_cast<int>(device)];
     const std::int64_t in_use = counters().stats[static_cast<int>(device)].current_total;
-    if (limit > 0 && category != MemoryCategory::verification && in_use + static_cast<std::int64_t>(bytes) > limit)
+    if (limit > 0 && counts_on_device(category) && in_use + static_cast<std::int64_t>(bytes) > limit)
       throw OutOfMemory("out of memory: needs " + format_bytes(static_cast<std::int64_t>(bytes)) + ", limit " +
                         format_bytes(limit) + " (" + format_bytes(in_use) + " in use), category " +
                         memory_category_name(category));

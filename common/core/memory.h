@@ -12,9 +12,17 @@
 
 namespace course {
 
-// verification: a lock-step reference's model and passes (common/verify/lockstep.h), counted apart from
-// the run's memory: outside the totals, the peaks of the other categories and any budget.
-enum class MemoryCategory { parameters, gradients, optimizer_state, activations, communication, verification, count };
+// offloaded: what ZeRO-Offload keeps in host memory instead of the device's (common/parallel/zero.h);
+// verification: a lock-step reference's model and passes (common/verify/lockstep.h). Both are counted
+// apart from the run's memory on its device: outside the totals, the peaks of the other categories and
+// any budget. (On a CPU-only run the host is the device, and this is what keeps the two apart.)
+enum class MemoryCategory {
+  parameters, gradients, optimizer_state, activations, communication, offloaded, verification, count
+};
+// Whether a category counts in a device's totals and against its budget (all but the two above).
+constexpr bool counts_on_device(MemoryCategory c) {
+  return c != MemoryCategory::offloaded && c != MemoryCategory::verification;
+}
 constexpr std::size_t kMemoryCategories = static_cast<std::size_t>(MemoryCategory::count);
 const char* memory_category_name(MemoryCategory category);
 

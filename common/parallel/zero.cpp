@@ -26,6 +26,9 @@ std::int64_t cap_elements(double megabytes) {
 FlatLayout make_layout(nn::Module& model, const std::vector<Tensor>& params, int ranks, const ZeroOptions& o) {
   if (o.stage < 0 || o.stage > 3)
     throw std::invalid_argument("ZeroOptimizer: stage " + std::to_string(o.stage) + " is not 0, 1, 2 or 3");
+  if (o.offload == ZeroOptions::Offload::parameters && o.stage != 3)
+    throw std::invalid_argument("ZeroOptimizer: offloading the parameters needs stage 3 (stage " +
+                                std::to_string(o.stage) + " keeps every parameter on every rank)");
   const int shards = o.stage == 0 ? 1 : ranks;
   if (o.stage < 3 && o.unit_cap_mb > 0) return FlatLayout(params, shards, cap_elements(o.unit_cap_mb));
   return FlatLayout(params, shards, wrapped_units(model, params, o.unit_policy ? o.unit_policy : default_unit_policy).units);
@@ -51,12 +54,14 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
   const DType working = options_.precision;
 
   // The parameters move into one flat buffer, rank 0's values broadcast (every rank starts from them,
-  // as DDP). In mixed precision that float32 buffer holds the masters (at stage 0 all of them, above
-  // it this rank's part is kept), and the model computes with their 16-bit roundings.
+  // as DDP). In float32 it is the model's parameters. In mixed precision it holds the masters (at stage
+  // 0 all of them, above it this rank's part is kept), and the model computes with their 16-bit
+  // roundings. Offloaded, the masters (this rank's part, or all at stage 0) go to the host.
   Tensor whole;
   {
     MemoryCategoryScope scope(!mixed() ? MemoryCategory::parameters
-                              : options_.stage == 0 ? MemoryCategory::optimizer_state : MemoryCategory::communication);
+                              : options_.stage == 0 && !offloaded() ? MemoryCategory::optimizer_state
+                                                                    : MemoryCategory::communication);
     whole = Tensor::zeros({layout_.padded()}, device);
   }
   for (std::size_t i = 0; i < params_.size(); ++i)
@@ -65,17 +70,18 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
   if (!mixed()) {
     flat_params_ = whole;
   } else {
-    {
-      MemoryCategoryScope scope(MemoryCategory::parameters);
-      flat_params_ = Tensor::zeros({layout_.padded()}, device, working);
-    }
+    MemoryCategoryScope scope(MemoryCategory::parameters);
+    flat_params_ = Tensor::zeros({layout_.padded()}, device, working);
     flat_params_.copy_from(whole);
-    if (options_.stage == 0) {
+  }
+  if (has_master()) {
+    if (options_.stage == 0 && !offloaded()) {
       master_ = whole;
     } else {
-      MemoryCategoryScope scope(MemoryCategory::optimizer_state);
-      master_ = Tensor::empty({layout_.shard()}, device);
-      copy_to_shard(whole, master_);
+      MemoryCategoryScope scope(offloaded() ? MemoryCategory::offloaded : MemoryCategory::optimizer_state);
+      master_ = Tensor::empty({options_.stage == 0 ? layout_.padded() : layout_.shard()}, host_or(device));
+      if (options_.stage == 0) master_.copy_from(whole);
+      else copy_to_shard(whole, master_);
     }
   }
   whole = Tensor();
@@ -96,15 +102,19 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, comm::Communicator& group, ZeroO
       params_[i].set_grad(flat_grads_.view(static_cast<std::size_t>(layout_.offset_of(i)), params_[i].shape()));
   }
   if (options_.stage >= 1) {
-    // Stage 1: the reduce-scatter's output, a communication buffer. Stage 2: the only gradient kept.
-    MemoryCategoryScope scope(options_.stage == 1 ? MemoryCategory::communication : MemoryCategory::gradients);
-    grad_shard_ = Tensor::zeros({layout_.shard()}, device, working);
+    // Stage 1: the reduce-scatter's output, a communication buffer. Stages 2-3: the only gradient kept,
+    // on the host when offloaded (each unit's part goes down as its reduce-scatter completes).
+    const bool on_host = offloaded() && options_.stage >= 2;
+    MemoryCategoryScope scope(options_.stage == 1 ? MemoryCategory::communication
+                              : on_host           ? MemoryCategory::offloaded
+                                                  : MemoryCategory::gradients);
+    grad_shard_ = Tensor::zeros({layout_.shard()}, on_host ? Device::cpu : device, working);
   }
   {
-    MemoryCategoryScope scope(MemoryCategory::optimizer_state);
+    MemoryCategoryScope scope(offloaded() ? MemoryCategory::offloaded : MemoryCategory::optimizer_state);
     const std::int64_t n = options_.stage == 0 ? layout_.padded() : layout_.shard();
-    exp_avg_ = Tensor::zeros({n}, device);
-    exp_avg_sq_ = Tensor::zeros({n}, device);
+    exp_avg_ = Tensor::zeros({n}, host_or(device));
+    exp_avg_sq_ = Tensor::zeros({n}, host_or(device));
   }
   if (options_.stage >= 2) {
     pending_.resize(layout_.units().size());
@@ -189,7 +199,7 @@ double ZeroOptimizer::apply() {
   });
   scaler_.update();
   if (stepped) {
-    if (mixed()) round_parameters();
+    if (has_master()) round_parameters();
     gather_parameters();
   }
   // Stage 3: every gathered copy is stale now; the next forward gathers the updated shards.
@@ -198,15 +208,25 @@ double ZeroOptimizer::apply() {
   bytes_at_last_step_ = group_.bytes_sent();
   ring_bytes_last_step_ = ring_bytes_;
   ring_bytes_ = 0;
+  host_last_step_ = host_;
+  host_ = {};
   return norm;
 }
 
 // The gradients the update reads, in float32: the held ones themselves, or in mixed precision a
-// float32 copy of the 16-bit ones (a transient buffer of this rank's part, as DeepSpeed's).
+// float32 copy of the 16-bit ones (a transient buffer of this rank's part, as DeepSpeed's). Offloaded,
+// on the host: stages 0 and 1 copy their part down now (stages 2 and 3 did during backward).
 Tensor ZeroOptimizer::update_gradients() {
   const Tensor& held = options_.stage == 0 ? flat_grads_ : grad_shard_;
+  if (offloaded() && options_.stage <= 1) {
+    host_.down += static_cast<std::int64_t>(held.nbytes());
+    MemoryCategoryScope scope(MemoryCategory::offloaded);
+    Tensor down = Tensor::empty(held.shape(), Device::cpu);
+    down.copy_from(held);
+    return down;
+  }
   if (!mixed()) return held;
-  MemoryCategoryScope scope(MemoryCategory::communication);
+  MemoryCategoryScope scope(offloaded() ? MemoryCategory::offloaded : MemoryCategory::communication);
   return held.to(DType::float32);
 }
 
@@ -233,7 +253,7 @@ void ZeroOptimizer::update(const Tensor& grads) {
     for (const FlatSegment& s : layout_.segments(u, me)) {
       const std::int64_t flat = unit.offset + me * unit.part + s.part_offset, shard = unit.shard_offset + s.part_offset;
       a.weight_decay = weight_decay_[s.param];
-      float* param = mixed() ? master_.data() + shard
+      float* param = has_master() ? master_.data() + shard
                      : options_.stage == 3 ? param_shard_.data() + shard
                                            : flat_params_.data() + flat;
       k.adam_step(param, grads.data() + shard, exp_avg_.data() + shard,
@@ -242,14 +262,20 @@ void ZeroOptimizer::update(const Tensor& grads) {
   }
 }
 
+// The masters into the parameters the model computes with: rounded to 16 bits in mixed precision, and
+// offloaded, up from the host (with the parameters offloaded they stay there: stage 3 takes each unit's
+// part up when it gathers it).
 void ZeroOptimizer::round_parameters() {
   if (options_.stage == 0) {
     flat_params_.copy_from(master_);
   } else if (options_.stage == 3) {
+    if (param_shard_.impl()->storage == master_.impl()->storage) return;  // float32, parameters offloaded
     param_shard_.copy_from(master_);
   } else {
     copy_from_shard(master_, flat_params_);
   }
+  if (offloaded() && !parameters_offloaded())
+    host_.up += (options_.stage == 0 ? layout_.padded() : layout_.shard()) * static_cast<std::int64_t>(element_size(options_.precision));
 }
 
 void ZeroOptimizer::gather_parameters() {
@@ -267,6 +293,15 @@ void ZeroOptimizer::gather_parameters() {
 void ZeroOptimizer::zero_grad() {
   if (flat_grads_.defined()) flat_grads_.fill_(0.0f);
   if (options_.stage >= 2) grad_shard_.fill_(0.0f);
+}
+
+const char* offload_name(ZeroOptions::Offload offload) {
+  switch (offload) {
+    case ZeroOptions::Offload::none: return "none";
+    case ZeroOptions::Offload::optimizer: return "optimizer";
+    case ZeroOptions::Offload::parameters: return "parameters";
+  }
+  return "none";
 }
 
 }  // namespace course::parallel

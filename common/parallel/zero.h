@@ -46,6 +46,23 @@
 // The update widens this rank's gradients to float32 (float16's loss scale undone, optim::GradScaler,
 // a step with an inf or NaN anywhere skipped by every rank), clips, steps the masters with AdamW and
 // rounds them into the 16-bit parameters, which are then all-gathered: half the bytes of float32.
+//
+// ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX ATC
+// 2021): the optimizer's state and its computation move to the host. Each rank keeps its part of the
+// float32 masters and Adam's moments in host memory (K = 12 bytes a parameter: with offloading a float32
+// run keeps a float32 copy there too, since the device's parameters are what the model computes with),
+// its part of the gradients goes down to the host as each unit's reduce-scatter completes during
+// backward (stages 2 and 3; after backward at stages 0 and 1), AdamW steps on the host's CPU, and the
+// updated part of the parameters goes up again before the all-gather. With `parameters` (stage 3 only,
+// DeepSpeed's offload_param) this rank's part of the parameters stays on the host too and goes up each
+// time its unit is gathered. Per rank, b bytes a parameter or gradient (2 in 16 bits, 4 in float32):
+//   offload     device: params        grads              host
+//   optimizer   as the stage          b Psi at 0-1, 0    12 Psi/N, 12 Psi at stage 0 (+ b Psi/N gradients at 2-3)
+//   parameters  0 (units gathered)    0                  (12 + 2b) Psi/N, (12 + b) Psi/N in float32
+// (In float32 the host's masters are the parameters' shard: one copy, not two.) A step moves b Psi/N
+// down and b Psi/N up (b Psi each at stage 0), twice b Psi/N up with the parameters offloaded. The
+// update is the same arithmetic on the same values, so the parameters are bit-identical to no
+// offloading. Host memory is counted as MemoryCategory::offloaded, apart from the device's.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -85,7 +102,12 @@ struct ZeroOptions {
   // The parameters' and gradients' type: float32, or bfloat16 / float16 over float32 masters (above).
   DType precision = DType::float32;
   float init_scale = 65536.0f;  // float16's initial loss scale (GradScaler's 2^16)
+  // ZeRO-Offload (above): the optimizer's state and update on the host, and with `parameters` (stage 3)
+  // this rank's part of the parameters too.
+  enum class Offload { none, optimizer, parameters };
+  Offload offload = Offload::none;
 };
+const char* offload_name(ZeroOptions::Offload offload);  // "none", "optimizer", "parameters"
 
 
 class ZeroOptimizer {
@@ -153,6 +175,13 @@ class ZeroOptimizer {
   // all-reduce 2(N-1)/N of the buffer, reduce-scatter (N-1)/N, all-gather (N-1) times the part. The
   // theory: 2Ψ elements at stages 0-2, 3Ψ at stage 3 (its parameters are gathered twice).
   std::int64_t ring_bytes_last_step() const { return ring_bytes_last_step_; }
+  // ZeRO-Offload: the bytes the last step copied from the device to the host (gradients) and back
+  // (parameters); 0 without offloading.
+  struct HostTraffic {
+    std::int64_t down = 0, up = 0;
+  };
+  HostTraffic host_traffic_last_step() const { return host_last_step_; }
+  ZeroOptions::Offload offload() const { return options_.offload; }
 
  private:
   void on_gradient_ready(std::size_t param);
@@ -161,6 +190,10 @@ class ZeroOptimizer {
   void complete_finished_units(bool all);
   void finish_reductions();
   bool mixed() const { return options_.precision != DType::float32; }
+  bool offloaded() const { return options_.offload != ZeroOptions::Offload::none; }
+  bool parameters_offloaded() const { return options_.offload == ZeroOptions::Offload::parameters; }
+  bool has_master() const { return mixed() || offloaded(); }  // master_ holds the float32 values AdamW steps
+  Device host_or(Device device) const { return offloaded() ? Device::cpu : device; }
   Tensor update_gradients();        // the held gradients in float32: themselves, or widened (mixed)
   double clip(const Tensor& grads);
   void update(const Tensor& grads);
@@ -189,10 +222,13 @@ class ZeroOptimizer {
   // Of the parameters' type (precision), as the gradients below:
   Tensor flat_params_;            // [padded], the model's parameters are views into it
   Tensor flat_grads_;             // stages 0 and 1: [padded], the parameters' .grad are views into it
-  Tensor grad_shard_;             // stages 1 and 2: [shard], this rank's part of every unit's average
+  Tensor grad_shard_;             // stages 1-3: [shard], this rank's part of every unit's average (on the host
+                                  // at stages 2-3 when offloaded)
   Tensor exp_avg_, exp_avg_sq_;   // [padded] at stage 0, [shard] above
-  Tensor param_shard_;            // stage 3: [shard], this rank's part of every unit's parameters
-  Tensor master_;                 // mixed: float32 masters, [padded] at stage 0, [shard] above
+  Tensor param_shard_;            // stage 3: [shard], this rank's part of every unit's parameters (on the host
+                                  // with the parameters offloaded; in float32 then master_ itself)
+  Tensor master_;                 // mixed or offloaded: float32 masters, [padded] at stage 0, [shard] above
+  std::vector<Tensor> staged_;    // stage 3, parameters offloaded: each unit's part on the device while gathered
   optim::GradScaler scaler_;      // float16's loss scale (disabled otherwise)
   std::vector<std::shared_ptr<Storage>> unit_storage_;  // stage 3: each unit's gathered parameters
   std::vector<comm::WorkHandle> gathering_;              // stage 3: each unit's all-gather in flight
@@ -213,6 +249,7 @@ class ZeroOptimizer {
   long steps_ = 0;
   std::int64_t bytes_at_last_step_ = 0, bytes_last_step_ = 0;
   std::int64_t ring_bytes_ = 0, ring_bytes_last_step_ = 0;  // this step so far; the last step's
+  HostTraffic host_, host_last_step_;                       // ZeRO-Offload's copies: this step so far; the last step's
 };
 
 }  // namespace course::parallel

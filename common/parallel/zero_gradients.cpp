@@ -48,14 +48,22 @@ void ZeroOptimizer::reduce_unit_async(std::size_t u) {
   }
 }
 
-// Waits for unit u's reduce-scatter, adds this rank's part into its gradient shard (passes accumulate),
-// and frees the unit's buffers.
+// Waits for unit u's reduce-scatter, adds this rank's part into its gradient shard (passes accumulate;
+// on the host when offloaded), and frees the unit's buffers.
 void ZeroOptimizer::complete_unit(std::size_t u) {
   PendingUnit& pending = pending_[u];
   pending.work->wait();
   Tensor mine = grad_shard_.flat_view(static_cast<std::size_t>(layout_.units()[u].shard_offset),
                                       static_cast<std::size_t>(layout_.units()[u].part));
-  mine.add_(pending.reduced);  // 16-bit shards: added in float32, rounded once
+  Tensor reduced = pending.reduced;
+  if (offloaded()) {  // ZeRO-Offload: this rank's part goes down to the host, during backward
+    host_.down += static_cast<std::int64_t>(reduced.nbytes());
+    if (reduced.device() != mine.device()) {
+      MemoryCategoryScope scope(MemoryCategory::offloaded);
+      reduced = reduced.to(mine.device());
+    }
+  }
+  mine.add_(reduced);  // 16-bit shards: added in float32, rounded once
   pending = PendingUnit{};
   for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it)
     if (*it == u) {

@@ -63,11 +63,13 @@ bool default_unit_policy(const std::string&, nn::Module& module) {
 // a view into its unit's storage, which holds memory only while the unit is gathered.
 void ZeroOptimizer::shard_parameters(nn::Module& model) {
   const Device device = flat_params_.device();
-  {
-    MemoryCategoryScope scope(MemoryCategory::parameters);
-    param_shard_ = Tensor::empty({layout_.shard()}, device, flat_params_.dtype());
+  if (parameters_offloaded() && !mixed()) {
+    param_shard_ = master_;  // float32: the host's masters are this rank's parameters
+  } else {
+    MemoryCategoryScope scope(parameters_offloaded() ? MemoryCategory::offloaded : MemoryCategory::parameters);
+    param_shard_ = Tensor::empty({layout_.shard()}, parameters_offloaded() ? Device::cpu : device, flat_params_.dtype());
+    copy_to_shard(flat_params_, param_shard_);
   }
-  copy_to_shard(flat_params_, param_shard_);
   const auto& units = layout_.units();
   root_unit_ = units.size();
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -100,6 +102,7 @@ void ZeroOptimizer::shard_parameters(nn::Module& model) {
     });
   }
   gathering_.resize(units.size());
+  staged_.resize(units.size());
   root_unit_ = wrapped.units.back().empty() ? units.size() : units.size() - 1;
   if (root_unit_ < units.size()) model.register_forward_pre_hook([this](nn::Module&) { gather_unit(root_unit_); });
 }
@@ -110,6 +113,7 @@ void ZeroOptimizer::gather_unit(std::size_t u) {
     gathering_[u]->wait();
     gathering_[u] = nullptr;
   }
+  staged_[u] = Tensor();
 }
 
 void ZeroOptimizer::prefetch(std::size_t u) {
@@ -127,6 +131,13 @@ void ZeroOptimizer::start_gather(std::size_t u) {
   impl->dtype = param_shard_.dtype();
   Tensor whole(impl);
   Tensor mine = param_shard_.flat_view(static_cast<std::size_t>(unit.shard_offset), static_cast<std::size_t>(unit.part));
+  if (parameters_offloaded()) {  // this rank's part goes up from the host first, kept until the gather lands
+    host_.up += static_cast<std::int64_t>(mine.nbytes());
+    MemoryCategoryScope scope(MemoryCategory::communication);
+    staged_[u] = Tensor::empty({unit.part}, whole.device(), mine.dtype());
+    staged_[u].copy_from(mine);
+    mine = staged_[u];
+  }
   if (group_.size() == 1) whole.copy_from(mine);
   else gathering_[u] = group_.all_gather_async(mine, whole);
   count_ring(comm::OpKind::all_gather, mine.nbytes());
@@ -137,6 +148,7 @@ void ZeroOptimizer::release_unit(std::size_t u) {
     gathering_[u]->wait();
     gathering_[u] = nullptr;
   }
+  staged_[u] = Tensor();
   if (!unit_storage_[u]->released()) unit_storage_[u]->release();
 }
 

@@ -12,15 +12,18 @@ namespace course::parallel {
 // What full_parameters and gather_flat send is inspection, not training: left out of the step's bytes.
 class ZeroOptimizer::Uncounted {
  public:
-  explicit Uncounted(ZeroOptimizer& zero) : zero_(zero), sent_(zero.group_.bytes_sent()), ring_(zero.ring_bytes_) {}
+  explicit Uncounted(ZeroOptimizer& zero)
+      : zero_(zero), sent_(zero.group_.bytes_sent()), ring_(zero.ring_bytes_), host_(zero.host_) {}
   ~Uncounted() {
     zero_.bytes_at_last_step_ += zero_.group_.bytes_sent() - sent_;
     zero_.ring_bytes_ = ring_;
+    zero_.host_ = host_;
   }
 
  private:
   ZeroOptimizer& zero_;
   std::int64_t sent_, ring_;
+  HostTraffic host_;
 };
 
 std::vector<float> ZeroOptimizer::gather_flat(const Tensor& buffer) {
@@ -62,7 +65,7 @@ ZeroOptimizer::FullState ZeroOptimizer::full_optimizer_state() {
 }
 
 std::vector<float> ZeroOptimizer::full_parameters() {
-  if (mixed()) return gather_flat(master_);
+  if (has_master()) return gather_flat(master_);
   const Uncounted inspection(*this);
   // Unit by unit, each released again before the next is gathered: no more memory than a forward holds.
   std::vector<std::size_t> offset(params_.size(), 0);
@@ -84,11 +87,11 @@ std::vector<float> ZeroOptimizer::full_parameters() {
 std::vector<std::pair<std::string, Tensor>> ZeroOptimizer::state_shard() const {
   if (options_.stage == 0) {
     if (group_.rank() != 0) return {};
-    return {{"param", (mixed() ? master_ : flat_params_).clone()}, {"exp_avg", exp_avg_.clone()},
+    return {{"param", (has_master() ? master_ : flat_params_).clone()}, {"exp_avg", exp_avg_.clone()},
             {"exp_avg_sq", exp_avg_sq_.clone()}};
   }
   Tensor param;
-  if (mixed()) {
+  if (has_master()) {
     param = master_.clone();
   } else if (options_.stage == 3) {
     param = param_shard_.clone();
@@ -118,7 +121,7 @@ void ZeroOptimizer::load_state_shard(const std::vector<std::pair<std::string, Te
     exp_avg_sq_.copy_from(find("exp_avg_sq"));
   }
   const Tensor* param = holds ? &find("param") : nullptr;
-  if (mixed()) {  // the masters, and the 16-bit parameters rounded from them
+  if (has_master()) {  // the masters, and the parameters rounded (or copied up) from them
     if (param) master_.copy_from(*param);
     if (options_.stage == 0) {
       group_.broadcast(master_, 0);
@@ -128,6 +131,7 @@ void ZeroOptimizer::load_state_shard(const std::vector<std::pair<std::string, Te
     round_parameters();
     gather_parameters();
     for (std::size_t u = 0; u < unit_storage_.size(); ++u) release_unit(u);
+    host_ = {};  // a resume's copies are not a step's
   } else if (options_.stage == 0) {
     if (param) flat_params_.copy_from(*param);
     group_.broadcast(flat_params_, 0);
