@@ -63,7 +63,8 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   comm::Communicator& tp = run.faulty_tp ? *run.faulty_tp : topology.tp_group();
   if (task.is_gpt()) {
     nn::GPT full(task.config, device, o.common.seed);
-    auto stage = std::make_shared<parallel::PipelineStageGPT>(full, topology.pp_group(), &tp, o.sequence_parallel);
+    auto stage = std::make_shared<parallel::PipelineStageGPT>(full, topology.pp_group(), &tp, o.sequence_parallel,
+                                                              o.schedule == "interleaved" ? o.virtual_stages : 1);
     run.stage = stage.get();
     run.model = std::move(stage);
   } else {
@@ -76,13 +77,18 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   if (topology.dp_size() > 1) {
     parallel::ReducerOptions reduce;
     reduce.reduce_dtype = o.precision.reduce();  // --reduce-dtype
-    run.ddp = std::make_unique<parallel::DistributedDataParallel>(run.model, topology.dp_group(), reduce);
-    if (o.faults.fault == "skip-dp-average")
-      run.ddp->register_comm_hook([&o, &step, average = parallel::average_hook(reduce.reduce_dtype)](
-                                      comm::Communicator& group, Tensor& g) {
-        if (o.faults.at("skip-dp-average", step)) return comm::completed_work();
-        return average(group, g);
-      });
+    // Interleaved stages: one DDP per chunk, since each backward pass reaches one chunk's parameters.
+    std::vector<std::shared_ptr<nn::Module>> parts{run.model};
+    if (run.stage && run.stage->chunks() > 1) parts = run.stage->chunk_modules();
+    for (auto& part : parts) {
+      run.ddp.push_back(std::make_unique<parallel::DistributedDataParallel>(part, topology.dp_group(), reduce));
+      if (o.faults.fault == "skip-dp-average")
+        run.ddp.back()->register_comm_hook([&o, &step, average = parallel::average_hook(reduce.reduce_dtype)](
+                                               comm::Communicator& group, Tensor& g) {
+          if (o.faults.at("skip-dp-average", step)) return comm::completed_work();
+          return average(group, g);
+        });
+    }
   }
   return run;
 }
@@ -115,10 +121,13 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
   }
   const int p = topology.pp_size();
   const parallel::PipelineLinks links{topology.pp_group(), topology.previous_stage(), topology.next_stage()};
+  std::vector<parallel::DistributedDataParallel*> replicas;  // DDP of the stage, or of each chunk
+  for (auto& ddp : run.ddp) replicas.push_back(ddp.get());
   Autocast autocast(training.precision());  // backward runs outside it
   return parallel::run_pipeline(*run.stage, links,
-                                parallel::make_schedule(schedule, p, static_cast<int>(parts.size())), ids, targets,
-                                data::AdditionTask::kIgnore, run.ddp.get(), training.scaler().get_scale());
+                                parallel::make_schedule(schedule, p, static_cast<int>(parts.size()), run.stage->chunks()),
+                                ids, targets,
+                                data::AdditionTask::kIgnore, replicas, training.scaler().get_scale());
 }
 
 parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
@@ -148,7 +157,7 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
     const double middle = since();
     step.timeline.push_back({{parallel::PipeOp::forward, static_cast<int>(i)}, begin, middle});
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> accumulate_only;
-    if (run.ddp && i + 1 < parts.size()) accumulate_only.emplace(*run.ddp);
+    if (!run.ddp.empty() && i + 1 < parts.size()) accumulate_only.emplace(*run.ddp.front());
     training.scale_loss(loss).backward();
     step.timeline.push_back({{parallel::PipeOp::backward, static_cast<int>(i)}, middle, since()});
   }
@@ -174,19 +183,22 @@ void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& resu
 
 void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
   // Each stage's figures, from its first TP rank of the first replica, to every rank: [bubble, peak,
-  // then per action: op, micro-batch, begin, end].
+  // then per action: op, micro-batch, chunk, begin, end].
   const int p = topology.pp_size();
-  const std::size_t per_stage = 2 + 4 * last_.size();
+  constexpr std::size_t kFields = 5;
+  const std::size_t per_stage = 2 + kFields * last_.size();
   std::vector<float> mine(per_stage * static_cast<std::size_t>(p), 0.0f);
   if (topology.tp_rank() == 0 && topology.dp_rank() == 0) {
     float* at = mine.data() + per_stage * static_cast<std::size_t>(topology.pp_rank());
     at[0] = pipeline_ms_ > 0 ? static_cast<float>(1.0 - busy_ms_ / pipeline_ms_) : 0.0f;
     at[1] = static_cast<float>(peak_);
     for (std::size_t k = 0; k < last_.size(); ++k) {
-      at[2 + 4 * k] = last_[k].action.op == parallel::PipeOp::forward ? 0.0f : 1.0f;
-      at[3 + 4 * k] = static_cast<float>(last_[k].action.micro_batch);
-      at[4 + 4 * k] = static_cast<float>(last_[k].begin_ms);
-      at[5 + 4 * k] = static_cast<float>(last_[k].end_ms);
+      float* action = at + 2 + kFields * k;
+      action[0] = last_[k].action.op == parallel::PipeOp::forward ? 0.0f : 1.0f;
+      action[1] = static_cast<float>(last_[k].action.micro_batch);
+      action[2] = static_cast<float>(last_[k].action.chunk);
+      action[3] = static_cast<float>(last_[k].begin_ms);
+      action[4] = static_cast<float>(last_[k].end_ms);
     }
   }
   Tensor all = Tensor::from_host(mine, {static_cast<std::int64_t>(mine.size())});
@@ -199,10 +211,13 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
     const float* at = v.data() + per_stage * static_cast<std::size_t>(s);
     run.bubble.push_back(at[0]);
     run.peak_activations.push_back(at[1]);
-    for (std::size_t k = 0; k < last_.size(); ++k)
+    for (std::size_t k = 0; k < last_.size(); ++k) {
+      const float* action = at + 2 + kFields * k;
       run.timeline[static_cast<std::size_t>(s)].push_back(
-          {{at[2 + 4 * k] == 0.0f ? parallel::PipeOp::forward : parallel::PipeOp::backward, static_cast<int>(at[3 + 4 * k])},
-           at[4 + 4 * k], at[5 + 4 * k]});
+          {{action[0] == 0.0f ? parallel::PipeOp::forward : parallel::PipeOp::backward, static_cast<int>(action[1]),
+            static_cast<int>(action[2])},
+           action[3], action[4]});
+    }
   }
 }
 

@@ -36,9 +36,10 @@ ChapterTask make_task(const Options& o, Device device);
 struct GridRun {
   std::shared_ptr<parallel::TensorParallelModule> model;  // this rank's part of the model
   parallel::PipelineStageGPT* stage = nullptr;             // the same, for the GPT
-  // With DP: the model wrapped in DDP on the DP group. Its gradient hooks stay on the model's
-  // parameters, so it lives as long as the model does.
-  std::unique_ptr<parallel::DistributedDataParallel> ddp;
+  // With DP: the model wrapped in DDP on the DP group, or with interleaved stages each chunk in its own
+  // (as Megatron-LM wraps each virtual stage). Their gradient hooks stay on the model's parameters, so
+  // they live as long as the model does.
+  std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddp;
   std::unique_ptr<comm::Communicator> faulty_tp;  // --fault skip-tp-all-reduce: the layers' TP group
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage

@@ -85,7 +85,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
 // ---------------------------------------------------------------------------------------------------
 // Below: the schedules swept, the run set up on its grid, and what it reports.
 
-// --sweep: both schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
+// --sweep: the schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
 // activations as metrics (scripts/plot.py pipeline draws them); with --trace, each schedule's timeline
 // at 4 micro-batches.
 int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
@@ -96,9 +96,17 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
                      std::to_string(o.training.global_batch) + " must divide by DP x 16 (" +
                      std::to_string(topology.dp_size() * 16) + ")");
   const std::string stem = o.trace.substr(0, o.trace.rfind('.'));
-  for (const std::string schedule : {"gpipe", "1f1b"})
+  // Interleaved 1F1B with --virtual-stages (2 by default here) where the layers divide into its chunks,
+  // at the counts that are multiples of the stages.
+  const int p = topology.pp_size(), v = std::max(2, o.virtual_stages);
+  const bool interleaves = task.config.n_layer % (p * v) == 0;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
     for (int m : counts) {
-      GridRun run = train_grid(o, task, topology, device, schedule, m, nullptr);
+      if (schedule == "interleaved" && (!interleaves || m % p != 0)) continue;
+      Options swept = o;
+      swept.schedule = schedule;
+      swept.virtual_stages = schedule == "interleaved" ? v : 1;
+      GridRun run = train_grid(swept, task, topology, device, schedule, m, nullptr);
       report_stages(run, m, schedule, metrics, "pipeline_sweep", network);
       if (m == 4 && !o.trace.empty() && topology.rank() == 0)  // each schedule's timeline, with --trace
         write_timeline(run, stem + "_" + schedule + ".json",
@@ -140,7 +148,11 @@ int run(Options o, cli::Session& session) {
   log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
       task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
-      static_cast<long long>(micro), topology.pp_size() > 1 ? (" (" + o.schedule + " schedule)").c_str() : "",
+      static_cast<long long>(micro),
+      topology.pp_size() > 1 ? (" (" + o.schedule + " schedule" +
+                                (o.virtual_stages > 1 ? ", " + std::to_string(o.virtual_stages) + " chunks per rank" : "") + ")")
+                                   .c_str()
+                             : "",
       static_cast<long long>(o.training.steps),
       (cli::precision_description(o.precision) == "fp32" ? "" : ", " + cli::precision_description(o.precision)).c_str(),
       network.c_str());
@@ -149,7 +161,7 @@ int run(Options o, cli::Session& session) {
     return sweep(o, task, topology, device, session.metrics, network);
   }
   if (topology.pp_size() > 1)
-    log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches)).c_str());
+    log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
   cli::check_fault_options(o.faults, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   if (topology.pp_size() > 1) {

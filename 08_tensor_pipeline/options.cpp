@@ -27,8 +27,12 @@ void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches, "Micro-batches per step on each replica")
       ->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe or 1f1b")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}))->capture_default_str();
+  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe, 1f1b or interleaved (1F1B over --virtual-stages "
+                                           "model chunks per rank)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))->capture_default_str();
+  app.add_option("--virtual-stages", o.virtual_stages, "Model chunks per pipeline rank, with --schedule interleaved "
+                                                       "(Megatron-LM's virtual pipeline stages)")
+      ->check(CLI::Range(1, 64))->capture_default_str();
   cli::add_training_options(app, o.training, "AdamW's peak learning rate");
   app.add_option("--clip", o.clip, "Clip the gradient's global norm (over the whole grid) to this; 0: off")
       ->check(cli::NonNegativeFinite)->capture_default_str();
@@ -58,6 +62,9 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--fault: skip-tp-all-reduce needs tensor parallelism (--tp 2 or more)");
   if (fault == "lose-micro-batch" && o.micro_batches < 2)
     throw UsageError("--fault: lose-micro-batch needs two or more micro-batches (--micro-batches)");
+  if (fault == "lose-micro-batch" && o.schedule == "interleaved")
+    throw UsageError("--fault: lose-micro-batch leaves a number of micro-batches interleaved 1F1B cannot run (not a "
+                     "multiple of the stages); try skip-tied-exchange, or --schedule 1f1b");
   if (fault == "skip-tied-exchange" && (!task.is_gpt() || topology.pp_size() < 2))
     throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
   if (fault == "skip-sp-sum" && !o.sequence_parallel)
@@ -66,6 +73,18 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
       cli::global_batch_for(o.training, dp, o.micro_batches, task.task.size, "DP", "--micro-batches");
   if (o.sequence_parallel && tp < 2)
     throw UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+  const int pp = topology.pp_size(), v = o.virtual_stages;
+  if ((o.schedule == "interleaved") != (v > 1))
+    throw UsageError(v > 1 ? "--virtual-stages: " + std::to_string(v) + " chunks per rank need --schedule interleaved"
+                           : "--schedule: interleaved needs --virtual-stages 2 or more (model chunks per rank)");
+  if (v > 1 && pp < 2) throw UsageError("--virtual-stages: interleaves the stages of a pipeline (--pp 2 or more)");
+  if (v > 1 && !o.sweep && o.micro_batches % pp != 0)
+    throw UsageError("--micro-batches: interleaved 1F1B runs them in groups of the " + std::to_string(pp) +
+                     " stages; " + std::to_string(o.micro_batches) + " is not a multiple of " + std::to_string(pp));
+  if (v > 1 && task.is_gpt() && task.config.n_layer % (pp * v) != 0)
+    throw UsageError("--virtual-stages: " + std::to_string(task.config.n_layer) + " layers do not divide into " +
+                     std::to_string(pp) + " stages x " + std::to_string(v) + " chunks (--n-layer a multiple of " +
+                     std::to_string(pp * v) + ")");
   if (!task.is_gpt()) {
     if (topology.pp_size() > 1)
       throw UsageError("--pp: the MLP is split by tensor parallelism only; pipeline stages split the GPT");

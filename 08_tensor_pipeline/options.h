@@ -24,6 +24,7 @@ struct Options {
   bool sequence_parallel = false;
   int micro_batches = 4;
   std::string schedule = "1f1b";
+  int virtual_stages = 1;  // model chunks per pipeline rank (interleaved 1F1B)
   double clip = 1.0;  // the gradient's global norm, as GPT-2 (0: off)
   int log_every = 5;
   bool verify = false;

@@ -10,7 +10,8 @@ namespace course::chapter08 {
 
 // The last step of every stage as a Chrome trace (one row per stage).
 void write_timeline(const GridRun& run, const std::string& path, const std::string& label);
-// Each stage's bubble against (p-1)/(m+p-1) and its peak activations, logged and written as `event`.
+// Each stage's bubble against (p-1)/(m+p-1) (interleaved over v chunks: (p-1)/(vm+p-1)) and its peak
+// activations, logged and written as `event`.
 // `network`: ", simulated network: ..." when --sim-network is on, for every line that shows a time.
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
                    const char* event, const std::string& network);

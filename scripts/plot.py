@@ -17,6 +17,7 @@
                                        weak: fixed per-rank batch)
 """
 import json
+import re
 import os
 import sys
 
@@ -228,7 +229,8 @@ def zero_charts(path, prefix):
 
 def pipeline_charts(path, prefix):
     """Chapter 08 --sweep: the bubble against the micro-batches, each schedule's mean over the stages
-    beside (p-1)/(m+p-1); and the peak activations of each stage, GPipe against 1F1B."""
+    beside (p-1)/(m+p-1) (interleaved: (p-1)/(vm+p-1)); and the peak activations of each stage, GPipe
+    against 1F1B."""
     plt = plt_module()
     rows = events(read(path), "pipeline_sweep")
     if not rows:
@@ -240,6 +242,13 @@ def pipeline_charts(path, prefix):
         mean = [sum(r["bubble"] for r in rows if r["schedule"] == schedule and r["micro_batches"] == m) / p for m in counts]
         ax.plot(counts, mean, marker=marker, label=f"{schedule}, measured (mean of {p} stages)")
     ax.plot(counts, [(p - 1) / (m + p - 1) for m in counts], "k--", label="theory (p-1)/(m+p-1)")
+    interleaved = [r for r in rows if r["schedule"] == "interleaved"]
+    if interleaved:  # at the counts that are multiples of p; v chunks per rank
+        v = interleaved[0]["virtual_stages"]
+        some = sorted({r["micro_batches"] for r in interleaved})
+        mean = [sum(r["bubble"] for r in interleaved if r["micro_batches"] == m) / p for m in some]
+        ax.plot(some, mean, marker="^", label=f"interleaved 1F1B, v={v}, measured")
+        ax.plot(some, [(p - 1) / (v * m + p - 1) for m in some], "k:", label=f"theory (p-1)/(vm+p-1), v={v}")
     ax.set(xscale="log", xlabel="micro-batches m", ylabel="idle share of the step (bubble)")
     ax.set_xticks(counts)
     ax.set_xticklabels([str(m) for m in counts])
@@ -276,8 +285,9 @@ def timeline_chart(trace_path, out):
              if e.get("ph") == "M" and e["name"] == "thread_name"}
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(lanes)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    # A pipeline's actions (F3, B3) are coloured by direction; other spans take turns.
-    pipeline = all(e["name"][:1] in "FB" and e["name"][1:].isdigit() for e in spans)
+    # A pipeline's actions (F3, B3; interleaved F3.1, micro-batch 3 through chunk 1) are coloured by
+    # direction; other spans take turns.
+    pipeline = all(re.fullmatch(r"[FB]\d+(\.\d+)?", e["name"]) for e in spans)
     for row, lane in enumerate(lanes):
         for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
             color = (colors[0] if e["name"][0] == "F" else colors[1]) if pipeline else colors[i % len(colors)]
@@ -290,7 +300,8 @@ def timeline_chart(trace_path, out):
     ax.invert_yaxis()
     label = doc.get("metadata", {}).get("label", "").strip()
     if pipeline:
-        ax.set_xlabel("ms since the step began (F: forward, B: backward of micro-batch i; white: the bubble)")
+        ax.set_xlabel("ms since the step began (F: forward, B: backward of micro-batch i, .c: through chunk c; "
+                      "white: the bubble)")
         ax.set_title("Pipeline stages" + (f": {label}" if label else ""), fontsize=10)
     else:
         ax.set_xlabel("ms since the first gradient of the step")

@@ -5,6 +5,7 @@
 // the step it begins, from the first and from a late one of a 1000-step run; sequence parallelism holds
 // fewer activations than TP alone; every stage reports its measured bubble beside
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
+// interleaved 1F1B passes --verify and gives 1F1B's losses bit for bit;
 // in bf16 and fp16 every grid trains, and without tensor parallelism --verify checks them by their
 // micro-batches, catching a late fault; impossible grids and sizes are one line and exit code 2.
 #include <gtest/gtest.h>
@@ -105,6 +106,46 @@ TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
   EXPECT_LT(stages(many)[0]["peak_activation_bytes"].get<double>(), stages(gpipe)[0]["peak_activation_bytes"].get<double>());
 }
 
+// Interleaved 1F1B (--schedule interleaved --virtual-stages v): each rank holds v chunks of the layers
+// and a micro-batch passes every rank v times. It passes --verify at 2, 3 and 4 ranks (with DP 2 on top
+// and with tensor-parallel stages), a fault in the tied table's exchange from a later step fails there,
+// and every loss is the 1F1B run's, bit for bit (the same sums in the same order).
+TEST(Chapter08, InterleavedStagesPassVerifyAndMatch1F1B) {
+  const std::string six_layers = " --device cpu --n-layer 6 --n-head 3 --n-embd 24 --global-batch 24 --steps 6";
+  for (const auto& [mpirun, grid, base] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {MPIRUN_NP2, "--pp 2 --micro-batches 4", kSmall},
+           {MPIRUN_NP3, "--pp 3 --micro-batches 3", six_layers},
+           {MPIRUN_NP4, "--pp 2 --dp 2 --micro-batches 2", kSmall},
+           {MPIRUN_NP4, "--pp 2 --tp 2 --micro-batches 4", kSmall}}) {
+    SCOPED_TRACE(grid);
+    Outcome plain = run(mpirun, grid + " --schedule 1f1b", base);
+    ASSERT_EQ(plain.process.exit_code, 0) << plain.process.out << plain.process.err;
+    Outcome interleaved = run(mpirun, grid + " --schedule interleaved --virtual-stages 2 --verify", base);
+    ASSERT_EQ(interleaved.process.exit_code, 0) << interleaved.process.out << interleaved.process.err;
+    EXPECT_NE(interleaved.process.out.find("interleaved schedule, 2 chunks per rank"), std::string::npos)
+        << interleaved.process.out;
+    EXPECT_NE(interleaved.process.out.find("against (p-1)/(vm+p-1)"), std::string::npos) << interleaved.process.out;
+    EXPECT_NE(interleaved.process.out.find("F0.1"), std::string::npos) << interleaved.process.out;  // the printed schedule
+    auto verify = events(interleaved.records, "verify");
+    ASSERT_EQ(verify.size(), 1u);
+    EXPECT_TRUE(verify[0]["passed"].get<bool>());
+    const auto a = events(plain.records, "throughput"), b = events(interleaved.records, "throughput");
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(a[0]["final_loss"].get<float>(), b[0]["final_loss"].get<float>());
+    for (const auto& stage : events(interleaved.records, "pipeline_stage")) {
+      EXPECT_EQ(stage["virtual_stages"].get<int>(), 2);
+      EXPECT_EQ(stage["schedule"].get<std::string>(), "interleaved");
+    }
+  }
+  Outcome faulty = run(MPIRUN_NP2, "--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 --verify "
+                                   "--fault skip-tied-exchange --fault-from-step 4");
+  EXPECT_EQ(faulty.process.exit_code, 1) << faulty.process.out << faulty.process.err;
+  auto verify = events(faulty.records, "verify");
+  ASSERT_EQ(verify.size(), 1u) << faulty.process.out;
+  EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), 4) << faulty.process.out;
+}
+
 TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
   // --trace: the last step of every stage as a Chrome trace (each stage's 2m actions); plot.py draws it.
   const std::string stem = temp_path("ch08_trace"), trace = stem + ".json", png = stem + ".png";
@@ -126,8 +167,16 @@ TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
   auto swept = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --pp 2 --sweep --metrics " + metrics +
                            " --trace " + prefix + ".json");
   ASSERT_EQ(swept.exit_code, 0) << swept.out << swept.err;
-  EXPECT_EQ(events(read_metrics(metrics), "pipeline_sweep").size(), 2u * 5u * 2u);  // schedules x counts x stages
-  for (const char* schedule : {"_gpipe.json", "_1f1b.json"})
+  // schedules x counts x stages: GPipe and 1F1B at 1-16, interleaved (4 layers: 2 chunks of 1 on each of
+  // the 2 stages) at the even counts
+  const auto sweep = events(read_metrics(metrics), "pipeline_sweep");
+  EXPECT_EQ(sweep.size(), 2u * 5u * 2u + 4u * 2u);
+  for (const auto& r : sweep)
+    if (r["schedule"] == "interleaved") {
+      EXPECT_EQ(r["virtual_stages"].get<int>(), 2);
+      EXPECT_EQ(r["micro_batches"].get<int>() % 2, 0);
+    }
+  for (const char* schedule : {"_gpipe.json", "_1f1b.json", "_interleaved.json"})
     EXPECT_TRUE(std::filesystem::exists(prefix + schedule)) << prefix + schedule << "\n" << swept.out;
   auto charts = run_process(std::string("python3 ") + PLOT_PY + " pipeline " + metrics + " " + prefix);
   ASSERT_EQ(charts.exit_code, 0) << charts.out << charts.err;
@@ -339,7 +388,13 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--model mlp --pp 2", "--pp"},                    // the MLP has no stages
            {MPIRUN_NP2, "--model mlp --tp 2 --sequence-parallel", "--sequence-parallel"},
            {MPIRUN_NP2, "--model mlp --tp 2 --hidden 255", "--hidden"},
-           {MPIRUN_NP2, "--pp 2 --sim-network 10,fast", "--sim-network"}}) {
+           {MPIRUN_NP2, "--pp 2 --sim-network 10,fast", "--sim-network"},
+           {MPIRUN_NP2, "--pp 2 --schedule interleaved", "--schedule"},          // how many chunks?
+           {MPIRUN_NP2, "--pp 2 --virtual-stages 2", "--virtual-stages"},       // 1F1B runs one chunk
+           {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 4", "--virtual-stages"},  // 4 layers, 8 chunks
+           {MPIRUN_NP2, "--tp 2 --schedule interleaved --virtual-stages 2", "--virtual-stages"},  // no pipeline
+           {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --micro-batches 3", "--micro-batches"},
+           {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --fault lose-micro-batch", "--fault"}}) {
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

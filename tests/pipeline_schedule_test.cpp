@@ -1,6 +1,8 @@
 // Pipeline schedules as data: every stage runs each micro-batch's forward and backward once, in an order
 // that never deadlocks, for every m >= 1 and p <= 8; with balanced stages each idles exactly the bubble
 // of the theory, (p - 1)/(m + p - 1); GPipe holds all m micro-batches in flight and 1F1B at most p - s.
+// Interleaved 1F1B with v <= 4 chunks per rank, for every p <= 8 and every multiple m <= 32 of p: never
+// a deadlock, and exactly (p - 1)/(v m + p - 1) idle, the paper's (p - 1)/(v m) of the ideal time.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -38,6 +40,39 @@ TEST(PipelineSchedule, NeverDeadlocksAndIdlesTheBubble) {
       }
 }
 
+TEST(PipelineSchedule, InterleavedIsMegatronsOrder) {
+  // p = 2, m = 4, v = 2: groups of 2 micro-batches, chunk 0 then chunk 1; stage 0 fills with
+  // 2 (p - 1) + (v - 1) p = 4 chunk-passes, stage 1 with 2.
+  EXPECT_EQ(describe(interleaved_schedule(2, 4, 2)),
+            "stage 0: F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0\n"
+            "stage 1: F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0\n");
+  EXPECT_EQ(interleaved_schedule(3, 6, 1), one_f_one_b_schedule(3, 6));
+  EXPECT_EQ(make_schedule("interleaved", 2, 4, 2), interleaved_schedule(2, 4, 2));
+}
+
+// The interleaved bubble: a micro-batch passes each rank v times, each pass 1/v of a stage's work, so
+// the fill and the drain take (p - 1)/v stage-times each way: a makespan of 3m + 3(p - 1)/v (forward 1,
+// backward 2) and (p - 1)/(v m + p - 1) of it idle on every stage. In flight at the peak: the fill of
+// 2 (p - s - 1) + (v - 1) p chunk-passes and one more (all m v of them when m = p), each 1/v of a stage's
+// activations: more than 1F1B's p - s, the price of the smaller bubble.
+TEST(PipelineSchedule, InterleavedNeverDeadlocksAndIdlesItsBubble) {
+  for (int v = 2; v <= 4; ++v)
+    for (int p = 1; p <= 8; ++p)
+      for (int m = p; m <= 32; m += p) {
+        SCOPED_TRACE("v=" + std::to_string(v) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        const auto run = simulate(interleaved_schedule(p, m, v), 1.0, 2.0);  // throws on a deadlock
+        EXPECT_NEAR(run.makespan, 3.0 * m + 3.0 * (p - 1) / v, 1e-9);
+        for (int s = 0; s < p; ++s) {
+          EXPECT_NEAR(run.idle_fraction[static_cast<std::size_t>(s)], bubble_fraction(p, m, v), 1e-12) << "stage " << s;
+          const int passes = m == p ? m * v : std::min(2 * (p - s - 1) + (v - 1) * p + 1, m * v);
+          EXPECT_DOUBLE_EQ(run.peak_in_flight[static_cast<std::size_t>(s)], static_cast<double>(passes) / v) << "stage " << s;
+        }
+        // The ratio the paper states: bubble time over ideal time, (p - 1)/(v m).
+        const double ideal = 3.0 * m;
+        EXPECT_NEAR((run.makespan - ideal) / ideal, static_cast<double>(p - 1) / (v * m), 1e-12);
+      }
+}
+
 TEST(PipelineSchedule, ABadOrderIsCaught) {
   // Stage 0 waits for B0 before F1; stage 1 runs F1 before B0: each waits for the other.
   PipelineSchedule crossed = {{{PipeOp::forward, 0}, {PipeOp::backward, 0}, {PipeOp::forward, 1}, {PipeOp::backward, 1}},
@@ -56,6 +91,18 @@ TEST(PipelineSchedule, ABadOrderIsCaught) {
   EXPECT_THROW(make_schedule("zigzag", 2, 2), std::invalid_argument);
   EXPECT_THROW(make_schedule("1f1b", 2, 0), std::invalid_argument);
   EXPECT_THROW(make_schedule("gpipe", 0, 2), std::invalid_argument);
+  EXPECT_THROW(make_schedule("interleaved", 4, 6, 2), std::invalid_argument);  // 6 micro-batches: not groups of 4
+  EXPECT_THROW(make_schedule("interleaved", 2, 4, 0), std::invalid_argument);
+  EXPECT_THROW(make_schedule("1f1b", 2, 4, 2), std::invalid_argument);  // one chunk per rank
+  // Interleaved chunks out of order: stage 0 runs micro-batch 0's second chunk before its first.
+  PipelineSchedule chunk_first = {{{PipeOp::forward, 0, 1}, {PipeOp::forward, 0, 0}, {PipeOp::backward, 0, 0},
+                                   {PipeOp::backward, 0, 1}}};
+  try {
+    simulate(chunk_first);
+    FAIL() << "a chunk before its input went unnoticed";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlocks: stage 0 waits at F0.1;"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

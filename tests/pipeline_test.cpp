@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "common/nn/gpt.h"
@@ -79,6 +80,65 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
       EXPECT_EQ(checked, per_block * static_cast<std::size_t>(4 / pp.size()) + (stage.is_first() ? 2 : 0) +
                              (stage.is_last() ? 2 + (stage.is_first() ? 0 : 1) : 0));
     }
+}
+
+// Interleaved 1F1B (Narayanan et al. 2021): with v = 2 chunks per rank each rank holds two pieces of the
+// 8-layer GPT (rank r pieces r and r + p), and a micro-batch passes every rank twice. Each parameter's
+// gradient sums the same micro-batches in the same order as under 1F1B with one stage per rank, so the
+// two agree bit for bit, with and without tensor-parallel blocks (TP 2 x PP 2 at 4 ranks), and both are
+// the whole model's.
+TEST(Pipeline, InterleavedChunksGiveThe1F1BGradientsBitForBit) {
+  for (const int tp_size : {1, 2}) {
+    if (world().size() % tp_size != 0 || (tp_size > 1 && world().size() < 4)) continue;
+    const int pp_size = world().size() / tp_size;
+    auto tp = world().split(world().rank() / tp_size, world().rank());
+    auto pp = world().split(world().rank() % tp_size, world().rank());
+    nn::GPTConfig config = small_gpt();
+    config.n_layer = 8, config.vocab_size = 12;
+    nn::GPT full(config, Device::cpu, 5);
+    const auto [ids, targets] = batch();
+    Tensor expected = cross_entropy(full(ids), targets);
+    expected.backward();
+    std::map<std::string, Tensor> whole;
+    for (const auto& [name, p] : full.named_parameters()) whole[name] = p.grad();
+    for (int m : {pp_size, 2 * pp_size}) {
+      if (kBatch % m != 0) continue;
+      SCOPED_TRACE("TP " + std::to_string(tp_size) + " x PP " + std::to_string(pp_size) + ", " + std::to_string(m) +
+                   " micro-batches");
+      std::vector<Tensor> micro_ids, micro_targets;
+      const std::int64_t rows = kBatch / m;
+      for (int i = 0; i < m; ++i) {
+        micro_ids.push_back(narrow(ids, i * rows, rows));
+        micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
+      }
+      std::vector<float> one_chunk;  // 1F1B's gradients of the whole model, gathered on rank 0
+      for (const int chunks : {1, 2}) {
+        parallel::PipelineStageGPT stage(full, *pp, tp.get(), false, chunks);
+        const auto step = parallel::run_pipeline(stage, parallel::PipelineLinks::along(*pp),
+                                                 parallel::make_schedule(chunks == 1 ? "1f1b" : "interleaved", pp_size, m, chunks),
+                                                 micro_ids, micro_targets);
+        parallel::finish_gradients(stage);
+        EXPECT_NEAR(step.loss, expected.item(), kReorderTolerance);
+        EXPECT_EQ(step.timeline.size(), static_cast<std::size_t>(2 * m * chunks));
+        for (const auto& [name, p] : stage.named_parameters()) {
+          const Tensor part = stage.part_of(name, whole[name]);
+          EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
+        }
+        // The ranks hold other layers with two chunks than with one: compare the whole model's, gathered.
+        parallel::WholeModelGather gather(stage, full, world(), [&](const std::string& name) {
+          const bool tied_copy = name == "transformer.wte.weight" && stage.is_last() && !stage.is_first();
+          return (stage.is_split(name) || tp->rank() == 0) && !tied_copy;
+        });
+        const auto gradients = gather.gradients();
+        if (chunks == 1) {
+          one_chunk = gradients;
+        } else if (world().rank() == 0) {
+          ASSERT_EQ(gradients.size(), one_chunk.size());
+          EXPECT_EQ(std::memcmp(gradients.data(), one_chunk.data(), gradients.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
 }
 
 // TP x PP: at 4 ranks two stages of two tensor-parallel ranks each (consecutive ranks share a stage,
@@ -193,7 +253,7 @@ TEST(Pipeline, ReplicasOfThePipelineAverageOnceThroughDdp) {
     micro_targets.push_back(narrow(targets, first * kT, rows * kT));
   }
   parallel::run_pipeline(*stage, parallel::PipelineLinks::along(*pp),
-      parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, &ddp);
+      parallel::make_schedule("1f1b", pp_size, 2), micro_ids, micro_targets, -100, {&ddp});
   parallel::finish_gradients(*stage);
   EXPECT_EQ(ddp.synchronisations(), 1);
   for (const auto& [name, p] : stage->named_parameters())

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
@@ -27,16 +28,17 @@ struct Named : nn::Module {
 }  // namespace
 
 PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp,
-                                   bool sequence_parallel)
+                                   bool sequence_parallel, int chunks)
     : config_(full.config()), pp_(pp), tp_(tp && tp->size() > 1 ? tp : nullptr), sequence_parallel_(sequence_parallel && tp_),
       first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
   if (tp_) check_tensor_parallel(config_, tp_->size());
-  const std::int64_t stages = pp.size();
-  if (config_.n_layer % stages != 0)
+  if (chunks < 1) throw std::invalid_argument("PipelineStageGPT: " + std::to_string(chunks) + " chunks per rank");
+  const std::int64_t stages = pp.size(), pieces = stages * chunks;
+  if (config_.n_layer % pieces != 0)
     throw UsageError("--n-layer: " + std::to_string(config_.n_layer) + " layers do not divide among " +
-                     std::to_string(stages) + " pipeline stages");
-  const std::int64_t per_stage = config_.n_layer / stages;
-  first_layer_ = per_stage * pp.rank();
+                     std::to_string(stages) + " pipeline stages" +
+                     (chunks > 1 ? " of " + std::to_string(chunks) + " chunks each" : std::string()));
+  const std::int64_t per_piece = config_.n_layer / pieces;
   // GPT-2's names, so a stage's parameters read as the whole model's: "transformer.h.2.attn...".
   auto transformer = register_module("transformer", std::make_shared<Named>());
   if ((first_ || last_) && tp_)
@@ -45,21 +47,26 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
     wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
   if (first_) wpe_ = transformer->register_parameter("wpe.weight", copy_parameter(full.wpe));
   auto layers = transformer->register_module("h", std::make_shared<Named>());
-  for (std::int64_t i = first_layer_; i < first_layer_ + per_stage; ++i) {
-    // A copy of the whole model's block: the same layers, the same values, parameters of its own.
-    const nn::Block& source = *full.blocks()[static_cast<std::size_t>(i)];
-    if (tp_) {
-      blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<TensorParallelBlock>(source, config_, *tp_, sequence_parallel_)));
-      continue;
+  chunk_blocks_.resize(static_cast<std::size_t>(chunks));
+  for (int c = 0; c < chunks; ++c) {
+    const std::int64_t first_layer = (c * stages + pp.rank()) * per_piece;  // piece c p + r of the model
+    for (std::int64_t i = first_layer; i < first_layer + per_piece; ++i) {
+      // A copy of the whole model's block: the same layers, the same values, parameters of its own.
+      const nn::Block& source = *full.blocks()[static_cast<std::size_t>(i)];
+      std::shared_ptr<nn::Module> block;
+      if (tp_) {
+        block = std::make_shared<TensorParallelBlock>(source, config_, *tp_, sequence_parallel_);
+      } else {
+        block = std::make_shared<nn::Block>(config_, full.wte.device(), 0);
+        const auto from = source.named_parameters();
+        auto to = block->named_parameters();
+        for (std::size_t k = 0; k < to.size(); ++k) {
+          autograd::NoGradGuard no_grad;
+          Tensor(to[k].second).copy_from(from[k].second);
+        }
+      }
+      chunk_blocks_[static_cast<std::size_t>(c)].push_back(layers->register_module(std::to_string(i), block));
     }
-    auto block = std::make_shared<nn::Block>(config_, full.wte.device(), 0);
-    const auto from = source.named_parameters();
-    auto to = block->named_parameters();
-    for (std::size_t k = 0; k < to.size(); ++k) {
-      autograd::NoGradGuard no_grad;
-      Tensor(to[k].second).copy_from(from[k].second);
-    }
-    blocks_.push_back(layers->register_module(std::to_string(i), block));
   }
   if (last_) {
     ln_f_ = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(config_.n_embd, full.wte.device()));
@@ -70,8 +77,14 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
 }
 
 Tensor PipelineStageGPT::forward(const Tensor& input) {
+  if (chunks() != 1) throw std::logic_error("PipelineStageGPT::forward: this rank holds " + std::to_string(chunks()) +
+                                            " chunks; run them one at a time (forward_chunk)");
+  return forward_chunk(0, input);
+}
+
+Tensor PipelineStageGPT::forward_chunk(int chunk, const Tensor& input) {
   Tensor x = input;
-  if (first_) {
+  if (starts(chunk)) {
     // The positions of the tokens this rank holds: all of them, or with sequence parallelism its shard's.
     const std::int64_t t = input.dim(1), shard = sequence_parallel_ ? t / tp_->size() : t;
     if (sequence_parallel_ && t % tp_->size() != 0)
@@ -83,11 +96,31 @@ Tensor PipelineStageGPT::forward(const Tensor& input) {
     Tensor tokens = tp_ ? (*wte_parallel_)(input) : embedding(input, wte_);
     x = add(tokens, embedding(Tensor::from_host(positions, {shard}, input.device()), wpe_));
   }
-  for (auto& block : blocks_) x = (*block)(x);
-  if (!last_) return x;
+  for (auto& block : chunk_blocks_.at(static_cast<std::size_t>(chunk))) x = (*block)(x);
+  if (!ends(chunk)) return x;
   x = (*ln_f_)(x);
   if (tp_) return wte_parallel_->logits(x);  // gathers the sequence first, with sequence parallelism
   return matmul(reshape(x, {x.dim(0) * x.dim(1), config_.n_embd}), wte_, false, true);
+}
+
+std::vector<std::shared_ptr<nn::Module>> PipelineStageGPT::chunk_modules() {
+  std::vector<std::shared_ptr<nn::Module>> out;
+  for (int c = 0; c < chunks(); ++c) {
+    auto chunk = std::make_shared<Named>();
+    auto transformer = chunk->register_module("transformer", std::make_shared<Named>());
+    if (starts(c) || ends(c)) {  // the table: the embedding's on the first chunk, the head's on the last
+      if (wte_parallel_) transformer->register_module("wte", wte_parallel_);
+      else transformer->register_parameter("wte.weight", wte_);
+    }
+    if (starts(c)) transformer->register_parameter("wpe.weight", wpe_);
+    auto layers = transformer->register_module("h", std::make_shared<Named>());
+    for (const auto& [name, module] : named_modules())
+      for (const auto& block : chunk_blocks_[static_cast<std::size_t>(c)])
+        if (module == block.get()) layers->register_module(name.substr(name.rfind('.') + 1), block);
+    if (ends(c)) transformer->register_module("ln_f", ln_f_);
+    out.push_back(chunk);
+  }
+  return out;
 }
 
 Shape PipelineStageGPT::activation_shape(std::int64_t batch, std::int64_t t) const {
@@ -147,64 +180,76 @@ std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int i
 
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
-                          DistributedDataParallel* ddp, float loss_scale) {
+                          const std::vector<DistributedDataParallel*>& ddp, float loss_scale) {
   comm::Communicator& pp = links.group;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
-  const std::size_t m = ids.size();
+  const std::size_t m = ids.size(), v = static_cast<std::size_t>(stage.chunks());
   const int s = pp.rank();
   const Device device = ids.front().device();
   const std::int64_t before = memory_stats(device).current_of(MemoryCategory::activations);
   reset_peak_memory(device);
 
   const std::vector<float> weights = micro_batch_weights(targets, ignore_index);
-  std::vector<Tensor> inputs(m), outputs(m);
+  // Per micro-batch i and chunk c, at i v + c: what the chunk received and what it produced.
+  std::vector<Tensor> inputs(m * v), outputs(m * v);
   std::vector<comm::WorkHandle> sends;
   PipelineStep step;
   double loss = 0;
-  const auto tag = [](std::size_t i, bool gradient) { return static_cast<int>(2 * i + (gradient ? 1 : 0)); };
+  const auto tag = [v](std::size_t i, int c, bool gradient) {
+    return static_cast<int>(2 * (i * v + static_cast<std::size_t>(c)) + (gradient ? 1 : 0));
+  };
+  // The neighbours in the model's order: the stage before and after, and between chunks the wrap from
+  // the last stage to the first (interleaved 1F1B).
+  const int last = pp.size() - 1;
+  const int from = links.previous >= 0 ? links.previous : last, to = links.next >= 0 ? links.next : 0;
   const auto& actions = schedule.at(static_cast<std::size_t>(s));
-  std::size_t last_backward = 0;
+  std::vector<std::size_t> last_backward(v, 0);  // per chunk
   for (std::size_t k = 0; k < actions.size(); ++k)
-    if (actions[k].op == PipeOp::backward) last_backward = k;
+    if (actions[k].op == PipeOp::backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
+  if (!ddp.empty() && ddp.size() != v)
+    throw std::invalid_argument("run_pipeline: " + std::to_string(ddp.size()) + " DistributedDataParallel for " +
+                                std::to_string(v) + " chunks");
   for (std::size_t k = 0; k < actions.size(); ++k) {
     const PipeAction& a = actions[k];
     const auto i = static_cast<std::size_t>(a.micro_batch);
+    const int c = a.chunk;
+    const std::size_t at = i * v + static_cast<std::size_t>(c);
     double begin = since();  // moved past any wait for the input: a stage waiting is the bubble
     const std::int64_t batch = ids[i].dim(0), t = ids[i].dim(1);
     if (a.op == PipeOp::forward) {
-      if (stage.is_first()) {
-        inputs[i] = ids[i];
+      if (stage.starts(c)) {
+        inputs[at] = ids[i];
       } else {
-        inputs[i] = Tensor::empty(stage.activation_shape(batch, t), device);  // float32: the residual stream
-        pp.recv(inputs[i], links.previous, tag(i, false));
-        inputs[i].set_requires_grad(true);
+        inputs[at] = Tensor::empty(stage.activation_shape(batch, t), device);  // float32: the residual stream
+        pp.recv(inputs[at], from, tag(i, s == 0 ? c - 1 : c, false));
+        inputs[at].set_requires_grad(true);
         begin = since();
       }
-      Tensor out = stage(inputs[i]);
-      if (stage.is_last()) {
-        outputs[i] = scale(stage.loss(out, targets[i], ignore_index), weights[i]);
-        loss += outputs[i].item();
+      Tensor out = stage.forward_chunk(c, inputs[at]);
+      if (stage.ends(c)) {
+        outputs[at] = scale(stage.loss(out, targets[i], ignore_index), weights[i]);
+        loss += outputs[at].item();
       } else {
-        outputs[i] = out;
+        outputs[at] = out;
         // The residual stream, float32 (under autocast too, as in PyTorch), which the next stage expects.
-        sends.push_back(pp.send_async(out.detach().to(DType::float32), links.next, tag(i, false)));
+        sends.push_back(pp.send_async(out.detach().to(DType::float32), to, tag(i, c, false)));
       }
     } else {
       std::optional<DistributedDataParallel::NoSyncGuard> accumulate_only;  // the replicas average once, at the last
-      if (ddp && k != last_backward) accumulate_only.emplace(*ddp);
-      if (stage.is_last()) {
-        (loss_scale == 1.0f ? outputs[i] : scale(outputs[i], loss_scale)).backward();
+      if (!ddp.empty() && k != last_backward[static_cast<std::size_t>(c)]) accumulate_only.emplace(*ddp[static_cast<std::size_t>(c)]);
+      if (stage.ends(c)) {
+        (loss_scale == 1.0f ? outputs[at] : scale(outputs[at], loss_scale)).backward();
       } else {
-        Tensor grad = Tensor::empty(outputs[i].shape(), device, outputs[i].dtype());
-        pp.recv(grad, links.next, tag(i, true));
+        Tensor grad = Tensor::empty(outputs[at].shape(), device, outputs[at].dtype());
+        pp.recv(grad, to, tag(i, c, true));
         begin = since();
-        autograd::backward(outputs[i], grad);
+        autograd::backward(outputs[at], grad);
       }
-      if (!stage.is_first()) sends.push_back(pp.send_async(inputs[i].grad(), links.previous, tag(i, true)));
-      outputs[i] = Tensor();  // the micro-batch's activations go with its graph
-      inputs[i] = Tensor();
+      if (!stage.starts(c)) sends.push_back(pp.send_async(inputs[at].grad(), from, tag(i, s == 0 ? c - 1 : c, true)));
+      outputs[at] = Tensor();  // the micro-batch's activations go with its graph
+      inputs[at] = Tensor();
     }
     step.timeline.push_back({a, begin, since()});
   }

@@ -9,6 +9,9 @@
 // parallel cross-entropy: TP x PP, and with data parallelism on top, 3D. With sequence parallelism
 // as well, the activations between blocks, and so those sent between stages, are each TP rank's
 // shard of the sequence, [micro-batch, T / tp, C]. A one-stage pipeline is the whole GPT, split by TP.
+// With v model chunks per rank (interleaved 1F1B, pipeline_schedule.h) the layers are cut into v p
+// pieces and rank r holds pieces r, r + p, ..., r + (v - 1) p: a micro-batch passes every rank v times,
+// from the last rank back to the first between chunks.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,21 +32,32 @@ class PipelineStageGPT : public TensorParallelModule {
   // seed), split across `tp` when given, and along the sequence too with `sequence_parallel`. Throws
   // UsageError when the layers do not divide by the stages (or the heads, the vocabulary or, with
   // sequence parallelism, the sequence by the tensor-parallel ranks).
+  // `chunks` (v): model chunks per rank; the layers must divide into v p pieces.
   PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp = nullptr,
-                   bool sequence_parallel = false);
+                   bool sequence_parallel = false, int chunks = 1);
   // First stage: ids [B, T] -> [B, T, C]; middle: [B, T, C] -> [B, T, C]; last: [B, T, C] (or ids, for
   // a single stage) -> logits [B * T, V] (this rank's vocabulary slice, [B * T, V / tp], with TP).
-  // With sequence parallelism, T / tp in place of T between stages.
+  // With sequence parallelism, T / tp in place of T between stages. One chunk per rank only (throws
+  // std::logic_error otherwise: run the chunks one at a time).
   Tensor forward(const Tensor& input) override;
+  // Chunk `chunk` of this rank: the same, where the model's first piece (rank 0's chunk 0) takes ids
+  // and its last (the last rank's last chunk) gives logits.
+  Tensor forward_chunk(int chunk, const Tensor& input);
+  int chunks() const { return static_cast<int>(chunk_blocks_.size()); }
+  // Each chunk's parameters as a module of its own, named as the whole model's (the tables with the
+  // chunk that uses them): what data parallelism wraps, one DistributedDataParallel per chunk as
+  // Megatron-LM wraps each virtual stage, since each backward pass reaches one chunk's parameters only.
+  std::vector<std::shared_ptr<nn::Module>> chunk_modules();
+  bool starts(int chunk) const { return first_ && chunk == 0; }           // takes the ids
+  bool ends(int chunk) const { return last_ && chunk + 1 == chunks(); }  // gives the logits
   // What a stage receives for a micro-batch of `batch` sequences of `t` tokens (not the first stage).
   Shape activation_shape(std::int64_t batch, std::int64_t t) const;
   bool is_split(const std::string& name) const override;
   Tensor part_of(const std::string& name, const Tensor& whole) const override;
   // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP).
   Tensor loss(const Tensor& logits, const Tensor& targets, int ignore_index);
-  bool is_first() const { return first_; }
-  bool is_last() const { return last_; }
-  std::int64_t first_layer() const { return first_layer_; }
+  bool is_first() const { return first_; }  // holds the embeddings
+  bool is_last() const { return last_; }    // holds the final norm and the head
   // After backward: the first and the last stage add each other's gradient of the tied table.
   void sync_tied_gradients() override;
   // After backward, with sequence parallelism: adds the partial gradients of the parameters whole on
@@ -58,10 +72,9 @@ class PipelineStageGPT : public TensorParallelModule {
   comm::Communicator* tp_;
   bool sequence_parallel_;
   bool first_, last_;
-  std::int64_t first_layer_ = 0;
   Tensor wte_, wpe_;  // wte_ on the first stage (embedding) and the last (head); wpe_ on the first
   std::shared_ptr<VocabParallelEmbedding> wte_parallel_;  // instead of wte_, with TP
-  std::vector<std::shared_ptr<nn::Module>> blocks_;
+  std::vector<std::vector<std::shared_ptr<nn::Module>>> chunk_blocks_;  // per chunk, its blocks in order
   std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 
@@ -83,9 +96,9 @@ struct PipelineStep {
 // the shapes). Each micro-batch's loss is weighted by its share of the counted targets, so the
 // gradients are those of the whole batch's mean. Leaves the gradients accumulated in the parameters;
 // finish_gradients (tensor_parallel.h) and the optimizer step are the caller's. With `ddp` (data parallelism on top: the
-// stage wrapped in chapter 04/05's DistributedDataParallel on its DP group), every backward but the
-// stage's last runs under no_sync, so the replicas average the accumulated gradients once, in buckets
-// during the last.
+// stage, or each of its chunks, wrapped in chapter 04/05's DistributedDataParallel on its DP group),
+// every backward but the chunk's last runs under no_sync, so the replicas average the accumulated
+// gradients once, in buckets during the last.
 // The pipeline group and this stage's neighbours in it, as the topology gives them
 // (Topology::previous_stage and next_stage: -1 at the ends of the pipeline).
 struct PipelineLinks {
@@ -100,8 +113,10 @@ struct PipelineLinks {
 std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int ignore_index);
 
 // `loss_scale`: backward starts from each loss times it (fp16's GradScaler; the caller unscales).
+// `ddp`: none, or one per chunk (DDP of the stage itself, or of its chunk_modules()); each chunk's last
+// backward synchronises its replicas.
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
-                          DistributedDataParallel* ddp = nullptr, float loss_scale = 1.0f);
+                          const std::vector<DistributedDataParallel*>& ddp = {}, float loss_scale = 1.0f);
 
 }  // namespace course::parallel

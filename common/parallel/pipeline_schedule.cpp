@@ -1,4 +1,4 @@
-// The two schedules, their printing and their simulation.
+// The schedules, their printing and their simulation.
 #include "common/parallel/pipeline_schedule.h"
 
 #include <algorithm>
@@ -43,17 +43,64 @@ PipelineSchedule one_f_one_b_schedule(int stages, int micro_batches) {
   return schedule;
 }
 
-PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches) {
+// Megatron-LM's order (Narayanan et al. 2021): the k-th chunk-pass a rank runs forward is micro-batch
+// (k / pv) p + k % p through chunk (k / p) % v; backward walks the chunks the other way. Rank s fills
+// with 2 (p - s - 1) + (v - 1) p forwards (the chunk-passes in flight before its first backward can
+// arrive), then alternates, then drains. With m = p there is no steady state to reach: all forwards
+// first (as the paper's implementation does).
+PipelineSchedule interleaved_schedule(int stages, int micro_batches, int chunks) {
+  check_sizes(stages, micro_batches);
+  if (chunks < 1) throw std::invalid_argument("a pipeline needs at least 1 model chunk per rank, not " + std::to_string(chunks));
+  if (chunks == 1) return one_f_one_b_schedule(stages, micro_batches);
+  if (micro_batches % stages != 0)
+    throw std::invalid_argument("interleaved 1F1B runs the micro-batches in groups of the " + std::to_string(stages) +
+                                " stages: " + std::to_string(micro_batches) + " is not a multiple of " +
+                                std::to_string(stages));
+  const int p = stages, v = chunks, total = micro_batches * chunks;
+  auto pass = [&](PipeOp op, int k) {
+    const int chunk = (k % (p * v)) / p;
+    return PipeAction{op, (k / (p * v)) * p + k % p, op == PipeOp::forward ? chunk : v - 1 - chunk};
+  };
+  PipelineSchedule schedule(static_cast<std::size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    auto& actions = schedule[static_cast<std::size_t>(s)];
+    const int warmup = micro_batches == p ? total : std::min(2 * (p - s - 1) + (v - 1) * p, total);
+    int forwards = 0, backwards = 0;
+    while (forwards < warmup) actions.push_back(pass(PipeOp::forward, forwards++));
+    while (forwards < total) {
+      actions.push_back(pass(PipeOp::forward, forwards++));
+      actions.push_back(pass(PipeOp::backward, backwards++));
+    }
+    while (backwards < total) actions.push_back(pass(PipeOp::backward, backwards++));
+  }
+  return schedule;
+}
+
+PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks) {
+  if (name == "interleaved") return interleaved_schedule(stages, micro_batches, chunks);
+  if (chunks != 1)
+    throw std::invalid_argument("the " + name + " schedule runs one chunk per rank, not " + std::to_string(chunks) +
+                                " (interleaved runs several)");
   if (name == "gpipe") return gpipe_schedule(stages, micro_batches);
   if (name == "1f1b") return one_f_one_b_schedule(stages, micro_batches);
-  throw std::invalid_argument("unknown schedule '" + name + "' (gpipe or 1f1b)");
+  throw std::invalid_argument("unknown schedule '" + name + "' (gpipe, 1f1b or interleaved)");
+}
+
+std::string describe(const PipeAction& a, bool chunked) {
+  std::ostringstream out;
+  out << (a.op == PipeOp::forward ? 'F' : 'B') << a.micro_batch;
+  if (chunked) out << '.' << a.chunk;
+  return out.str();
 }
 
 std::string describe(const PipelineSchedule& schedule) {
+  bool chunked = false;
+  for (const auto& actions : schedule)
+    for (const auto& a : actions) chunked = chunked || a.chunk != 0;
   std::ostringstream out;
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     out << "stage " << s << ":";
-    for (const auto& a : schedule[s]) out << ' ' << (a.op == PipeOp::forward ? 'F' : 'B') << a.micro_batch;
+    for (const auto& a : schedule[s]) out << ' ' << describe(a, chunked);
     out << '\n';
   }
   return out.str();
@@ -62,57 +109,61 @@ std::string describe(const PipelineSchedule& schedule) {
 SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time, double backward_time) {
   const std::size_t p = schedule.size();
   if (p == 0) throw std::logic_error("a schedule of no stages");
-  // Every stage: each micro-batch's forward and backward exactly once, the forward first.
-  std::size_t m = schedule[0].size() / 2;
+  // Every stage: each micro-batch's forward and backward of every chunk exactly once, the forward first.
+  int max_chunk = 0;
+  for (const auto& actions : schedule)
+    for (const auto& a : actions) max_chunk = std::max(max_chunk, a.chunk);
+  const std::size_t v = static_cast<std::size_t>(max_chunk) + 1, m = schedule[0].size() / (2 * v);
   for (std::size_t s = 0; s < p; ++s) {
-    if (schedule[s].size() != 2 * m) throw std::logic_error("stage " + std::to_string(s) + " has " +
-                                                           std::to_string(schedule[s].size()) + " actions, not 2m");
-    std::vector<int> seen(m, 0);
+    if (schedule[s].size() != 2 * m * v)
+      throw std::logic_error("stage " + std::to_string(s) + " has " + std::to_string(schedule[s].size()) +
+                             " actions, not 2mv = " + std::to_string(2 * m * v));
+    std::vector<int> seen(m * v, 0);
     for (const auto& a : schedule[s]) {
-      if (a.micro_batch < 0 || static_cast<std::size_t>(a.micro_batch) >= m)
-        throw std::logic_error("stage " + std::to_string(s) + ": micro-batch " + std::to_string(a.micro_batch) +
-                               " outside 0.." + std::to_string(m - 1));
-      int& state = seen[static_cast<std::size_t>(a.micro_batch)];
+      if (a.micro_batch < 0 || static_cast<std::size_t>(a.micro_batch) >= m || a.chunk < 0)
+        throw std::logic_error("stage " + std::to_string(s) + ": " + describe(a, v > 1) + " outside micro-batches 0.." +
+                               std::to_string(m - 1));
+      int& state = seen[static_cast<std::size_t>(a.micro_batch) * v + static_cast<std::size_t>(a.chunk)];
       const int expected = a.op == PipeOp::forward ? 0 : 1;
-      if (state != expected)
-        throw std::logic_error("stage " + std::to_string(s) + ": " + (a.op == PipeOp::forward ? "F" : "B") +
-                               std::to_string(a.micro_batch) + " out of order");
+      if (state != expected) throw std::logic_error("stage " + std::to_string(s) + ": " + describe(a, v > 1) + " out of order");
       ++state;
     }
   }
-  // done[op][s][i]: when that action finished (negative: not yet).
-  std::vector<std::vector<double>> forward_done(p, std::vector<double>(m, -1)),
-      backward_done(p, std::vector<double>(m, -1));
+  // forward_done[s][i v + c]: when micro-batch i's forward through chunk c finished on stage s
+  // (negative: not yet); backward_done likewise.
+  std::vector<std::vector<double>> forward_done(p, std::vector<double>(m * v, -1)),
+      backward_done(p, std::vector<double>(m * v, -1));
+  const double chunk_forward = forward_time / static_cast<double>(v), chunk_backward = backward_time / static_cast<double>(v);
   std::vector<std::size_t> next(p, 0);
   std::vector<double> free_at(p, 0);
   SimulatedPipeline result;
   result.spans.resize(p);
   result.peak_in_flight.assign(p, 0);
   std::vector<int> in_flight(p, 0);
-  std::size_t remaining = 2 * m * p;
+  std::size_t remaining = 2 * m * v * p;
   while (remaining > 0) {
     bool progressed = false;
     for (std::size_t s = 0; s < p; ++s) {
       while (next[s] < schedule[s].size()) {
         const PipeAction a = schedule[s][next[s]];
-        const auto i = static_cast<std::size_t>(a.micro_batch);
-        double ready = free_at[s];
+        const auto i = static_cast<std::size_t>(a.micro_batch), c = static_cast<std::size_t>(a.chunk);
+        // The input: from the neighbour in the model's order of chunks, which wraps from the last
+        // rank's chunk c to stage 0's chunk c + 1 (and back, in backward).
+        double input = 0;
         if (a.op == PipeOp::forward) {
-          if (s > 0) {
-            if (forward_done[s - 1][i] < 0) break;
-            ready = std::max(ready, forward_done[s - 1][i]);
-          }
+          if (s > 0) input = forward_done[s - 1][i * v + c];
+          else if (c > 0) input = forward_done[p - 1][i * v + c - 1];
         } else {
-          if (s + 1 < p) {
-            if (backward_done[s + 1][i] < 0) break;
-            ready = std::max(ready, backward_done[s + 1][i]);
-          }
+          if (s + 1 < p) input = backward_done[s + 1][i * v + c];
+          else if (c + 1 < v) input = backward_done[0][i * v + c + 1];
         }
-        const double end = ready + (a.op == PipeOp::forward ? forward_time : backward_time);
-        (a.op == PipeOp::forward ? forward_done : backward_done)[s][i] = end;
+        if (input < 0) break;
+        const double ready = std::max(free_at[s], input);
+        const double end = ready + (a.op == PipeOp::forward ? chunk_forward : chunk_backward);
+        (a.op == PipeOp::forward ? forward_done : backward_done)[s][i * v + c] = end;
         result.spans[s].push_back({a, ready, end});
         in_flight[s] += a.op == PipeOp::forward ? 1 : -1;
-        result.peak_in_flight[s] = std::max(result.peak_in_flight[s], in_flight[s]);
+        result.peak_in_flight[s] = std::max(result.peak_in_flight[s], in_flight[s] / static_cast<double>(v));
         free_at[s] = end;
         ++next[s];
         --remaining;
@@ -122,11 +173,7 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
     if (!progressed) {
       std::string waiting;
       for (std::size_t s = 0; s < p; ++s)
-        if (next[s] < schedule[s].size()) {
-          const auto& a = schedule[s][next[s]];
-          waiting += " stage " + std::to_string(s) + " waits at " + (a.op == PipeOp::forward ? "F" : "B") +
-                     std::to_string(a.micro_batch) + ";";
-        }
+        if (next[s] < schedule[s].size()) waiting += " stage " + std::to_string(s) + " waits at " + describe(schedule[s][next[s]], v > 1) + ";";
       throw std::logic_error("the schedule deadlocks:" + waiting);
     }
   }
@@ -139,8 +186,8 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
   return result;
 }
 
-double bubble_fraction(int stages, int micro_batches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+double bubble_fraction(int stages, int micro_batches, int chunks) {
+  return static_cast<double>(stages - 1) / static_cast<double>(chunks * micro_batches + stages - 1);
 }
 
 }  // namespace course::parallel

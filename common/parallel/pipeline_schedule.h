@@ -9,7 +9,16 @@
 //   2021): stage s runs min(p - s - 1, m) forwards to fill the pipeline, then alternates one forward and
 //   one backward, then drains the backwards. The same bubble, but at most p - s micro-batches in flight.
 //
-// Both idle for (p - 1)/(m + p - 1) of the step when every stage takes as long (the bubble).
+//   Interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+//   Using Megatron-LM", SC 2021, section 2.2): each rank holds v model chunks instead of one stage
+//   (rank r the chunks r, r + p, ..., r + (v - 1) p of the v p in the model), so a micro-batch passes
+//   every rank v times. The same fill, steady state and drain, over m v chunk-passes: micro-batches
+//   go through in groups of p, chunk 0 for a group, then chunk 1, ..., then the next group. Each
+//   chunk-pass takes 1/v of a stage's time, so the fill and the drain shrink v-fold, at the price of
+//   v times the messages.
+//
+// GPipe and 1F1B idle for (p - 1)/(m + p - 1) of the step when every stage takes as long (the bubble);
+// interleaved, (p - 1)/(v m + p - 1): the bubble's time over the ideal's, (p - 1)/(v m), is the paper's.
 #pragma once
 #include <string>
 #include <vector>
@@ -21,7 +30,10 @@ enum class PipeOp { forward, backward };
 struct PipeAction {
   PipeOp op;
   int micro_batch;
-  bool operator==(const PipeAction& other) const { return op == other.op && micro_batch == other.micro_batch; }
+  int chunk = 0;  // which of this rank's model chunks (interleaved 1F1B); 0 for one stage per rank
+  bool operator==(const PipeAction& other) const {
+    return op == other.op && micro_batch == other.micro_batch && chunk == other.chunk;
+  }
 };
 
 // schedule[s] is stage s's list of actions, in order.
@@ -30,15 +42,24 @@ using PipelineSchedule = std::vector<std::vector<PipeAction>>;
 // Throws std::invalid_argument unless stages >= 1 and micro_batches >= 1.
 PipelineSchedule gpipe_schedule(int stages, int micro_batches);
 PipelineSchedule one_f_one_b_schedule(int stages, int micro_batches);
-// "gpipe" or "1f1b"; throws std::invalid_argument naming the others for anything else.
-PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches);
+// v = `chunks` model chunks per rank (1: one_f_one_b_schedule). Throws std::invalid_argument unless
+// chunks >= 1 and, with more than one, the micro-batches are a multiple of the stages (the paper's
+// condition: they go through in groups of p).
+PipelineSchedule interleaved_schedule(int stages, int micro_batches, int chunks);
+// "gpipe", "1f1b" or "interleaved" (with `chunks`); throws std::invalid_argument naming the others for
+// anything else.
+PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks = 1);
 
-// One line per stage: "stage 0: F0 F1 B0 F2 B1 B2".
+// One line per stage: "stage 0: F0 F1 B0 F2 B1 B2"; with chunks, the chunk after a dot: "F0.1".
 std::string describe(const PipelineSchedule& schedule);
+// One action: "F3", or with `chunked` "F3.1" (micro-batch 3 through chunk 1).
+std::string describe(const PipeAction& action, bool chunked);
 
-// The schedule run on an ideal machine: a forward takes forward_time, a backward backward_time, a
-// transfer nothing; an action starts once its stage is free and its input exists (the forward of the
-// same micro-batch on the stage before; the backward of the same micro-batch on the stage after).
+// The schedule run on an ideal machine: a forward of a whole stage takes forward_time, a backward
+// backward_time (of one of v chunks, 1/v of them), a transfer nothing; an action starts once its stage
+// is free and its input exists: the forward of the same micro-batch and chunk on the stage before (for
+// stage 0, of the chunk before on the last stage), the backward of the same micro-batch and chunk on
+// the stage after (for the last stage, of the chunk after on stage 0).
 struct SimulatedPipeline {
   struct Span {
     PipeAction action;
@@ -47,14 +68,16 @@ struct SimulatedPipeline {
   std::vector<std::vector<Span>> spans;  // per stage, in order
   double makespan = 0;
   std::vector<double> idle_fraction;     // per stage: 1 - busy / makespan
-  std::vector<int> peak_in_flight;       // per stage: most micro-batches forwarded and not yet backwarded
+  // Per stage: most micro-batches forwarded and not yet backwarded, in whole stages' worth of
+  // activations (a chunk's counts 1/v: with v chunks, the number of chunk-passes in flight over v).
+  std::vector<double> peak_in_flight;
 };
 // Throws std::logic_error when the schedule cannot finish (a stage waits for an input that its
 // neighbour's order never produces: a deadlock), or when a stage's list is not every micro-batch's
-// forward and backward exactly once, the forward first.
+// forward and backward of every chunk exactly once, the forward first.
 SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time = 1.0, double backward_time = 2.0);
 
-// The bubble of the theory: (p - 1) / (m + p - 1).
-double bubble_fraction(int stages, int micro_batches);
+// The bubble of the theory, the share of the step a stage idles: (p - 1) / (v m + p - 1).
+double bubble_fraction(int stages, int micro_batches, int chunks = 1);
 
 }  // namespace course::parallel
