@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test suite built with AddressSanitizer and UndefinedBehaviorSanitizer (Debug, CPU only; the
-# asan preset): a memory error or undefined behaviour anywhere fails the test that hit it. It compiles
-# at -O1, which AddressSanitizer's documentation advises for reasonable speed: the suite runs in about
-# half the time it takes at -O0, with the same checks. The
+# asan preset): a memory error or undefined behaviour anywhere fails the test that hit it. The files
+# the suite spends its time in compile at -O1, as AddressSanitizer's documentation advises for speed,
+# the rest at -O0 (common/CMakeLists.txt); the chapter tests' sweeps over more grids run in Release only
+# (SANITIZER_SKIP in tests/CMakeLists.txt). The
 # table-driven flag tests (label flags) and the long runs (label long: training runs, and the chapter
 # tests that start dozens of jobs) run only in the Release suite: the sanitizers slow them several-fold
 # and find nothing there that the shorter tests of the same code do not. Extra arguments go to ctest.
