@@ -1,10 +1,12 @@
 // Counted allocation for CPU and CUDA storage.
 #include "common/core/memory.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <unordered_set>
 
 #include "common/core/cpu_allocator.h"
 #include "common/core/cuda_runtime.h"
@@ -20,6 +22,14 @@ struct Counters {
 Counters& counters() {
   static Counters* instance = new Counters;  // outlives static tensors freed at exit
   return *instance;
+}
+// ZeRO-Offload's host memory is page-locked once the process computes on a GPU, so that its copies to
+// and from the device are DMA transfers at the link's rate (DeepSpeed pins its offloaded buffers too);
+// a CPU-only run keeps ordinary memory. The pinned blocks are remembered, to be released as they came.
+std::atomic<bool> g_gpu_in_use{false};
+std::unordered_set<void*>& pinned_offloaded() {
+  static auto* blocks = new std::unordered_set<void*>;  // under counters().mutex
+  return *blocks;
 }
 thread_local MemoryCategory t_category = MemoryCategory::activations;
 thread_local bool t_overridden = false;
@@ -103,9 +113,17 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
   }
   void* ptr = nullptr;
   if (device == Device::cpu) {
-    ptr = cpu_allocator::allocate(bytes);
+#if COURSE_HAVE_CUDA
+    if (category == MemoryCategory::offloaded && g_gpu_in_use.load()) {
+      ptr = cuda::allocate_pinned(bytes);
+      std::lock_guard<std::mutex> lock(counters().mutex);
+      pinned_offloaded().insert(ptr);
+    }
+#endif
+    if (!ptr) ptr = cpu_allocator::allocate(bytes);
   } else {
 #if COURSE_HAVE_CUDA
+    g_gpu_in_use.store(true);
     ptr = cuda::allocate(bytes);
 #else
     throw std::runtime_error("CUDA allocation requested in a build without the CUDA backend");
@@ -118,7 +136,15 @@ void* allocate_bytes(Device device, std::size_t bytes, MemoryCategory category) 
 void free_bytes(Device device, void* ptr, std::size_t bytes, MemoryCategory category) {
   if (!ptr) return;
   if (device == Device::cpu) {
-    cpu_allocator::release(ptr, bytes);
+    bool pinned = false;
+    if (category == MemoryCategory::offloaded) {
+      std::lock_guard<std::mutex> lock(counters().mutex);
+      pinned = pinned_offloaded().erase(ptr) > 0;
+    }
+#if COURSE_HAVE_CUDA
+    if (pinned) cuda::release_pinned(ptr, bytes);
+#endif
+    if (!pinned) cpu_allocator::release(ptr, bytes);
   } else {
 #if COURSE_HAVE_CUDA
     cuda::release(ptr, bytes);
