@@ -42,7 +42,8 @@ def summary(path):
     verify = (events(records, "verify") or [None])[-1]
     if pipeline:
         first = pipeline[0]
-        text = (f"{first['stages']} stages, {first['micro_batches']} micro-batches, {first['schedule']}: bubble "
+        chunks = f" of {first['virtual_stages']} chunks" if first.get("virtual_stages", 1) > 1 else ""
+        text = (f"{first['stages']} stages{chunks}, {first['micro_batches']} micro-batches, {first['schedule']}: bubble "
                 + ", ".join(f"{r['bubble']:.2f}" for r in pipeline) + f" (theory {first['theory']:.2f})")
         if verify:
             text += (f"; {verify['steps']} steps in lock-step with the unsharded GPT, at most "

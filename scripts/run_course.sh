@@ -90,6 +90,19 @@ if [ -x "$COURSE_BUILD/07_zero/07_zero" ]; then
     "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${dir#$COURSE_ROOT/}"
 fi
 run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
+if [ -x "$COURSE_BUILD/08_tensor_pipeline/08_tensor_pipeline" ]; then
+  # Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
+  dir="$RUNS/08_tensor_pipeline/interleaved"
+  rm -rf "$dir"; mkdir -p "$dir"
+  if course_mpirun 2 "$COURSE_BUILD/08_tensor_pipeline/08_tensor_pipeline" --pp 2 --n-layer 4 --micro-batches 4 \
+      --schedule interleaved --virtual-stages 2 --verify --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
+    status=PASSED
+  else
+    status=FAILED; failed=1
+  fi
+  printf '%-24s %-7s %s   (%s)\n' "08 interleaved" "$status" \
+    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${dir#$COURSE_ROOT/}"
+fi
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"
