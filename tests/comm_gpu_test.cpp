@@ -43,6 +43,11 @@ TEST(CudaOverMpi, CollectivesMatchTheCpuResult) {
     world().all_gather(rank_tensor(count, me, Device::cuda), gathered_gpu);
     world().all_gather(rank_tensor(count, me, Device::cpu), gathered_cpu);
     EXPECT_EQ(gathered_gpu.to_host(), gathered_cpu.to_host()) << "all_gather " << count;
+    Tensor spread_gpu = Tensor::zeros({static_cast<std::int64_t>(count) * n}, Device::cuda);
+    Tensor spread_cpu = Tensor::zeros({static_cast<std::int64_t>(count) * n});
+    world().all_to_all(gathered_gpu, spread_gpu);
+    world().all_to_all(gathered_cpu, spread_cpu);
+    EXPECT_EQ(spread_gpu.to_host(), spread_cpu.to_host()) << "all_to_all " << count;
   }
 }
 

@@ -153,6 +153,35 @@ TEST(Communicator, ScatterGatherSendRecv) {
   world().barrier();
 }
 
+// All-to-all: slice j of rank r's input lands in slice r of rank j's output, for every pair, in float32
+// and in 16 bits, through the simulated network too (a decorator forwards it); a size that does not
+// split into equal slices is refused.
+TEST(Communicator, AllToAllSendsEachRankItsSlice) {
+  const int ranks = world().size(), me = world().rank();
+  constexpr std::int64_t kSlice = 3;
+  auto value_at = [ranks](int from, int to, std::int64_t k) {  // distinct, and below 256: exact in bfloat16
+    return static_cast<float>((from * ranks + to) * kSlice + k);
+  };
+  std::vector<float> mine;
+  for (int to = 0; to < ranks; ++to)
+    for (std::int64_t k = 0; k < kSlice; ++k) mine.push_back(value_at(me, to, k));
+  std::vector<float> expected;
+  for (int from = 0; from < ranks; ++from)
+    for (std::int64_t k = 0; k < kSlice; ++k) expected.push_back(value_at(from, me, k));
+  const Tensor input = Tensor::from_host(mine, {ranks * kSlice});
+  auto simulated = comm::simulate_network(world().split(0, me), comm::NetworkModel{1.0, 10.0});
+  for (comm::Communicator* group : {&world(), simulated.get()})
+    for (DType dtype : {DType::float32, DType::bfloat16}) {  // small integers: exact in bfloat16
+      Tensor in = input.to(dtype), out = Tensor::zeros({ranks * kSlice}, Device::cpu, dtype);
+      group->all_to_all(in, out);
+      EXPECT_EQ(out.to(DType::float32).to_host(), expected) << group->backend_name() << " " << dtype_name(dtype);
+    }
+  if (ranks > 1) {
+    Tensor odd = Tensor::zeros({ranks + 1}), out = Tensor::zeros({ranks + 1});
+    EXPECT_THROW(world().all_to_all(odd, out), std::invalid_argument);
+  }
+}
+
 TEST(Communicator, AsyncWorkRunsWhileTheCallerComputes) {
   std::vector<Tensor> tensors;
   std::vector<comm::WorkHandle> work;

@@ -24,6 +24,7 @@ const char* op_name(OpKind kind) {
     case OpKind::send: return "send";
     case OpKind::recv: return "recv";
     case OpKind::send_recv: return "send_recv";
+    case OpKind::all_to_all: return "all_to_all";
   }
   return "unknown";
 }
@@ -155,6 +156,13 @@ WorkHandle Communicator::all_gather_async(const Tensor& input, Tensor& output) {
 WorkHandle Communicator::reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op) {
   check_count(input, output, size(), "reduce_scatter");
   return submit({OpKind::reduce_scatter, input, output, 0, 0, 0, op});
+}
+WorkHandle Communicator::all_to_all_async(const Tensor& input, Tensor& output) {
+  check_count(input, output, 1, "all_to_all");
+  if (input.numel() % size() != 0)
+    throw std::invalid_argument("all_to_all: " + std::to_string(input.numel()) + " elements do not split into " +
+                                std::to_string(size()) + " equal slices");
+  return submit({OpKind::all_to_all, input, output});
 }
 WorkHandle Communicator::scatter_async(const Tensor& input, Tensor& output, int root) {
   check_root(root, "scatter");

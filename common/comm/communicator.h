@@ -38,7 +38,7 @@ enum class Element { float32, float16, bfloat16 };
 
 // What to run: one description per call, so each backend implements one dispatch.
 enum class OpKind { broadcast, reduce, all_reduce, all_gather, reduce_scatter, scatter, gather, barrier, send, recv,
-                    send_recv };
+                    send_recv, all_to_all };
 const char* op_name(OpKind kind);
 struct Collective {
   OpKind kind;
@@ -78,6 +78,9 @@ class Communicator {
   WorkHandle reduce_scatter_async(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);  // input: size() x output
   WorkHandle scatter_async(const Tensor& input, Tensor& output, int root);  // root's input: size() x output
   WorkHandle gather_async(const Tensor& input, Tensor& output, int root);   // root's output: size() x input
+  // MPI_Alltoall: input and output are size() equal slices; slice j of this rank's input becomes slice
+  // `rank()` of rank j's output (what moves a sequence-sharded tensor to a head-sharded one, Ulysses).
+  WorkHandle all_to_all_async(const Tensor& input, Tensor& output);
   WorkHandle barrier_async();
 
   // Blocking forms: the asynchronous form, then wait().
@@ -90,6 +93,7 @@ class Communicator {
   }
   void scatter(const Tensor& input, Tensor& output, int root) { scatter_async(input, output, root)->wait(); }
   void gather(const Tensor& input, Tensor& output, int root) { gather_async(input, output, root)->wait(); }
+  void all_to_all(const Tensor& input, Tensor& output) { all_to_all_async(input, output)->wait(); }
   void barrier() { barrier_async()->wait(); }
 
   // Point to point. The asynchronous forms let a pipeline stage compute while activations travel;

@@ -22,6 +22,7 @@ WorkHandle CommunicatorDecorator::forward(const Collective& c) {
     case OpKind::send: return inner_->send_async(in, c.root, c.tag);
     case OpKind::recv: return inner_->recv_async(out, c.peer, c.tag);
     case OpKind::send_recv: inner_->send_recv(in, c.root, out, c.peer, c.tag); return completed_work();
+    case OpKind::all_to_all: return inner_->all_to_all_async(in, out);
   }
   return completed_work();
 }

@@ -317,6 +317,9 @@ class MpiCommunicator final : public Communicator {
       case OpKind::gather:
         check_mpi(MPI_Gather(inp, n_in, w.type, outp, n_in, w.type, c.root, comm_), "MPI_Gather");
         break;
+      case OpKind::all_to_all:
+        check_mpi(MPI_Alltoall(inp, n_in / size(), w.type, outp, n_out / size(), w.type, comm_), "MPI_Alltoall");
+        break;
       case OpKind::barrier:
         check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
         break;

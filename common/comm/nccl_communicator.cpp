@@ -127,6 +127,15 @@ class NcclCommunicator final : public Communicator {
         check_nccl(ncclSend(in, n_in, type, c.root, comm_, stream_), "ncclSend");
         check_nccl(ncclGroupEnd(), "ncclGroupEnd");
         break;
+      case OpKind::all_to_all:  // NCCL has no all-to-all: every pair exchanges its slices in one group
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        for (int r = 0; r < size(); ++r) {
+          const size_t slice = n_in / static_cast<size_t>(size());
+          check_nccl(ncclSend(in + r * slice * item, slice, type, r, comm_, stream_), "ncclSend");
+          check_nccl(ncclRecv(out + r * slice * item, slice, type, r, comm_, stream_), "ncclRecv");
+        }
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        break;
       case OpKind::barrier:  // an all-reduce of one value: every rank must arrive before any leaves
         check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
         break;

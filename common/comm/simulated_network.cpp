@@ -67,7 +67,8 @@ double NetworkModel::seconds(OpKind kind, double bytes, int ranks) const {
   switch (kind) {
     case OpKind::all_reduce: return 2 * (n - 1) * alpha + 2 * (n - 1) / n * bytes * beta;
     case OpKind::all_gather:
-    case OpKind::reduce_scatter: return (n - 1) * alpha + (n - 1) / n * bytes * beta;
+    case OpKind::reduce_scatter:
+    case OpKind::all_to_all: return (n - 1) * alpha + (n - 1) / n * bytes * beta;  // pairwise: N-1 slices out
     default: return alpha + bytes * beta;
   }
 }

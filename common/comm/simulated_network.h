@@ -19,7 +19,7 @@ struct NetworkModel {
   double alpha_us = 0;  // latency per message, microseconds
   double gbps = 0;      // bandwidth, GB/s (1e9 bytes per second)
   // The modelled seconds of `kind` on `bytes` over `ranks` ranks: a ring all-reduce sends
-  // 2(n-1)/n of the data in 2(n-1) messages; all-gather and reduce-scatter half that; a broadcast,
+  // 2(n-1)/n of the data in 2(n-1) messages; all-gather, reduce-scatter and all-to-all half that; a broadcast,
   // reduce or point-to-point transfer the whole once.
   double seconds(OpKind kind, double bytes, int ranks) const;
 };
