@@ -2,6 +2,9 @@
 // reductions. These tests skip, saying why, where no GPU is usable; on a GPU machine they run for real.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
+
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
 #include "common/optim/optimizer.h"
@@ -110,6 +113,48 @@ TEST(KernelParity, LargeShapesAndOptimizers) {
     }
     expect_close(p_gpu.to_host(), p_cpu.to_host(), adam ? "adamw" : "sgd momentum");
   }
+}
+
+// Ring attention's block kernels (kernels.h): two blocks of keys folded into one running softmax, the
+// finish, and both blocks' gradients, on positions cut as the ring's balanced layout cuts them (a block
+// partly above the diagonal, a block wholly below it). The CUDA kernels take each score as a dot
+// product where the CPU takes a GEMM's: a few float32 roundings apart, within kParityTolerance.
+TEST(KernelParity, RingAttentionBlocksMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  AttentionBlockShape s;
+  s.batch = 2, s.heads = 3, s.head_size = 8, s.queries = 12, s.keys = 12, s.causal = true;
+  const std::int64_t c = s.heads * s.head_size;
+  const Shape rows{s.batch, s.queries, c}, stats{s.batch, s.heads, s.queries};
+  std::vector<float> q_pos, k_pos[2];
+  for (std::int64_t i = 0; i < 12; ++i) {
+    q_pos.push_back(static_cast<float>(i < 6 ? 6 + i : 30 + i));   // chunks 1 and 6 of 8 (rank 1 of 4)
+    k_pos[0].push_back(static_cast<float>(i < 6 ? i : 36 + i));    // rank 0's chunks 0 and 7
+    k_pos[1].push_back(static_cast<float>(i < 6 ? 12 + i : 24 + i));  // rank 2's chunks 2 and 5
+  }
+  std::map<Device, std::vector<std::vector<float>>> results;
+  for (const Device device : {Device::cpu, Device::cuda}) {
+    Tensor q = Tensor::randn(rows, 1, device), grad_out = Tensor::randn(rows, 9, device);
+    Tensor qp = Tensor::from_host(q_pos, {s.queries}, device);
+    Tensor m = Tensor::full(stats, -INFINITY, device), l = Tensor::zeros(stats, device), out = Tensor::zeros(rows, device);
+    Tensor lse = Tensor::empty(stats, device), dq = Tensor::zeros(rows, device);
+    std::vector<Tensor> k, v, kp, dk, dv;
+    for (int b = 0; b < 2; ++b) {
+      k.push_back(Tensor::randn(rows, 2 + b, device)), v.push_back(Tensor::randn(rows, 4 + b, device));
+      kp.push_back(Tensor::from_host(k_pos[b], {s.keys}, device));
+      dk.push_back(Tensor::zeros(rows, device)), dv.push_back(Tensor::zeros(rows, device));
+      kernels(device).attention_block(q.data(), k[b].data(), v[b].data(), qp.data(), kp[b].data(), s, m.data(), l.data(),
+                                      out.data());
+    }
+    kernels(device).attention_block_finish(m.data(), l.data(), s, out.data(), lse.data());
+    for (int b = 0; b < 2; ++b)
+      kernels(device).attention_block_backward(q.data(), k[b].data(), v[b].data(), qp.data(), kp[b].data(), out.data(),
+                                               lse.data(), grad_out.data(), s, dq.data(), dk[b].data(), dv[b].data());
+    results[device] = {out.to_host(), lse.to_host(), dq.to_host(), dk[0].to_host(), dv[0].to_host(), dk[1].to_host(),
+                       dv[1].to_host()};
+  }
+  const char* names[] = {"out", "lse", "dq", "dk of block 0", "dv of block 0", "dk of block 1", "dv of block 1"};
+  for (std::size_t i = 0; i < results[Device::cpu].size(); ++i)
+    expect_close(results[Device::cuda][i], results[Device::cpu][i], std::string("ring attention ") + names[i]);
 }
 
 TEST(KernelParity, CudaReductionsAreBitwiseDeterministic) {

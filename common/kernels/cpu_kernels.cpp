@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/kernels/cpu_attention.h"
+#include "common/kernels/cpu_attention_block.h"
 #include "common/kernels/cpu_gemm.h"
 #include "common/kernels/cpu_vector.h"
 #include "common/kernels/half.h"
@@ -384,6 +385,19 @@ class CpuKernels final : public Kernels {
   void attention_backward(const float* qkv, const float* probs, const float* grad_y, const AttentionShape& shape,
                           float* grad_qkv) override {
     cpu::attention_backward(qkv, probs, grad_y, shape, grad_qkv);
+  }
+  void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
+                       const AttentionBlockShape& shape, float* row_max, float* row_sum, float* out) override {
+    cpu::attention_block(q, k, v, q_pos, k_pos, shape, row_max, row_sum, out);
+  }
+  void attention_block_finish(const float* row_max, const float* row_sum, const AttentionBlockShape& shape, float* out,
+                              float* lse) override {
+    cpu::attention_block_finish(row_max, row_sum, shape, out, lse);
+  }
+  void attention_block_backward(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
+                                const float* out, const float* lse, const float* grad_out, const AttentionBlockShape& shape,
+                                float* grad_q, float* grad_k, float* grad_v) override {
+    cpu::attention_block_backward(q, k, v, q_pos, k_pos, out, lse, grad_out, shape, grad_q, grad_k, grad_v);
   }
 
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,

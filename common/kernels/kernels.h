@@ -39,6 +39,17 @@ struct AttentionShape {
   std::int64_t first_sequence = 0;
 };
 
+// One block of ring attention (Liu et al., "Ring Attention with Blockwise Transformers", 2023): a
+// rank's queries against one block of keys and values, folded into a running softmax by the online
+// rule (Milakov & Gimelshein, 2018; as FlashAttention does, Dao et al. 2022). q, k, v and out are
+// [batch, tokens, heads, head_size] (the heads side by side); each query and key carries its position
+// in the whole sequence (floats, exact below 2^24), and with `causal` query i sees key j only where
+// position(j) <= position(i), so the blocks of a sequence cut any way give the whole causal attention.
+struct AttentionBlockShape {
+  std::int64_t batch = 0, heads = 0, head_size = 0, queries = 0, keys = 0;
+  bool causal = true;
+};
+
 // Broadcasting by the full NumPy rule, for the kernels: the output's shape (at most kMaxDims) and each
 // operand's element strides along it, 0 where the operand is repeated. common/ops computes them.
 constexpr int kMaxDims = 8;
@@ -109,6 +120,22 @@ class Kernels {
   // Its gradient: grad_qkv (overwritten, qkv's layout) from grad_y and the forward's probs.
   virtual void attention_backward(const float* qkv, const float* probs, const float* grad_y,
                                   const AttentionShape& shape, float* grad_qkv) = 0;
+  // Ring attention's block (AttentionBlockShape): row_max and row_sum [batch, heads, queries] (start at
+  // -inf and 0) and out (starts at 0) are the running maximum score, the running sum of exp(score - max)
+  // and the running sum of those weights times v; each call takes one more block of keys in.
+  virtual void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
+                               const AttentionBlockShape& shape, float* row_max, float* row_sum, float* out) = 0;
+  // After the last block: out /= row_sum, and lse = row_max + log(row_sum), the log of each row's
+  // softmax denominator, which is all backward keeps of the probabilities.
+  virtual void attention_block_finish(const float* row_max, const float* row_sum, const AttentionBlockShape& shape,
+                                      float* out, float* lse) = 0;
+  // The block's share of the gradient, added to grad_q, grad_k and grad_v (q's, k's and v's layouts):
+  // the probabilities again from lse, and the softmax's gradient from the final out and grad_out
+  // (FlashAttention's backward: ds = p (dp - rowsum(grad_out * out))).
+  virtual void attention_block_backward(const float* q, const float* k, const float* v, const float* q_pos,
+                                        const float* k_pos, const float* out, const float* lse, const float* grad_out,
+                                        const AttentionBlockShape& shape, float* grad_q, float* grad_k,
+                                        float* grad_v) = 0;
   // Per-row softmax cross-entropy; targets hold class indices as floats, and a negative target marks
   // a row to ignore (loss 0, gradient 0).
   virtual void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
