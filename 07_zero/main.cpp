@@ -23,6 +23,7 @@
 #include "common/checkpoint/resume.h"            // prepare_checkpoint_folder
 #include "common/checkpoint/sharded.h"           // ShardedFolder: one file per rank and an index
 #include "common/cli/precision_options.h"        // --tf32
+#include "common/cli/limits.h"                   // --mem-limit-mb
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/comm/simulated_network.h"       // --sim-network: an alpha-beta delay per message
@@ -176,7 +177,7 @@ int run(const Options& o, cli::Session& session) {
   const nn::TrainingTask task = cli::training_task(o.models, o.mlp, o.training.global_batch, o.verify || o.compare ? 2 : 1,
                                                    group.local_size(), device, o.common.seed);
   const std::int64_t global_batch = cli::global_batch_for(o.training, ranks, o.accum, task.size);
-  if (o.mem_limit_mb > 0) set_memory_limit(device, static_cast<std::int64_t>(o.mem_limit_mb * 1024 * 1024));
+  const std::string limit = cli::apply_memory_limit(o.mem_limit_mb, device);
   log("ZeRO: %d ranks, %s, global batch %lld, %lld steps, AdamW lr %g, clip %g, %s%s%s%s%s\n", ranks,
       task.description.c_str(), static_cast<long long>(global_batch), static_cast<long long>(o.training.steps), o.training.lr, o.clip,
       cli::precision_description(o.precision).c_str(),
@@ -185,7 +186,7 @@ int run(const Options& o, cli::Session& session) {
       : o.offload == "optimizer" ? ", optimizer state offloaded to the host"
                                  : ", optimizer state and parameters offloaded to the host",
       label.c_str(),
-      o.mem_limit_mb > 0 ? (", memory limit " + format_bytes(memory_limit(device)) + " per rank").c_str() : "");
+      limit.c_str());
   if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
   if (!o.checkpoints.dir.empty()) {
     const checkpoint::ShardedFolder folder(o.checkpoints.dir, o.checkpoints.keep);

@@ -1,6 +1,8 @@
 // Chapter 07's flags.
 #include "07_zero/options.h"
 
+#include "common/cli/limits.h"
+
 #include "common/core/errors.h"
 
 namespace course::chapter07 {
@@ -28,8 +30,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--clip", o.clip, "Clip the gradient's global norm to this (0: off)")
       ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--mem-limit-mb", o.mem_limit_mb, "A budget per rank on the counted memory (MiB); 0 is refused")
-      ->check(cli::PositiveFinite);
+  cli::add_memory_limit_option(app, o.mem_limit_mb);
   cli::add_save_option(app, o.save);
   cli::add_sim_network_option(app, o.sim_network);
   cli::add_checkpoint_options(app, o.checkpoints, /*required=*/false,

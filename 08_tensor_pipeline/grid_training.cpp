@@ -28,11 +28,48 @@ ChapterTask make_task(const Options& o, Device device) {
     t.task = nn::mlp_task(o.mlp.samples, o.mlp.features, o.mlp.hidden, o.mlp.layers, device, o.common.seed, nn::Activation::gelu);
     return t;
   }
+  if (!o.models.data.empty()) {  // --data: windows of text, as long as --block-size (a long context)
+    nn::GptTextTask text = cli::gpt_text_task(o.models, device);
+    t.task = text.task;
+    t.text = text.data;
+    t.config = text.config;
+    t.sequence = text.config.block_size;
+    return t;
+  }
   nn::GptTask gpt = cli::gpt_addition_task(o.models, o.mlp.samples, o.mlp.samples_given, device, o.common.seed);
+  t.sequence = gpt.data->sequence_length();
+  if (o.cp > 1) {  // padded to what the context-parallel ranks split, the position table as long
+    t.sequence = parallel::context_parallel_length(t.sequence, o.cp, parallel::parse_context_method(o.cp_method));
+    if (gpt.config.block_size < t.sequence) {
+      cli::ModelOptions longer = o.models;
+      longer.gpt.block_size = t.sequence;
+      gpt = cli::gpt_addition_task(longer, o.mlp.samples, o.mlp.samples_given, device, o.common.seed);
+    }
+  }
   t.task = gpt.task;
   t.addition = gpt.data;
   t.config = gpt.config;
   return t;
+}
+
+data::AdditionTask::Batch ChapterTask::batch(const std::vector<std::int64_t>& part, Device device) const {
+  if (text) {
+    auto windows = text->batch(part, device);
+    return {windows.ids, windows.targets};
+  }
+  data::AdditionTask::Batch b = addition->batch(part, device);
+  const std::int64_t t = addition->sequence_length();
+  if (sequence == t) return b;
+  const auto n = static_cast<std::int64_t>(part.size());
+  const auto ids = b.ids.to_host(), targets = b.targets.to_host();
+  std::vector<float> padded_ids(static_cast<std::size_t>(n * sequence), 0.0f),
+      padded_targets(static_cast<std::size_t>(n * sequence), static_cast<float>(data::AdditionTask::kIgnore));
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t i = 0; i < t; ++i) {
+      padded_ids[static_cast<std::size_t>(s * sequence + i)] = ids[static_cast<std::size_t>(s * t + i)];
+      padded_targets[static_cast<std::size_t>(s * sequence + i)] = targets[static_cast<std::size_t>(s * t + i)];
+    }
+  return {Tensor::from_host(padded_ids, {n, sequence}, device), Tensor::from_host(padded_targets, {n * sequence}, device)};
 }
 
 bool counts_once(const GridRun& run, parallel::Topology& topology, const std::string& name) {
@@ -62,26 +99,33 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
                                            [&o, &step] { return o.faults.at("skip-tp-all-reduce", step); });
   comm::Communicator& tp = run.faulty_tp ? *run.faulty_tp : topology.tp_group();
   if (task.is_gpt()) {
+    if (topology.cp_size() > 1) {  // --cp: attention through the context-parallel group
+      run.cp = std::make_unique<parallel::ContextParallel>(topology.cp_group(), parallel::parse_context_method(o.cp_method));
+      if (o.faults.fault == "skip-cp-offset") run.cp->set_fault([&o, &step] { return o.faults.at("skip-cp-offset", step); });
+    }
     nn::GPT full(task.config, device, o.common.seed);
     auto stage = std::make_shared<parallel::PipelineStageGPT>(full, topology.pp_group(), &tp, o.sequence_parallel,
-                                                              o.schedule == "interleaved" ? o.virtual_stages : 1);
+                                                              o.schedule == "interleaved" ? o.virtual_stages : 1,
+                                                              run.cp.get());
     run.stage = stage.get();
     run.model = std::move(stage);
   } else {
     auto full = task.task.make_model(o.common.seed);
     run.model = std::make_shared<parallel::TensorParallelMLP>(dynamic_cast<nn::Sequential&>(*full), tp);
   }
-  // Data parallelism on top: each rank with the ranks that hold the same part in the other replicas.
+  // Data parallelism on top: each rank with the ranks that hold the same part in the other replicas,
+  // and with --cp the other context-parallel ranks (each holds the gradient of its tokens: averaged
+  // together, as Megatron-LM's data-parallel group with context parallelism).
   // --fault skip-dp-average gives DDP a communication hook that does nothing: each replica keeps its
   // own share's gradient.
-  if (topology.dp_size() > 1) {
+  if (topology.dp_cp_group().size() > 1) {
     parallel::ReducerOptions reduce;
     reduce.reduce_dtype = o.precision.reduce();  // --reduce-dtype
     // Interleaved stages: one DDP per chunk, since each backward pass reaches one chunk's parameters.
     std::vector<std::shared_ptr<nn::Module>> parts{run.model};
     if (run.stage && run.stage->chunks() > 1) parts = run.stage->chunk_modules();
     for (auto& part : parts) {
-      run.ddp.push_back(std::make_unique<parallel::DistributedDataParallel>(part, topology.dp_group(), reduce));
+      run.ddp.push_back(std::make_unique<parallel::DistributedDataParallel>(part, topology.dp_cp_group(), reduce));
       if (o.faults.fault == "skip-dp-average")
         run.ddp.back()->register_comm_hook([&o, &step, average = parallel::average_hook(reduce.reduce_dtype)](
                                                comm::Communicator& group, Tensor& g) {
@@ -106,7 +150,7 @@ std::vector<float> micro_batch_weights(const ChapterTask& task, const std::vecto
                                        Device device) {
   if (!task.is_gpt()) return std::vector<float>(parts.size(), static_cast<float>(1.0 / static_cast<double>(parts.size())));
   std::vector<Tensor> targets;
-  for (const auto& part : parts) targets.push_back(task.addition->batch(part, device).targets);
+  for (const auto& part : parts) targets.push_back(task.batch(part, device).targets);
   return parallel::micro_batch_weights(targets, data::AdditionTask::kIgnore);
 }
 
@@ -115,7 +159,7 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
                                   const optim::Recipe& training, Device device) {
   std::vector<Tensor> ids, targets;
   for (const auto& part : parts) {
-    auto b = task.addition->batch(part, device);
+    auto b = task.batch(part, device);
     ids.push_back(b.ids);
     targets.push_back(b.targets);
   }
@@ -142,14 +186,16 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
   const std::vector<float> weight = micro_batch_weights(task, parts, device);
   std::vector<data::AdditionTask::Batch> batches;
   if (task.is_gpt())
-    for (const auto& part : parts) batches.push_back(task.addition->batch(part, device));
+    for (const auto& part : parts) batches.push_back(task.batch(part, device));
   parallel::PipelineStep step;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const double begin = since();
     Tensor loss;
     {
       Autocast autocast(training.precision());  // fp32: off
-      loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids), batches[i].targets, data::AdditionTask::kIgnore)
+      loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids),
+                                             reshape(batches[i].targets, {batches[i].ids.dim(0), batches[i].ids.dim(1)}),
+                                             data::AdditionTask::kIgnore)
                            : task.task.loss(*run.model, parts[i]);
       loss = scale(loss, weight[i]);
     }
@@ -188,7 +234,7 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
   constexpr std::size_t kFields = 5;
   const std::size_t per_stage = 2 + kFields * last_.size();
   std::vector<float> mine(per_stage * static_cast<std::size_t>(p), 0.0f);
-  if (topology.tp_rank() == 0 && topology.dp_rank() == 0) {
+  if (topology.tp_rank() == 0 && topology.dp_rank() == 0 && topology.cp_rank() == 0) {
     float* at = mine.data() + per_stage * static_cast<std::size_t>(topology.pp_rank());
     at[0] = pipeline_ms_ > 0 ? static_cast<float>(1.0 - busy_ms_ / pipeline_ms_) : 0.0f;
     at[1] = static_cast<float>(peak_);

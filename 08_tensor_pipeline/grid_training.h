@@ -12,6 +12,7 @@
 #include "common/metrics/metrics.h"
 #include "common/nn/tasks.h"
 #include "common/optim/recipe.h"
+#include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
@@ -19,13 +20,23 @@
 
 namespace course::chapter08 {
 
-// What the chapter trains: the GPT on the addition task (`addition` set), or the house-price MLP.
+// What the chapter trains: the GPT on the addition task (`addition` set) or on --data's text (`text`
+// set: a long context), or the house-price MLP.
 struct ChapterTask {
   nn::TrainingTask task;
-  std::shared_ptr<data::AdditionTask> addition;  // the GPT's data; null for the MLP
+  std::shared_ptr<data::AdditionTask> addition;  // the GPT's problems, or
+  std::shared_ptr<data::CharText> text;          // its text (--data); both null for the MLP
   nn::GPTConfig config;                          // the GPT's
-  bool is_gpt() const { return addition != nullptr; }
-  std::int64_t tokens_per_sample() const { return is_gpt() ? addition->sequence_length() : 1; }
+  // With context parallelism, each problem padded at its end to a length the ranks can split
+  // (parallel::context_parallel_length; its block_size covers it); otherwise the sample's length.
+  std::int64_t sequence = 0;
+  bool is_gpt() const { return addition || text; }
+  std::int64_t tokens_per_sample() const {
+    return addition ? addition->sequence_length() : text ? text->block_size() : 1;
+  }
+  // The GPT's micro-batch of these training samples: ids [B, sequence], targets [B * sequence], the
+  // padding's targets ignored.
+  data::AdditionTask::Batch batch(const std::vector<std::int64_t>& part, Device device) const;
 };
 ChapterTask make_task(const Options& o, Device device);
 
@@ -34,6 +45,9 @@ ChapterTask make_task(const Options& o, Device device);
 // step's loss (the global batch's), and for each stage (gathered on every rank) its bubble, its peak
 // activations and the timeline of its last step.
 struct GridRun {
+  // With --cp: the context-parallel group's attention, which the model's blocks call (made first, so it
+  // outlives them).
+  std::unique_ptr<parallel::ContextParallel> cp;
   std::shared_ptr<parallel::TensorParallelModule> model;  // this rank's part of the model
   parallel::PipelineStageGPT* stage = nullptr;             // the same, for the GPT
   // With DP: the model wrapped in DDP on the DP group, or with interleaved stages each chunk in its own
@@ -45,6 +59,7 @@ struct GridRun {
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
   double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
+  std::int64_t cp_bytes = 0;  // with --cp: what attention handed the CP group per step (this rank, the mean)
   std::int64_t skipped_steps = 0;  // fp16: steps whose gradients overflowed somewhere in the grid
   verify::LockstepSummary check;  // with --verify
 };

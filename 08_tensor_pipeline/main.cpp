@@ -1,10 +1,12 @@
 // Chapter 08: when the model does not fit on one device, split it. Tensor parallelism splits every
 // layer across the ranks of a TP group (Megatron-LM: attention's heads, the MLP's hidden units, the
 // vocabulary; common/parallel/tensor_parallel_gpt.h), and with --sequence-parallel the rest of each
-// block along the sequence; pipeline parallelism splits the layers into stages that pass micro-batches
+// block along the sequence; context parallelism (--cp) splits every sequence across ranks, attention
+// seeing the whole of it by a ring of key-value blocks or by all-to-alls (common/parallel/
+// context_parallel.h); pipeline parallelism splits the layers into stages that pass micro-batches
 // along (GPipe or 1F1B; common/parallel/pipeline.h); data parallelism runs copies of the whole
-// arrangement and averages their gradients over the DP group only. The topology
-// (common/parallel/topology.h) owns the TP x PP x DP grid; nothing here computes a rank. The step is
+// arrangement and averages their gradients over the DP group (with the CP ranks). The topology
+// (common/parallel/topology.h) owns the TP x CP x PP x DP grid; nothing here computes a rank. The step is
 // train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
 // step in lock-step against the unsharded model on the whole global batch: the grid's gradient, its
 // loss and its update. With --precision bf16|fp16 the forward runs under autocast over float32 masters
@@ -16,6 +18,7 @@
 #include "08_tensor_pipeline/verify_grid.h"        // --verify
 #include "common/comm/agree.h"                     // all_reduce_scalar: the replicas' mean loss
 #include "common/cli/precision_options.h"        // --tf32
+#include "common/cli/limits.h"                     // --mem-limit-mb
 #include "common/cli/session.h"                    // device, topology (the grid) and metrics
 #include "common/comm/environment.h"               // MPI start-up
 #include "common/comm/simulated_network.h"         // --sim-network: an alpha-beta delay per message
@@ -47,6 +50,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps, o.precision.dtype(),
                          &topology.world(), o.precision.loss_scale);
   StepFigures figures(o.training.steps);
+  const std::int64_t cp_before = run.cp ? run.cp->bytes_sent() : 0;
   for (step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
     if (check) figures.apart([&] { check->begin_step(step); });
@@ -62,7 +66,8 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // 2. What the split left to add up, in Megatron-LM's finalize_model_grads order: the sequence-
     //    parallel sums over TP, then the tied table's two halves across the pipeline.
     parallel::finish_gradients(*run.model, {!o.faults.at("skip-sp-sum", step), !o.faults.at("skip-tied-exchange", step)});
-    const float loss = comm::all_reduce_scalar(topology.dp_group(), result.loss, comm::ReduceOp::average);  // the replicas' mean
+    // The replicas' mean (with --cp each rank's loss is its tokens' share times CP: averaged with them).
+    const float loss = comm::all_reduce_scalar(topology.dp_cp_group(), result.loss, comm::ReduceOp::average);
     training.unscale_();  // fp16: the loss scale undone before the check and the clip
     if (check) figures.apart([&] { check->check_gradient(step, loss, training); });
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
@@ -76,6 +81,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
       metrics->write({{"event", "step"}, {"step", step}, {"loss", run.losses.back()}});
     }
   }
+  if (run.cp) run.cp_bytes = (run.cp->bytes_sent() - cp_before) / std::max<std::int64_t>(1, o.training.steps);
   if (check) run.check = check->finish();
   run.skipped_steps = training.scaler().skipped_steps();
   figures.finish(run, topology);
@@ -128,7 +134,7 @@ int run(Options o, cli::Session& session) {
     const auto model = comm::parse_network(o.sim_network);
     comm::Communicator& world = session.topology->world();
     simulated = std::make_unique<parallel::Topology>(comm::simulate_network(world.split(0, world.rank()), model),
-                                                     parallel::GridShape{o.tp, o.pp, o.dp});
+                                                     parallel::GridShape{o.tp, o.pp, o.dp, o.cp});
     network = ", simulated network: " + comm::describe(model);
   }
   parallel::Topology& topology = simulated ? *simulated : *session.topology;
@@ -136,16 +142,21 @@ int run(Options o, cli::Session& session) {
   const int dp = topology.dp_size();
   const ChapterTask task = make_task(o, device);
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
+  const std::string limit = cli::apply_memory_limit(o.mem_limit_mb, device);  // --mem-limit-mb
   // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
   // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it, so
   // 16 bits are checked by their parts, which tensor parallelism splits.
   if (o.verify && !verifiable(o, topology, task))
-    throw UsageError("--verify: checks tensor-parallel layers (any --tp, and the MLP's) in fp32 only; in " +
+    throw UsageError("--verify: checks tensor- and context-parallel layers (any --tp or --cp, and the MLP's) in fp32 only; in " +
                      (o.precision.tf32 ? "TF32" : o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype) +
                      " their roundings come within a few noise floors of a lost micro-batch (verify with --precision fp32 "
                      "and --reduce-dtype fp32, without --tf32; 16 bits on the GPT without --tp)");
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
-  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s\n",
+  if (task.sequence != task.tokens_per_sample())
+    log("context parallelism: sequences of %lld tokens padded to %lld, which %d ranks split (%s); the padding's "
+        "targets ignored\n", static_cast<long long>(task.tokens_per_sample()), static_cast<long long>(task.sequence),
+        topology.cp_size(), o.cp_method.c_str());
+  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s%s\n",
       topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
       task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
       static_cast<long long>(micro),
@@ -155,7 +166,7 @@ int run(Options o, cli::Session& session) {
                              : "",
       static_cast<long long>(o.training.steps),
       (cli::precision_description(o.precision) == "fp32" ? "" : ", " + cli::precision_description(o.precision)).c_str(),
-      network.c_str());
+      network.c_str(), limit.c_str());
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
     return sweep(o, task, topology, device, session.metrics, network);
@@ -176,6 +187,7 @@ int run(Options o, cli::Session& session) {
   const char* unit = task.is_gpt() ? "tokens" : "samples";
   log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
       unit, run.step_ms, network.c_str());
+  if (run.cp) report_context_parallel(o, task, topology, *run.cp, run.cp_bytes, session.metrics);
   if (o.precision.dtype() == DType::float16)
     log("fp16: %lld of %lld steps skipped for gradients that overflowed (the loss scale halved at each)\n",
         static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
@@ -201,8 +213,7 @@ int main(int argc, char** argv) {
   Options o;
   add_options(app, o);
   return cli::run(app, argc, argv, [&] {
-    if (!o.models.data.empty()) throw UsageError("--data: chapter 08 trains on the addition task only");
-    auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp});
+    auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp, o.cp});
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);
   });

@@ -2,6 +2,7 @@
 #include "08_tensor_pipeline/options.h"
 
 #include "08_tensor_pipeline/grid_training.h"
+#include "common/cli/limits.h"
 #include "common/cli/training_options.h"
 #include "common/core/errors.h"
 
@@ -22,6 +23,11 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--tp", o.tp, "Tensor-parallel ranks (split every layer)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--sequence-parallel", o.sequence_parallel, "Also split the GPT's layer norms and residual adds along the "
                                                           "sequence (Korthikanti et al. 2022; needs --tp 2 or more)");
+  app.add_option("--cp", o.cp, "Context-parallel ranks (split every sequence; attention by --cp-method)")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--cp-method", o.cp_method, "How attention sees the whole sequence: ring (key-value blocks round a "
+                                             "ring, Liu et al. 2023) or ulysses (all-to-all to head shards, Jacobs et al. 2023)")
+      ->check(CLI::IsMember({"ring", "ulysses"}))->capture_default_str();
   app.add_option("--pp", o.pp, "Pipeline stages (split the layers)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--dp", o.dp, "Data-parallel replicas (0: what the world leaves)")->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
@@ -38,6 +44,7 @@ void add_options(CLI::App& app, Options& o) {
       ->check(cli::NonNegativeFinite)->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   cli::add_sim_network_option(app, o.sim_network);
+  cli::add_memory_limit_option(app, o.mem_limit_mb);
   app.add_flag("--verify", o.verify, "Check every step in lock-step against the unsharded model on the whole global "
                                      "batch: the gradient, the loss and the update");
   cli::add_fault_options(app, o.faults,
@@ -45,7 +52,8 @@ void add_options(CLI::App& app, Options& o) {
                           {"skip-tp-all-reduce", "the TP group's all-reduces never happen"},
                           {"lose-micro-batch", "each step's last micro-batch never runs"},
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
-                          {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"}});
+                          {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"},
+                          {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
                                      "--sweep, FILE's stem _gpipe.json and _1f1b.json at 4 micro-batches)")
       ->check(cli::OutputFile);
@@ -56,8 +64,10 @@ void add_options(CLI::App& app, Options& o) {
 std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
   const int dp = topology.dp_size(), tp = topology.tp_size();
   const std::string& fault = o.faults.fault;
-  if (fault == "skip-dp-average" && dp < 2)
-    throw UsageError("--fault: skip-dp-average needs data parallelism (--dp 2 or more)");
+  if (fault == "skip-dp-average" && topology.dp_cp_group().size() < 2)
+    throw UsageError("--fault: skip-dp-average needs data or context parallelism (--dp or --cp 2 or more)");
+  if (fault == "skip-cp-offset" && topology.cp_size() < 2)
+    throw UsageError("--fault: skip-cp-offset needs context parallelism (--cp 2 or more)");
   if (fault == "skip-tp-all-reduce" && tp < 2)
     throw UsageError("--fault: skip-tp-all-reduce needs tensor parallelism (--tp 2 or more)");
   if (fault == "lose-micro-batch" && o.micro_batches < 2)
@@ -85,7 +95,10 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--virtual-stages: " + std::to_string(task.config.n_layer) + " layers do not divide into " +
                      std::to_string(pp) + " stages x " + std::to_string(v) + " chunks (--n-layer a multiple of " +
                      std::to_string(pp * v) + ")");
+  if (topology.cp_size() > 1 && o.sequence_parallel)
+    throw UsageError("--cp: context parallelism splits every sequence already; not with --sequence-parallel");
   if (!task.is_gpt()) {
+    if (topology.cp_size() > 1) throw UsageError("--cp: splits the GPT's sequences; the MLP has none");
     if (topology.pp_size() > 1)
       throw UsageError("--pp: the MLP is split by tensor parallelism only; pipeline stages split the GPT");
     if (o.sequence_parallel) throw UsageError("--sequence-parallel: splits the GPT's sequences; the MLP has none");
@@ -94,6 +107,16 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
                        std::to_string(tp) + " tensor-parallel ranks");
     return global_batch;
   }
+  if (topology.cp_size() > 1 && o.cp_method == "ulysses" && (task.config.n_head / tp) % topology.cp_size() != 0)
+    throw UsageError("--cp: Ulysses gives each of the " + std::to_string(topology.cp_size()) +
+                     " context-parallel ranks whole heads, and " + std::to_string(task.config.n_head / tp) +
+                     " heads per tensor-parallel rank do not divide among them (--n-head, or --cp-method ring)");
+  if (task.text && topology.cp_size() > 1 &&
+      parallel::context_parallel_length(task.sequence, topology.cp_size(), parallel::parse_context_method(o.cp_method)) !=
+          task.sequence)
+    throw UsageError("--block-size: windows of " + std::to_string(task.sequence) + " characters do not divide among " +
+                     std::to_string(topology.cp_size()) + " context-parallel ranks by " + o.cp_method +
+                     (o.cp_method == "ring" ? " (a multiple of 2 x --cp)" : " (a multiple of --cp)"));
   if (o.sequence_parallel && task.tokens_per_sample() % tp != 0)
     throw UsageError("--sequence-parallel: sequences of " + std::to_string(task.tokens_per_sample()) +
                      " tokens do not divide among " + std::to_string(tp) + " tensor-parallel ranks");

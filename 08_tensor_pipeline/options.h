@@ -21,6 +21,8 @@ struct Options {
   cli::MlpOptions mlp;            // the MLP: as chapter 07's, 8 hidden layers of 256
   cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16: the forward under autocast, float32 masters
   int tp = 1, pp = 1, dp = 0;
+  int cp = 1;                      // context-parallel ranks: each sequence split across them
+  std::string cp_method = "ring";  // ulysses | ring (common/parallel/context_parallel.h)
   bool sequence_parallel = false;
   int micro_batches = 4;
   std::string schedule = "1f1b";
@@ -32,6 +34,7 @@ struct Options {
   std::string trace;          // the last step's timeline, Chrome trace JSON (with --sweep: each schedule's)
   cli::FaultOptions faults;   // --fault, --fault-from-step
   std::string sim_network;    // ALPHA_US,GBPS: every message delayed as on that network
+  double mem_limit_mb = 0;    // a budget per rank on the counted memory (what a long context needs)
 };
 
 void add_options(CLI::App& app, Options& o);

@@ -2,6 +2,7 @@
 #include "08_tensor_pipeline/report.h"
 
 #include "common/core/log.h"
+#include "common/core/memory.h"
 #include "common/metrics/trace.h"
 #include "common/parallel/pipeline_schedule.h"
 
@@ -36,6 +37,27 @@ void report_stages(const GridRun& run, int m, const std::string& schedule, metri
                    {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]},
                    {"simulated_network", network.empty() ? "" : "simulated" + network.substr(network.find(':') + 1)}});
   }
+}
+
+void report_context_parallel(const Options& o, const ChapterTask& task, parallel::Topology& topology,
+                             const parallel::ContextParallel& cp, std::int64_t bytes_per_step, metrics::MetricsWriter& metrics) {
+  // Each of this rank's layers runs attention once per micro-batch, on its TP rank's heads; Ulysses'
+  // all-to-alls carry the projection's type (16 bits under autocast), the ring's blocks float32.
+  const std::int64_t layers = task.config.n_layer / topology.pp_size();
+  const std::int64_t micro = o.training.global_batch / topology.dp_size() / o.micro_batches;
+  const bool sixteen = cp.method() == parallel::ContextMethod::ulysses && o.precision.dtype() != DType::float32;
+  const std::int64_t formula =
+      layers * o.micro_batches *
+      cp.bytes_per_attention(micro, task.sequence, task.config.n_embd / topology.tp_size(), sixteen ? 2 : 4,
+                             o.models.recompute == "full");
+  log("context parallelism (%s, CP %d, %lld tokens each %lld per rank): %s per step to the CP group per rank, formula %s "
+      "(%.3f)\n",
+      parallel::context_method_name(cp.method()), cp.size(), static_cast<long long>(task.sequence),
+      static_cast<long long>(task.sequence / cp.size()), format_bytes(bytes_per_step).c_str(), format_bytes(formula).c_str(),
+      formula > 0 ? static_cast<double>(bytes_per_step) / static_cast<double>(formula) : 0.0);
+  metrics.write({{"event", "context_parallel"}, {"method", parallel::context_method_name(cp.method())},
+                 {"cp", cp.size()}, {"sequence", task.sequence}, {"bytes_per_step", bytes_per_step},
+                 {"formula_bytes_per_step", formula}});
 }
 
 }  // namespace course::chapter08

@@ -16,4 +16,10 @@ void write_timeline(const GridRun& run, const std::string& path, const std::stri
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
                    const char* event, const std::string& network);
 
+// With --cp: what attention handed the context-parallel group per step on this rank, beside the
+// method's formula (ContextParallel::bytes_per_attention, for each of this rank's layers and
+// micro-batches), logged and written as a "context_parallel" metric.
+void report_context_parallel(const Options& o, const ChapterTask& task, parallel::Topology& topology,
+                             const parallel::ContextParallel& cp, std::int64_t bytes_per_step, metrics::MetricsWriter& metrics);
+
 }  // namespace course::chapter08

@@ -17,7 +17,8 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   // every TP rank holds whole), the first stage's tied table.
   gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
                                                          [&](const std::string& name) {
-                                                           return topology.dp_rank() == 0 && counts_once(run, topology, name);
+                                                           return topology.dp_rank() == 0 && topology.cp_rank() == 0 &&
+                                                                  counts_once(run, topology, name);
                                                          });
   lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);
@@ -27,12 +28,13 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
 }
 
 bool checked_by_parts(const Options& o, const parallel::Topology& topology) {
-  return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) && topology.tp_size() == 1;
+  return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) && topology.tp_size() == 1 &&
+         topology.cp_size() == 1;
 }
 
 bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {
   const bool float32 = o.precision.dtype() == DType::float32 && o.precision.reduce() == DType::float32;
-  return !o.precision.tf32 && (float32 || (topology.tp_size() == 1 && task.is_gpt()));
+  return !o.precision.tf32 && (float32 || (topology.tp_size() == 1 && topology.cp_size() == 1 && task.is_gpt()));
 }
 
 // The whole vectors put together for the check count as its memory, not the run's.

@@ -49,6 +49,18 @@ def summary(path):
             text += (f"; {verify['steps']} steps in lock-step with the unsharded GPT, at most "
                      f"{verify['gradient_ratio']:.2g} of the noise-floor tolerance")
         return text
+    context = (events(records, "context_parallel") or [None])[-1]
+    if context:
+        activations = (events(records, "activations") or [{}])[-1]
+        text = (f"CP {context['cp']}, {context['method']}, {context['sequence']} tokens: "
+                f"{context['bytes_per_step'] / 2**20:.2f} MiB per step to the CP group per rank "
+                f"({context['bytes_per_step'] / max(1, context['formula_bytes_per_step']):.3f} of the formula)")
+        if "peak_activation_bytes" in activations:
+            text += f", peak activations {activations['peak_activation_bytes'] / 2**20:.2f} MiB"
+        if verify:
+            text += (f"; {verify['steps']} steps in lock-step with the unsharded GPT, at most "
+                     f"{verify['gradient_ratio']:.2g} of the noise-floor tolerance")
+        return text
     stages = events(records, "zero_stage")
     if stages:
         first, last = stages[0], stages[-1]

@@ -10,21 +10,31 @@ PY=$(course_python)
 mkdir -p "$RUNS"
 failed=0
 
+# summary_line LABEL STATUS DIR: the run's line, from the metrics in DIR.
+summary_line() {
+  printf '%-24s %-7s %s   (%s)\n' "$1" "$2" \
+    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$3/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${3#$COURSE_ROOT/}"
+}
+
 # run_chapter NAME RANKS [ARGS...]: runs one chapter, then prints its summary line.
 run_chapter() {
   local name=$1 ranks=$2; shift 2
-  local dir="$RUNS/$name" bin="$COURSE_BUILD/$name/$name"
+  local dir="$RUNS/$name" bin="$COURSE_BUILD/$name/$name" status=PASSED
   [ -x "$bin" ] || return 0
   mkdir -p "$dir"
-  if course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1; then
-    local status=PASSED
-  else
-    local status=FAILED; failed=1
-  fi
-  local figure
-  figure=$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")
+  course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1 || { status=FAILED; failed=1; }
   "$PY" "$COURSE_ROOT/scripts/plot.py" loss "$dir/metrics.jsonl" "$dir/loss.png" >/dev/null 2>&1 || true
-  printf '%-24s %-7s %s   (%s)\n' "$name" "$status" "$figure" "${dir#$COURSE_ROOT/}"
+  summary_line "$name" "$status" "$dir"
+}
+
+# run_variant LABEL NAME SUBDIR RANKS [ARGS...]: one more run of a chapter, into SUBDIR of its folder.
+run_variant() {
+  local label=$1 name=$2 sub=$3 ranks=$4; shift 4
+  local dir="$RUNS/$name/$sub" bin="$COURSE_BUILD/$name/$name" status=PASSED
+  [ -x "$bin" ] || return 0
+  rm -rf "$dir"; mkdir -p "$dir"
+  course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1 || { status=FAILED; failed=1; }
+  summary_line "$label" "$status" "$dir"
 }
 
 echo "== Running the course (outputs under ${RUNS#$COURSE_ROOT/}/) =="
@@ -75,34 +85,16 @@ if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
 fi
 run_chapter 07_zero 4 --compare
 "$PY" "$COURSE_ROOT/scripts/plot.py" zero "$RUNS/07_zero/metrics.jsonl" "$RUNS/07_zero/zero" >/dev/null 2>&1 || true  # zero_memory.png, zero_communication.png
-if [ -x "$COURSE_BUILD/07_zero/07_zero" ]; then
-  # ZeRO-Offload (--offload optimizer): every stage verified in lock-step, its model states on the
-  # device and on the host side by side.
-  dir="$RUNS/07_zero/offload"
-  rm -rf "$dir"; mkdir -p "$dir"
-  if course_mpirun 2 "$COURSE_BUILD/07_zero/07_zero" --compare --offload optimizer --precision bf16 \
-      --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
-    status=PASSED
-  else
-    status=FAILED; failed=1
-  fi
-  printf '%-24s %-7s %s   (%s)\n' "07 --offload" "$status" \
-    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${dir#$COURSE_ROOT/}"
-fi
+# ZeRO-Offload (--offload optimizer): every stage verified in lock-step, its model states on the device
+# and on the host side by side.
+run_variant "07 --offload" 07_zero offload 2 --compare --offload optimizer --precision bf16
 run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
-if [ -x "$COURSE_BUILD/08_tensor_pipeline/08_tensor_pipeline" ]; then
-  # Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
-  dir="$RUNS/08_tensor_pipeline/interleaved"
-  rm -rf "$dir"; mkdir -p "$dir"
-  if course_mpirun 2 "$COURSE_BUILD/08_tensor_pipeline/08_tensor_pipeline" --pp 2 --n-layer 4 --micro-batches 4 \
-      --schedule interleaved --virtual-stages 2 --verify --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
-    status=PASSED
-  else
-    status=FAILED; failed=1
-  fi
-  printf '%-24s %-7s %s   (%s)\n' "08 interleaved" "$status" \
-    "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${dir#$COURSE_ROOT/}"
-fi
+# Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
+run_variant "08 interleaved" 08_tensor_pipeline interleaved 2 --pp 2 --n-layer 4 --micro-batches 4 \
+  --schedule interleaved --virtual-stages 2 --verify
+# Context parallelism: every sequence split across two ranks, attention by the ring, verified in
+# lock-step, its bytes beside the formula.
+run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"

@@ -7,12 +7,15 @@
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
 // interleaved 1F1B passes --verify and gives 1F1B's losses bit for bit;
 // in bf16 and fp16 every grid trains, and without tensor parallelism --verify checks them by their
-// micro-batches, catching a late fault; impossible grids and sizes are one line and exit code 2.
+// micro-batches, catching a late fault; context parallelism (ring and Ulysses) passes --verify alone and
+// beside TP, PP and DP, its bytes per step its formula's, a late fault caught, and a 4096-token context
+// that one rank cannot hold in 128 MiB fits at two; impossible grids and sizes are one line and exit code 2.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "support/process.h"
 
@@ -64,6 +67,61 @@ TEST(Chapter08, EveryGridMatchesTheUnshardedGpt) {
     EXPECT_GT(verify[0]["noise_floor"].get<double>(), 0.0) << grid;  // the noise floor was measured
     EXPECT_EQ(verify[0]["steps"].get<int>(), 6) << grid;
   }
+}
+
+// Context parallelism, both methods, alone and beside every other dimension (TP, PP with both 1F1B
+// schedules, DP; three of the four at 8 ranks): --verify passes in lock-step against the unsharded GPT,
+// and what attention hands the CP group per step is its method's formula exactly. At 3 ranks the
+// 8-token problems are padded to 12 (the ring's 6 chunks) or 9 (Ulysses' 3 shards, 3 heads).
+TEST(Chapter08, ContextParallelismPassesVerifyOnEveryGridAndSendsItsFormulasBytes) {
+  const std::string three_heads = " --device cpu --n-layer 4 --n-head 3 --n-embd 24 --global-batch 48 --steps 6";
+  for (const auto& [mpirun, grid, base] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {MPIRUN_NP2, "--cp 2", kSmall},
+           {MPIRUN_NP2, "--cp 2 --cp-method ulysses", kSmall},
+           {MPIRUN_NP3, "--cp 3", kSmall},
+           {MPIRUN_NP3, "--cp 3 --cp-method ulysses", three_heads},
+           {MPIRUN_NP4, "--cp 4 --recompute full", kSmall},
+           {MPIRUN_NP4, "--tp 2 --cp 2 --cp-method ulysses", kSmall},
+           {MPIRUN_NP4, "--pp 2 --cp 2 --schedule interleaved --virtual-stages 2", kSmall},
+           {MPIRUN_NP4, "--dp 2 --cp 2", kSmall},
+           {MPIRUN_NP8, "--tp 2 --cp 2 --pp 2", kSmall},
+           {MPIRUN_NP8, "--dp 2 --cp 2 --pp 2 --cp-method ulysses", kSmall}}) {
+    Outcome r = run(mpirun, grid + " --verify", base);
+    ASSERT_EQ(r.process.exit_code, 0) << grid << "\n" << r.process.out << r.process.err;
+    auto verify = events(r.records, "verify");
+    ASSERT_EQ(verify.size(), 1u) << grid;
+    EXPECT_TRUE(verify[0]["passed"].get<bool>()) << grid;
+    EXPECT_EQ(verify[0]["steps"].get<int>(), 6) << grid;
+    auto cp = events(r.records, "context_parallel");
+    ASSERT_EQ(cp.size(), 1u) << grid << r.process.out;
+    EXPECT_GT(cp[0]["bytes_per_step"].get<std::int64_t>(), 0) << grid;
+    EXPECT_EQ(cp[0]["bytes_per_step"].get<std::int64_t>(), cp[0]["formula_bytes_per_step"].get<std::int64_t>()) << grid;
+  }
+}
+
+// A 4096-token context (windows of a text) under a budget of 128 MiB per rank: one rank would hold
+// attention's 4096 x 4096 probabilities per head and runs out of memory; the ring at 2 ranks keeps no
+// probabilities, fits, and passes --verify against the unsharded GPT (whose memory is the check's).
+TEST(Chapter08, ALongContextFitsTheBudgetOnlyWithContextParallelism) {
+  const std::string text = temp_path("ch08_long.txt");
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i) out << "line " << i << ": the quick brown fox jumps over the lazy dog.\n";
+  }
+  const std::string flags = " --device cpu --data " + text + " --val-fraction 0.25 --block-size 4096 --n-layer 1 "
+                            "--n-head 4 --n-embd 32 --global-batch 2 --micro-batches 1 --steps 2 --mem-limit-mb 128";
+  auto alone = run_process(std::string(MPIRUN_NP1) + " " + kBinary + flags);
+  EXPECT_NE(alone.exit_code, 0) << alone.out;
+  EXPECT_NE((alone.out + alone.err).find("out of memory: needs"), std::string::npos) << alone.out << alone.err;
+  Outcome ring = run(MPIRUN_NP2, flags + " --cp 2 --verify", "");
+  EXPECT_EQ(ring.process.exit_code, 0) << ring.process.out << ring.process.err;
+  auto activations = events(ring.records, "activations");
+  ASSERT_EQ(activations.size(), 1u) << ring.process.out;
+  EXPECT_LT(activations[0]["peak_activation_bytes"].get<double>(), 32.0 * 1024 * 1024);
+  auto verify = events(ring.records, "verify");
+  ASSERT_EQ(verify.size(), 1u) << ring.process.out;
+  EXPECT_TRUE(verify[0]["passed"].get<bool>());
+  std::remove(text.c_str());
 }
 
 // The house-price MLP, its linear layers split in column-then-row pairs, with replicas on top.
@@ -222,6 +280,9 @@ TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
            {MPIRUN_NP2, "--pp 2 --fault lose-micro-batch"},
            {MPIRUN_NP2, "--pp 2 --fault skip-tied-exchange"},
            {MPIRUN_NP2, "--tp 2 --sequence-parallel --fault skip-sp-sum"},
+           {MPIRUN_NP2, "--cp 2 --fault skip-cp-offset"},
+           {MPIRUN_NP2, "--cp 2 --cp-method ulysses --fault skip-cp-offset"},
+           {MPIRUN_NP2, "--cp 2 --fault skip-dp-average"},  // the CP ranks' gradients never averaged
            {MPIRUN_NP2, "--model mlp --tp 2 --fault skip-tp-all-reduce"},
            {MPIRUN_NP4, "--tp 2 --pp 2 --fault lose-micro-batch"}}) {
     Outcome r = run(mpirun, flags + " --verify");
@@ -243,6 +304,7 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
            {MPIRUN_NP3, "--dp 3 --fault skip-dp-average", 700},
            {MPIRUN_NP3, "--pp 3 --fault skip-tied-exchange", 500},
            {MPIRUN_NP3, "--tp 3 --fault skip-tp-all-reduce", 999},
+           {MPIRUN_NP3, "--cp 3 --fault skip-cp-offset", 700},
            {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2 --fault lose-micro-batch", 700}}) {
     const std::string metrics = temp_path("ch08_late.jsonl");
     auto faulty = run_process(mpirun + " " + kBinary + small + " " + flags + " --fault-from-step " +
@@ -253,8 +315,10 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
     EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), from) << flags << "\n" << faulty.out;
     std::remove(metrics.c_str());
   }
-  auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " --tp 3");
-  EXPECT_EQ(healthy.exit_code, 0) << healthy.out << healthy.err;
+  for (const std::string grid : {"--tp 3", "--cp 3"}) {
+    auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " " + grid);
+    EXPECT_EQ(healthy.exit_code, 0) << grid << "\n" << healthy.out << healthy.err;
+  }
 }
 
 // 120 steps of 48 cross the 4000 problems' epoch boundary at 3 replicas: every step still takes a whole
@@ -394,7 +458,15 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 4", "--virtual-stages"},  // 4 layers, 8 chunks
            {MPIRUN_NP2, "--tp 2 --schedule interleaved --virtual-stages 2", "--virtual-stages"},  // no pipeline
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --micro-batches 3", "--micro-batches"},
-           {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --fault lose-micro-batch", "--fault"}}) {
+           {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --fault lose-micro-batch", "--fault"},
+           {MPIRUN_NP2, "--cp 3", "--cp"},                                 // 2 ranks do not divide into CP 3
+           {MPIRUN_NP2, "--cp 2 --cp-method tree", "--cp-method"},
+           {MPIRUN_NP2, "--cp 2 --model mlp", "--cp"},                    // the MLP has no sequence
+           {MPIRUN_NP4, "--tp 2 --cp 2 --sequence-parallel", "--cp"},     // both split the sequence
+           {MPIRUN_NP3, "--cp 3 --cp-method ulysses", "--cp"},            // 4 heads on 3 ranks
+           {MPIRUN_NP2, "--cp 2 --precision bf16 --verify", "--verify"},  // 16 bits with CP: not checkable
+           {MPIRUN_NP2, "--dp 2 --fault skip-cp-offset", "--fault"},       // no CP group
+           {MPIRUN_NP2, "--cp 2 --mem-limit-mb 0", "--mem-limit-mb"}}) {
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

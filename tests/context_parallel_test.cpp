@@ -114,8 +114,8 @@ TEST(ContextParallel, RingIsTheWholeAttentionWithinTheOnlineSoftmaxsRounding) {
   }
 }
 
+// At one rank the whole sequence is the first tokens: the fault changes nothing, and must not.
 TEST(ContextParallel, ARingThatForgetsTheShardsOffsetIsCaught) {
-  if (world().size() == 1) GTEST_SKIP() << "one rank holds the whole sequence: there is no offset to forget";
   parallel::ContextParallel cp(world(), parallel::ContextMethod::ring);
   cp.set_fault([] { return true; });
   const Case c{24, 2, 8};
@@ -129,7 +129,7 @@ TEST(ContextParallel, ARingThatForgetsTheShardsOffsetIsCaught) {
   const auto expected = rows_at(scaled_dot_product_attention(qkv, c.heads).to_host(), c.t, width, mine);
   const double off = relative_difference(cp.attention(shard, c.heads).to_host(), expected);
   // Some rank's queries now see keys their causal mask should hide, or miss ones it should show.
-  EXPECT_FALSE(everywhere(off <= ring_bound(c.t, world().size())));
+  EXPECT_EQ(everywhere(off <= ring_bound(c.t, world().size())), world().size() == 1) << off;
 }
 
 TEST(ContextParallel, TheBalancedLayoutGivesEveryRankTheSameCausalWork) {
@@ -179,23 +179,29 @@ TEST(ContextParallel, EachMethodHandsTheGroupTheBytesOfItsFormula) {
     const std::int64_t sent = world().bytes_sent() - before;
     EXPECT_EQ(sent, cp.bytes_per_attention(kBatch, c.t, c.heads * c.head_size, 4))
         << parallel::context_method_name(method);
+    EXPECT_EQ(cp.bytes_sent(), sent) << "the object's own count";
   }
 }
 
 TEST(ContextParallel, BadShapesAreRefusedNamingTheFlag) {
-  if (world().size() < 2) GTEST_SKIP() << "one rank splits nothing";
   parallel::ContextParallel ulysses(world(), parallel::ContextMethod::ulysses);
+  parallel::ContextParallel ring(world(), parallel::ContextMethod::ring);
+  EXPECT_THROW(parallel::parse_context_method("tree"), UsageError);
   const int n = world().size();
+  if (n == 1) {  // one rank splits nothing: any sequence and any heads
+    EXPECT_NO_THROW(ring.check(7, 3));
+    EXPECT_NO_THROW(ulysses.check(7, 3));
+    return;
+  }
   try {
     ulysses.check(4 * n, 4 * n + 1);  // heads that do not divide
     ADD_FAILURE() << "indivisible heads accepted";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--cp"), std::string::npos) << e.what();
   }
-  parallel::ContextParallel ring(world(), parallel::ContextMethod::ring);
   EXPECT_THROW(ring.check(2 * n + 1, 1), UsageError);
+  EXPECT_THROW(ring.check(3 * n, 1), UsageError);  // divides by N, not into the ring's 2N chunks
   EXPECT_NO_THROW(ring.check(2 * n, 1));
-  EXPECT_THROW(parallel::parse_context_method("tree"), UsageError);
 }
 
 }  // namespace

@@ -1,19 +1,21 @@
 // The topology under mpirun with 4 ranks: the groups, coordinates and pipeline neighbours of a
-// TP 2 x DP 2 grid, a PP 2 x DP 2 grid and a 1 x 4 pipeline, each checked against the layout
-// world rank = (dp * PP + pp) * TP + tp; and split() computing the new group's own local ranks.
+// TP 2 x DP 2 grid, a TP 2 x CP 2 and a CP 2 x DP 2 grid, a PP 2 x DP 2 grid and a 1 x 4 pipeline,
+// each checked against the layout world rank = ((dp * PP + pp) * CP + cp) * TP + tp; and split()
+// computing the new group's own local ranks.
 #include <gtest/gtest.h>
 
 #include "common/comm/backends.h"
 #include "common/comm/environment.h"
+#include "common/core/errors.h"
 #include "common/parallel/topology.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
 namespace {
 
-std::unique_ptr<parallel::Topology> grid(int tp, int pp, int dp) {
+std::unique_ptr<parallel::Topology> grid(int tp, int pp, int dp, int cp = 1) {
   return std::make_unique<parallel::Topology>(comm::make_mpi_communicator(comm::world_placement()),
-                                              parallel::GridShape{tp, pp, dp});
+                                              parallel::GridShape{tp, pp, dp, cp});
 }
 
 // The world ranks of a group's members, in group order (gathered over the group).
@@ -45,6 +47,40 @@ TEST(Topology, TensorTimesDataParallelTwoByTwo) {
   EXPECT_EQ(t->tp_group().local_rank(), t->tp_rank());
   EXPECT_EQ(t->dp_group().local_size(), 2);
   EXPECT_EQ(t->dp_group().local_rank(), t->dp_rank());
+}
+
+// TP fastest, then CP: world rank = ((dp PP + pp) CP + cp) TP + tp.
+TEST(Topology, TensorTimesContextParallelTwoByTwo) {
+  if (world().size() != 4) GTEST_SKIP() << "the grid test needs 4 ranks";
+  auto t = grid(2, 1, 0, 2);
+  const int r = world().rank();
+  EXPECT_EQ(t->dp_size(), 1);
+  EXPECT_EQ(t->tp_rank(), r % 2);
+  EXPECT_EQ(t->cp_rank(), r / 2);
+  EXPECT_EQ(members(t->tp_group()), (std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
+  EXPECT_EQ(members(t->cp_group()), (std::vector<int>{r % 2, r % 2 + 2}));
+  // The ranks that hold the same parameters: the CP ranks of the one replica.
+  EXPECT_EQ(members(t->dp_cp_group()), members(t->cp_group()));
+  EXPECT_EQ(t->dp_group().size(), 1);
+  EXPECT_EQ(t->describe(), "TP(2)-CP(2)-PP(1)-DP(1)-Rank(" + std::to_string(r) + ")");
+  parallel::Coordinates at;
+  at.tp = t->tp_rank(), at.cp = t->cp_rank();
+  EXPECT_EQ(t->world_rank(at), r);
+}
+
+TEST(Topology, ContextTimesDataParallelAverageTogether) {
+  if (world().size() != 4) GTEST_SKIP() << "the grid test needs 4 ranks";
+  auto t = grid(1, 1, 2, 2);
+  const int r = world().rank();
+  EXPECT_EQ(t->cp_rank(), r % 2);
+  EXPECT_EQ(t->dp_rank(), r / 2);
+  EXPECT_EQ(members(t->cp_group()), (std::vector<int>{r / 2 * 2, r / 2 * 2 + 1}));
+  EXPECT_EQ(members(t->dp_group()), (std::vector<int>{r % 2, r % 2 + 2}));
+  EXPECT_EQ(members(t->dp_cp_group()), (std::vector<int>{0, 1, 2, 3}));
+  // Without CP the average runs over the replicas alone.
+  auto plain = grid(1, 2, 2);
+  EXPECT_EQ(&plain->dp_cp_group(), &plain->dp_group());
+  EXPECT_THROW(grid(1, 1, 0, 3), UsageError);  // 4 ranks do not divide into CP 3
 }
 
 TEST(Topology, PipelineTimesDataParallelTwoByTwo) {

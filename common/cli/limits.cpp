@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include "common/cli/cli.h"
 #include "common/core/errors.h"
 #include "common/core/memory.h"
 
@@ -30,6 +31,16 @@ void check_memory(double bytes, const std::string& flags, int ranks_here) {
   };
   throw UsageError(flags + " need about " + human(bytes) + ", more than the " + human(available) +
                    " of memory this rank can use");
+}
+
+void add_memory_limit_option(CLI::App& app, double& mb) {
+  app.add_option("--mem-limit-mb", mb, "A budget per rank on the counted memory (MiB); 0 is refused")->check(PositiveFinite);
+}
+
+std::string apply_memory_limit(double mb, Device device) {
+  if (mb <= 0) return "";
+  set_memory_limit(device, static_cast<std::int64_t>(mb * 1024 * 1024));
+  return ", memory limit " + format_bytes(memory_limit(device)) + " per rank";
 }
 
 }  // namespace course::cli

@@ -87,14 +87,19 @@ nn::TrainingTask gpt_training_task(const ModelOptions& o, std::int64_t samples, 
   if (o.gpt.n_embd % o.gpt.n_head != 0)
     throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
                      std::to_string(o.gpt.n_embd));
-  if (!o.data.empty()) {
-    try {
-      return nn::text_task(o.gpt, o.data, o.val_fraction, device);
-    } catch (const UsageError& e) {
-      throw UsageError(std::string("--data: ") + e.what());
-    }
-  }
+  if (!o.data.empty()) return gpt_text_task(o, device).task;
   return gpt_addition_task(o, samples, samples_given, device, seed).task;
+}
+
+nn::GptTextTask gpt_text_task(const ModelOptions& o, Device device) {
+  if (o.gpt.n_embd % o.gpt.n_head != 0)
+    throw UsageError("--n-head: " + std::to_string(o.gpt.n_head) + " does not divide --n-embd " +
+                     std::to_string(o.gpt.n_embd));
+  try {
+    return nn::gpt_text_task(o.gpt, o.data, o.val_fraction, device);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("--data: ") + e.what());
+  }
 }
 
 nn::GptTask gpt_addition_task(const ModelOptions& o, std::int64_t samples, bool samples_given, Device device,

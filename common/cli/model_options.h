@@ -51,6 +51,10 @@ nn::TrainingTask gpt_training_task(const ModelOptions& options, std::int64_t sam
 nn::GptTask gpt_addition_task(const ModelOptions& options, std::int64_t samples, bool samples_given, Device device,
                               std::uint64_t seed);
 
+// The GPT on --data's text, for a chapter that feeds it batches by hand (08), with the same checks as
+// gpt_training_task.
+nn::GptTextTask gpt_text_task(const ModelOptions& options, Device device);
+
 // What the trained model can do, where its task can say (the GPT's held-out accuracy and a few of its
 // answers): rank 0 evaluates, logs one line and writes an "evaluation" metric; the others go on.
 void report_evaluation(const nn::TrainingTask& task, nn::Module& model, comm::Communicator& group,

@@ -57,7 +57,8 @@ Session start_session(const CommonOptions& common, const DistributedOptions& dis
   configure_cpu_threads(placement.local_size);
   auto world = naming("--backend " + distributed.backend,
                       [&] { return comm::make_world(distributed.backend, s.device, distributed.timeout); });
-  s.topology = naming("--tp/--pp/--dp", [&] { return std::make_unique<parallel::Topology>(std::move(world), shape); });
+  s.topology = naming(shape.cp > 1 ? "--tp/--cp/--pp/--dp" : "--tp/--pp/--dp",
+                      [&] { return std::make_unique<parallel::Topology>(std::move(world), shape); });
   fail_here_if_asked("setup", 0, placement.rank);
   // Only rank 0 opens the metrics file, so this can fail on one rank alone: the ranks agree on the
   // outcome before anything else is communicated, and the first rank that failed reports.

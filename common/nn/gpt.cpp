@@ -65,7 +65,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, Device device, std:
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   // q, k and v side by side in one projection; the attention reads them in place (ops.h).
   Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
-  Tensor y = scaled_dot_product_attention(qkv, n_head_, true, dropout_, random_bits(seed_, ++calls_), keep_probabilities);
+  Tensor y = core ? core(qkv, n_head_, keep_probabilities)
+                  : scaled_dot_product_attention(qkv, n_head_, true, dropout_, random_bits(seed_, ++calls_), keep_probabilities);
   return dropout((*c_proj)(y), dropout_, random_bits(seed_, ++calls_));
 }
 

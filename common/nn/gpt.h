@@ -5,6 +5,7 @@
 // layout ([out, in]); the tied head has no parameter of its own.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ class LayerNorm : public Module {
   Tensor weight, bias;
 };
 
+// Attention's core on the packed projection qkv [B, T, 3C] with n_head heads, keeping its probabilities
+// or not (selective recomputation): scaled_dot_product_attention unless a model sets another, as a
+// context-parallel model sets ContextParallel::attention (its rank's tokens of the whole sequence's).
+using AttentionCore = std::function<Tensor(const Tensor& qkv, std::int64_t n_head, bool keep_probabilities)>;
+
 // Causal multi-head self-attention on [B, T, C]: one projection to queries, keys and values
 // (c_attn), softmax(q k^T / sqrt(head size)) with the causal mask, and the output projection (c_proj).
 class CausalSelfAttention : public Module {
@@ -46,6 +52,7 @@ class CausalSelfAttention : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Linear> c_attn, c_proj;
   bool keep_probabilities = true;  // false: selective recomputation
+  AttentionCore core;              // empty: scaled_dot_product_attention (with dropout)
   // Dropout's draws so far: a block run again in backward starts from the count its forward started from.
   std::uint64_t calls() const { return calls_; }
   void set_calls(std::uint64_t calls) { calls_ = calls; }

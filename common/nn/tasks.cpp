@@ -78,7 +78,7 @@ GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64
   return {t, data, config};
 }
 
-TrainingTask text_task(GPTConfig config, const std::string& path, double val_fraction, Device device) {
+GptTextTask gpt_text_task(GPTConfig config, const std::string& path, double val_fraction, Device device) {
   if (config.block_size == 0) config.block_size = 32;
   auto text = std::make_shared<data::CharText>(path, config.block_size, val_fraction);
   config.vocab_size = text->vocab_size();
@@ -113,7 +113,7 @@ TrainingTask text_task(GPTConfig config, const std::string& path, double val_fra
   t.description = "GPT " + std::to_string(config.n_layer) + " layers x " + std::to_string(config.n_head) + " heads x " +
                   std::to_string(config.n_embd) + " (" + std::to_string(params) + " params) on " +
                   std::to_string(text->train_windows()) + " windows of " + path + recompute_note(config);
-  return t;
+  return {t, text, config};
 }
 
 }  // namespace course::nn

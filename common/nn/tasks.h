@@ -48,7 +48,12 @@ GptTask gpt_task(GPTConfig config, int digits, std::int64_t problems, std::int64
                  std::uint64_t seed);
 
 // A GPT of `config` on the character-level text of `path` (--data FILE), the last `val_fraction` held
-// out. The vocabulary is the file's; block_size must be set. Throws UsageError naming the file.
-TrainingTask text_task(GPTConfig config, const std::string& path, double val_fraction, Device device);
+// out. The vocabulary is the file's; block_size 0 becomes 32. Throws UsageError naming the file.
+struct GptTextTask {
+  TrainingTask task;
+  std::shared_ptr<data::CharText> data;  // training sample i is window i
+  GPTConfig config;
+};
+GptTextTask gpt_text_task(GPTConfig config, const std::string& path, double val_fraction, Device device);
 
 }  // namespace course::nn

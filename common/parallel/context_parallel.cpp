@@ -24,7 +24,7 @@ ContextParallel::ContextParallel(comm::Communicator& group, ContextMethod method
 
 void ContextParallel::check(std::int64_t t, std::int64_t heads) const {
   const int n = size();
-  const std::int64_t pieces = method_ == ContextMethod::ring ? 2 * n : n;
+  const std::int64_t pieces = method_ == ContextMethod::ring && n > 1 ? 2 * n : n;
   if (t % pieces != 0)
     throw UsageError("--cp: " + std::to_string(t) + " tokens do not divide into " + std::to_string(pieces) +
                      (method_ == ContextMethod::ring ? " chunks (the ring's balanced layout takes 2 per rank)"
@@ -68,18 +68,26 @@ Tensor ContextParallel::shard(const Tensor& x) const {
 }
 
 std::int64_t ContextParallel::bytes_per_attention(std::int64_t batch, std::int64_t t, std::int64_t c,
-                                                  std::int64_t element_bytes) const {
+                                                  std::int64_t element_bytes, bool forward_twice) const {
   const std::int64_t n = size(), shard = batch * (t / n) * c * element_bytes;
   if (n == 1) return 0;
-  return method_ == ContextMethod::ulysses ? 8 * shard : (6 * n - 4) * shard;
+  const std::int64_t forward = method_ == ContextMethod::ulysses ? 4 * shard : 2 * (n - 1) * shard;
+  const std::int64_t backward = method_ == ContextMethod::ulysses ? 4 * shard : (4 * (n - 1) + 2) * shard;
+  return (forward_twice ? 2 : 1) * forward + backward;
 }
 
-Tensor all_to_all(const Tensor& x, comm::Communicator& group) {
+std::int64_t context_parallel_length(std::int64_t t, int size, ContextMethod method) {
+  const std::int64_t pieces = method == ContextMethod::ring && size > 1 ? 2 * size : size;
+  return (t + pieces - 1) / pieces * pieces;
+}
+
+Tensor all_to_all(const Tensor& x, comm::Communicator& group, std::int64_t* counter) {
   if (group.size() == 1) return x;
   if (x.shape().empty() || x.dim(0) != group.size())
     throw std::invalid_argument("all_to_all: the first dimension must be the group's " + std::to_string(group.size()) +
                                 " ranks, got " + shape_string(x.shape()));
-  const auto exchange = [&group](const Tensor& t) {
+  const auto exchange = [&group, counter](const Tensor& t) {
+    if (counter) *counter += static_cast<std::int64_t>(t.nbytes());
     Tensor out = Tensor::empty(t.shape(), t.device(), t.dtype());
     group.all_to_all(t, out);
     return out;
@@ -92,21 +100,22 @@ namespace {
 
 // Ulysses: sequence shards to head shards, attention on this rank's heads over the whole sequence, and
 // back. The shards are contiguous and in rank order, so the gathered sequence is in order.
-Tensor ulysses(const Tensor& qkv, std::int64_t n_head, comm::Communicator& group, bool keep_probabilities) {
+Tensor ulysses(const Tensor& qkv, std::int64_t n_head, comm::Communicator& group, bool keep_probabilities,
+               std::int64_t* bytes) {
   const std::int64_t n = group.size(), b = qkv.dim(0), shard = qkv.dim(1), c = qkv.dim(2) / 3, width = c / n;
   // [B, T/N, 3, N, C/N]: q's, k's and v's columns of each rank's heads -> [N, B, T/N, 3, C/N], slice d for rank d.
   Tensor x = permute(reshape(qkv, {b, shard, 3, n, width}), {3, 0, 1, 2, 4});
-  x = all_to_all(x, group);  // slice s: rank s's tokens of this rank's heads
+  x = all_to_all(x, group, bytes);  // slice s: rank s's tokens of this rank's heads
   x = reshape(permute(x, {1, 0, 2, 3, 4}), {b, n * shard, 3 * width});  // [B, T, 3 C/N], c_attn's layout for H/N heads
   Tensor y = scaled_dot_product_attention(x, n_head / n, /*is_causal=*/true, 0.0f, 0, keep_probabilities);  // [B, T, C/N]
   y = permute(reshape(y, {b, n, shard, width}), {1, 0, 2, 3});  // slice d: rank d's tokens
-  y = all_to_all(y, group);                                       // slice s: rank s's heads of this rank's tokens
+  y = all_to_all(y, group, bytes);                                // slice s: rank s's heads of this rank's tokens
   return reshape(permute(y, {1, 2, 0, 3}), {b, shard, c});
 }
 
 // The ring: this rank's queries stay, the blocks of keys and values go round (to the next rank, from the
 // one before), each folded into the online softmax on arrival; one autograd node with its own backward.
-Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head) {
+Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head, std::int64_t* bytes) {
   const Tensor qkv = autocast_input("attention", qkv_in);
   comm::Communicator& group = cp.group();
   const int n = group.size(), r = group.rank(), next = (r + 1) % n, previous = (r + n - 1) % n;
@@ -138,6 +147,7 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
       if (j + 1 < n) {
         Tensor arriving = Tensor::empty(kv.shape(), device);
         group.send_recv(kv, next, arriving, previous, j);
+        *bytes += static_cast<std::int64_t>(kv.nbytes());
         kv = arriving;
       }
     }
@@ -145,7 +155,7 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
     kernel.attention_block_finish(row_max.data(), row_sum.data(), s, y.data(), lse.data());
   }
   return autograd::record(y.to(qkv.dtype()), "ring_attention", {qkv}, [&group, qkv3, y, lse, positions, s, e, r, n, next,
-                                                                       previous, dtype = qkv.dtype()](const Tensor& g) {
+                                                                       previous, bytes, dtype = qkv.dtype()](const Tensor& g) {
     const Device device = qkv3.device();
     Kernels& kernel = kernels(device);
     const Tensor dy = g.to(DType::float32);
@@ -162,10 +172,12 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
       if (j + 1 < n) {
         Tensor arriving = Tensor::empty(block.shape(), device);
         group.send_recv(block, next, arriving, previous, n + j);
+        *bytes += static_cast<std::int64_t>(block.nbytes());
         block = arriving;
       } else if (n > 1) {  // the block of rank r + 1 is here: its gradients go home, this rank's arrive
         Tensor arriving = Tensor::empty({2 * static_cast<std::int64_t>(e)}, device);
         group.send_recv(block.view(2 * e, {2 * static_cast<std::int64_t>(e)}), next, arriving, previous, 2 * n);
+        *bytes += static_cast<std::int64_t>(arriving.nbytes());
         grad.view(e, {2 * static_cast<std::int64_t>(e)}).copy_from(arriving);
       } else {
         grad.view(e, {2 * static_cast<std::int64_t>(e)}).copy_from(block.view(2 * e, {2 * static_cast<std::int64_t>(e)}));
@@ -186,9 +198,9 @@ Tensor ContextParallel::attention(const Tensor& qkv, std::int64_t n_head, bool k
   check(qkv.dim(1) * size(), n_head);
   if (method_ == ContextMethod::ulysses) {
     if (size() == 1) return scaled_dot_product_attention(qkv, n_head, true, 0.0f, 0, keep_probabilities);
-    return ulysses(qkv, n_head, group_, keep_probabilities);
+    return ulysses(qkv, n_head, group_, keep_probabilities, &bytes_);
   }
-  return ring(*this, qkv, n_head);
+  return ring(*this, qkv, n_head, &bytes_);
 }
 
 }  // namespace course::parallel

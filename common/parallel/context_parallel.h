@@ -62,7 +62,14 @@ class ContextParallel {
   //   Ulysses: 4 all-to-alls of B (T/N) 3C or B (T/N) C elements: 8 B (T/N) C.
   //   Ring:    forward N - 1 hops of k and v (2 B (T/N) C each); backward N - 1 hops of k, v and their
   //            gradients (4 B (T/N) C) and a last hop of the gradients home (2 B (T/N) C): (6N - 4) B (T/N) C.
-  std::int64_t bytes_per_attention(std::int64_t batch, std::int64_t t, std::int64_t c, std::int64_t element_bytes) const;
+  // With `forward_twice` (full recomputation runs every block's forward again in backward), the
+  // forward's part twice.
+  std::int64_t bytes_per_attention(std::int64_t batch, std::int64_t t, std::int64_t c, std::int64_t element_bytes,
+                                   bool forward_twice = false) const;
+  // What this object's attention has handed to the group so far (the same count as bytes_sent's, of
+  // this traffic alone: the group may carry other traffic too). Ulysses' all-to-alls carry qkv's type
+  // (16 bits under autocast), the ring's blocks float32.
+  std::int64_t bytes_sent() const { return bytes_; }
 
   // --fault skip-cp-offset: while `on` says so, every rank takes its tokens for the sequence's first
   // (positions 0 .. T/N - 1), as code that forgot the shard's offset would.
@@ -72,10 +79,18 @@ class ContextParallel {
   comm::Communicator& group_;
   ContextMethod method_;
   std::function<bool()> fault_;
+  mutable std::int64_t bytes_ = 0;
 };
+
+// The sequence length that `size` context-parallel ranks can split by `method`: t rounded up to a
+// multiple of size (Ulysses) or 2 size (the ring's balanced chunks). Sequences are padded to it at the
+// end, the padding's targets ignored: under the causal mask no real token sees a later one, so the
+// padding changes no real token's output (as Megatron-LM pads to a multiple of 2 CP).
+std::int64_t context_parallel_length(std::int64_t t, int size, ContextMethod method);
 
 // The all-to-all as an op (Communicator::all_to_all): x [N, ...] sends slice d to rank d and returns
 // [N, ...] whose slice s came from rank s. Its gradient is the same exchange of the gradient.
-Tensor all_to_all(const Tensor& x, comm::Communicator& group);
+// `counter`, when given, adds the bytes handed to the group, forward and backward.
+Tensor all_to_all(const Tensor& x, comm::Communicator& group, std::int64_t* counter = nullptr);
 
 }  // namespace course::parallel

@@ -28,10 +28,12 @@ struct Named : nn::Module {
 }  // namespace
 
 PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp,
-                                   bool sequence_parallel, int chunks)
+                                   bool sequence_parallel, int chunks, const ContextParallel* cp)
     : config_(full.config()), pp_(pp), tp_(tp && tp->size() > 1 ? tp : nullptr), sequence_parallel_(sequence_parallel && tp_),
-      first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
+      cp_(cp && cp->size() > 1 ? cp : nullptr), first_(pp.rank() == 0), last_(pp.rank() + 1 == pp.size()) {
   if (tp_) check_tensor_parallel(config_, tp_->size());
+  if (cp_ && sequence_parallel_)
+    throw UsageError("--cp: context parallelism splits every sequence already; not with --sequence-parallel");
   if (chunks < 1) throw std::invalid_argument("PipelineStageGPT: " + std::to_string(chunks) + " chunks per rank");
   const std::int64_t stages = pp.size(), pieces = stages * chunks;
   if (config_.n_layer % pieces != 0)
@@ -65,6 +67,13 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
           Tensor(to[k].second).copy_from(from[k].second);
         }
       }
+      if (cp_) {  // attention over the whole sequence, through the context-parallel group
+        nn::AttentionCore core = [cp = cp_](const Tensor& qkv, std::int64_t heads, bool keep) {
+          return cp->attention(qkv, heads, keep);
+        };
+        if (tp_) std::static_pointer_cast<TensorParallelBlock>(block)->set_attention_core(core);
+        else std::static_pointer_cast<nn::Block>(block)->attn->core = core;
+      }
       chunk_blocks_[static_cast<std::size_t>(c)].push_back(layers->register_module(std::to_string(i), block));
     }
   }
@@ -85,7 +94,8 @@ Tensor PipelineStageGPT::forward(const Tensor& input) {
 Tensor PipelineStageGPT::forward_chunk(int chunk, const Tensor& input) {
   Tensor x = input;
   if (starts(chunk)) {
-    // The positions of the tokens this rank holds: all of them, or with sequence parallelism its shard's.
+    // The positions of the tokens this rank holds: all of them, with sequence parallelism its shard's,
+    // with context parallelism its tokens' (and only those ids are looked up).
     const std::int64_t t = input.dim(1), shard = sequence_parallel_ ? t / tp_->size() : t;
     if (sequence_parallel_ && t % tp_->size() != 0)
       throw std::invalid_argument("sequence parallelism: " + std::to_string(t) + " tokens do not divide among " +
@@ -93,8 +103,16 @@ Tensor PipelineStageGPT::forward_chunk(int chunk, const Tensor& input) {
     const std::int64_t first = sequence_parallel_ ? shard * tp_->rank() : 0;
     std::vector<float> positions(static_cast<std::size_t>(shard));
     for (std::int64_t i = 0; i < shard; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(first + i);
-    Tensor tokens = tp_ ? (*wte_parallel_)(input) : embedding(input, wte_);
-    x = add(tokens, embedding(Tensor::from_host(positions, {shard}, input.device()), wpe_));
+    Tensor ids = input;
+    if (cp_) {
+      cp_->check(t, config_.n_head / (tp_ ? tp_->size() : 1));
+      positions.clear();
+      for (const std::int64_t p : cp_->positions(t)) positions.push_back(static_cast<float>(p));
+      ids = cp_->shard(input);
+    }
+    const auto held = static_cast<std::int64_t>(positions.size());
+    Tensor tokens = tp_ ? (*wte_parallel_)(ids) : embedding(ids, wte_);
+    x = add(tokens, embedding(Tensor::from_host(positions, {held}, input.device()), wpe_));
   }
   for (auto& block : chunk_blocks_.at(static_cast<std::size_t>(chunk))) x = (*block)(x);
   if (!ends(chunk)) return x;
@@ -124,7 +142,7 @@ std::vector<std::shared_ptr<nn::Module>> PipelineStageGPT::chunk_modules() {
 }
 
 Shape PipelineStageGPT::activation_shape(std::int64_t batch, std::int64_t t) const {
-  return {batch, sequence_parallel_ ? t / tp_->size() : t, config_.n_embd};
+  return {batch, sequence_parallel_ ? t / tp_->size() : cp_ ? t / cp_->size() : t, config_.n_embd};
 }
 
 bool PipelineStageGPT::is_split(const std::string& name) const { return tp_ && gpt_cut(name) != GptCut::whole; }
@@ -141,9 +159,26 @@ void PipelineStageGPT::sync_sequence_parallel_gradients() {
   all_reduce_gradients(whole, *tp_);
 }
 
-Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets, int ignore_index) {
-  return tp_ ? parallel_cross_entropy(logits, targets, wte_parallel_->first_row(), *tp_, ignore_index)
-             : cross_entropy(logits, targets, ignore_index);
+Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets_in, int ignore_index) {
+  if (!cp_) {
+    const Tensor targets = reshape(targets_in, {targets_in.numel()});
+    return tp_ ? parallel_cross_entropy(logits, targets, wte_parallel_->first_row(), *tp_, ignore_index)
+               : cross_entropy(logits, targets, ignore_index);
+  }
+  if (targets_in.shape().size() != 2)
+    throw std::invalid_argument("PipelineStageGPT::loss: with context parallelism the targets are [B, T], got " +
+                                shape_string(targets_in.shape()));
+  // This rank's tokens' sum over the whole sequences' count of targets, times the group's size.
+  double counted = 0, mine = 0;
+  for (float t : targets_in.to_host()) counted += static_cast<int>(t) != ignore_index;
+  if (counted == 0) throw std::invalid_argument("PipelineStageGPT::loss: every target is ignored");
+  const Tensor targets = reshape(cp_->shard(targets_in), {logits.dim(0)});
+  for (float t : targets.to_host()) mine += static_cast<int>(t) != ignore_index;
+  const auto share = static_cast<float>(cp_->size() / counted);
+  if (tp_)  // the parallel cross-entropy is the mean over this rank's counted targets (0 with none)
+    return scale(parallel_cross_entropy(logits, targets, wte_parallel_->first_row(), *tp_, ignore_index),
+                 static_cast<float>(mine) * share);
+  return scale(sum(cross_entropy_per_row(logits, targets, ignore_index)), share);
 }
 
 Tensor& PipelineStageGPT::table() { return tp_ ? wte_parallel_->weight : wte_; }
@@ -229,7 +264,7 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
       }
       Tensor out = stage.forward_chunk(c, inputs[at]);
       if (stage.ends(c)) {
-        outputs[at] = scale(stage.loss(out, targets[i], ignore_index), weights[i]);
+        outputs[at] = scale(stage.loss(out, reshape(targets[i], {batch, t}), ignore_index), weights[i]);
         loss += outputs[at].item();
       } else {
         outputs[at] = out;

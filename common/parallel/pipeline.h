@@ -11,7 +11,9 @@
 // shard of the sequence, [micro-batch, T / tp, C]. A one-stage pipeline is the whole GPT, split by TP.
 // With v model chunks per rank (interleaved 1F1B, pipeline_schedule.h) the layers are cut into v p
 // pieces and rank r holds pieces r, r + p, ..., r + (v - 1) p: a micro-batch passes every rank v times,
-// from the last rank back to the first between chunks.
+// from the last rank back to the first between chunks. With a context-parallel group
+// (context_parallel.h) each stage holds its rank's tokens of every sequence: the first stage takes
+// them from the ids, attention runs through the group, and the last stage's loss counts its tokens.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,6 +22,7 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/gpt.h"
+#include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline_schedule.h"
 #include "common/parallel/tensor_parallel.h"
@@ -32,12 +35,15 @@ class PipelineStageGPT : public TensorParallelModule {
   // seed), split across `tp` when given, and along the sequence too with `sequence_parallel`. Throws
   // UsageError when the layers do not divide by the stages (or the heads, the vocabulary or, with
   // sequence parallelism, the sequence by the tensor-parallel ranks).
-  // `chunks` (v): model chunks per rank; the layers must divide into v p pieces.
+  // `chunks` (v): model chunks per rank; the layers must divide into v p pieces. `cp`: the context-
+  // parallel group's attention (held by the caller, outliving the stage), or none; not with
+  // sequence parallelism.
   PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp = nullptr,
-                   bool sequence_parallel = false, int chunks = 1);
+                   bool sequence_parallel = false, int chunks = 1, const ContextParallel* cp = nullptr);
   // First stage: ids [B, T] -> [B, T, C]; middle: [B, T, C] -> [B, T, C]; last: [B, T, C] (or ids, for
   // a single stage) -> logits [B * T, V] (this rank's vocabulary slice, [B * T, V / tp], with TP).
-  // With sequence parallelism, T / tp in place of T between stages. One chunk per rank only (throws
+  // With sequence parallelism, T / tp in place of T between stages; with context parallelism T / cp
+  // everywhere after the ids (this rank's tokens, ContextParallel::positions). One chunk per rank only (throws
   // std::logic_error otherwise: run the chunks one at a time).
   Tensor forward(const Tensor& input) override;
   // Chunk `chunk` of this rank: the same, where the model's first piece (rank 0's chunk 0) takes ids
@@ -54,7 +60,10 @@ class PipelineStageGPT : public TensorParallelModule {
   Shape activation_shape(std::int64_t batch, std::int64_t t) const;
   bool is_split(const std::string& name) const override;
   Tensor part_of(const std::string& name, const Tensor& whole) const override;
-  // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP).
+  // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP) of the
+  // targets [B, T] (or [B * T]; [B, T] with context parallelism). With context parallelism, this rank's
+  // tokens' share of the whole sequences' mean times the group's size, so that the average over the
+  // data- and context-parallel ranks (DDP on Topology::dp_cp_group) is the replicas' mean.
   Tensor loss(const Tensor& logits, const Tensor& targets, int ignore_index);
   bool is_first() const { return first_; }  // holds the embeddings
   bool is_last() const { return last_; }    // holds the final norm and the head
@@ -71,6 +80,7 @@ class PipelineStageGPT : public TensorParallelModule {
   comm::Communicator& pp_;
   comm::Communicator* tp_;
   bool sequence_parallel_;
+  const ContextParallel* cp_;  // null without context parallelism
   bool first_, last_;
   Tensor wte_, wpe_;  // wte_ on the first stage (embedding) and the last (head); wpe_ on the first
   std::shared_ptr<VocabParallelEmbedding> wte_parallel_;  // instead of wte_, with TP

@@ -62,7 +62,8 @@ TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTCon
 // whole sequence either way.
 Tensor TensorParallelBlock::attention(const Tensor& x) {
   Tensor qkv = (*c_attn_)(x);  // [B, T, 3 C/size]: this rank's heads, packed as in the whole model
-  Tensor y = scaled_dot_product_attention(qkv, local_heads_, true, 0.0f, 0, recompute_ != nn::Recompute::selective);
+  const bool keep = recompute_ != nn::Recompute::selective;
+  Tensor y = core_ ? core_(qkv, local_heads_, keep) : scaled_dot_product_attention(qkv, local_heads_, true, 0.0f, 0, keep);
   return (*attn_proj_)(y);  // [B, T, C], or [B, T / size, C]
 }
 

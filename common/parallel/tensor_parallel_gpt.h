@@ -37,6 +37,8 @@ class TensorParallelBlock : public nn::Module {
   // full runs the whole block again in backward, its collectives too (every TP rank recomputes the same
   // block at the same point of backward, so they stay matched).
   Tensor forward(const Tensor& x) override;
+  // Attention's core on this rank's heads (nn::AttentionCore; context parallelism sets its own).
+  void set_attention_core(nn::AttentionCore core) { core_ = std::move(core); }
 
  private:
   Tensor layers(const Tensor& x);
@@ -47,6 +49,7 @@ class TensorParallelBlock : public nn::Module {
   std::shared_ptr<RowParallelLinear> attn_proj_, mlp_proj_;
   std::int64_t local_heads_;
   nn::Recompute recompute_;
+  nn::AttentionCore core_;
 };
 
 // A copy of a layer norm, parameters of its own.
