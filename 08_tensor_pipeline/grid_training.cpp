@@ -240,7 +240,7 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
     at[1] = static_cast<float>(peak_);
     for (std::size_t k = 0; k < last_.size(); ++k) {
       float* action = at + 2 + kFields * k;
-      action[0] = last_[k].action.op == parallel::PipeOp::forward ? 0.0f : 1.0f;
+      action[0] = static_cast<float>(static_cast<int>(last_[k].action.op));  // forward, backward, weight
       action[1] = static_cast<float>(last_[k].action.micro_batch);
       action[2] = static_cast<float>(last_[k].action.chunk);
       action[3] = static_cast<float>(last_[k].begin_ms);
@@ -260,7 +260,7 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
     for (std::size_t k = 0; k < last_.size(); ++k) {
       const float* action = at + 2 + kFields * k;
       run.timeline[static_cast<std::size_t>(s)].push_back(
-          {{action[0] == 0.0f ? parallel::PipeOp::forward : parallel::PipeOp::backward, static_cast<int>(action[1]),
+          {{static_cast<parallel::PipeOp>(static_cast<int>(action[0])), static_cast<int>(action[1]),
             static_cast<int>(action[2])},
            action[3], action[4]});
     }

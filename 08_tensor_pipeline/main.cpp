@@ -91,7 +91,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
 // ---------------------------------------------------------------------------------------------------
 // Below: the schedules swept, the run set up on its grid, and what it reports.
 
-// --sweep: the schedules at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
+// --sweep: every schedule at m = 1, 2, 4, 8 and 16, their bubbles against the theory and their
 // activations as metrics (scripts/plot.py pipeline draws them); with --trace, each schedule's timeline
 // at 4 micro-batches.
 int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
@@ -106,9 +106,12 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
   // at the counts that are multiples of the stages.
   const int p = topology.pp_size(), v = std::max(2, o.virtual_stages);
   const bool interleaves = task.config.n_layer % (p * v) == 0;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
+  // Zero bubble without replicas (its weights' gradients come after DDP would have averaged them).
+  const bool zero_bubble = topology.dp_cp_group().size() == 1;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zero-bubble"})
     for (int m : counts) {
       if (schedule == "interleaved" && (!interleaves || m % p != 0)) continue;
+      if (schedule == "zero-bubble" && !zero_bubble) continue;
       Options swept = o;
       swept.schedule = schedule;
       swept.virtual_stages = schedule == "interleaved" ? v : 1;

@@ -33,9 +33,10 @@ void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--micro-batches", o.micro_batches, "Micro-batches per step on each replica")
       ->check(CLI::Range(1, 4096))->capture_default_str();
-  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe, 1f1b or interleaved (1F1B over --virtual-stages "
-                                           "model chunks per rank)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}))->capture_default_str();
+  app.add_option("--schedule", o.schedule, "Pipeline schedule: gpipe, 1f1b, interleaved (1F1B over --virtual-stages "
+                                           "model chunks per rank) or zero-bubble (ZB-H1: backward split in two, the "
+                                           "weights' half filling the idle time)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zero-bubble"}))->capture_default_str();
   app.add_option("--virtual-stages", o.virtual_stages, "Model chunks per pipeline rank, with --schedule interleaved "
                                                        "(Megatron-LM's virtual pipeline stages)")
       ->check(CLI::Range(1, 64))->capture_default_str();
@@ -55,10 +56,10 @@ void add_options(CLI::App& app, Options& o) {
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"},
                           {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
-                                     "--sweep, FILE's stem _gpipe.json and _1f1b.json at 4 micro-batches)")
+                                     "--sweep, FILE's stem and _SCHEDULE.json, each schedule at 4 micro-batches)")
       ->check(cli::OutputFile);
-  app.add_flag("--sweep", o.sweep, "Run both schedules at 1, 2, 4, 8 and 16 micro-batches: the bubble and the "
-                                   "activations against them, as metrics for scripts/plot.py pipeline");
+  app.add_flag("--sweep", o.sweep, "Run every schedule at 1, 2, 4, 8 and 16 micro-batches (interleaved where they divide): "
+                                   "the bubble and the activations against them, as metrics for scripts/plot.py pipeline");
 }
 
 std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
@@ -88,6 +89,9 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError(v > 1 ? "--virtual-stages: " + std::to_string(v) + " chunks per rank need --schedule interleaved"
                            : "--schedule: interleaved needs --virtual-stages 2 or more (model chunks per rank)");
   if (v > 1 && pp < 2) throw UsageError("--virtual-stages: interleaves the stages of a pipeline (--pp 2 or more)");
+  if (o.schedule == "zero-bubble" && topology.dp_cp_group().size() > 1)
+    throw UsageError("--schedule: zero-bubble leaves the weights' gradients for later, and DDP's buckets wait for them "
+                     "at the end of each backward: not with --dp or --cp");
   if (v > 1 && !o.sweep && o.micro_batches % pp != 0)
     throw UsageError("--micro-batches: interleaved 1F1B runs them in groups of the " + std::to_string(pp) +
                      " stages; " + std::to_string(o.micro_batches) + " is not a multiple of " + std::to_string(pp));

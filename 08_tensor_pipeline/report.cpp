@@ -24,10 +24,13 @@ void write_timeline(const GridRun& run, const std::string& path, const std::stri
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
                    const char* event, const std::string& network) {
   const int p = static_cast<int>(run.bubble.size()), v = run.stage ? run.stage->chunks() : 1;
-  const double theory = parallel::bubble_fraction(p, m, v);
+  const double theory = parallel::bubble_fraction(schedule, p, m, v);
+  const char* formula = schedule == "zero-bubble" ? (m >= p ? "(p-1)/(3m+p-1)" : "1-3m/(2m+2p-1)")
+                        : v > 1                   ? "(p-1)/(vm+p-1)"
+                                                  : "(p-1)/(m+p-1)";
   log("pipeline: %d stages%s, %d micro-batches, %s%s; bubble (idle share of the step) against %s = %.3f:\n", p,
       v > 1 ? (" of " + std::to_string(v) + " chunks each").c_str() : "", m, schedule.c_str(), network.c_str(),
-      v > 1 ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)", theory);
+      formula, theory);
   for (int s = 0; s < p; ++s) {
     log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
         format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());

@@ -262,6 +262,12 @@ def pipeline_charts(path, prefix):
         mean = [sum(r["bubble"] for r in interleaved if r["micro_batches"] == m) / p for m in some]
         ax.plot(some, mean, marker="^", label=f"interleaved 1F1B, v={v}, measured")
         ax.plot(some, [(p - 1) / (v * m + p - 1) for m in some], "k:", label=f"theory (p-1)/(vm+p-1), v={v}")
+    zero = [r for r in rows if r["schedule"] == "zero-bubble"]
+    if zero:  # backward split into B and W, the W's filling the idle time
+        mean = [sum(r["bubble"] for r in zero if r["micro_batches"] == m) / p for m in counts]
+        ax.plot(counts, mean, marker="D", label="zero bubble (ZB-H1), measured")
+        ax.plot(counts, [1 - 3 * m / max(3 * m + p - 1, 2 * m + 2 * p - 1) for m in counts], "k-.",
+                label="theory, F = B = W: (p-1)/(3m+p-1) for m >= p")
     ax.set(xscale="log", xlabel="micro-batches m", ylabel="idle share of the step (bubble)")
     ax.set_xticks(counts)
     ax.set_xticklabels([str(m) for m in counts])
@@ -298,12 +304,12 @@ def timeline_chart(trace_path, out):
              if e.get("ph") == "M" and e["name"] == "thread_name"}
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(lanes)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    # A pipeline's actions (F3, B3; interleaved F3.1, micro-batch 3 through chunk 1) are coloured by
-    # direction; other spans take turns.
-    pipeline = all(re.fullmatch(r"[FB]\d+(\.\d+)?", e["name"]) for e in spans)
+    # A pipeline's actions (F3, B3; interleaved F3.1, micro-batch 3 through chunk 1; zero bubble's W3) are
+    # coloured by pass; other spans take turns.
+    pipeline = all(re.fullmatch(r"[FBW]\d+(\.\d+)?", e["name"]) for e in spans)
     for row, lane in enumerate(lanes):
         for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
-            color = (colors[0] if e["name"][0] == "F" else colors[1]) if pipeline else colors[i % len(colors)]
+            color = colors["FBW".index(e["name"][0])] if pipeline else colors[i % len(colors)]
             ax.broken_barh([(e["ts"] / 1000, max(e["dur"], 1) / 1000)], (row - 0.4, 0.8),
                            facecolors=color, edgecolor="black", linewidth=0.3)
             ax.text(e["ts"] / 1000 + e["dur"] / 2000, row, e["name"].replace("layer ", "L").replace("bucket ", "b"),
@@ -313,8 +319,8 @@ def timeline_chart(trace_path, out):
     ax.invert_yaxis()
     label = doc.get("metadata", {}).get("label", "").strip()
     if pipeline:
-        ax.set_xlabel("ms since the step began (F: forward, B: backward of micro-batch i, .c: through chunk c; "
-                      "white: the bubble)")
+        ax.set_xlabel("ms since the step began (F forward, B backward of micro-batch i; with W, B is the "
+                      "activations' half and W the weights'; .c chunk c; white: the bubble)", fontsize=8)
         ax.set_title("Pipeline stages" + (f": {label}" if label else ""), fontsize=10)
     else:
         ax.set_xlabel("ms since the first gradient of the step")

@@ -92,6 +92,10 @@ run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
 # Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
 run_variant "08 interleaved" 08_tensor_pipeline interleaved 2 --pp 2 --n-layer 4 --micro-batches 4 \
   --schedule interleaved --virtual-stages 2 --verify
+# Zero bubble: backward split into the activations' half and the weights', the latter filling the idle
+# time; verified in lock-step, its bubble beside the theory.
+run_variant "08 zero-bubble" 08_tensor_pipeline zero_bubble 2 --pp 2 --n-layer 4 --micro-batches 4 \
+  --schedule zero-bubble --verify
 # Context parallelism: every sequence split across two ranks, attention by the ring, verified in
 # lock-step, its bytes beside the formula.
 run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify

@@ -1,12 +1,15 @@
 // The backward engine: accumulation into .grad, zero_grad, no_grad, shared inputs, post-accumulate
-// hooks, end-of-backward callbacks, and backward from a non-scalar output with a given gradient.
+// hooks, end-of-backward callbacks, backward from a non-scalar output with a given gradient, and a
+// backward split into its activations' half and its weights' half (zero bubble's B and W).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/autograd/autograd.h"
 #include "common/autograd/profiler.h"
 #include "common/nn/layers.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/grad_scaler.h"
 
@@ -195,6 +198,54 @@ TEST(Autograd, BackwardFromANonScalarOutputWithItsGradient) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5f) << i;
   EXPECT_THROW(matmul(x, w1, false, true).backward(Tensor::zeros({3, 2})), std::invalid_argument);
   EXPECT_THROW(matmul(x, w1, false, true).backward(), std::invalid_argument);  // not a loss, no gradient given
+}
+
+// Zero bubble's split (autograd::backward_deferring_weights): two linear layers (one without a bias)
+// and a tied head (matmul with the table second), in float32 and under bfloat16 autocast. After B the
+// input has its gradient and no weight has one; after W every gradient is the one backward's, bit for
+// bit, accumulated over two micro-batches as one backward per micro-batch would.
+TEST(Autograd, DeferringTheWeightsGivesOneBackwardsGradientsBitForBit) {
+  for (const DType precision : {DType::float32, DType::bfloat16}) {
+    struct Net {
+      Tensor w1 = Tensor::randn({6, 5}, 1).set_requires_grad(true), b1 = Tensor::randn({6}, 2).set_requires_grad(true);
+      Tensor w2 = Tensor::randn({4, 6}, 3).set_requires_grad(true), table = Tensor::randn({7, 4}, 4).set_requires_grad(true);
+      std::vector<Tensor> weights() const { return {w1, b1, w2, table}; }
+    };
+    const auto loss_of = [precision](const Net& n, const Tensor& x) {
+      Autocast autocast(precision, precision != DType::float32);
+      Tensor h = gelu(linear(x, n.w1, n.b1));
+      Tensor logits = matmul(linear(h, n.w2, Tensor()), n.table, false, true);
+      return sum(mul(logits, logits));
+    };
+    Net whole, split;
+    std::vector<Tensor> x_whole, x_split;
+    for (int i = 0; i < 2; ++i) {
+      const Tensor x = Tensor::randn({3, 5}, 10 + static_cast<std::uint64_t>(i));
+      x_whole.push_back(x.clone().set_requires_grad(true));
+      x_split.push_back(x.clone().set_requires_grad(true));
+      loss_of(whole, x_whole.back()).backward();
+    }
+    std::vector<autograd::DeferredWeightGradients> later;
+    for (int i = 0; i < 2; ++i) {
+      later.push_back(autograd::backward_deferring_weights(loss_of(split, x_split[static_cast<std::size_t>(i)])));
+      EXPECT_FALSE(later.back().empty());
+      EXPECT_TRUE(x_split[static_cast<std::size_t>(i)].grad().defined()) << "B computes the input's gradient";
+    }
+    for (const Tensor& w : split.weights()) EXPECT_FALSE(w.grad().defined()) << "B leaves every weight's for W";
+    for (auto& w : later) w.run();
+    const auto a = whole.weights(), b = split.weights();
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      ASSERT_TRUE(b[k].grad().defined()) << k;
+      const auto expected = a[k].grad().to_host(), got = b[k].grad().to_host();
+      EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0)
+          << "weight " << k << " in " << dtype_name(precision);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const auto expected = x_whole[static_cast<std::size_t>(i)].grad().to_host(),
+                 got = x_split[static_cast<std::size_t>(i)].grad().to_host();
+      EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0) << "input " << i;
+    }
+  }
 }
 
 }  // namespace

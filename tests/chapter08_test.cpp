@@ -5,7 +5,7 @@
 // the step it begins, from the first and from a late one of a 1000-step run; sequence parallelism holds
 // fewer activations than TP alone; every stage reports its measured bubble beside
 // (p-1)/(m+p-1) (timings are reported, never asserted) and 1F1B holds fewer activations than GPipe;
-// interleaved 1F1B passes --verify and gives 1F1B's losses bit for bit;
+// interleaved 1F1B and zero bubble pass --verify and give 1F1B's losses bit for bit;
 // in bf16 and fp16 every grid trains, and without tensor parallelism --verify checks them by their
 // micro-batches, catching a late fault; context parallelism (ring and Ulysses) passes --verify alone and
 // beside TP, PP and DP, its bytes per step its formula's, a late fault caught, and a 4096-token context
@@ -204,6 +204,38 @@ TEST(Chapter08, InterleavedStagesPassVerifyAndMatch1F1B) {
   EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), 4) << faulty.process.out;
 }
 
+// Zero bubble (ZB-H1): backward split into B and W, the W's filling the idle time. At 2, 3 and 4 ranks,
+// with TP and under full recomputation (whose blocks' weights are computed in B), --verify passes and the
+// losses are 1F1B's bit for bit; the W passes show in the printed schedule; a late fault is caught.
+TEST(Chapter08, ZeroBubblePassesVerifyAndMatches1F1B) {
+  const std::string three = " --device cpu --n-layer 3 --n-head 3 --n-embd 24 --global-batch 24 --steps 6";
+  for (const auto& [mpirun, grid, base] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {MPIRUN_NP2, "--pp 2 --micro-batches 4", kSmall},
+           {MPIRUN_NP3, "--pp 3 --micro-batches 6", three},
+           {MPIRUN_NP4, "--pp 4 --micro-batches 8", kSmall},
+           {MPIRUN_NP4, "--pp 2 --tp 2 --micro-batches 4", kSmall},
+           {MPIRUN_NP2, "--pp 2 --micro-batches 4 --recompute full", kSmall}}) {
+    SCOPED_TRACE(grid);
+    Outcome plain = run(mpirun, grid + " --schedule 1f1b", base);
+    ASSERT_EQ(plain.process.exit_code, 0) << plain.process.out << plain.process.err;
+    Outcome zero = run(mpirun, grid + " --schedule zero-bubble --verify", base);
+    ASSERT_EQ(zero.process.exit_code, 0) << zero.process.out << zero.process.err;
+    EXPECT_NE(zero.process.out.find(" W0"), std::string::npos) << zero.process.out;  // the printed schedule
+    auto verify = events(zero.records, "verify");
+    ASSERT_EQ(verify.size(), 1u);
+    EXPECT_TRUE(verify[0]["passed"].get<bool>());
+    const auto a = events(plain.records, "step"), b = events(zero.records, "step");
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k]["loss"].get<float>(), b[k]["loss"].get<float>()) << k;
+  }
+  Outcome faulty = run(MPIRUN_NP2, "--pp 2 --micro-batches 4 --schedule zero-bubble --verify --fault lose-micro-batch "
+                                   "--fault-from-step 4");
+  EXPECT_EQ(faulty.process.exit_code, 1) << faulty.process.out << faulty.process.err;
+  auto verify = events(faulty.records, "verify");
+  ASSERT_EQ(verify.size(), 1u) << faulty.process.out;
+  EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), 4) << faulty.process.out;
+}
+
 TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
   // --trace: the last step of every stage as a Chrome trace (each stage's 2m actions); plot.py draws it.
   const std::string stem = temp_path("ch08_trace"), trace = stem + ".json", png = stem + ".png";
@@ -225,16 +257,16 @@ TEST(Chapter08, TheTimelineAndTheSweepAreWritten) {
   auto swept = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --pp 2 --sweep --metrics " + metrics +
                            " --trace " + prefix + ".json");
   ASSERT_EQ(swept.exit_code, 0) << swept.out << swept.err;
-  // schedules x counts x stages: GPipe and 1F1B at 1-16, interleaved (4 layers: 2 chunks of 1 on each of
-  // the 2 stages) at the even counts
+  // schedules x counts x stages: GPipe, 1F1B and zero bubble at 1-16, interleaved (4 layers: 2 chunks of
+  // 1 on each of the 2 stages) at the even counts
   const auto sweep = events(read_metrics(metrics), "pipeline_sweep");
-  EXPECT_EQ(sweep.size(), 2u * 5u * 2u + 4u * 2u);
+  EXPECT_EQ(sweep.size(), 3u * 5u * 2u + 4u * 2u);
   for (const auto& r : sweep)
     if (r["schedule"] == "interleaved") {
       EXPECT_EQ(r["virtual_stages"].get<int>(), 2);
       EXPECT_EQ(r["micro_batches"].get<int>() % 2, 0);
     }
-  for (const char* schedule : {"_gpipe.json", "_1f1b.json", "_interleaved.json"})
+  for (const char* schedule : {"_gpipe.json", "_1f1b.json", "_interleaved.json", "_zero-bubble.json"})
     EXPECT_TRUE(std::filesystem::exists(prefix + schedule)) << prefix + schedule << "\n" << swept.out;
   auto charts = run_process(std::string("python3 ") + PLOT_PY + " pipeline " + metrics + " " + prefix);
   ASSERT_EQ(charts.exit_code, 0) << charts.out << charts.err;
@@ -305,6 +337,7 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
            {MPIRUN_NP3, "--pp 3 --fault skip-tied-exchange", 500},
            {MPIRUN_NP3, "--tp 3 --fault skip-tp-all-reduce", 999},
            {MPIRUN_NP3, "--cp 3 --fault skip-cp-offset", 700},
+           {MPIRUN_NP3, "--pp 3 --schedule zero-bubble --micro-batches 3 --fault skip-tied-exchange", 700},
            {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2 --fault lose-micro-batch", 700}}) {
     const std::string metrics = temp_path("ch08_late.jsonl");
     auto faulty = run_process(mpirun + " " + kBinary + small + " " + flags + " --fault-from-step " +
@@ -459,6 +492,7 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--tp 2 --schedule interleaved --virtual-stages 2", "--virtual-stages"},  // no pipeline
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --micro-batches 3", "--micro-batches"},
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --fault lose-micro-batch", "--fault"},
+           {MPIRUN_NP4, "--pp 2 --dp 2 --schedule zero-bubble", "--schedule"},  // DDP waits for the weights
            {MPIRUN_NP2, "--cp 3", "--cp"},                                 // 2 ranks do not divide into CP 3
            {MPIRUN_NP2, "--cp 2 --cp-method tree", "--cp-method"},
            {MPIRUN_NP2, "--cp 2 --model mlp", "--cp"},                    // the MLP has no sequence

@@ -3,6 +3,8 @@
 // of the theory, (p - 1)/(m + p - 1); GPipe holds all m micro-batches in flight and 1F1B at most p - s.
 // Interleaved 1F1B with v <= 4 chunks per rank, for every p <= 8 and every multiple m <= 32 of p: never
 // a deadlock, and exactly (p - 1)/(v m + p - 1) idle, the paper's (p - 1)/(v m) of the ideal time.
+// Zero bubble (ZB-H1) with F, B and W one unit each, for every p <= 8 and m <= 32: never a deadlock,
+// (p - 1)/(3m + p - 1) idle for m >= p (a third of 1F1B's idle time), and no more in flight than 1F1B.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -71,6 +73,37 @@ TEST(PipelineSchedule, InterleavedNeverDeadlocksAndIdlesItsBubble) {
         const double ideal = 3.0 * m;
         EXPECT_NEAR((run.makespan - ideal) / ideal, static_cast<double>(p - 1) / (v * m), 1e-12);
       }
+}
+
+// ZB-H1's order at p = 3, m = 4: 1F1B's forwards and backwards, each W where the stage would wait.
+TEST(PipelineSchedule, ZeroBubbleFillsTheWaitsWithTheWeightsHalf) {
+  EXPECT_EQ(describe(zero_bubble_schedule(3, 4)),
+            "stage 0: F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3\n"
+            "stage 1: F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3\n"
+            "stage 2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3\n");
+  // Worked by hand on unit times: stage 0 idles at t = 3, 4 waiting for B0; stage 2 at t = 0, 1
+  // waiting for F0; every stage 12 units busy of 14 = 3m + p - 1.
+}
+
+// 1F1B's idle time is (p - 1)(F + B + W) per stage; ZB-H1's (p - 1)(F + B - W) (Qi et al. 2023): with
+// each one unit, a makespan of 3m + p - 1 and (p - 1)/(3m + p - 1) of it idle on every stage once m >= p
+// (below, the first W's come too late to fill: 2m + 2p - 1). Peak in flight: at most p, 1F1B's stage 0.
+TEST(PipelineSchedule, ZeroBubbleNeverDeadlocksAndIdlesAThirdOf1F1B) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 32; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const auto schedule = make_schedule("zero-bubble", p, m);
+      const auto run = simulate(schedule, 1.0, 1.0, 1.0);  // throws on a deadlock or a malformed list
+      EXPECT_DOUBLE_EQ(run.makespan, std::max(3.0 * m + p - 1, 2.0 * m + 2.0 * p - 1));
+      for (int s = 0; s < p; ++s) {
+        EXPECT_NEAR(run.idle_fraction[static_cast<std::size_t>(s)], zero_bubble_fraction(p, m), 1e-12) << "stage " << s;
+        EXPECT_LE(run.peak_in_flight[static_cast<std::size_t>(s)], std::min(p, m)) << "stage " << s;
+      }
+      if (m >= p && p > 1) {  // a third of 1F1B's idle time, whose B is B + W here
+        const auto one_f_one_b = simulate(one_f_one_b_schedule(p, m), 1.0, 2.0);
+        EXPECT_NEAR(run.makespan - 3.0 * m, (one_f_one_b.makespan - 3.0 * m) / 3.0, 1e-12);
+      }
+    }
 }
 
 TEST(PipelineSchedule, ABadOrderIsCaught) {

@@ -29,6 +29,9 @@ struct Node {
   std::string name;            // the op, for error messages and graph printing
   std::vector<Edge> inputs;    // one per tensor this op read, in the op's order
   BackwardFn backward;         // returns one gradient per input (undefined where none flows)
+  // The inputs whose gradients a split backward may leave for later (a weight's: zero-bubble's W);
+  // empty for an op that cannot split.
+  std::vector<bool> deferrable;
 };
 
 namespace autograd {
@@ -90,8 +93,14 @@ class ContributionMagnitudes {
   ContributionMagnitudes* previous_;
 };
 
-// Gives `output` a node when grad mode is on and some input requires a gradient.
-Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, BackwardFn backward);
+// Gives `output` a node when grad mode is on and some input requires a gradient. `deferrable`: which
+// inputs are weights whose gradients the rule can compute apart from the others (input_wanted).
+Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, BackwardFn backward,
+              std::vector<bool> deferrable = {});
+
+// Inside an op's backward rule: whether the gradient of input i is wanted from this call. Always, but
+// in the two halves of a split backward (backward_deferring_weights), which each want some.
+bool input_wanted(std::size_t i);
 
 // Backpropagates from `root`. With no `grad_output` the root must be a one-element loss (its gradient
 // is 1); a pipeline stage instead passes the gradient of its output, received from the next stage.
@@ -100,6 +109,25 @@ Tensor record(Tensor output, std::string name, std::vector<Tensor> inputs, Backw
 // bucket while backward is still running (chapter 05). The graph is freed afterwards, then the
 // callbacks queued during this pass run, in the order they were queued.
 void backward(const Tensor& root, const Tensor& grad_output = Tensor());
+
+// Zero-bubble pipelining (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024) splits a backward
+// pass in two: B, the gradients of the activations, which the stage before waits for, and W, the
+// gradients of the weights, which nothing waits for, so a schedule can put them where the pipeline
+// would idle. backward_deferring_weights runs B: an op that can split (linear's weight and bias,
+// matmul's second operand) computes now only the gradients of its inputs that are not parameters (nor a
+// parameter's autocast copy), and leaves the rest as work in the returned object; run() is W. The same
+// rules on the same values, each parameter's contributions added in the order B reached them: the
+// gradients are bit-identical to one backward. A parameter's hooks fire when W adds its gradient.
+class DeferredWeightGradients {
+ public:
+  void run();  // W: computes and adds every deferred gradient, then forgets them
+  bool empty() const { return work_.empty(); }
+
+ private:
+  friend DeferredWeightGradients backward_deferring_weights(const Tensor&, const Tensor&);
+  std::vector<std::function<void()>> work_;
+};
+DeferredWeightGradients backward_deferring_weights(const Tensor& root, const Tensor& grad_output = Tensor());
 
 // A backward called from inside another's node (activation recomputation, common/autograd/checkpoint.h)
 // is part of the outer pass: what it queues runs when the outer pass ends.

@@ -197,10 +197,11 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
                           [a = a.detach(), b = b.detach(), ta, tb, need_a = a.requires_grad(),
                            need_b = b.requires_grad()](const Tensor& g) {
                             Tensor ga, gb;
-                            if (need_a) ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
-                            if (need_b) gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
+                            if (need_a && autograd::input_wanted(0)) ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
+                            if (need_b && autograd::input_wanted(1)) gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
                             return std::vector<Tensor>{ga, gb};
-                          });
+                          },
+                          {false, true});  // the second operand, a weight where one is (a tied head's table)
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
@@ -262,17 +263,18 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                             // backward take the same operands, as PyTorch's do under autocast.
                             const DType type = is_16bit(dtype) && x.dtype() == dtype && w.dtype() == dtype
                                                    ? dtype : DType::float32;
-                            if (need_x)  // dx = dy W
+                            if (need_x && autograd::input_wanted(0))  // dx = dy W
                               grads[0] = gemm_into(type, false, false, rows, in, out_features, g, w, x.shape());
-                            if (need_w)  // dW = dy^T x
+                            if (need_w && autograd::input_wanted(1))  // dW = dy^T x
                               grads[1] = gemm_into(type, true, false, out_features, in, rows, g, x, w.shape());
-                            if (has_bias) {  // db = the column sums of dy, in float32
+                            if (has_bias && autograd::input_wanted(2)) {  // db = the column sums of dy, in float32
                               grads[2] = Tensor::empty({out_features}, g.device());
                               k.sum_rows(wide(g).data(), static_cast<std::size_t>(rows),
                                          static_cast<std::size_t>(out_features), grads[2].data());
                             }
                             return grads;
-                          });
+                          },
+                          {false, true, true});  // the weight's and the bias's may wait (zero-bubble's W)
 }
 
 Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {

@@ -241,11 +241,18 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
   const int from = links.previous >= 0 ? links.previous : last, to = links.next >= 0 ? links.next : 0;
   const auto& actions = schedule.at(static_cast<std::size_t>(s));
   std::vector<std::size_t> last_backward(v, 0);  // per chunk
-  for (std::size_t k = 0; k < actions.size(); ++k)
+  bool split = false;  // zero bubble: backward's B now, its W (the weights' gradients) where the schedule says
+  for (std::size_t k = 0; k < actions.size(); ++k) {
     if (actions[k].op == PipeOp::backward) last_backward[static_cast<std::size_t>(actions[k].chunk)] = k;
+    split = split || actions[k].op == PipeOp::weight;
+  }
   if (!ddp.empty() && ddp.size() != v)
     throw std::invalid_argument("run_pipeline: " + std::to_string(ddp.size()) + " DistributedDataParallel for " +
                                 std::to_string(v) + " chunks");
+  if (!ddp.empty() && split)
+    throw std::invalid_argument("run_pipeline: a schedule with W passes defers the weights' gradients, which DDP's "
+                                "buckets wait for at the end of each backward: not with data parallelism");
+  std::vector<autograd::DeferredWeightGradients> deferred(split ? m * v : 0);  // each micro-batch's W, until it runs
   for (std::size_t k = 0; k < actions.size(); ++k) {
     const PipeAction& a = actions[k];
     const auto i = static_cast<std::size_t>(a.micro_batch);
@@ -253,7 +260,9 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
     const std::size_t at = i * v + static_cast<std::size_t>(c);
     double begin = since();  // moved past any wait for the input: a stage waiting is the bubble
     const std::int64_t batch = ids[i].dim(0), t = ids[i].dim(1);
-    if (a.op == PipeOp::forward) {
+    if (a.op == PipeOp::weight) {
+      deferred[at].run();
+    } else if (a.op == PipeOp::forward) {
       if (stage.starts(c)) {
         inputs[at] = ids[i];
       } else {
@@ -274,14 +283,16 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
     } else {
       std::optional<DistributedDataParallel::NoSyncGuard> accumulate_only;  // the replicas average once, at the last
       if (!ddp.empty() && k != last_backward[static_cast<std::size_t>(c)]) accumulate_only.emplace(*ddp[static_cast<std::size_t>(c)]);
+      Tensor root = outputs[at], grad;
       if (stage.ends(c)) {
-        (loss_scale == 1.0f ? outputs[at] : scale(outputs[at], loss_scale)).backward();
+        if (loss_scale != 1.0f) root = scale(root, loss_scale);
       } else {
-        Tensor grad = Tensor::empty(outputs[at].shape(), device, outputs[at].dtype());
+        grad = Tensor::empty(outputs[at].shape(), device, outputs[at].dtype());
         pp.recv(grad, to, tag(i, c, true));
         begin = since();
-        autograd::backward(outputs[at], grad);
       }
+      if (split) deferred[at] = autograd::backward_deferring_weights(root, grad);
+      else autograd::backward(root, grad);
       if (!stage.starts(c)) sends.push_back(pp.send_async(inputs[at].grad(), from, tag(i, s == 0 ? c - 1 : c, true)));
       outputs[at] = Tensor();  // the micro-batch's activations go with its graph
       inputs[at] = Tensor();

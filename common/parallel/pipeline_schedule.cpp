@@ -76,6 +76,41 @@ PipelineSchedule interleaved_schedule(int stages, int micro_batches, int chunks)
   return schedule;
 }
 
+// The list scheduler on unit times: at each step each stage takes, of what its inputs and limits allow,
+// the next forward, else the next backward, else the oldest W.
+PipelineSchedule zero_bubble_schedule(int stages, int micro_batches) {
+  check_sizes(stages, micro_batches);
+  const int p = stages, m = micro_batches;
+  std::vector<std::vector<int>> forward_done(static_cast<std::size_t>(p), std::vector<int>(static_cast<std::size_t>(m), -1)),
+      backward_done = forward_done;
+  std::vector<int> forwards(static_cast<std::size_t>(p), 0), backwards = forwards, weights = forwards;
+  PipelineSchedule schedule(static_cast<std::size_t>(p));
+  for (int t = 0, left = 3 * m * p; left > 0; ++t) {
+    std::vector<std::pair<int, PipeAction>> step;  // decided on the state at time t, then applied
+    for (int s = 0; s < p; ++s) {
+      const auto S = static_cast<std::size_t>(s);
+      const int f = forwards[S], b = backwards[S];
+      const auto done = [t](int when) { return when >= 0 && when <= t; };
+      if (f < m && f - b < p - s && f - weights[S] < p && (s == 0 || done(forward_done[S - 1][static_cast<std::size_t>(f)])))
+        step.push_back({s, {PipeOp::forward, f}});
+      else if (b < m && done(forward_done[S][static_cast<std::size_t>(b)]) &&
+               (s == p - 1 || done(backward_done[S + 1][static_cast<std::size_t>(b)])))
+        step.push_back({s, {PipeOp::backward, b}});
+      else if (weights[S] < b)
+        step.push_back({s, {PipeOp::weight, weights[S]}});
+    }
+    for (const auto& [s, a] : step) {
+      const auto S = static_cast<std::size_t>(s), i = static_cast<std::size_t>(a.micro_batch);
+      schedule[S].push_back(a);
+      if (a.op == PipeOp::forward) forward_done[S][i] = t + 1, ++forwards[S];
+      else if (a.op == PipeOp::backward) backward_done[S][i] = t + 1, ++backwards[S];
+      else ++weights[S];
+      --left;
+    }
+  }
+  return schedule;
+}
+
 PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks) {
   if (name == "interleaved") return interleaved_schedule(stages, micro_batches, chunks);
   if (chunks != 1)
@@ -83,12 +118,13 @@ PipelineSchedule make_schedule(const std::string& name, int stages, int micro_ba
                                 " (interleaved runs several)");
   if (name == "gpipe") return gpipe_schedule(stages, micro_batches);
   if (name == "1f1b") return one_f_one_b_schedule(stages, micro_batches);
-  throw std::invalid_argument("unknown schedule '" + name + "' (gpipe, 1f1b or interleaved)");
+  if (name == "zero-bubble") return zero_bubble_schedule(stages, micro_batches);
+  throw std::invalid_argument("unknown schedule '" + name + "' (gpipe, 1f1b, interleaved or zero-bubble)");
 }
 
 std::string describe(const PipeAction& a, bool chunked) {
   std::ostringstream out;
-  out << (a.op == PipeOp::forward ? 'F' : 'B') << a.micro_batch;
+  out << (a.op == PipeOp::forward ? 'F' : a.op == PipeOp::backward ? 'B' : 'W') << a.micro_batch;
   if (chunked) out << '.' << a.chunk;
   return out.str();
 }
@@ -106,25 +142,29 @@ std::string describe(const PipelineSchedule& schedule) {
   return out.str();
 }
 
-SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time, double backward_time) {
+SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time, double backward_time,
+                           double weight_time) {
   const std::size_t p = schedule.size();
   if (p == 0) throw std::logic_error("a schedule of no stages");
-  // Every stage: each micro-batch's forward and backward of every chunk exactly once, the forward first.
+  // Every stage: each micro-batch's forward and backward (and W, if the schedule splits backward) of
+  // every chunk exactly once, in that order.
   int max_chunk = 0;
+  bool split = false;
   for (const auto& actions : schedule)
-    for (const auto& a : actions) max_chunk = std::max(max_chunk, a.chunk);
-  const std::size_t v = static_cast<std::size_t>(max_chunk) + 1, m = schedule[0].size() / (2 * v);
+    for (const auto& a : actions) max_chunk = std::max(max_chunk, a.chunk), split = split || a.op == PipeOp::weight;
+  const std::size_t passes = split ? 3 : 2;
+  const std::size_t v = static_cast<std::size_t>(max_chunk) + 1, m = schedule[0].size() / (passes * v);
   for (std::size_t s = 0; s < p; ++s) {
-    if (schedule[s].size() != 2 * m * v)
-      throw std::logic_error("stage " + std::to_string(s) + " has " + std::to_string(schedule[s].size()) +
-                             " actions, not 2mv = " + std::to_string(2 * m * v));
+    if (schedule[s].size() != passes * m * v)
+      throw std::logic_error("stage " + std::to_string(s) + " has " + std::to_string(schedule[s].size()) + " actions, not " +
+                             std::to_string(passes) + "mv = " + std::to_string(passes * m * v));
     std::vector<int> seen(m * v, 0);
     for (const auto& a : schedule[s]) {
       if (a.micro_batch < 0 || static_cast<std::size_t>(a.micro_batch) >= m || a.chunk < 0)
         throw std::logic_error("stage " + std::to_string(s) + ": " + describe(a, v > 1) + " outside micro-batches 0.." +
                                std::to_string(m - 1));
       int& state = seen[static_cast<std::size_t>(a.micro_batch) * v + static_cast<std::size_t>(a.chunk)];
-      const int expected = a.op == PipeOp::forward ? 0 : 1;
+      const int expected = a.op == PipeOp::forward ? 0 : a.op == PipeOp::backward ? 1 : 2;
       if (state != expected) throw std::logic_error("stage " + std::to_string(s) + ": " + describe(a, v > 1) + " out of order");
       ++state;
     }
@@ -140,7 +180,7 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
   result.spans.resize(p);
   result.peak_in_flight.assign(p, 0);
   std::vector<int> in_flight(p, 0);
-  std::size_t remaining = 2 * m * v * p;
+  std::size_t remaining = passes * m * v * p;
   while (remaining > 0) {
     bool progressed = false;
     for (std::size_t s = 0; s < p; ++s) {
@@ -153,16 +193,19 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
         if (a.op == PipeOp::forward) {
           if (s > 0) input = forward_done[s - 1][i * v + c];
           else if (c > 0) input = forward_done[p - 1][i * v + c - 1];
-        } else {
+        } else if (a.op == PipeOp::backward) {
           if (s + 1 < p) input = backward_done[s + 1][i * v + c];
           else if (c + 1 < v) input = backward_done[0][i * v + c + 1];
-        }
+        }  // W needs only its own B, earlier in the same list
         if (input < 0) break;
         const double ready = std::max(free_at[s], input);
-        const double end = ready + (a.op == PipeOp::forward ? chunk_forward : chunk_backward);
-        (a.op == PipeOp::forward ? forward_done : backward_done)[s][i * v + c] = end;
+        const double end = ready + (a.op == PipeOp::forward    ? chunk_forward
+                                    : a.op == PipeOp::backward ? chunk_backward
+                                                               : weight_time / static_cast<double>(v));
+        if (a.op != PipeOp::weight) (a.op == PipeOp::forward ? forward_done : backward_done)[s][i * v + c] = end;
         result.spans[s].push_back({a, ready, end});
-        in_flight[s] += a.op == PipeOp::forward ? 1 : -1;
+        // A micro-batch's activations are held until its last pass: B, or W where backward is split.
+        in_flight[s] += a.op == PipeOp::forward ? 1 : (a.op == (split ? PipeOp::weight : PipeOp::backward) ? -1 : 0);
         result.peak_in_flight[s] = std::max(result.peak_in_flight[s], in_flight[s] / static_cast<double>(v));
         free_at[s] = end;
         ++next[s];
@@ -188,6 +231,16 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
 
 double bubble_fraction(int stages, int micro_batches, int chunks) {
   return static_cast<double>(stages - 1) / static_cast<double>(chunks * micro_batches + stages - 1);
+}
+
+double zero_bubble_fraction(int stages, int micro_batches) {
+  const double m = micro_batches, p = stages;
+  return 1.0 - 3.0 * m / std::max(3.0 * m + p - 1.0, 2.0 * m + 2.0 * p - 1.0);
+}
+
+double bubble_fraction(const std::string& schedule, int stages, int micro_batches, int chunks) {
+  return schedule == "zero-bubble" ? zero_bubble_fraction(stages, micro_batches)
+                                   : bubble_fraction(stages, micro_batches, chunks);
 }
 
 }  // namespace course::parallel

@@ -17,15 +17,23 @@
 //   chunk-pass takes 1/v of a stage's time, so the fill and the drain shrink v-fold, at the price of
 //   v times the messages.
 //
+//   Zero bubble, ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): backward split in
+//   two, B (the activations' gradients, which the stage before waits for) and W (the weights', which
+//   nothing waits for; autograd::backward_deferring_weights). 1F1B's order for F and B, and each W
+//   where the stage would otherwise wait; at most p micro-batches in flight on any stage, 1F1B's peak.
+//
 // GPipe and 1F1B idle for (p - 1)/(m + p - 1) of the step when every stage takes as long (the bubble);
 // interleaved, (p - 1)/(v m + p - 1): the bubble's time over the ideal's, (p - 1)/(v m), is the paper's.
+// Zero bubble, with F, B and W each one unit: (p - 1)/(3m + p - 1) for m >= p, a third of 1F1B's
+// (p - 1)(T_F + T_B - T_W) of idle time, the paper's, against 1F1B's (p - 1)(T_F + T_B + T_W).
 #pragma once
 #include <string>
 #include <vector>
 
 namespace course::parallel {
 
-enum class PipeOp { forward, backward };
+// backward: the whole backward, or with zero bubble its B half; weight: zero bubble's W half.
+enum class PipeOp { forward, backward, weight };
 
 struct PipeAction {
   PipeOp op;
@@ -46,17 +54,23 @@ PipelineSchedule one_f_one_b_schedule(int stages, int micro_batches);
 // chunks >= 1 and, with more than one, the micro-batches are a multiple of the stages (the paper's
 // condition: they go through in groups of p).
 PipelineSchedule interleaved_schedule(int stages, int micro_batches, int chunks);
-// "gpipe", "1f1b" or "interleaved" (with `chunks`); throws std::invalid_argument naming the others for
-// anything else.
+// ZB-H1: made by running F before B before W, each as soon as it may, with 1F1B's limit of p - s
+// forwards ahead of the backwards on stage s and p ahead of the W's, on an ideal machine where each
+// takes one unit (the paper's handcrafted schedule; any m >= 1).
+PipelineSchedule zero_bubble_schedule(int stages, int micro_batches);
+// "gpipe", "1f1b", "interleaved" (with `chunks`) or "zero-bubble"; throws std::invalid_argument naming
+// the others for anything else.
 PipelineSchedule make_schedule(const std::string& name, int stages, int micro_batches, int chunks = 1);
 
-// One line per stage: "stage 0: F0 F1 B0 F2 B1 B2"; with chunks, the chunk after a dot: "F0.1".
+// One line per stage: "stage 0: F0 F1 B0 F2 B1 B2"; with chunks, the chunk after a dot: "F0.1"; W3
+// for zero bubble's weight half.
 std::string describe(const PipelineSchedule& schedule);
 // One action: "F3", or with `chunked` "F3.1" (micro-batch 3 through chunk 1).
 std::string describe(const PipeAction& action, bool chunked);
 
 // The schedule run on an ideal machine: a forward of a whole stage takes forward_time, a backward
-// backward_time (of one of v chunks, 1/v of them), a transfer nothing; an action starts once its stage
+// backward_time (of one of v chunks, 1/v of them), zero bubble's W weight_time (its B backward_time),
+// a transfer nothing; an action starts once its stage
 // is free and its input exists: the forward of the same micro-batch and chunk on the stage before (for
 // stage 0, of the chunk before on the last stage), the backward of the same micro-batch and chunk on
 // the stage after (for the last stage, of the chunk after on stage 0).
@@ -68,16 +82,22 @@ struct SimulatedPipeline {
   std::vector<std::vector<Span>> spans;  // per stage, in order
   double makespan = 0;
   std::vector<double> idle_fraction;     // per stage: 1 - busy / makespan
-  // Per stage: most micro-batches forwarded and not yet backwarded, in whole stages' worth of
-  // activations (a chunk's counts 1/v: with v chunks, the number of chunk-passes in flight over v).
+  // Per stage: most micro-batches forwarded and not yet backwarded (with W, not yet through W), in
+  // whole stages' worth of activations (a chunk's counts 1/v: the chunk-passes in flight over v).
   std::vector<double> peak_in_flight;
 };
 // Throws std::logic_error when the schedule cannot finish (a stage waits for an input that its
 // neighbour's order never produces: a deadlock), or when a stage's list is not every micro-batch's
-// forward and backward of every chunk exactly once, the forward first.
-SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time = 1.0, double backward_time = 2.0);
+// forward and backward (and W, in every stage or none) of every chunk exactly once, in that order.
+SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time = 1.0, double backward_time = 2.0,
+                           double weight_time = 1.0);
 
 // The bubble of the theory, the share of the step a stage idles: (p - 1) / (v m + p - 1).
 double bubble_fraction(int stages, int micro_batches, int chunks = 1);
+// Zero bubble's, with F, B and W one unit each: 1 - 3m / max(3m + p - 1, 2m + 2p - 1) (below p
+// micro-batches the first backward cannot come back before the forwards run out).
+double zero_bubble_fraction(int stages, int micro_batches);
+// The schedule's own (by name, as make_schedule takes it).
+double bubble_fraction(const std::string& schedule, int stages, int micro_batches, int chunks = 1);
 
 }  // namespace course::parallel
