@@ -45,6 +45,22 @@ std::pair<Tensor, Tensor> batch() {
   return {Tensor::from_host(ids, {kBatch, kT}), Tensor::from_host(targets, {kBatch * kT})};
 }
 
+// The batch cut into m micro-batches of whole sequences: their ids and their targets.
+std::pair<std::vector<Tensor>, std::vector<Tensor>> micro_batches(const Tensor& ids, const Tensor& targets, int m) {
+  std::vector<Tensor> micro_ids, micro_targets;
+  const std::int64_t rows = kBatch / m;
+  for (int i = 0; i < m; ++i) {
+    micro_ids.push_back(narrow(ids, i * rows, rows));
+    micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
+  }
+  return {micro_ids, micro_targets};
+}
+
+// The world as TP x PP, TP fastest (as the topology lays it out): this rank's TP group and pipeline.
+std::pair<std::unique_ptr<comm::Communicator>, std::unique_ptr<comm::Communicator>> tp_by_pp(int tp_size) {
+  return {world().split(world().rank() / tp_size, world().rank()), world().split(world().rank() % tp_size, world().rank())};
+}
+
 TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
   comm::Communicator& pp = world();
   const auto [ids, targets] = batch();
@@ -58,12 +74,7 @@ TEST(Pipeline, EveryScheduleAndMicroBatchCountGivesTheWholeModelsGradients) {
     for (int m : {1, 2, 4, 8}) {
       SCOPED_TRACE(name + " with " + std::to_string(m) + " micro-batches on " + std::to_string(pp.size()) + " stages");
       parallel::PipelineStageGPT stage(full, pp);
-      std::vector<Tensor> micro_ids, micro_targets;
-      const std::int64_t rows = kBatch / m;
-      for (int i = 0; i < m; ++i) {
-        micro_ids.push_back(narrow(ids, i * rows, rows));
-        micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
-      }
+      const auto [micro_ids, micro_targets] = micro_batches(ids, targets, m);
       const auto step = parallel::run_pipeline(stage, parallel::PipelineLinks::along(pp),
           parallel::make_schedule(name, pp.size(), m), micro_ids,
                                                micro_targets);
@@ -93,8 +104,7 @@ TEST(Pipeline, InterleavedChunksGiveThe1F1BGradientsBitForBit) {
   for (const int tp_size : {1, 2}) {
     if (world().size() % tp_size != 0 || (tp_size > 1 && world().size() < 4)) continue;
     const int pp_size = world().size() / tp_size;
-    auto tp = world().split(world().rank() / tp_size, world().rank());
-    auto pp = world().split(world().rank() % tp_size, world().rank());
+    auto [tp, pp] = tp_by_pp(tp_size);
     nn::GPTConfig config = small_gpt();
     config.n_layer = 8, config.vocab_size = 12;
     nn::GPT full(config, Device::cpu, 5);
@@ -107,12 +117,7 @@ TEST(Pipeline, InterleavedChunksGiveThe1F1BGradientsBitForBit) {
       if (kBatch % m != 0) continue;
       SCOPED_TRACE("TP " + std::to_string(tp_size) + " x PP " + std::to_string(pp_size) + ", " + std::to_string(m) +
                    " micro-batches");
-      std::vector<Tensor> micro_ids, micro_targets;
-      const std::int64_t rows = kBatch / m;
-      for (int i = 0; i < m; ++i) {
-        micro_ids.push_back(narrow(ids, i * rows, rows));
-        micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
-      }
+      const auto [micro_ids, micro_targets] = micro_batches(ids, targets, m);
       std::vector<float> one_chunk;  // 1F1B's gradients of the whole model, gathered on rank 0
       for (const int chunks : {1, 2}) {
         parallel::PipelineStageGPT stage(full, *pp, tp.get(), false, chunks);
@@ -150,8 +155,7 @@ TEST(Pipeline, ZeroBubbleGivesThe1F1BGradientsBitForBit) {
   for (const int tp_size : {1, 2}) {
     if (world().size() % tp_size != 0 || (tp_size > 1 && world().size() < 4)) continue;
     const int pp_size = world().size() / tp_size;
-    auto tp = world().split(world().rank() / tp_size, world().rank());
-    auto pp = world().split(world().rank() % tp_size, world().rank());
+    auto [tp, pp] = tp_by_pp(tp_size);
     nn::GPTConfig config = small_gpt();
     config.vocab_size = 12;
     nn::GPT full(config, Device::cpu, 5);
@@ -160,12 +164,7 @@ TEST(Pipeline, ZeroBubbleGivesThe1F1BGradientsBitForBit) {
       for (int m : {1, 2, 4, 8}) {
         SCOPED_TRACE("TP " + std::to_string(tp_size) + " x PP " + std::to_string(pp_size) + ", " + std::to_string(m) +
                      " micro-batches, " + dtype_name(precision));
-        std::vector<Tensor> micro_ids, micro_targets;
-        const std::int64_t rows = kBatch / m;
-        for (int i = 0; i < m; ++i) {
-          micro_ids.push_back(narrow(ids, i * rows, rows));
-          micro_targets.push_back(narrow(targets, i * rows * kT, rows * kT));
-        }
+        const auto [micro_ids, micro_targets] = micro_batches(ids, targets, m);
         std::map<std::string, std::vector<float>> one_f_one_b;
         for (const std::string schedule : {"1f1b", "zero-bubble"}) {
           parallel::PipelineStageGPT stage(full, *pp, tp.get());
@@ -193,8 +192,7 @@ TEST(Pipeline, ZeroBubbleGivesThe1F1BGradientsBitForBit) {
 // as the topology lays TP out fastest); at fewer, what divides.
 TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
   const int tp_size = world().size() >= 4 ? 2 : 1, pp_size = world().size() / tp_size;
-  auto tp = world().split(world().rank() / tp_size, world().rank());  // same stage
-  auto pp = world().split(world().rank() % tp_size, world().rank());  // same TP coordinate, by stage
+  auto [tp, pp] = tp_by_pp(tp_size);  // the same stage; the same TP coordinate, by stage
   const auto [ids, targets] = batch();
   nn::GPTConfig config = small_gpt();
   config.vocab_size = 12;  // divides among the TP ranks
@@ -233,8 +231,7 @@ TEST(Pipeline, StagesOfTensorParallelBlocksGiveTheWholeModelsGradients) {
 // parameters bit for bit, and after a step its gradients.
 TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
   const int tp_size = world().size() >= 4 ? 2 : 1, pp_size = world().size() / tp_size;
-  auto tp = world().split(world().rank() / tp_size, world().rank());
-  auto pp = world().split(world().rank() % tp_size, world().rank());
+  auto [tp, pp] = tp_by_pp(tp_size);
   nn::GPTConfig config = small_gpt();
   config.vocab_size = 12;
   nn::GPT full(config, Device::cpu, 5);
