@@ -459,7 +459,7 @@ TEST(Chapter08, MixedPrecisionIsVerifiedByItsPartsWithoutTp) {
   for (const std::string flags : {"--tp 2 --precision bf16", "--model mlp --dp 2 --precision fp16"}) {
     Outcome refused = run(MPIRUN_NP2, flags + " --verify");
     EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
-    EXPECT_NE(refused.process.err.find("--verify: checks tensor-parallel layers"), std::string::npos) << refused.process.err;
+    EXPECT_NE(refused.process.err.find("--verify: checks tensor- and context-parallel layers"), std::string::npos) << refused.process.err;
   }
 }
 
