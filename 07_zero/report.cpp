@@ -12,23 +12,6 @@
 
 namespace course::chapter07 {
 
-Formula formula(int stage, double psi, int n, DType precision, parallel::ZeroOptions::Offload offload) {
-  using Offload = parallel::ZeroOptions::Offload;
-  const double b = static_cast<double>(element_size(precision));         // a parameter, a gradient
-  const double k = precision == DType::float32 ? 8 : 12;                  // the paper's K
-  const double part = stage == 0 ? psi : psi / n;                         // what this rank's optimizer updates
-  Formula f{stage <= 2 ? b * psi : b * psi / n, stage <= 1 ? b * psi : b * psi / n, k * part};
-  if (offload == Offload::none) return f;
-  // Offloaded: the float32 masters (in float32 a copy of the parameters) and Adam's moments, 12 bytes.
-  f.host = 12 * part;
-  f.adam = 0;
-  if (stage >= 2) f.host += f.grads, f.grads = 0;
-  if (offload == Offload::parameters) {
-    if (precision != DType::float32) f.host += f.params;  // in float32 the masters are this part
-    f.params = 0;
-  }
-  return f;
-}
 double ring_theory(int stage, double psi, int n, DType precision) {
   return (stage == 3 ? 3 : 2) * static_cast<double>(element_size(precision)) * psi * (n - 1) / n;
 }
@@ -53,11 +36,11 @@ void measure(StageRun& run, const Snapshots& device, const Snapshots& host, int 
   run.peak_communication = after.peak_of(MemoryCategory::communication) - before.current_of(MemoryCategory::communication);
   const Tensor gathered = Tensor::from_host(run.parameters, {static_cast<std::int64_t>(run.parameters.size())});
   run.checksum = parallel::parameter_checksum({gathered});
-  const Formula f = formula(stage, run.psi, ranks, run.precision, run.offload);
+  const planner::ModelStates f = planner::zero_model_states(stage, run.psi, ranks, run.precision, run.offload);
   const auto traffic = host_traffic_theory(stage, run.psi, ranks, run.precision, run.offload);
   run.record = {{"event", "zero_stage"}, {"stage", stage}, {"ranks", ranks}, {"parameters", run.psi},
                  {"params_bytes", run.params_bytes}, {"grads_bytes", run.grads_bytes}, {"adam_bytes", run.adam_bytes},
-                 {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.adam},
+                 {"formula_params", f.params}, {"formula_grads", f.grads}, {"formula_adam", f.optimizer},
                  {"offload", parallel::offload_name(run.offload)}, {"host_bytes", run.host_bytes}, {"formula_host", f.host},
                  {"host_down_bytes", run.host_traffic.down}, {"host_up_bytes", run.host_traffic.up},
                  {"host_down_theory", traffic.down}, {"host_up_theory", traffic.up},
@@ -107,7 +90,7 @@ void print_host_table(const std::vector<StageRun>& runs, int ranks) {
           : "float32 masters and Adam's moments, the gradients' and the parameters' parts");
   log("  stage  host         formula      measured/formula  | down per step  theory       up per step  theory\n");
   for (const StageRun& r : runs) {
-    const Formula f = formula(r.stage, r.psi, ranks, r.precision, r.offload);
+    const planner::ModelStates f = planner::zero_model_states(r.stage, r.psi, ranks, r.precision, r.offload);
     const auto theory = host_traffic_theory(r.stage, r.psi, ranks, r.precision, r.offload);
     log("  %d%s %-12s %-12s %-17s | %-14s %-12s %-12s %s\n", r.stage, r.prefetch ? "p    " : "     ",
         format_bytes(r.host_bytes).c_str(), format_bytes(static_cast<std::int64_t>(f.host)).c_str(),
@@ -129,7 +112,7 @@ void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std:
   log("  stage  parameters   gradients   %s  total       formula     measured/formula  | peak activations  peak comm. buffers\n",
       precision == DType::float32 ? "Adam state" : "masters+Adam");
   for (const StageRun& r : runs) {
-    const Formula f = formula(r.stage, r.psi, ranks, r.precision, r.offload);
+    const planner::ModelStates f = planner::zero_model_states(r.stage, r.psi, ranks, r.precision, r.offload);
     const double total = static_cast<double>(r.params_bytes + r.grads_bytes + r.adam_bytes);
     log("  %d%s %-12s %-11s %-11s %-11s %-11s %-17s | %-17s %s\n", r.stage, r.prefetch ? "p    " : "     ",
         format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(), format_bytes(r.adam_bytes).c_str(),

@@ -13,6 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/nn/module.h"
 #include "common/parallel/zero.h"
+#include "common/planner/formulas.h"
 #include "common/verify/lockstep.h"
 
 namespace course::chapter07 {
@@ -37,18 +38,8 @@ struct StageRun {
   verify::LockstepSummary check;
 };
 
-// The model states per rank, by the ZeRO paper's formulas (bytes): float32 AdamW (4 + 4 + 8 per
-// parameter), or mixed precision (16-bit parameters and gradients, 2 + 2, and K = 12 for the float32
-// masters and Adam's moments), each sharded as the stage says; with ZeRO-Offload (Ren et al. 2021) what
-// moves to the host (common/parallel/zero.h): the masters and Adam's moments (12 bytes a parameter of
-// this rank's part), the gradients' part at stages 2-3, and with the parameters offloaded their part.
-struct Formula {
-  double params, grads, adam;  // on the device; adam: Adam's moments, and in mixed precision the masters
-  double host = 0;             // offloaded
-  double total() const { return params + grads + adam; }  // on the device
-};
-Formula formula(int stage, double psi, int n, DType precision,
-                parallel::ZeroOptions::Offload offload = parallel::ZeroOptions::Offload::none);
+// The model states per rank are the ZeRO paper's formulas, planner::zero_model_states (one home for them:
+// the planner adds them up for configurations no one has run).
 // ZeRO-Offload's copies per step: this rank's part of the gradients down to the host, of the
 // parameters up (b Psi/N each, b Psi at stage 0), the parameters twice with them offloaded (each unit
 // gathered for forward and again for backward; the GPT's root unit, gathered once, makes it a little less).
