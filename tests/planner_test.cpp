@@ -1,12 +1,14 @@
 // The planner's formulas against the figures their papers publish: ZeRO's model states of a 7.5B-
 // parameter model on 64 GPUs (figure 1), GPT-3's parameter count and its training time on 1,024 A100s
-// and the 1-trillion-parameter model's on 3,072 (Megatron-LM 2021, section 5.1), the FLOPs formula's
-// link to 8 B s P, and Korthikanti et al.'s activation memory: each form against the others.
+// and the 1-trillion-parameter model's on 3,072 (Megatron-LM 2021, section 5.1), every model size of its
+// table 1, the FLOPs formula's link to 8 B s P, and Korthikanti et al.'s activation memory: each form
+// against the others.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "common/planner/formulas.h"
+#include "common/planner/published.h"
 
 namespace course::planner {
 namespace {
@@ -41,6 +43,20 @@ TEST(Planner, Gpt3HasItsParameters) {
   EXPECT_NEAR(p / 1e9, 175.0, 1.0) << p;
   // The dominant term: 12 l h^2.
   EXPECT_NEAR(p / (12.0 * 96 * 12288.0 * 12288.0), 1.0, 0.005);
+}
+
+// Every row of the Megatron-LM paper's table 1: the parameter formula gives the size the paper prints
+// (to its rounding, 0.05B), and the row's own figures agree with each other (the share of the A100's
+// 312 TFLOP/s, the aggregate over its GPUs), so the table was taken down as printed.
+TEST(Planner, TheParameterFormulaGivesEverySizeOfMegatronsTable) {
+  ASSERT_EQ(megatron_2021_table1().size(), 10u);
+  for (const PublishedRun& r : megatron_2021_table1()) {
+    EXPECT_NEAR(parameters(r.shape) / 1e9, r.billions, 0.05 + 1e-9) << r.billions;
+    EXPECT_NEAR(100 * r.tflops_per_gpu * 1e12 / kA100PeakFlops, r.percent_of_peak, 0.5) << r.billions;
+    EXPECT_NEAR(r.tflops_per_gpu * r.gpus / 1000, r.aggregate_pflops, 0.006 * r.aggregate_pflops) << r.billions;
+    EXPECT_EQ(r.gpus % (r.tp * r.pp), 0) << r.billions;
+    EXPECT_EQ(r.shape.hidden % r.shape.heads, 0) << r.billions;
+  }
 }
 
 // Section 5.1 of the Megatron-LM paper: GPT-3 on 300B tokens with 1,024 A100s at 140 TFLOP/s per GPU
