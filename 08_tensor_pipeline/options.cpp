@@ -111,16 +111,15 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
                        std::to_string(tp) + " tensor-parallel ranks");
     return global_batch;
   }
-  if (topology.cp_size() > 1 && o.cp_method == "ulysses" && (task.config.n_head / tp) % topology.cp_size() != 0)
-    throw UsageError("--cp: Ulysses gives each of the " + std::to_string(topology.cp_size()) +
-                     " context-parallel ranks whole heads, and " + std::to_string(task.config.n_head / tp) +
-                     " heads per tensor-parallel rank do not divide among them (--n-head, or --cp-method ring)");
   if (task.text && topology.cp_size() > 1 &&
       parallel::context_parallel_length(task.sequence, topology.cp_size(), parallel::parse_context_method(o.cp_method)) !=
           task.sequence)
     throw UsageError("--block-size: windows of " + std::to_string(task.sequence) + " characters do not divide among " +
                      std::to_string(topology.cp_size()) + " context-parallel ranks by " + o.cp_method +
                      (o.cp_method == "ring" ? " (a multiple of 2 x --cp)" : " (a multiple of --cp)"));
+  if (topology.cp_size() > 1)  // the (padded) sequence and each TP rank's heads among the CP ranks
+    parallel::check_context_parallel(task.sequence, task.config.n_head / tp, topology.cp_size(),
+                                     parallel::parse_context_method(o.cp_method));
   if (o.sequence_parallel && task.tokens_per_sample() % tp != 0)
     throw UsageError("--sequence-parallel: sequences of " + std::to_string(task.tokens_per_sample()) +
                      " tokens do not divide among " + std::to_string(tp) + " tensor-parallel ranks");

@@ -22,18 +22,20 @@ const char* context_method_name(ContextMethod method) { return method == Context
 
 ContextParallel::ContextParallel(comm::Communicator& group, ContextMethod method) : group_(group), method_(method) {}
 
-void ContextParallel::check(std::int64_t t, std::int64_t heads) const {
-  const int n = size();
-  const std::int64_t pieces = method_ == ContextMethod::ring && n > 1 ? 2 * n : n;
+void check_context_parallel(std::int64_t t, std::int64_t heads, int n, ContextMethod method) {
+  const std::int64_t pieces = method == ContextMethod::ring && n > 1 ? 2 * n : n;
   if (t % pieces != 0)
     throw UsageError("--cp: " + std::to_string(t) + " tokens do not divide into " + std::to_string(pieces) +
-                     (method_ == ContextMethod::ring ? " chunks (the ring's balanced layout takes 2 per rank)"
-                                                     : " shards") +
+                     (method == ContextMethod::ring ? " chunks (the ring's balanced layout takes 2 per rank)"
+                                                    : " shards") +
                      " for " + std::to_string(n) + " context-parallel ranks");
-  if (method_ == ContextMethod::ulysses && heads % n != 0)
+  if (method == ContextMethod::ulysses && heads % n != 0)
     throw UsageError("--cp: Ulysses gives each of the " + std::to_string(n) + " context-parallel ranks whole heads, and " +
-                     std::to_string(heads) + " heads per tensor-parallel rank do not divide among them (use --cp-method ring)");
+                     std::to_string(heads) + " heads per tensor-parallel rank do not divide among them (--n-head, or "
+                     "--cp-method ring)");
 }
+
+void ContextParallel::check(std::int64_t t, std::int64_t heads) const { check_context_parallel(t, heads, size(), method_); }
 
 std::vector<std::int64_t> ContextParallel::positions(std::int64_t t, int rank) const {
   const int n = size();

@@ -39,9 +39,7 @@ class ContextParallel {
   ContextMethod method() const { return method_; }
   int size() const { return group_.size(); }
 
-  // Throws UsageError naming the flag when a sequence of `t` tokens or `heads` heads (those of one
-  // tensor-parallel rank) cannot be split this way: t must divide by N (Ulysses) or 2N (ring), the heads
-  // by N (Ulysses).
+  // check_context_parallel for this group's size and method.
   void check(std::int64_t t, std::int64_t heads) const;
 
   // The positions in the sequence of the tokens that `rank` holds, in the order it holds them.
@@ -81,6 +79,11 @@ class ContextParallel {
   std::function<bool()> fault_;
   mutable std::int64_t bytes_ = 0;
 };
+
+// Throws UsageError naming the flag when a sequence of `t` tokens or `heads` heads (those of one
+// tensor-parallel rank) cannot be split among `size` ranks by `method`: t must divide by N (Ulysses) or
+// 2N (ring), the heads by N (Ulysses).
+void check_context_parallel(std::int64_t t, std::int64_t heads, int size, ContextMethod method);
 
 // The sequence length that `size` context-parallel ranks can split by `method`: t rounded up to a
 // multiple of size (Ulysses) or 2 size (the ring's balanced chunks). Sequences are padded to it at the
