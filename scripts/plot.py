@@ -11,6 +11,8 @@
                                        category and stage, the formula marked) and OUT_PREFIX_communication.png
   plot.py pipeline METRICS OUT_PREFIX  chapter 08 --sweep: OUT_PREFIX_bubble.png (bubble against micro-batches,
                                        with the theory) and OUT_PREFIX_activations.png (per stage, GPipe and 1F1B)
+  plot.py plan METRICS OUT.png        the planner (benchmarks/plan --metrics): the ranked configurations'
+                                       predicted step time by part and memory per GPU by category
   plot.py speedup OUT.png --strong M1 M2 M4 [--weak W1 W2 W4]
                                        speedup against ideal and parallel efficiency, from runs of
                                        chapter 04 at several rank counts (strong: fixed global batch;
@@ -240,6 +242,39 @@ def zero_charts(path, prefix):
     fig.savefig(f"{prefix}_communication.png", dpi=120)
 
 
+def plan_chart(path, out):
+    """The planner's ranked configurations (benchmarks/plan --metrics): each one's predicted step time split
+    into compute, the communication of each group and the bubble; beside it, its memory per GPU by category.
+    A cost model's figures, labelled simulated."""
+    plt = plt_module()
+    plans = events(read(path), "plan")
+    if not plans:
+        raise SystemExit(f"plan: {path} has no plan records (run benchmarks/plan --metrics FILE)")
+    names = [f"{r['rank']}. {r['config']}" for r in plans][::-1]
+    fig, (time_ax, memory_ax) = plt.subplots(1, 2, figsize=(12, 0.45 * len(plans) + 1.6), sharey=True)
+    left = [0.0] * len(plans)
+    for key, label in (("compute", "compute"), ("tp", "TP"), ("cp", "CP"), ("pp", "PP"), ("dp", "DP"),
+                       ("bubble", "bubble"), ("optimizer", "optimizer")):
+        values = [r[f"{key}_seconds"] for r in plans][::-1]
+        time_ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    time_ax.set(xlabel="seconds per iteration (simulated)")
+    time_ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45 / len(plans) - 0.12))
+    left = [0.0] * len(plans)
+    for key, label in (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer"),
+                       ("activations", "activations"), ("buffers", "buffers")):
+        values = [r[f"{key}_bytes"] / 2**30 for r in plans][::-1]
+        memory_ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    memory_ax.set(xlabel="GiB per GPU (simulated)")
+    memory_ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.45 / len(plans) - 0.12))
+    for ax in (time_ax, memory_ax):
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle("The planner's ranked configurations, fastest at the top (a cost model, not a run)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+
+
 def pipeline_charts(path, prefix):
     """Chapter 08 --sweep: the bubble against the micro-batches, each schedule's mean over the stages
     beside (p-1)/(m+p-1) (interleaved: (p-1)/(vm+p-1)); and the peak activations of each stage, GPipe
@@ -392,7 +427,7 @@ def ensure_matplotlib():
 
 
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline"):
+    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline", "plan"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[1] != "summary":
@@ -409,6 +444,8 @@ def main(argv):
         zero_charts(argv[2], argv[3])
     elif argv[1] == "pipeline":
         pipeline_charts(argv[2], argv[3])
+    elif argv[1] == "plan":
+        plan_chart(argv[2], argv[3])
     elif argv[1] == "speedup":
         modes, current = {}, None
         for arg in argv[3:]:

@@ -1,0 +1,153 @@
+// The planner on the command line: every configuration of a GPT on a cluster of DGX A100 nodes, those that
+// fit ranked by predicted throughput, the others counted by why they cannot run; with --published, the
+// planner's predictions of Megatron-LM 2021's table 1 beside the paper's figures.
+//   plan [--model gpt3-175b] [--gpus 1024] [--global-batch 1536] [--precision bf16] [--top 10]
+//        [--paper-techniques] [--published] [--metrics FILE]
+// scripts/plot.py plan FILE OUT.png draws the ranked configurations' step time and memory.
+#include <cstdio>
+#include <map>
+
+#include "common/cli/cli.h"
+#include "common/metrics/metrics.h"
+#include "common/planner/search.h"
+
+using namespace course;
+using namespace course::planner;
+
+namespace {
+
+constexpr double kGiB = 1ull << 30;
+
+// GPT-3 (Brown et al. 2020) with Megatron-LM's vocabulary, and the models of Megatron-LM 2021's table 1.
+std::map<std::string, GptShape> known_models() {
+  std::map<std::string, GptShape> models{{"gpt3-175b", {96, 12288, 96, 2048, 51200}}};
+  for (const auto& row : megatron_2021_table1()) {
+    char name[32];
+    std::snprintf(name, sizeof name, "megatron-%gb", row.billions);
+    models[name] = row.shape;
+  }
+  return models;
+}
+
+const char* recompute_name(Recompute r) {
+  return r == Recompute::full ? "full" : r == Recompute::selective ? "selective" : "none";
+}
+
+nlohmann::json to_json(const Prediction& p, int rank) {
+  const auto& c = p.config;
+  return {{"event", "plan"},
+          {"rank", rank},
+          {"config", describe(c)},
+          {"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"cp", c.cp},
+          {"zero_stage", c.zero_stage},
+          {"recompute", recompute_name(c.recompute)},
+          {"sequence_parallel", c.sequence_parallel},
+          {"micro_batch", c.micro_batch},
+          {"virtual_stages", c.virtual_stages},
+          {"micro_batches", p.micro_batches},
+          {"step_seconds", p.time.total()},
+          {"compute_seconds", p.time.compute}, {"tp_seconds", p.time.tp}, {"cp_seconds", p.time.cp},
+          {"pp_seconds", p.time.pp}, {"dp_seconds", p.time.dp}, {"bubble_seconds", p.time.bubble},
+          {"optimizer_seconds", p.time.optimizer},
+          {"parameters_bytes", p.memory.parameters}, {"gradients_bytes", p.memory.gradients},
+          {"optimizer_bytes", p.memory.optimizer}, {"activations_bytes", p.memory.activations},
+          {"buffers_bytes", p.memory.buffers},
+          {"tokens_per_second", p.tokens_per_second},
+          {"tflops_per_gpu", p.tflops_per_gpu},
+          {"mfu", p.mfu}};
+}
+
+void print_published(metrics::MetricsWriter& metrics) {
+  std::printf("Megatron-LM 2021, table 1, against the planner (DGX A100 nodes, bf16, full recomputation; the "
+              "micro-batch and interleaving that run fastest):\n");
+  std::printf("%9s %5s %4s %4s %6s  %10s %10s %7s  %s\n", "params", "GPUs", "TP", "PP", "batch", "published",
+              "predicted", "error", "configuration");
+  double worst = 0;
+  for (const auto& row : megatron_2021_table1()) {
+    const Prediction p = predict_published(row);
+    const double error = p.tflops_per_gpu / row.tflops_per_gpu - 1;
+    worst = std::max(worst, std::abs(error));
+    std::printf("%8.1fB %5d %4d %4d %6d  %6.0f TF/s %6.1f TF/s %+6.1f%%  %s\n", row.billions, row.gpus, row.tp, row.pp,
+                row.batch, row.tflops_per_gpu, p.tflops_per_gpu, 100 * error, describe(p.config).c_str());
+    metrics.write({{"event", "plan_published"}, {"billions", row.billions}, {"gpus", row.gpus},
+                   {"published_tflops_per_gpu", row.tflops_per_gpu}, {"predicted_tflops_per_gpu", p.tflops_per_gpu},
+                   {"config", describe(p.config)}});
+  }
+  std::printf("largest error %.1f%%\n", 100 * worst);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The planner: a GPT's configurations on a cluster of DGX A100 nodes, ranked by predicted throughput"};
+  const auto models = known_models();
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : models) names.push_back(name);
+  std::string model = "gpt3-175b", precision = "bf16", metrics_path;
+  int gpus = 1024, top = 10;
+  double global_batch = 1536;
+  bool paper_techniques = false, published = false;
+  app.add_option("--model", model, "The GPT to plan")->check(CLI::IsMember(names))->capture_default_str();
+  app.add_option("--gpus", gpus, "GPUs, 8 a node (a multiple of 8)")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--global-batch", global_batch, "Sequences per iteration")
+      ->check(CLI::Range(1.0, 1e7))
+      ->capture_default_str();
+  app.add_option("--precision", precision, "bf16 | fp16 (float32 masters) | fp32")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+      ->capture_default_str();
+  app.add_option("--top", top, "Configurations to print")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_flag("--paper-techniques", paper_techniques,
+               "Only what Megatron-LM 2021 had: TP, PP with interleaving, DP, full recomputation");
+  app.add_flag("--published", published, "Also print Megatron-LM 2021's table 1 against the planner's predictions");
+  app.add_option("--metrics", metrics_path, "Write every printed configuration as a JSON line to FILE")
+      ->check(cli::OutputFile);
+  return cli::run(app, argc, argv, [&] {
+    if (gpus % 8 != 0) throw UsageError("--gpus: " + std::to_string(gpus) + " is not a multiple of 8 (DGX nodes)");
+    if (global_batch != static_cast<double>(static_cast<long long>(global_batch)))
+      throw UsageError("--global-batch: must be a whole number of sequences");
+    metrics::MetricsWriter metrics(metrics_path);
+    const Cluster cluster = dgx_a100(gpus / 8);
+    const DType dtype = precision == "fp32" ? DType::float32 : precision == "fp16" ? DType::float16 : DType::bfloat16;
+    const Workload w{models.at(model), global_batch, dtype};
+    const auto& g = w.shape;
+    std::printf("Planner: %s, %lld layers x %lld (%lld heads), sequences of %lld, vocabulary %lld: %.1fB parameters; "
+                "global batch %.0f, %s\n",
+                model.c_str(), static_cast<long long>(g.layers), static_cast<long long>(g.hidden),
+                static_cast<long long>(g.heads), static_cast<long long>(g.sequence),
+                static_cast<long long>(g.vocabulary), parameters(g) / 1e9, global_batch, precision.c_str());
+    std::printf("Cluster: %s (%d GPUs, %d a node; %.0f TFLOP/s peak, %.1f GiB usable a GPU); simulated: a cost "
+                "model, not a run\n",
+                cluster.name.c_str(), cluster.gpus(), cluster.gpus_per_node, cluster.device.peak(dtype) / 1e12,
+                kUsableMemoryFraction * cluster.device.memory_bytes / kGiB);
+    const SearchResult result = search(w, cluster, paper_techniques ? megatron_2021_space() : SearchSpace{});
+    std::printf("%ld configurations tried%s: %zu fit\n", result.tried,
+                paper_techniques ? " (Megatron-LM 2021's techniques)" : "", result.fitting.size());
+    if (!result.fitting.empty()) {
+      std::printf("%4s  %-52s %9s %7s %5s %7s | %7s %5s %5s %5s %5s %6s | %6s %s\n", "rank", "configuration",
+                  "tokens/s", "TFLOP/s", "MFU", "step s", "compute", "TP", "CP", "PP", "DP", "bubble", "GiB",
+                  "(params+grads+optimizer, activations)");
+      for (int i = 0; i < top && i < static_cast<int>(result.fitting.size()); ++i) {
+        const Prediction& p = result.fitting[static_cast<std::size_t>(i)];
+        const auto& t = p.time;
+        const double step = t.total();
+        const double states = p.memory.parameters + p.memory.gradients + p.memory.optimizer;
+        std::printf("%4d  %-52s %9.0f %7.1f %5.2f %7.2f | %6.0f%% %4.0f%% %4.0f%% %4.0f%% %4.0f%% %5.0f%% | %6.1f (%.1f, %.1f)\n",
+                    i + 1, describe(p.config).c_str(), p.tokens_per_second, p.tflops_per_gpu, p.mfu, step,
+                    100 * t.compute / step, 100 * t.tp / step, 100 * t.cp / step, 100 * t.pp / step, 100 * t.dp / step,
+                    100 * t.bubble / step, p.memory.total() / kGiB, states / kGiB, p.memory.activations / kGiB);
+        metrics.write(to_json(p, i + 1));
+      }
+    }
+    std::printf("Rejected:\n");
+    for (const auto& [kind, group] : result.rejected) {
+      std::printf("  %6ld %s, e.g. %s: %s\n", group.count, kind.c_str(), describe(group.example.config).c_str(),
+                  group.example.rejected.c_str());
+      metrics.write({{"event", "plan_rejected"}, {"reason", kind}, {"count", group.count},
+                     {"example", describe(group.example.config)}, {"detail", group.example.rejected}});
+    }
+    if (published) print_published(metrics);
+    return 0;
+  });
+}

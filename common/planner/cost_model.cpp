@@ -1,0 +1,239 @@
+// The cost model (cost_model.h): each term with the paper or the chapter it comes from.
+#include "common/planner/cost_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace course::planner {
+
+namespace {
+
+using std::to_string;
+
+constexpr double kGiB = 1ull << 30;
+
+// PyTorch's DistributedDataParallel: buckets of 25 MiB, two in flight (one filling, one reducing).
+constexpr double kBucketBytes = 25.0 * (1 << 20);
+
+// The Adam step moves, per parameter of the shard it updates, the float32 master (or parameter), the two
+// moments and the gradient in (4 + 4 + 4 + 2 in mixed precision, 16 in float32) and the master, the moments
+// and the 16-bit copy out (14, or 12): 28 bytes either way. Bound by memory bandwidth.
+constexpr double kOptimizerBytesPerParameter = 28;
+
+// Each micro-batch's weight gradients (in the compute precision) are added into float32 accumulators
+// (Megatron-LM's main_grad; under autocast the float32 parameters' .grad): the gradient and the
+// accumulator in, the accumulator out.
+constexpr double kAccumulatorBytes = 4 + 4;
+
+// Each byte the activation formula stores is written once and read once in a forward pass through the
+// layer; backward, like its GEMMs, counts as two passes; a full recomputation as one more.
+constexpr double kElementwiseBytesPerStoredByte = 2;
+
+// A GEMM of `flops` on this device, at the efficiency its size allows (cluster.h).
+double gemm_seconds(double flops, const DeviceProfile& d, DType precision) {
+  if (flops <= 0) return 0;
+  const double efficiency = d.gemm_efficiency * flops / (flops + d.half_efficiency_flops);
+  return flops / (d.peak(precision) * efficiency);
+}
+
+// A ring all-reduce of `bytes` over n ranks (chapter 03): 2 (n - 1) messages of bytes / n each.
+double all_reduce_seconds(double bytes, int n, const Link& link) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) * (link.alpha_seconds + bytes / n / link.bytes_per_second);
+}
+// Its halves: a reduce-scatter or an all-gather, n - 1 messages of bytes / n.
+double all_gather_seconds(double bytes, int n, const Link& link) { return all_reduce_seconds(bytes, n, link) / 2; }
+
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / kGiB);
+  return text;
+}
+
+// The first reason this configuration cannot run at all, whatever its memory, as "kind: details";
+// empty when none.
+std::string structural_rejection(const Workload& w, const Cluster& c, const ParallelConfig& p) {
+  const auto& g = w.shape;
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.micro_batch < 1 || p.virtual_stages < 1)
+    return "a degree below 1: every degree and the micro-batch must be at least 1";
+  if (p.gpus() != c.gpus()) return "not the cluster's GPUs: uses " + to_string(p.gpus()) + ", the cluster has " + to_string(c.gpus());
+  if (p.tp > c.gpus_per_node)
+    return "TP across nodes: TP " + to_string(p.tp) + " on nodes of " + to_string(c.gpus_per_node) +
+           " GPUs (its all-reduces, four a layer, would cross InfiniBand)";
+  if (g.heads % p.tp != 0) return "TP does not divide the heads: TP " + to_string(p.tp) + ", " + to_string(g.heads) + " heads";
+  if (g.vocabulary % p.tp != 0) return "TP does not divide the vocabulary: TP " + to_string(p.tp);
+  if (p.sequence_parallel && p.tp == 1) return "sequence parallelism without TP: it splits what TP repeats";
+  if (g.sequence % (2 * p.cp) != 0)
+    return "CP does not divide the sequence: CP " + to_string(p.cp) + " needs 2 x CP equal chunks (the balanced causal layout)";
+  if (g.layers % (p.pp * p.virtual_stages) != 0)
+    return "PP does not divide the layers: PP " + to_string(p.pp) + " x " + to_string(p.virtual_stages) + " chunks, " +
+           to_string(g.layers) + " layers";
+  if (p.virtual_stages > 1 && p.pp == 1) return "interleaving without PP: chunks need stages";
+  if (p.zero_stage < 0 || p.zero_stage > 3) return "no such ZeRO stage: " + to_string(p.zero_stage);
+  if (p.zero_stage >= 2 && p.pp > 1)
+    return "ZeRO-2 or -3 with PP: the micro-batches accumulate the gradients it shards (ZeRO-" + to_string(p.zero_stage) + ")";
+  const double per_step = static_cast<double>(p.dp) * p.micro_batch;
+  const double m = w.global_batch / per_step;
+  if (m != static_cast<double>(static_cast<long long>(m)) || m < 1)
+    return "the global batch does not divide: " + to_string(static_cast<long long>(w.global_batch)) +
+           " is not a multiple of DP x micro-batch, " + to_string(static_cast<long long>(per_step));
+  if (p.pp > 1 && m < p.pp)
+    return "too few micro-batches for the bubble: " + to_string(static_cast<long long>(m)) + " for PP " + to_string(p.pp) +
+           " (every stage would idle more than it computes)";
+  if (p.virtual_stages > 1 && static_cast<long long>(m) % p.pp != 0)
+    return "interleaving needs the micro-batches in multiples of PP: " + to_string(static_cast<long long>(m)) + " for PP " +
+           to_string(p.pp);
+  return {};
+}
+
+}  // namespace
+
+std::string describe(const ParallelConfig& p) {
+  std::string text = "TP(" + to_string(p.tp) + ")-PP(" + to_string(p.pp) + ")";
+  if (p.cp > 1) text += "-CP(" + to_string(p.cp) + ")";
+  text += "-DP(" + to_string(p.dp) + ") mb " + to_string(p.micro_batch);
+  if (p.virtual_stages > 1) text += " v " + to_string(p.virtual_stages);
+  if (p.zero_stage > 0) text += " ZeRO-" + to_string(p.zero_stage);
+  text += p.recompute == Recompute::full ? " full" : p.recompute == Recompute::selective ? " selective" : "";
+  if (p.sequence_parallel) text += " SP";
+  return text;
+}
+
+Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p) {
+  Prediction out;
+  out.config = p;
+  out.rejected = structural_rejection(w, c, p);
+  if (!out.rejected.empty()) return out;
+  const auto& g = w.shape;
+  const DeviceProfile& d = c.device;
+  const double l = static_cast<double>(g.layers), h = static_cast<double>(g.hidden), a = static_cast<double>(g.heads);
+  const double s = static_cast<double>(g.sequence), V = static_cast<double>(g.vocabulary);
+  const double t = p.tp, b = p.micro_batch, pp = p.pp, v = p.virtual_stages;
+  const double s_local = s / p.cp;        // this rank's tokens of each sequence
+  const double unit = static_cast<double>(element_size(w.precision));  // an activation's bytes
+  const double m = w.global_batch / (static_cast<double>(p.dp) * b);
+  out.micro_batches = static_cast<int>(m);
+  const double layers_per_stage = l / pp;
+  const int sharding_group = p.dp * p.cp;  // ZeRO and the gradients' average span DP and CP alike
+
+  // ---- memory, on the first stage (the token table; the most micro-batches in flight) and on the last
+  // (the tied table's copy and the float32 logits); the larger counts.
+  // Megatron-LM 2021 section 5.1: a layer holds 12 h^2 + 13 h parameters, the tables V h and s h.
+  const double layer_parameters = (12 * h * h + 13 * h) / t;
+  const double table = V * h / t;
+  const double first_stage_parameters = layers_per_stage * layer_parameters + table + s * h;
+  const double last_stage_parameters = layers_per_stage * layer_parameters + (pp > 1 ? table : 0);
+  GptShape local = g;
+  local.sequence = static_cast<std::int64_t>(s_local);
+  const double precision_factor = unit / 2;  // Korthikanti et al.'s bytes are for 16-bit activations
+  const double stored_per_layer =
+      precision_factor * activation_bytes_per_layer(local, b, p.tp, p.sequence_parallel, p.recompute);
+  const double whole_layer = precision_factor * activation_bytes_per_layer(local, b, p.tp, p.sequence_parallel,
+                                                                           Recompute::none);
+  // In flight under 1F1B: PP micro-batches on the first stage, one on the last (Narayanan et al. 2021);
+  // interleaving keeps 1 + (PP - 1) / (PP v) times more (Korthikanti et al. 2022, section 4.2.3).
+  const double in_flight_first = std::min(m, pp) * (v > 1 ? 1 + (pp - 1) / (pp * v) : 1);
+  const double logits = 4 * s_local * b * V / t;  // float32 logits for the loss, on the last stage
+  auto stage_memory = [&](double parameters, double in_flight, bool last) {
+    MemoryBreakdown memory;
+    const ModelStates states = zero_model_states(p.zero_stage, parameters, sharding_group, w.precision);
+    memory.parameters = states.params;
+    memory.gradients = states.grads;
+    memory.optimizer = states.optimizer;
+    memory.activations = in_flight * layers_per_stage * stored_per_layer + (last ? logits : 0);
+    // Recomputing a layer holds its whole activations again for a moment; DDP's buckets; ZeRO-3's
+    // gathered layer (its 16-bit weights, and the next one prefetched).
+    if (p.recompute != Recompute::none) memory.buffers += whole_layer - stored_per_layer;
+    if (sharding_group > 1) memory.buffers += std::min(2 * kBucketBytes, states.grads);
+    if (p.zero_stage == 3) memory.buffers += 2 * layer_parameters * unit;
+    return memory;
+  };
+  const MemoryBreakdown first = stage_memory(first_stage_parameters, in_flight_first, pp == 1);
+  const MemoryBreakdown last = stage_memory(last_stage_parameters, 1, true);
+  out.memory = pp == 1 || first.total() >= last.total() ? first : last;
+
+  // ---- time, on the last stage (the logits make it the slowest)
+  // A layer's GEMMs per micro-batch forward (Megatron-LM 2021 section 5.1, this rank's share): Q, K, V,
+  // the projection and the MLP's two, 24 b s h^2 / t; the scores and their weighted sum, 4 b s^2 h / t.
+  const double tokens = b * s_local;
+  auto projections = [&] {
+    return gemm_seconds(2 * tokens * 3 * h * h / t, d, w.precision) + gemm_seconds(2 * tokens * h * h / t, d, w.precision) +
+           2 * gemm_seconds(2 * tokens * 4 * h * h / t, d, w.precision);
+  };
+  // The scores and the weighted sum: one batched GEMM each over this rank's heads of the micro-batch.
+  const double heads_here = b * a / t;
+  const double attention_gemms = 2 * gemm_seconds(heads_here * 2 * s_local * s * (h / a), d, w.precision);
+  const double projection_gemms = projections();
+  // The element-wise work moves the layer's activations through memory (kElementwiseBytesPerStoredByte);
+  // the attention's share of them is its 5 a s / h term.
+  const double elementwise = kElementwiseBytesPerStoredByte * whole_layer / d.memory_bandwidth;
+  const double attention_share =
+      p.sequence_parallel ? (5 * a * s_local / h) / (34 + 5 * a * s_local / h)
+                          : (5 * a * s_local / (h * t)) / (10 + 24 / t + 5 * a * s_local / (h * t));
+  const double forward = projection_gemms + attention_gemms + elementwise;
+  double recomputation = 0;
+  if (p.recompute == Recompute::full) recomputation = forward;
+  if (p.recompute == Recompute::selective) recomputation = attention_gemms + attention_share * elementwise;
+  const double layer_compute = 3 * forward + recomputation;  // forward, backward twice it, recomputation
+  const double head_compute = 3 * gemm_seconds(2 * tokens * h * V / t, d, w.precision) +
+                              3 * kElementwiseBytesPerStoredByte * logits / d.memory_bandwidth;
+  // Tensor parallelism (Megatron-LM 2019): two all-reduces of the layer's output forward, two backward,
+  // two more in a full recomputation's forward (with sequence parallelism a reduce-scatter and an
+  // all-gather each, the same bytes); one more each way at the embedding and the head.
+  const double activation_message = tokens * h * unit;
+  const int tp_all_reduces = p.recompute == Recompute::full ? 6 : 4;
+  const double tp_layer = tp_all_reduces * all_reduce_seconds(activation_message, p.tp, c.intra);
+  const double tp_head = 2 * all_reduce_seconds(activation_message, p.tp, c.intra);
+  // Context parallelism, ring attention (Liu et al. 2023): each of the CP - 1 steps passes a block of K
+  // and V, hidden behind the attention on the block before (1 / CP of the layer's); backward passes them
+  // again with their gradients. Within a node while TP x CP fits one.
+  const Link& cp_link = p.tp * p.cp <= c.gpus_per_node ? c.intra : c.inter;
+  const double kv_block = 2 * tokens * (h / t) * unit;
+  const double passes_of_attention = p.recompute == Recompute::none ? 3 : 4;
+  const double cp_layer = p.cp == 1 ? 0
+                                    : passes_of_attention * (p.cp - 1) *
+                                          std::max(0.0, cp_link.seconds(kv_block) - attention_gemms / p.cp);
+  const double stage_parameters = std::max(first_stage_parameters, last_stage_parameters);
+  const double accumulate = stage_parameters * (unit + kAccumulatorBytes) / d.memory_bandwidth;
+  const double per_micro_batch =
+      layers_per_stage * (layer_compute + tp_layer + cp_layer) + head_compute + tp_head + accumulate;
+  out.time.compute = m * (layers_per_stage * layer_compute + head_compute + accumulate);
+  out.time.tp = m * (layers_per_stage * tp_layer + tp_head);
+  out.time.cp = m * layers_per_stage * cp_layer;
+  // Pipeline parallelism: each micro-batch's activation in and its gradient out, at each of the v chunks'
+  // boundaries; across nodes once the stages do not fit one (Megatron-LM 2021 section 4.1 scatters the
+  // message over the TP ranks' adapters: 1 / t of it each).
+  if (p.pp > 1) {
+    const bool across = p.tp * p.cp * p.pp > c.gpus_per_node;
+    const Link& link = across ? c.inter : c.intra;
+    out.time.pp = 2 * v * m * link.seconds(activation_message / (across ? t : 1));
+  }
+  // The bubble: (PP - 1) / v micro-batches' time at the start and the end (Narayanan et al. 2021).
+  out.time.bubble = (pp - 1) / v * per_micro_batch;
+  // Data parallelism: the gradients' all-reduce (ZeRO-1 and -2: a reduce-scatter, then the parameters'
+  // all-gather after the step, the same bytes; ZeRO-3 gathers the parameters for each micro-batch's
+  // forward and backward as well), across nodes once a replica and its peers do not fit one. DDP's
+  // buckets overlap it with the last micro-batch's backward (chapter 05).
+  if (sharding_group > 1) {
+    const Link& link = p.gpus() > c.gpus_per_node ? c.inter : c.intra;
+    double seconds = all_reduce_seconds(stage_parameters * unit, sharding_group, link);
+    if (p.zero_stage == 3) seconds += 2 * m * all_gather_seconds(stage_parameters * unit, sharding_group, link);
+    const double backward_window = layers_per_stage * (2 * forward);
+    out.time.dp = std::max(0.0, seconds - backward_window);
+  }
+  const double shard = stage_parameters / (p.zero_stage >= 1 ? sharding_group : 1);
+  out.time.optimizer = kOptimizerBytesPerParameter * shard / d.memory_bandwidth;
+
+  const double seconds = out.time.total();
+  out.tokens_per_second = w.global_batch * s / seconds;
+  out.tflops_per_gpu =
+      flops_per_iteration(g, w.global_batch, p.recompute == Recompute::full) / seconds / p.gpus() / 1e12;
+  out.mfu = flops_per_iteration(g, w.global_batch, false) / seconds / p.gpus() / d.peak(w.precision);
+  const double usable = kUsableMemoryFraction * d.memory_bytes;
+  if (out.memory.total() > usable)
+    out.rejected = "out of memory: needs " + gib(out.memory.total()) + ", " + gib(usable) + " usable";
+  return out;
+}
+
+}  // namespace course::planner

@@ -1,0 +1,69 @@
+// The planner's cost model: for a GPT, a global batch, a precision and a cluster, what one configuration
+// of DP x TP x PP x CP, ZeRO stage, recomputation and micro-batch costs each GPU in memory (by category)
+// and each iteration in time (compute, the communication of each group that nothing hides, the pipeline
+// bubble), and the model FLOP utilisation that results. Every term is a formula of the papers the
+// chapters implement (formulas.h) or a message of chapter 03's alpha-beta model; cost_model.cpp says which.
+#pragma once
+#include <string>
+
+#include "common/planner/cluster.h"
+#include "common/planner/formulas.h"
+
+namespace course::planner {
+
+struct Workload {
+  GptShape shape;
+  double global_batch = 1;  // sequences per iteration
+  DType precision = DType::bfloat16;  // mixed precision (float32 masters) or float32 throughout
+};
+
+struct ParallelConfig {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int zero_stage = 0;            // 0-3, over the data-parallel ranks (and the context-parallel ones)
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;  // with tp > 1
+  int micro_batch = 1;           // sequences per micro-batch
+  int virtual_stages = 1;        // model chunks per pipeline rank (interleaved 1F1B)
+  int gpus() const { return dp * tp * pp * cp; }
+};
+
+// Bytes per GPU, on the stage that holds the most (the first: the token table and the most micro-batches
+// in flight).
+struct MemoryBreakdown {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
+  double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+// Seconds per iteration on the slowest stage.
+struct TimeBreakdown {
+  double compute = 0;   // GEMMs and element-wise work of every micro-batch, recomputation included
+  double tp = 0, cp = 0, pp = 0, dp = 0;  // communication nothing overlaps, per group
+  double bubble = 0;    // the pipeline's fill and drain
+  double optimizer = 0;
+  double total() const { return compute + tp + cp + pp + dp + bubble + optimizer; }
+};
+
+struct Prediction {
+  ParallelConfig config;
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  int micro_batches = 0;        // per replica per iteration
+  double tokens_per_second = 0;
+  double tflops_per_gpu = 0;    // as Megatron-LM counts: its FLOPs formula, recomputation included
+  double mfu = 0;               // model FLOP utilisation (PaLM): the FLOPs without recomputation / peak
+  std::string rejected;         // why the configuration cannot run ("kind: details"); empty when it can
+};
+
+// What a GPU may hold: the device's memory less what the CUDA context, NCCL's buffers and the caching
+// allocator's fragmentation take (PyTorch runs commonly report 5-10% of the memory unusable for tensors).
+constexpr double kUsableMemoryFraction = 0.9;
+
+// The configuration's cost. A configuration that cannot run comes back with `rejected` saying why as
+// "kind: details" (the kinds: TP across nodes, out of memory, too few micro-batches for the bubble, a degree
+// that does not divide the model, ...); out of memory, with its figures.
+Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& config);
+
+// "TP(8)-PP(8)-DP(16) mb 1 v 2 ZeRO-1 full SP": one line for a table.
+std::string describe(const ParallelConfig& config);
+
+}  // namespace course::planner

@@ -1,0 +1,84 @@
+// The planner's command (benchmarks/plan.cpp) as a participant runs it: GPT-3 175B on 1,024 A100s ranked,
+// the rejected configurations counted by reason, Megatron-LM 2021's table beside the predictions, and bad
+// input refused in one line.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "support/process.h"
+
+namespace course::testing {
+namespace {
+
+const std::string kPlan = PLAN_BINARY;
+
+// With only Megatron-LM 2021's techniques the top configurations are the paper's family: TP inside a
+// node, PP across nodes, DP over the rest, and the paper's own TP 8 x PP 8 among the first five, within
+// 5% of the first (at this batch the model puts TP 4 x PP 16 with six chunks a stage 2% ahead: TP 8's
+// all-reduces cost a tenth of the step, TP 4's half that, and 96 micro-batches a replica keep PP 16's
+// bubble small). Every kind of rejection the decision needs is reported.
+TEST(Plan, Gpt3OnA1024A100sRanksThePapersFamilyFirst) {
+  const std::string metrics = temp_path("plan.jsonl");
+  const auto r = run_process(kPlan + " --paper-techniques --top 5 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto records = read_metrics(metrics);
+  const auto plans = events(records, "plan");
+  ASSERT_EQ(plans.size(), 5u) << r.out;
+  for (const auto& plan : plans) {
+    EXPECT_LE(plan["tp"].get<int>(), 8) << r.out;
+    EXPECT_GE(plan["tp"].get<int>(), 4) << r.out;
+    EXPECT_GT(plan["tp"].get<int>() * plan["pp"].get<int>(), 8) << "PP across nodes\n" << r.out;
+    EXPECT_GT(plan["dp"].get<int>(), 1) << r.out;
+  }
+  bool papers = false;
+  for (const auto& plan : plans)
+    if (plan["tp"] == 8 && plan["pp"] == 8) {
+      papers = true;
+      EXPECT_GT(plan["tokens_per_second"].get<double>(), 0.95 * plans[0]["tokens_per_second"].get<double>()) << r.out;
+    }
+  EXPECT_TRUE(papers) << "TP(8)-PP(8)-DP(16) among the first five\n" << r.out;
+  for (std::size_t i = 1; i < plans.size(); ++i)
+    EXPECT_LE(plans[i]["tokens_per_second"].get<double>(), plans[i - 1]["tokens_per_second"].get<double>());
+  std::set<std::string> reasons;
+  for (const auto& rejected : events(records, "plan_rejected")) reasons.insert(rejected["reason"].get<std::string>());
+  for (const char* reason : {"TP across nodes", "out of memory", "too few micro-batches for the bubble"})
+    EXPECT_TRUE(reasons.count(reason)) << reason << "\n" << r.out;
+  std::filesystem::remove(metrics);
+}
+
+// With every technique of the course, the top configuration still keeps its model parallelism (TP, and
+// CP when it helps) inside one node and spans the nodes with PP and DP.
+TEST(Plan, EveryTechniqueKeepsModelParallelismInsideANode) {
+  const std::string metrics = temp_path("plan.jsonl");
+  const auto r = run_process(kPlan + " --top 3 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto plans = events(read_metrics(metrics), "plan");
+  ASSERT_EQ(plans.size(), 3u);
+  EXPECT_LE(plans[0]["tp"].get<int>() * plans[0]["cp"].get<int>(), 8) << r.out;
+  EXPECT_GT(plans[0]["pp"].get<int>() * plans[0]["dp"].get<int>(), 1) << r.out;
+  EXPECT_NE(r.out.find("simulated"), std::string::npos) << "a cost model is labelled as such";
+  std::filesystem::remove(metrics);
+}
+
+TEST(Plan, PrintsThePublishedTableBesideItsPredictions) {
+  const auto r = run_process(kPlan + " --published --top 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* row : {"1.7B", "18.4B", "145.6B", "1008.0B"}) EXPECT_NE(r.out.find(row), std::string::npos) << row;
+  EXPECT_NE(r.out.find("largest error"), std::string::npos) << r.out;
+}
+
+TEST(Plan, BadInputIsOneLineNamingTheFlag) {
+  EXPECT_EQ(run_process(kPlan + " --help").exit_code, 0);
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--gpus 12", "--gpus"}, {"--gpus 0", "--gpus"}, {"--model gpt5", "--model"},
+           {"--global-batch 1.5", "--global-batch"}, {"--precision fp8", "--precision"}, {"--top 0", "--top"},
+           {"--metrics /", "--metrics"}}) {
+    const auto r = run_process(kPlan + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace course::testing
