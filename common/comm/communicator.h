@@ -57,6 +57,7 @@ struct Placement {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;
   int node = 0;
+  int machines = 1;  // how many machines the world spans
 };
 
 class Communicator {

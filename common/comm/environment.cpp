@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "common/comm/backends.h"
 #include "common/core/log.h"
@@ -73,6 +74,8 @@ Placement world_placement() {
   p.node = p.rank;
   MPI_Bcast(&p.node, 1, MPI_INT, 0, local);
   MPI_Comm_free(&local);
+  const int first_on_its_machine = p.local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&first_on_its_machine, &p.machines, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   return p;
 }
 
@@ -106,11 +109,15 @@ std::unique_ptr<Communicator> make_world(const std::string& backend, Device devi
   if (!world) world = make_mpi_communicator(placement);
   world->set_timeout(std::chrono::milliseconds(static_cast<long>(timeout_seconds * 1000)));
   if (announce) {
+    // Across machines, say how many (and how many ranks each), so a hostfile that put every rank on one
+    // machine shows.
+    const std::string machines = placement.machines == 1 ? "" : "; " + std::to_string(placement.size) + " ranks on " +
+                                                                    std::to_string(placement.machines) + " machines";
     if (backend == "auto")
-      log("Backend: %s (auto: %s)\n", world->backend_name().c_str(),
-          use_nccl ? "every rank has its own GPU" : why_not_nccl.c_str());
+      log("Backend: %s (auto: %s)%s\n", world->backend_name().c_str(),
+          use_nccl ? "every rank has its own GPU" : why_not_nccl.c_str(), machines.c_str());
     else
-      log("Backend: %s\n", world->backend_name().c_str());
+      log("Backend: %s%s\n", world->backend_name().c_str(), machines.c_str());
   }
   return world;
 }
