@@ -242,7 +242,9 @@ TEST(Search, KeepsWhatFitsFastestFirstAndCountsTheRest) {
   EXPECT_EQ(static_cast<long>(r.fitting.size()) + rejected, r.tried);
   for (std::size_t i = 0; i < r.fitting.size(); ++i) {
     EXPECT_LE(r.fitting[i].memory.total(), kUsableMemoryFraction * dgx_a100(1).device.memory_bytes);
-    if (i > 0) EXPECT_LE(r.fitting[i].tokens_per_second, r.fitting[i - 1].tokens_per_second);
+    if (i > 0) {
+      EXPECT_LE(r.fitting[i].tokens_per_second, r.fitting[i - 1].tokens_per_second);
+    }
   }
   const PublishedRun& small = megatron_2021_table1()[0];
   const SearchResult s = search({small.shape, 512, DType::bfloat16}, dgx_a100(4), megatron_2021_space());

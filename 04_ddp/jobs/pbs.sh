@@ -1,9 +1,10 @@
 #!/bin/bash
-# Chapter 04 on a PBS Pro / OpenPBS cluster: 2 nodes x 4 GPUs, one rank per GPU (NCCL).
+# Chapter 04_ddp on a PBS Pro / OpenPBS cluster: 2 nodes x 4 GPUs, one rank per GPU: data parallelism, verified in lock-step.
 #   qsub 04_ddp/jobs/pbs.sh
+# Written by scripts/job_scripts.py from its table: change the table, then run it with `write`.
 #PBS -N 04_ddp
 #PBS -l select=2:ncpus=32:ngpus=4:mpiprocs=4
-#PBS -l walltime=00:10:00
+#PBS -l walltime=00:30:00
 #PBS -j oe
 set -euo pipefail
 cd "$PBS_O_WORKDIR"
