@@ -1,8 +1,8 @@
-// The planner on the command line: every configuration of a GPT on a cluster of DGX A100 nodes, those that
-// fit ranked by predicted throughput, the others counted by why they cannot run; with --published, the
+// The planner on the command line: every configuration of a GPT on a cluster of DGX nodes, those that fit
+// ranked by predicted throughput, the others counted by why they cannot run; with --published, the
 // planner's predictions of Megatron-LM 2021's table 1 beside the paper's figures.
-//   plan [--model gpt3-175b] [--gpus 1024] [--global-batch 1536] [--precision bf16] [--top 10]
-//        [--paper-techniques] [--published] [--metrics FILE]
+//   plan [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536] [--precision bf16]
+//        [--top 10] [--paper-techniques] [--published] [--metrics FILE]
 // scripts/plot.py plan FILE OUT.png draws the ranked configurations' step time and memory.
 #include <cstdio>
 #include <map>
@@ -79,15 +79,18 @@ void print_published(metrics::MetricsWriter& metrics) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"The planner: a GPT's configurations on a cluster of DGX A100 nodes, ranked by predicted throughput"};
+  CLI::App app{"The planner: a GPT's configurations on a cluster of DGX nodes, ranked by predicted throughput"};
   const auto models = known_models();
   std::vector<std::string> names;
   for (const auto& [name, shape] : models) names.push_back(name);
-  std::string model = "gpt3-175b", precision = "bf16", metrics_path;
+  std::string model = "gpt3-175b", cluster_name = "dgx-a100", precision = "bf16", metrics_path;
   int gpus = 1024, top = 10;
   double global_batch = 1536;
   bool paper_techniques = false, published = false;
   app.add_option("--model", model, "The GPT to plan")->check(CLI::IsMember(names))->capture_default_str();
+  app.add_option("--cluster", cluster_name, "DGX nodes of 8 A100s (80 GB) or 8 H100s (common/planner/cluster.h)")
+      ->check(CLI::IsMember({"dgx-a100", "dgx-h100"}))
+      ->capture_default_str();
   app.add_option("--gpus", gpus, "GPUs, 8 a node (a multiple of 8)")
       ->check(CLI::Range(8, 1 << 20))
       ->capture_default_str();
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
     if (global_batch != static_cast<double>(static_cast<long long>(global_batch)))
       throw UsageError("--global-batch: must be a whole number of sequences");
     metrics::MetricsWriter metrics(metrics_path);
-    const Cluster cluster = dgx_a100(gpus / 8);
+    const Cluster cluster = cluster_named(cluster_name, gpus / 8);
     const DType dtype = precision == "fp32" ? DType::float32 : precision == "fp16" ? DType::float16 : DType::bfloat16;
     const Workload w{models.at(model), global_batch, dtype};
     const auto& g = w.shape;

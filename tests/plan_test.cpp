@@ -71,7 +71,7 @@ TEST(Plan, BadInputIsOneLineNamingTheFlag) {
   EXPECT_EQ(run_process(kPlan + " --help").exit_code, 0);
   for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--gpus 12", "--gpus"}, {"--gpus 0", "--gpus"}, {"--model gpt5", "--model"},
-           {"--global-batch 1.5", "--global-batch"}, {"--precision fp8", "--precision"}, {"--top 0", "--top"},
+           {"--global-batch 1.5", "--global-batch"}, {"--precision fp8", "--precision"}, {"--cluster tpu", "--cluster"}, {"--top 0", "--top"},
            {"--metrics /", "--metrics"}}) {
     const auto r = run_process(kPlan + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args;

@@ -210,6 +210,24 @@ TEST(CostModel, EachTechniqueMovesTheCostItShould) {
   EXPECT_GT(tp8.time.tp, 0);
 }
 
+// The same configuration on H100s: each GPU does the step's work about three times faster (989 against
+// 312 TFLOP/s), but its links are only 1.5-2 times faster, so communication takes a larger share and the
+// model FLOP utilisation falls, as measured H100 runs report against A100 ones.
+TEST(CostModel, AnH100IsFasterAndLessUtilisedThanAnA100) {
+  ParallelConfig c = grid(8, 8, 16);
+  c.recompute = Recompute::full;
+  const Prediction a100 = predict(gpt3(), cluster_named("dgx-a100", 128), c);
+  const Prediction h100 = predict(gpt3(), cluster_named("dgx-h100", 128), c);
+  ASSERT_EQ(a100.rejected, "");
+  ASSERT_EQ(h100.rejected, "");
+  EXPECT_GT(a100.time.compute / h100.time.compute, 2.0);
+  EXPECT_LT(a100.time.compute / h100.time.compute, 989.0 / 312.0);
+  EXPECT_LT(h100.time.total(), a100.time.total());
+  EXPECT_LT(h100.mfu, a100.mfu);
+  EXPECT_GT(h100.time.tp / h100.time.total(), a100.time.tp / a100.time.total());
+  EXPECT_THROW(cluster_named("tpu-v4", 1), std::invalid_argument);
+}
+
 // Every reason the search gives is the one that applies.
 TEST(CostModel, EachRejectionSaysWhy) {
   const Cluster cluster = dgx_a100(128);

@@ -1,6 +1,8 @@
 // The clusters the planner knows (cluster.h).
 #include "common/planner/cluster.h"
 
+#include <stdexcept>
+
 #include "common/planner/published.h"
 
 namespace course::planner {
@@ -28,6 +30,29 @@ Cluster dgx_a100(int nodes) {
   c.intra = {5e-6, 0.8 * 300e9};
   c.inter = {10e-6, 0.8 * 25e9};
   return c;
+}
+
+Cluster dgx_h100(int nodes) {
+  Cluster c = dgx_a100(nodes);
+  c.name = "DGX H100 x " + std::to_string(nodes);
+  // NVIDIA's H100 SXM datasheet: 989 TFLOP/s dense bf16/fp16, 67 in float32 without tensor cores, 80 GB
+  // of HBM3 at 3.35 TB/s. The GEMM curve keeps the A100's shape: the same 70% on the largest products,
+  // and half of it at a GEMM as many times larger as the peak is (a launch costs the same time).
+  c.device.name = "H100 SXM";
+  c.device.peak_flops_16 = 989e12;
+  c.device.peak_flops_32 = 67e12;
+  c.device.memory_bandwidth = 3.35e12;
+  c.device.half_efficiency_flops = 2e9 * 989e12 / kA100PeakFlops;
+  // NVLink 4: 450 GB/s each way a GPU; NDR InfiniBand: 400 Gb/s, 50 GB/s, an adapter a GPU; 80% of each.
+  c.intra = {5e-6, 0.8 * 450e9};
+  c.inter = {10e-6, 0.8 * 50e9};
+  return c;
+}
+
+Cluster cluster_named(const std::string& name, int nodes) {
+  if (name == "dgx-a100") return dgx_a100(nodes);
+  if (name == "dgx-h100") return dgx_h100(nodes);
+  throw std::invalid_argument("no cluster named '" + name + "' (dgx-a100, dgx-h100)");
 }
 
 }  // namespace course::planner

@@ -43,4 +43,11 @@ struct Cluster {
 // InfiniBand adapters of 200 Gb/s a node (25 GB/s a GPU). Sources and assumptions in cluster.cpp.
 Cluster dgx_a100(int nodes);
 
+// NVIDIA's DGX H100 nodes: 8 H100 SXM GPUs joined by NVSwitch (NVLink 4), an NDR InfiniBand adapter of
+// 400 Gb/s a GPU. The same assumptions as the A100's where nothing was measured (cluster.cpp).
+Cluster dgx_h100(int nodes);
+
+// A preset by name ("dgx-a100", "dgx-h100") of `nodes` nodes; throws std::invalid_argument otherwise.
+Cluster cluster_named(const std::string& name, int nodes);
+
 }  // namespace course::planner

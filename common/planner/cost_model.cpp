@@ -157,14 +157,12 @@ Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p)
   // A layer's GEMMs per micro-batch forward (Megatron-LM 2021 section 5.1, this rank's share): Q, K, V,
   // the projection and the MLP's two, 24 b s h^2 / t; the scores and their weighted sum, 4 b s^2 h / t.
   const double tokens = b * s_local;
-  auto projections = [&] {
-    return gemm_seconds(2 * tokens * 3 * h * h / t, d, w.precision) + gemm_seconds(2 * tokens * h * h / t, d, w.precision) +
-           2 * gemm_seconds(2 * tokens * 4 * h * h / t, d, w.precision);
-  };
+  const double projection_gemms = gemm_seconds(2 * tokens * 3 * h * h / t, d, w.precision) +      // Q, K, V
+                                   gemm_seconds(2 * tokens * h * h / t, d, w.precision) +          // projection
+                                   2 * gemm_seconds(2 * tokens * 4 * h * h / t, d, w.precision);  // the MLP's two
   // The scores and the weighted sum: one batched GEMM each over this rank's heads of the micro-batch.
   const double heads_here = b * a / t;
   const double attention_gemms = 2 * gemm_seconds(heads_here * 2 * s_local * s * (h / a), d, w.precision);
-  const double projection_gemms = projections();
   // The element-wise work moves the layer's activations through memory (kElementwiseBytesPerStoredByte);
   // the attention's share of them is its 5 a s / h term.
   const double elementwise = kElementwiseBytesPerStoredByte * whole_layer / d.memory_bandwidth;
