@@ -149,6 +149,9 @@ def check_script(path, text, chapter, build):
 
 
 def check(build):
+    if not os.path.isfile(os.path.join(build, "04_ddp", "04_ddp")):
+        print(f"error: {build}: not a build folder of the course (no 04_ddp/04_ddp in it)", file=sys.stderr)
+        return 2
     failures = []
     for chapter in CHAPTERS:
         for path, expected in scripts_of(*chapter).items():
