@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "common/comm/simulated_network.h"
+
 namespace course::planner {
 
 namespace {
@@ -37,13 +39,18 @@ double gemm_seconds(double flops, const DeviceProfile& d, DType precision) {
   return flops / (d.peak(precision) * efficiency);
 }
 
-// A ring all-reduce of `bytes` over n ranks (chapter 03): 2 (n - 1) messages of bytes / n each.
-double all_reduce_seconds(double bytes, int n, const Link& link) {
-  if (n <= 1) return 0;
-  return 2.0 * (n - 1) * (link.alpha_seconds + bytes / n / link.bytes_per_second);
+// A collective of `bytes` over n ranks on a link: chapter 03's alpha-beta model of the ring, as the
+// simulated network computes it (comm::NetworkModel; an all-reduce 2 (n - 1) messages of bytes / n, an
+// all-gather or a reduce-scatter half that).
+double collective_seconds(comm::OpKind kind, double bytes, int n, const Link& link) {
+  return comm::NetworkModel{link.alpha_seconds * 1e6, link.bytes_per_second / 1e9}.seconds(kind, bytes, n);
 }
-// Its halves: a reduce-scatter or an all-gather, n - 1 messages of bytes / n.
-double all_gather_seconds(double bytes, int n, const Link& link) { return all_reduce_seconds(bytes, n, link) / 2; }
+double all_reduce_seconds(double bytes, int n, const Link& link) {
+  return collective_seconds(comm::OpKind::all_reduce, bytes, n, link);
+}
+double all_gather_seconds(double bytes, int n, const Link& link) {
+  return collective_seconds(comm::OpKind::all_gather, bytes, n, link);
+}
 
 std::string gib(double bytes) {
   char text[32];
