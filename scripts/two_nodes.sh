@@ -17,12 +17,16 @@ shift
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 printf '127.0.0.2 slots=%d\n127.0.0.3 slots=%d\n' $((ranks / 2)) $((ranks / 2)) >"$work/hosts"
-# The rsh agent: Open MPI calls it as `agent [options] HOST COMMAND...` to start a daemon on HOST.
-cat >"$work/rsh" <<'AGENT'
+# The rsh agent: Open MPI calls it as `agent [options] HOST COMMAND...` to start a daemon on HOST. Each
+# "node" keeps its session folders apart, as separate machines would (two daemons creating the same
+# folder at once make one of them fail).
+cat >"$work/rsh" <<AGENT
 #!/bin/sh
-while [ "$#" -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
+while [ "\$#" -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
+mkdir -p "$work/\$1"
+export OMPI_MCA_orte_tmpdir_base="$work/\$1"
 shift
-exec /bin/sh -c "$*"
+exec /bin/sh -c "\$*"
 AGENT
 chmod +x "$work/rsh"
 flags=()
