@@ -29,10 +29,6 @@ std::map<std::string, GptShape> known_models() {
   return models;
 }
 
-const char* recompute_name(Recompute r) {
-  return r == Recompute::full ? "full" : r == Recompute::selective ? "selective" : "none";
-}
-
 nlohmann::json to_json(const Prediction& p, int rank) {
   const auto& c = p.config;
   return {{"event", "plan"},
@@ -40,7 +36,7 @@ nlohmann::json to_json(const Prediction& p, int rank) {
           {"config", describe(c)},
           {"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}, {"cp", c.cp},
           {"zero_stage", c.zero_stage},
-          {"recompute", recompute_name(c.recompute)},
+          {"recompute", nn::recompute_name(c.recompute)},
           {"sequence_parallel", c.sequence_parallel},
           {"micro_batch", c.micro_batch},
           {"virtual_stages", c.virtual_stages},

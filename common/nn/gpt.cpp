@@ -120,6 +120,10 @@ Recompute recompute_named(const std::string& name) {
   throw UsageError("--recompute: '" + name + "' is not none, selective or full");
 }
 
+const char* recompute_name(Recompute recompute) {
+  return recompute == Recompute::full ? "full" : recompute == Recompute::selective ? "selective" : "none";
+}
+
 // The token and position tables and the final norm are registered under "transformer." as in GPT-2.
 class Transformer : public Module {
  public:

@@ -22,6 +22,7 @@ namespace course::nn {
 enum class Recompute { none, selective, full };
 // "none", "selective" or "full"; throws UsageError naming --recompute otherwise.
 Recompute recompute_named(const std::string& name);
+const char* recompute_name(Recompute recompute);  // its inverse: "none", "selective" or "full"
 
 struct GPTConfig {
   std::int64_t n_layer = 2, n_head = 2, n_embd = 64, block_size = 32, vocab_size = 16;

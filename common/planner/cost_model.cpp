@@ -102,7 +102,7 @@ std::string describe(const ParallelConfig& p) {
   text += "-DP(" + to_string(p.dp) + ") mb " + to_string(p.micro_batch);
   if (p.virtual_stages > 1) text += " v " + to_string(p.virtual_stages);
   if (p.zero_stage > 0) text += " ZeRO-" + to_string(p.zero_stage);
-  text += p.recompute == Recompute::full ? " full" : p.recompute == Recompute::selective ? " selective" : "";
+  if (p.recompute != Recompute::none) text += std::string(" ") + nn::recompute_name(p.recompute);
   if (p.sequence_parallel) text += " SP";
   return text;
 }

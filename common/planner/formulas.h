@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/core/dtype.h"
+#include "common/nn/gpt.h"
 #include "common/parallel/zero.h"
 
 namespace course::planner {
@@ -39,7 +40,8 @@ double training_seconds(double tokens, double parameters, int gpus, double flops
 //   with sequence parallelism        s b h / t (34 + 5 a s / h)
 //   selective recomputation          s b h (10 + 24 / t), with sequence parallelism 34 s b h / t
 //   full recomputation               2 s b h (the layer's input), with sequence parallelism 2 s b h / t
-enum class Recompute { none, selective, full };
+// The recomputation forms are the chapters' own (nn::Recompute, --recompute).
+using Recompute = nn::Recompute;
 double activation_bytes_per_layer(const GptShape& g, double micro_batch, int tp, bool sequence_parallel, Recompute r);
 
 // The model states one GPU holds (Rajbhandari et al., "ZeRO", SC 2020, section 5 and figure 1): b bytes
