@@ -91,6 +91,26 @@ double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, do
   return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()});
 }
 
+std::shared_ptr<parallel::TensorParallelModule> make_split_model(const Options& o, const ChapterTask& task,
+                                                                 comm::Communicator& pp, comm::Communicator& tp,
+                                                                 int chunks, const parallel::ContextParallel* cp,
+                                                                 Device device) {
+  if (task.is_gpt()) {
+    nn::GPT full(task.config, device, o.common.seed);
+    return std::make_shared<parallel::PipelineStageGPT>(full, pp, &tp, o.sequence_parallel, chunks, cp);
+  }
+  auto full = task.task.make_model(o.common.seed);
+  return std::make_shared<parallel::TensorParallelMLP>(dynamic_cast<nn::Sequential&>(*full), tp);
+}
+
+Tensor micro_batch_loss(parallel::TensorParallelModule& model, const ChapterTask& task,
+                        const std::vector<std::int64_t>& part, const data::AdditionTask::Batch& batch) {
+  if (!task.is_gpt()) return task.task.loss(model, part);
+  auto& stage = dynamic_cast<parallel::PipelineStageGPT&>(model);
+  return stage.loss(stage(batch.ids), reshape(batch.targets, {batch.ids.dim(0), batch.ids.dim(1)}),
+                    data::AdditionTask::kIgnore);
+}
+
 GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
                         const std::int64_t& step) {
   GridRun run;
@@ -98,21 +118,13 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
     run.faulty_tp = comm::skip_all_reduces(topology.tp_group().split(0, topology.tp_rank()),
                                            [&o, &step] { return o.faults.at("skip-tp-all-reduce", step); });
   comm::Communicator& tp = run.faulty_tp ? *run.faulty_tp : topology.tp_group();
-  if (task.is_gpt()) {
-    if (topology.cp_size() > 1) {  // --cp: attention through the context-parallel group
-      run.cp = std::make_unique<parallel::ContextParallel>(topology.cp_group(), parallel::parse_context_method(o.cp_method));
-      if (o.faults.fault == "skip-cp-offset") run.cp->set_fault([&o, &step] { return o.faults.at("skip-cp-offset", step); });
-    }
-    nn::GPT full(task.config, device, o.common.seed);
-    auto stage = std::make_shared<parallel::PipelineStageGPT>(full, topology.pp_group(), &tp, o.sequence_parallel,
-                                                              o.schedule == "interleaved" ? o.virtual_stages : 1,
-                                                              run.cp.get());
-    run.stage = stage.get();
-    run.model = std::move(stage);
-  } else {
-    auto full = task.task.make_model(o.common.seed);
-    run.model = std::make_shared<parallel::TensorParallelMLP>(dynamic_cast<nn::Sequential&>(*full), tp);
+  if (task.is_gpt() && topology.cp_size() > 1) {  // --cp: attention through the context-parallel group
+    run.cp = std::make_unique<parallel::ContextParallel>(topology.cp_group(), parallel::parse_context_method(o.cp_method));
+    if (o.faults.fault == "skip-cp-offset") run.cp->set_fault([&o, &step] { return o.faults.at("skip-cp-offset", step); });
   }
+  run.model = make_split_model(o, task, topology.pp_group(), tp, o.schedule == "interleaved" ? o.virtual_stages : 1,
+                               run.cp.get(), device);
+  run.stage = dynamic_cast<parallel::PipelineStageGPT*>(run.model.get());
   // Data parallelism on top: each rank with the ranks that hold the same part in the other replicas,
   // and with --cp the other context-parallel ranks (each holds the gradient of its tokens: averaged
   // together, as Megatron-LM's data-parallel group with context parallelism).
@@ -193,11 +205,8 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
     Tensor loss;
     {
       Autocast autocast(training.precision());  // fp32: off
-      loss = task.is_gpt() ? run.stage->loss((*run.stage)(batches[i].ids),
-                                             reshape(batches[i].targets, {batches[i].ids.dim(0), batches[i].ids.dim(1)}),
-                                             data::AdditionTask::kIgnore)
-                           : task.task.loss(*run.model, parts[i]);
-      loss = scale(loss, weight[i]);
+      loss = scale(micro_batch_loss(*run.model, task, parts[i], task.is_gpt() ? batches[i] : data::AdditionTask::Batch{}),
+                   weight[i]);
     }
     step.loss += loss.item();
     const double middle = since();

@@ -63,6 +63,18 @@ struct GridRun {
   std::int64_t skipped_steps = 0;  // fp16: steps whose gradients overflowed somewhere in the grid
   verify::LockstepSummary check;  // with --verify
 };
+// A part of the model made from the seed: the GPT's stage `pp.rank()` (with `chunks` chunks, attention
+// through `cp` when given) split across `tp`, or the MLP split across `tp`. The run's (make_grid_model)
+// and --verify's in-process TP ranks' (verify_grid.h).
+std::shared_ptr<parallel::TensorParallelModule> make_split_model(const Options& o, const ChapterTask& task,
+                                                                 comm::Communicator& pp, comm::Communicator& tp,
+                                                                 int chunks, const parallel::ContextParallel* cp,
+                                                                 Device device);
+// A micro-batch's loss on a part of the model that holds all its layers (one pipeline stage): the
+// GPT's through its stage (`batch`), the MLP's on its samples (`part`).
+Tensor micro_batch_loss(parallel::TensorParallelModule& model, const ChapterTask& task,
+                        const std::vector<std::int64_t>& part, const data::AdditionTask::Batch& batch);
+
 // This rank's part of the model, made alike on every rank from the seed: its stage's layers (all of
 // them when --pp is 1), each split across its TP group; with DP, wrapped in chapter 04/05's DDP on the
 // DP group. The faults of the TP group and of the DP average are wired in here, on from the step

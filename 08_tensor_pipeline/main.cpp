@@ -10,8 +10,9 @@
 // train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
 // step in lock-step against the unsharded model on the whole global batch: the grid's gradient, its
 // loss and its update. With --precision bf16|fp16 the forward runs under autocast over float32 masters
-// (chapter 04's mixed precision), and the row-parallel sums travel in 16 bits; --verify checks float32
-// grids only (the README says why). Below the fence: the sweep and the report.
+// (chapter 04's mixed precision), and the row-parallel sums travel in 16 bits; --verify then checks each
+// micro-batch against a reference that rounds as the run does (the split model's TP ranks on threads,
+// verify_grid.h). Below the fence: the sweep and the report.
 #include "08_tensor_pipeline/grid_training.h"      // the step's parts: the model's parts, forward and backward, clipping
 #include "08_tensor_pipeline/options.h"            // the chapter's flags
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
@@ -148,12 +149,20 @@ int run(Options o, cli::Session& session) {
   const std::string limit = cli::apply_memory_limit(o.mem_limit_mb, device);  // --mem-limit-mb
   // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
   // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it, so
-  // 16 bits are checked by their parts, which tensor parallelism splits.
-  if (o.verify && !verifiable(o, topology, task))
-    throw UsageError("--verify: checks tensor- and context-parallel layers (any --tp or --cp, and the MLP's) in fp32 only; in " +
-                     (o.precision.tf32 ? "TF32" : o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype) +
-                     " their roundings come within a few noise floors of a lost micro-batch (verify with --precision fp32 "
-                     "and --reduce-dtype fp32, without --tf32; 16 bits on the GPT without --tp)");
+  // 16 bits are checked by their parts, against a reference that repeats the run's roundings.
+  if (o.verify && !verifiable(o, topology, task)) {
+    const std::string sixteen = o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype;
+    throw UsageError(
+        o.precision.tf32
+            ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a few noise "
+              "floors of that; verify without --tf32"
+        : topology.cp_size() > 1
+            ? "--verify: checks " + sixteen + " by micro-batches without --cp only (context-parallel attention splits each "
+              "micro-batch over the CP ranks); verify --cp with --precision fp32 --reduce-dtype fp32"
+            : "--verify: checks " + sixteen + " at up to " + std::to_string(kMostTensorParallelRanksIn16Bits) +
+                  " TP ranks: more add their 16-bit partial products in an order MPI chooses, which no reference "
+                  "repeats; use --tp 2, or --precision fp32 --reduce-dtype fp32");
+  }
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   if (task.sequence != task.tokens_per_sample())
     log("context parallelism: sequences of %lld tokens padded to %lld, which %d ranks split (%s); the padding's "
@@ -203,7 +212,8 @@ int run(Options o, cli::Session& session) {
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
                                      std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
-  const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology), session.metrics);
+  const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology),
+                                                     checked_on_split_layers(o, topology, task), topology.tp_size(), session.metrics);
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }

@@ -25,16 +25,27 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   by_parts_ = checked_by_parts(o, topology);
   // The run adds its micro-batches in float32, its replicas in the reduce type: the bound follows it.
   if (by_parts_) lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
+  if (checked_on_split_layers(o, topology, task)) {
+    const Device device = reference_->parameters().front().device();
+    split_reference_ = std::make_unique<verify::TensorParallelReference>(
+        topology.tp_size(),
+        [&](comm::Communicator& tp) { return make_split_model(o, task, alone_.member(0), tp, 1, nullptr, device); },
+        *reference_, o.sequence_parallel);
+  }
 }
 
 bool checked_by_parts(const Options& o, const parallel::Topology& topology) {
-  return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) && topology.tp_size() == 1 &&
-         topology.cp_size() == 1;
+  return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) &&
+         topology.tp_size() <= kMostTensorParallelRanksIn16Bits && topology.cp_size() == 1;
 }
 
-bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {
+bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {
+  return checked_by_parts(o, topology) && (topology.tp_size() > 1 || !task.is_gpt());
+}
+
+bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask&) {
   const bool float32 = o.precision.dtype() == DType::float32 && o.precision.reduce() == DType::float32;
-  return !o.precision.tf32 && (float32 || (topology.tp_size() == 1 && topology.cp_size() == 1 && task.is_gpt()));
+  return !o.precision.tf32 && (float32 || checked_by_parts(o, topology));
 }
 
 // The whole vectors put together for the check count as its memory, not the run's.
@@ -55,9 +66,18 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
                            [&](nn::Module& model, std::size_t index) {
                              const auto parts = micro_batches(global_batch, static_cast<int>(index) / m, dp, m);
                              const auto i = index % static_cast<std::size_t>(m);
-                             const float weight = micro_batch_weights(task_, parts, model.parameters().front().device())[i];
-                             return training.reference_backward(model.parameters(), [&] {
-                               return scale(task_.task.loss(model, parts[i]), weight);
+                             const Device device = model.parameters().front().device();
+                             const float weight = micro_batch_weights(task_, parts, device)[i];
+                             if (!split_reference_)
+                               return training.reference_backward(model.parameters(), [&] {
+                                 return scale(task_.task.loss(model, parts[i]), weight);
+                               });
+                             // The run's TP ranks, each its part of the micro-batch's forward and backward.
+                             const auto batch = task_.is_gpt() ? task_.batch(parts[i], device) : data::AdditionTask::Batch{};
+                             return split_reference_->backward(model, [&](parallel::TensorParallelModule& part) {
+                               return training.reference_backward(part.parameters(), [&] {
+                                 return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
+                               });
                              });
                            });
     return;
@@ -85,14 +105,17 @@ verify::LockstepSummary GridCheck::finish() {
   return lockstep_->finish(gather_->parameters());
 }
 
-bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, bool by_parts,
+bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, bool by_parts, bool split, int tp,
                   metrics::MetricsWriter& metrics) {
   const char* model = task.is_gpt() ? "GPT" : "MLP";
+  const std::string reference = split ? "the " + std::string(model) + " split as the run splits it (its " + std::to_string(tp) +
+                                            " TP rank" + (tp > 1 ? "s" : "") + " in each process)"
+                                      : "the unsharded " + std::string(model);
   if (c.passed && by_parts)
-    log("verify, %lld steps in lock-step against the unsharded %s, micro-batch by micro-batch: every gradient within the "
+    log("verify, %lld steps in lock-step against %s, micro-batch by micro-batch: every gradient within the "
         "bound of its sums over micro-batches and replicas (at most %.3g of it), every loss (%.3g of its bound), every "
         "update the unsharded AdamW's, bit for bit%s: PASSED\n",
-        static_cast<long long>(c.steps), model, c.worst_gradient_ratio, c.worst_loss_ratio,
+        static_cast<long long>(c.steps), reference.c_str(), c.worst_gradient_ratio, c.worst_loss_ratio,
         c.skipped_steps ? (" (" + std::to_string(c.skipped_steps) + " fp16 steps overflowed and were skipped by both)").c_str()
                         : "");
   else if (c.passed)
@@ -102,9 +125,9 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
         static_cast<long long>(c.steps), model, verify::kNoiseFloorFactor, c.worst_gradient_ratio, c.worst_floor,
         c.worst_loss_ratio);
   else
-    log("verify against the unsharded %s FAILED at step %lld: %s\n", model, static_cast<long long>(c.first_failed_step),
+    log("verify against %s FAILED at step %lld: %s\n", reference.c_str(), static_cast<long long>(c.first_failed_step),
         c.first_failure.c_str());
-  metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
+  metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"split_reference", split}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
                  {"gradient_ratio", c.worst_gradient_ratio}, {"loss_ratio", c.worst_loss_ratio},
                  {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor}});
   return c.passed;

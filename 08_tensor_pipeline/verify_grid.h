@@ -3,19 +3,23 @@
 // with the unsharded model's over the whole global batch, which the ranks compute piece by piece; the
 // tolerance is the step's own noise floor, since tensor and pipeline parallelism reorder the sums.
 // In 16 bits (--precision bf16|fp16, --reduce-dtype) that floor cannot tell rounding from a lost
-// micro-batch (README), so a grid without tensor parallelism is checked by its parts instead, as
-// chapter 04 checks DDP: each micro-batch's gradient through the stages is the unsharded model's on
-// that micro-batch, bit for bit, and only the sums over micro-batches and replicas differ, within
-// their derived bound. With tensor parallelism a micro-batch's own sums are split, and 16 bits stay
-// refused.
+// micro-batch (README), so a grid is checked by its parts instead, as chapter 04 checks DDP: each
+// micro-batch's gradient through the stages is the reference's on that micro-batch, bit for bit, and
+// only the sums over micro-batches and replicas differ, within their derived bound. Without tensor
+// parallelism the unsharded GPT computes a micro-batch as the stages do; a split layer rounds otherwise
+// (its partial products in 16 bits, a row layer's bias after the sum), so with --tp 2 (and for the MLP,
+// whose layers are split at any --tp) the reference is the run's own split model, its TP ranks on threads
+// of each process (common/verify/tensor_parallel_reference.h).
 #pragma once
 #include <cstdint>
 #include <memory>
 
 #include "common/data/sampling.h"
 #include "common/metrics/metrics.h"
+#include "common/comm/local_group.h"
 #include "common/parallel/whole_model.h"
 #include "common/verify/lockstep.h"
+#include "common/verify/tensor_parallel_reference.h"
 #include "grid_training.h"
 
 namespace course::chapter08 {
@@ -39,19 +43,25 @@ class GridCheck {
   std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe
   std::unique_ptr<parallel::WholeModelGather> gather_;
   std::unique_ptr<verify::Lockstep> lockstep_;
-  bool by_parts_ = false;  // 16 bits without TP: the micro-batches as parts
+  bool by_parts_ = false;  // 16 bits: the micro-batches as parts
+  comm::LocalGroup alone_{1};  // the one pipeline stage of the TP reference's parts
+  std::unique_ptr<verify::TensorParallelReference> split_reference_;  // 16 bits, split layers: the run's TP ranks
 };
 
-// Whether --verify checks this run by its parts (16 bits without tensor parallelism), and whether it can
-// check it at all: float32 anywhere; 16 bits on the GPT without --tp (the MLP's layers are tensor-
-// parallel at any --tp, their bias added after the row-parallel sum, so even one micro-batch is not the
-// unsharded MLP's); never TF32.
+// The most TP ranks whose 16-bit sums a reference in one process can repeat: two values add alike in
+// either order, more in MPI's own (verify/tensor_parallel_reference.h).
+constexpr int kMostTensorParallelRanksIn16Bits = 2;
+
+// Whether --verify checks this run by its parts (16 bits), and whether it can check it at all: float32
+// anywhere; 16 bits without context parallelism at up to kMostTensorParallelRanksIn16Bits TP ranks; never
+// TF32. Whether the reference of the parts is the run's split model (16 bits with TP, or the MLP).
 bool checked_by_parts(const Options& o, const parallel::Topology& topology);
+bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
 bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
 
 // Logs the verdict in one line and writes the verify metric; true when it passed. `by_parts`: the run was
-// checked by its parts (checked_by_parts).
-bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, bool by_parts,
+// checked by its parts (checked_by_parts); `split`: against the run's split model (checked_on_split_layers).
+bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, bool by_parts, bool split, int tp,
                   metrics::MetricsWriter& metrics);
 
 }  // namespace course::chapter08

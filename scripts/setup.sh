@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp libdnnl-dev libcli11-dev nlohmann-json3-dev
+packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp libdnnl-dev ocl-icd-opencl-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libbenchmark-dev python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do

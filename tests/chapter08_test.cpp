@@ -374,8 +374,7 @@ TEST(Chapter08, TheDefaultsRunAtSevenRanks) {
 // Mixed precision (--precision bf16|fp16): the forward under autocast over float32 masters, the
 // row-parallel sums all-reduced in 16 bits, fp16's loss scale agreed over the whole grid. Every grid
 // learns (the final loss a fifth below the first); too large a loss scale skips the same steps on every
-// rank, then training goes on. --verify refuses 16 bits: no tolerance separates their rounding from a
-// lost micro-batch in a tensor- or pipeline-parallel grid (the chapter's README).
+// rank, then training goes on. (--verify checks 16 bits by their parts: the next tests.)
 TEST(Chapter08, MixedPrecisionTrainsOnEveryGrid) {
   for (const std::string precision : {"bf16", "fp16"})
     for (const auto& [mpirun, grid] : std::vector<std::pair<std::string, std::string>>{
@@ -429,37 +428,48 @@ TEST(Chapter08, RecomputationPassesVerifyOnEveryGridInLessMemory) {
   }
 }
 
-// 16 bits without TP are checked by their parts: each micro-batch through the stages is the unsharded
-// GPT's on it, bit for bit, and the sums over micro-batches (float32) and replicas (the reduce type)
-// keep their bound; a lost micro-batch, a tied table not exchanged and replicas that never average fail
-// at the step they begin. With TP (and the MLP's tensor-parallel layers) 16 bits are refused.
-TEST(Chapter08, MixedPrecisionIsVerifiedByItsPartsWithoutTp) {
-  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
-           {MPIRUN_NP2, "--pp 2 --precision bf16"},
-           {MPIRUN_NP4, "--pp 2 --dp 2 --precision fp16 --reduce-dtype fp16"},
-           {MPIRUN_NP2, "--dp 2 --reduce-dtype bf16"}}) {
+// 16 bits are checked by their parts: each micro-batch through the stages is the reference's on it, bit
+// for bit, and the sums over micro-batches (float32) and replicas (the reduce type) keep their bound.
+// Without TP the reference is the unsharded GPT; with TP 2 (and for the MLP, split at any --tp) the
+// run's own split model, its TP ranks on threads of each process. A lost micro-batch, a tied table not
+// exchanged, replicas that never average, a TP all-reduce or a sequence-parallel sum left out: each
+// fails at the step it begins. More than two TP ranks add their 16-bit products in MPI's own order,
+// and --verify refuses them.
+TEST(Chapter08, MixedPrecisionIsVerifiedByItsParts) {
+  for (const auto& [mpirun, flags, split] : std::vector<std::tuple<std::string, std::string, bool>>{
+           {MPIRUN_NP2, "--pp 2 --precision bf16", false},
+           {MPIRUN_NP4, "--pp 2 --dp 2 --precision fp16 --reduce-dtype fp16", false},
+           {MPIRUN_NP2, "--dp 2 --reduce-dtype bf16", false},
+           {MPIRUN_NP2, "--tp 2 --precision bf16", true},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --precision fp16", true},
+           {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --precision bf16 --reduce-dtype bf16", true},  // the 3D grid
+           {MPIRUN_NP2, "--model mlp --tp 2 --precision bf16", true},
+           {MPIRUN_NP3, "--model mlp --dp 3 --precision fp16", true}}) {
     Outcome r = run(mpirun, flags + " --verify");
     ASSERT_EQ(r.process.exit_code, 0) << flags << "\n" << r.process.out << r.process.err;
     auto verify = events(r.records, "verify");
     ASSERT_EQ(verify.size(), 1u) << flags;
     EXPECT_TRUE(verify[0]["passed"].get<bool>()) << flags;
     EXPECT_TRUE(verify[0]["by_parts"].get<bool>()) << flags;
+    EXPECT_EQ(verify[0]["split_reference"].get<bool>(), split) << flags;
     EXPECT_LE(verify[0]["gradient_ratio"].get<double>(), 1.0) << flags;
     EXPECT_NE(r.process.out.find("micro-batch by micro-batch"), std::string::npos) << r.process.out;
+    EXPECT_EQ(r.process.out.find("split as the run splits it") != std::string::npos, split) << r.process.out;
   }
   for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
            {MPIRUN_NP2, "--pp 2 --precision bf16 --fault lose-micro-batch"},
            {MPIRUN_NP2, "--pp 2 --precision fp16 --fault skip-tied-exchange"},
-           {MPIRUN_NP2, "--dp 2 --precision bf16 --reduce-dtype bf16 --fault skip-dp-average"}}) {
+           {MPIRUN_NP2, "--dp 2 --precision bf16 --reduce-dtype bf16 --fault skip-dp-average"},
+           {MPIRUN_NP2, "--tp 2 --precision bf16 --fault skip-tp-all-reduce"},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16 --fault skip-sp-sum"},
+           {MPIRUN_NP2, "--model mlp --tp 2 --precision fp16 --fault skip-tp-all-reduce"}}) {
     Outcome r = run(mpirun, flags + " --verify --fault-from-step 3");
     EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.out.find("FAILED at step 3: the gradient of"), std::string::npos) << flags << r.process.out;
   }
-  for (const std::string flags : {"--tp 2 --precision bf16", "--model mlp --dp 2 --precision fp16"}) {
-    Outcome refused = run(MPIRUN_NP2, flags + " --verify");
-    EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
-    EXPECT_NE(refused.process.err.find("--verify: checks tensor- and context-parallel layers"), std::string::npos) << refused.process.err;
-  }
+  Outcome refused = run(MPIRUN_NP4, "--tp 4 --precision bf16 --verify");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("--verify: checks bf16 at up to 2 TP ranks"), std::string::npos) << refused.process.err;
 }
 
 TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {

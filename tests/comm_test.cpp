@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
 #include "common/comm/agree.h"
 #include "common/comm/algorithms.h"
+#include "common/comm/local_group.h"
 #include "common/comm/simulated_network.h"
 #include "common/core/errors.h"
 #include "common/kernels/kernels.h"
@@ -365,6 +367,45 @@ TEST(Communicator, SixteenBitTensorsTravelAndReduceInTheirType) {
     EXPECT_THROW(world().send_recv(out, (me + 1) % ranks, wide_in, (me - 1 + ranks) % ranks), std::invalid_argument);
     EXPECT_THROW(world().all_reduce_async(t, ReduceOp::sum, comm::Element::bfloat16), std::invalid_argument);
   }
+}
+
+// The in-process group (verify's tensor-parallel reference) against MPI itself: at two ranks every
+// reduction gives the same bits, in every type and operation (adding two values does not depend on
+// their order); at more, what does not depend on the order (max, the data moves).
+TEST(LocalGroup, GivesMpisBitsWhereTheOrderCannotMatter) {
+  comm::Communicator& mpi = world();
+  const int n = mpi.size();
+  const auto data = [](int rank, DType dtype) {  // values of every size and sign, 16-bit roundings exercised
+    const Tensor t = Tensor::randn({1001}, 40 + static_cast<std::uint64_t>(rank), Device::cpu, 0.0f, 3.0f);
+    return t.to(dtype).clone();
+  };
+  comm::LocalGroup group(n);
+  for (const DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average, ReduceOp::max}) {
+      if (n > 2 && op != ReduceOp::max) continue;
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + comm::reduce_op_name(op));
+      Tensor theirs = data(mpi.rank(), dtype);
+      mpi.all_reduce(theirs, op);
+      std::vector<Tensor> ours(static_cast<std::size_t>(n));
+      group.run([&](comm::Communicator& c) {
+        Tensor t = data(c.rank(), dtype);
+        c.all_reduce(t, op);
+        ours[static_cast<std::size_t>(c.rank())] = t;
+      });
+      for (const Tensor& t : ours) EXPECT_EQ(std::memcmp(t.raw(), theirs.raw(), t.nbytes()), 0);
+      Tensor scattered = Tensor::zeros({7}, Device::cpu, dtype), input = data(mpi.rank(), dtype);
+      Tensor slice_input = input.flat_view(0, static_cast<std::size_t>(7 * n)).clone();
+      mpi.reduce_scatter(slice_input, scattered, op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum);
+      std::vector<Tensor> our_slices(static_cast<std::size_t>(n));
+      group.run([&](comm::Communicator& c) {
+        Tensor in = data(c.rank(), dtype).flat_view(0, static_cast<std::size_t>(7 * n)).clone(),
+               out = Tensor::zeros({7}, Device::cpu, dtype);
+        c.reduce_scatter(in, out, op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum);
+        our_slices[static_cast<std::size_t>(c.rank())] = out;
+      });
+      const Tensor& mine = our_slices[static_cast<std::size_t>(mpi.rank())];
+      EXPECT_EQ(std::memcmp(mine.raw(), scattered.raw(), mine.nbytes()), 0);
+    }
 }
 
 TEST(Communicator, RejectsBadArguments) {

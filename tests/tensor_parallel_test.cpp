@@ -18,6 +18,11 @@
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
 #include "common/parallel/tensor_parallel_mlp.h"
+#include "common/parallel/whole_model.h"
+#include "common/autograd/autograd.h"
+#include "common/comm/local_group.h"
+#include "common/ops/autocast.h"
+#include "common/verify/tensor_parallel_reference.h"
 #include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
@@ -186,6 +191,100 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
       ++checked;
     }
     EXPECT_EQ(checked, full.named_parameters().size());
+  }
+}
+
+// In bfloat16 a split layer rounds otherwise than the whole one (each rank's partial product rounded
+// before the ranks add them, a row layer's bias added after that sum), so the whole GPT's gradient of a
+// micro-batch is not the split run's. The reference that runs the split model's TP ranks on threads of
+// one process (verify/tensor_parallel_reference.h) gives the run's loss and every gradient bit for bit,
+// and reports the terms of each gradient (under sequence parallelism an unsplit parameter's is every
+// rank's term). At 4 ranks MPI adds the partial products in an order of its own, which no reference
+// repeats: there the reference runs in float32 and agrees within the reordering's tolerance.
+TEST(TensorParallel, TheInProcessReferenceRoundsAsTheRanksDo) {
+  comm::Communicator& tp = world();
+  const bool exact = tp.size() <= 2;
+  const DType precision = exact ? DType::bfloat16 : DType::float32;
+  auto alone = tp.split(tp.rank(), 0);
+  nn::GPTConfig config;
+  config.n_layer = 2, config.n_head = 4, config.n_embd = 32, config.block_size = 8, config.vocab_size = 12;
+  std::vector<float> ids(3 * 8), targets(3 * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<float>((i * 7 + 3) % 12);
+    targets[i] = i % 5 == 0 ? -100.0f : static_cast<float>((i * 5 + 1) % 12);
+  }
+  const Tensor id_tensor = Tensor::from_host(ids, {3, 8}), target_tensor = Tensor::from_host(targets, {24});
+  const auto backward = [&](parallel::PipelineStageGPT& stage) {
+    Tensor loss;
+    {
+      Autocast autocast(precision);
+      loss = stage.loss(stage(id_tensor), target_tensor, -100);
+    }
+    loss.backward();
+    return loss.item();
+  };
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
+    nn::GPT full(config, Device::cpu, 7);
+    parallel::PipelineStageGPT sharded(full, *alone, &tp, sequence_parallel);
+    const float run_loss = backward(sharded);
+    parallel::finish_gradients(sharded);
+    parallel::WholeModelGather gather(sharded, full, tp,
+                                      [&](const std::string& name) { return sharded.is_split(name) || tp.rank() == 0; });
+    const std::vector<float> run = gather.gradients();
+
+    comm::LocalGroup pipeline_of_one(1);
+    verify::TensorParallelReference reference(
+        tp.size(),
+        [&](comm::Communicator& member) {
+          return std::make_shared<parallel::PipelineStageGPT>(full, pipeline_of_one.member(0), &member, sequence_parallel);
+        },
+        full, sequence_parallel);
+    full.zero_grad();
+    autograd::ContributionMagnitudes terms;
+    const float reference_loss = reference.backward(full, [&](parallel::TensorParallelModule& part) {
+      return backward(dynamic_cast<parallel::PipelineStageGPT&>(part));
+    });
+    if (tp.rank() != 0) continue;
+    const std::vector<float> ours = full.gradients_to_host();
+    ASSERT_EQ(ours.size(), run.size());
+    if (!exact) {
+      EXPECT_NEAR(reference_loss, run_loss, kReorderTolerance);
+      EXPECT_LE(verify::max_abs_diff(ours, run), kReorderTolerance);
+      continue;
+    }
+    EXPECT_EQ(reference_loss, run_loss);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < ours.size(); ++i) differ += ours[i] != run[i];
+    EXPECT_EQ(differ, 0u) << "of " << ours.size();
+    for (const auto& [name, p] : full.named_parameters()) {
+      if (name == "transformer.h.0.ln_1.weight") {  // unsplit: two terms under sequence parallelism, one otherwise
+        EXPECT_EQ(terms.count(p), sequence_parallel ? tp.size() : 1) << name;
+      }
+      if (name == "transformer.wte.weight") {
+        EXPECT_EQ(terms.count(p), 2) << name;  // the table and the tied head
+      }
+    }
+
+    // The whole GPT's own bfloat16 gradient of the micro-batch: the same at one rank, not at two.
+    nn::GPT whole(config, Device::cpu, 7);
+    {
+      Tensor loss;
+      {
+        Autocast autocast(DType::bfloat16);
+        loss = cross_entropy(whole(id_tensor), target_tensor);
+      }
+      loss.backward();
+    }
+    const std::vector<float> unsharded = whole.gradients_to_host();
+    std::size_t unsharded_differ = 0;
+    for (std::size_t i = 0; i < ours.size(); ++i) unsharded_differ += unsharded[i] != run[i];
+    if (tp.size() == 1 && !sequence_parallel) {
+      EXPECT_EQ(unsharded_differ, 0u);
+    }
+    if (tp.size() == 2) {
+      EXPECT_GT(unsharded_differ, ours.size() / 10) << "of " << ours.size();
+    }
   }
 }
 

@@ -140,6 +140,19 @@ void ContributionMagnitudes::add(const Tensor& leaf, const Tensor& contribution)
   most_ = std::max(most_, ++sums.count);
 }
 
+void ContributionMagnitudes::add(const Tensor& leaf, const std::vector<double>& magnitude, int count) {
+  Sums& sums = sums_[leaf.impl()];
+  sums.magnitude.resize(magnitude.size(), 0.0);
+  for (std::size_t i = 0; i < magnitude.size(); ++i) sums.magnitude[i] += magnitude[i];
+  sums.count += count;
+  most_ = std::max(most_, sums.count);
+}
+
+int ContributionMagnitudes::count(const Tensor& leaf) const {
+  const auto found = sums_.find(leaf.impl());
+  return found == sums_.end() ? 0 : found->second.count;
+}
+
 void ContributionMagnitudes::scale(const std::vector<Tensor>& leaves, double factor) {
   for (const Tensor& leaf : leaves) {
     const auto found = sums_.find(leaf.impl());

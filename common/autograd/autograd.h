@@ -81,6 +81,10 @@ class ContributionMagnitudes {
   // The most contributions any leaf received.
   int most_contributions() const { return most_; }
   void add(const Tensor& leaf, const Tensor& contribution);  // the engine's
+  // Terms computed elsewhere (another thread's backward): `count` contributions to each element of
+  // `leaf`, the sums of their magnitudes.
+  void add(const Tensor& leaf, const std::vector<double>& magnitude, int count);
+  int count(const Tensor& leaf) const;  // how many contributions `leaf` received
   void scale(const std::vector<Tensor>& leaves, double factor);
 
  private:

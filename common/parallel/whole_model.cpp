@@ -13,6 +13,20 @@ constexpr std::int64_t kHalf = 4096;
 
 }  // namespace
 
+std::vector<std::int64_t> places_in_whole(const TensorParallelModule& part, const std::string& name,
+                                          const Shape& whole_shape, Device device) {
+  const std::int64_t n = shape_numel(whole_shape);
+  std::vector<float> high(static_cast<std::size_t>(n)), low(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) high[static_cast<std::size_t>(i)] = static_cast<float>(i / kHalf),
+                                       low[static_cast<std::size_t>(i)] = static_cast<float>(i % kHalf);
+  const auto h = part.part_of(name, Tensor::from_host(high, whole_shape, device)).to_host();
+  const auto l = part.part_of(name, Tensor::from_host(low, whole_shape, device)).to_host();
+  std::vector<std::int64_t> places(h.size());
+  for (std::size_t j = 0; j < h.size(); ++j)
+    places[j] = static_cast<std::int64_t>(h[j]) * kHalf + static_cast<std::int64_t>(l[j]);
+  return places;
+}
+
 WholeModelGather::WholeModelGather(const TensorParallelModule& part, const nn::Module& whole, comm::Communicator& world,
                                    const std::function<bool(const std::string&)>& responsible)
     : world_(world), device_(whole.parameters().front().device()) {
@@ -26,18 +40,12 @@ WholeModelGather::WholeModelGather(const TensorParallelModule& part, const nn::M
     const auto found = at.find(name);
     if (found == at.end()) throw std::invalid_argument("WholeModelGather: the whole model has no '" + name + "'");
     const auto& [offset, shape] = found->second;
-    const std::int64_t n = shape_numel(shape);
-    std::vector<float> high(static_cast<std::size_t>(n)), low(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) high[static_cast<std::size_t>(i)] = static_cast<float>(i / kHalf),
-                                         low[static_cast<std::size_t>(i)] = static_cast<float>(i % kHalf);
-    const auto h = part.part_of(name, Tensor::from_host(high, shape, device_)).to_host();
-    const auto l = part.part_of(name, Tensor::from_host(low, shape, device_)).to_host();
-    if (static_cast<std::int64_t>(h.size()) != p.numel())
+    const auto places = places_in_whole(part, name, shape, device_);
+    if (static_cast<std::int64_t>(places.size()) != p.numel())
       throw std::invalid_argument("WholeModelGather: '" + name + "' has " + std::to_string(p.numel()) +
-                                  " elements, its part of the whole " + std::to_string(h.size()));
+                                  " elements, its part of the whole " + std::to_string(places.size()));
     Piece piece{p, {}};
-    for (std::size_t j = 0; j < h.size(); ++j)
-      piece.places.push_back(offset + static_cast<std::int64_t>(h[j]) * kHalf + static_cast<std::int64_t>(l[j]));
+    for (const std::int64_t place : places) piece.places.push_back(offset + place);
     pieces_.push_back(std::move(piece));
   }
 }

@@ -17,6 +17,11 @@
 
 namespace course::parallel {
 
+// Where each element of `part`'s parameter `name` lies in the whole model's tensor of that name (of
+// `whole_shape`), as an index into that tensor: learnt from part_of itself.
+std::vector<std::int64_t> places_in_whole(const TensorParallelModule& part, const std::string& name,
+                                          const Shape& whole_shape, Device device);
+
 class WholeModelGather {
  public:
   // `part`: this rank's part of the model, its parameters named as the whole model's; `whole`: a model of

@@ -1,0 +1,248 @@
+// The members' collectives: each posts its call and a host copy of its input; the last to arrive
+// computes every member's result, in rank order, and wakes the others.
+#include "common/comm/local_group.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "common/kernels/half.h"
+
+namespace course::comm {
+
+namespace {
+// A member's wait that ended because another member failed: the other's error is the one to report.
+struct MemberFailed : std::runtime_error {
+  MemberFailed() : std::runtime_error("LocalGroup: another member of the group failed") {}
+};
+}  // namespace
+
+struct LocalGroup::Exchange {
+  explicit Exchange(int n) : posted(static_cast<std::size_t>(n)), inputs(posted.size()), results(posted.size()),
+                             turns(posted.size(), nullptr) {}
+  std::mutex mutex;  // the turn: held by the member that computes
+  std::condition_variable changed;
+  std::vector<Collective> posted;  // this round's call of each member
+  std::vector<Tensor> inputs;      // their inputs, copied to the host
+  std::vector<Tensor> results;     // each member's output on the host (undefined: left as it is)
+  std::vector<std::unique_lock<std::mutex>*> turns;  // each member's hold on the turn, during run()
+  int arrived = 0, finished = 0;
+  long round = 0;
+  bool failed = false;
+  int size() const { return static_cast<int>(posted.size()); }
+  bool stranded() const { return arrived > 0 && arrived + finished == size(); }  // waiting on members that are done
+};
+
+namespace {
+
+Tensor host_copy(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu);
+  return host.impl() == t.impl() ? t.clone() : host;
+}
+
+// Slice `index` of `count` equal slices of a host tensor, as a host tensor of `shape`.
+Tensor slice(const Tensor& t, int index, int count, const Shape& shape) {
+  const std::size_t n = static_cast<std::size_t>(t.numel()) / static_cast<std::size_t>(count);
+  return t.flat_view(static_cast<std::size_t>(index) * n, n).view(0, shape).clone();
+}
+
+// The inputs laid one after the other in rank order, shaped as `shape`.
+Tensor concatenate(const std::vector<Tensor>& inputs, const Shape& shape) {
+  Tensor out = Tensor::empty(shape, Device::cpu, inputs.front().dtype());
+  auto* at = static_cast<char*>(out.raw());
+  for (const Tensor& in : inputs) {
+    std::memcpy(at, in.raw(), in.nbytes());
+    at += in.nbytes();
+  }
+  return out;
+}
+
+// The reduction of the inputs element by element, as the MPI backend computes it (the file's comment).
+Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
+  const DType dtype = inputs.front().dtype();
+  const auto n = static_cast<std::size_t>(inputs.front().numel());
+  const float inverse = 1.0f / static_cast<float>(inputs.size());
+  Tensor out = inputs.front().clone();
+  if (dtype == DType::float32) {
+    float* acc = out.data();
+    for (std::size_t k = 1; k < inputs.size(); ++k) {
+      const float* x = inputs[k].data();
+      for (std::size_t i = 0; i < n; ++i) acc[i] = op == ReduceOp::max ? (x[i] > acc[i] || std::isnan(x[i]) ? x[i] : acc[i]) : acc[i] + x[i];
+    }
+    if (op == ReduceOp::average)
+      for (std::size_t i = 0; i < n; ++i) acc[i] *= inverse;
+    return out;
+  }
+  const bool fp16 = dtype == DType::float16;
+  const auto widen = [fp16](std::uint16_t b) { return fp16 ? half::from_float16(b) : half::from_bfloat16(b); };
+  const auto narrow = [fp16](float v) { return fp16 ? half::to_float16(v) : half::to_bfloat16(v); };
+  const auto term = [&](std::uint16_t b) { return op == ReduceOp::average ? narrow(widen(b) * inverse) : b; };
+  std::uint16_t* acc = out.data16();
+  for (std::size_t i = 0; i < n; ++i) acc[i] = term(acc[i]);
+  for (std::size_t k = 1; k < inputs.size(); ++k) {
+    const std::uint16_t* x = inputs[k].data16();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float a = widen(term(x[i])), b = widen(acc[i]);
+      acc[i] = narrow(op == ReduceOp::max ? (a > b || std::isnan(a) ? a : b) : a + b);
+    }
+  }
+  return out;
+}
+
+// Every member's result of this round (all have posted).
+void compute(LocalGroup::Exchange& e) {
+  const int n = e.size();
+  const Collective& first = e.posted.front();
+  for (int k = 1; k < n; ++k)
+    if (e.posted[static_cast<std::size_t>(k)].kind != first.kind)
+      throw std::logic_error(std::string("LocalGroup: member ") + std::to_string(k) + " called " +
+                             op_name(e.posted[static_cast<std::size_t>(k)].kind) + " while member 0 called " + op_name(first.kind));
+  std::vector<Tensor>& out = e.results;
+  for (Tensor& r : out) r = Tensor();
+  const auto at = [](auto& v, int k) -> decltype(v[0]) { return v[static_cast<std::size_t>(k)]; };
+  switch (first.kind) {
+    case OpKind::all_reduce: {
+      const Tensor sum = reduce(e.inputs, first.op);
+      for (Tensor& r : out) r = sum;
+      break;
+    }
+    case OpKind::reduce:
+      at(out, first.root) = reduce(e.inputs, first.op);
+      break;
+    case OpKind::broadcast:
+      for (Tensor& r : out) r = at(e.inputs, first.root);
+      break;
+    case OpKind::all_gather:
+      for (int k = 0; k < n; ++k) at(out, k) = concatenate(e.inputs, at(e.posted, k).output.shape());
+      break;
+    case OpKind::gather:
+      at(out, first.root) = concatenate(e.inputs, at(e.posted, first.root).output.shape());
+      break;
+    case OpKind::reduce_scatter: {
+      const Tensor whole = reduce(e.inputs, first.op);  // element by element, so the slices are the sums of slices
+      for (int k = 0; k < n; ++k) at(out, k) = slice(whole, k, n, at(e.posted, k).output.shape());
+      break;
+    }
+    case OpKind::scatter:
+      for (int k = 0; k < n; ++k) at(out, k) = slice(at(e.inputs, first.root), k, n, at(e.posted, k).output.shape());
+      break;
+    case OpKind::all_to_all:
+      for (int k = 0; k < n; ++k) {
+        std::vector<Tensor> pieces;
+        for (int j = 0; j < n; ++j) {
+          const Tensor& in = at(e.inputs, j);
+          pieces.push_back(slice(in, k, n, {in.numel() / n}));
+        }
+        at(out, k) = concatenate(pieces, at(e.posted, k).output.shape());
+      }
+      break;
+    case OpKind::send_recv:
+      for (int k = 0; k < n; ++k) {
+        const int source = at(e.posted, k).peer;
+        if (at(e.posted, source).root != k)
+          throw std::logic_error("LocalGroup: member " + std::to_string(k) + " receives from " + std::to_string(source) +
+                                 ", which sends elsewhere");
+        at(out, k) = at(e.inputs, source);
+      }
+      break;
+    case OpKind::barrier:
+      break;
+    case OpKind::send:
+    case OpKind::recv:
+      throw std::logic_error("LocalGroup: lone sends and receives are not supported (send_recv is)");
+  }
+}
+
+class Member final : public Communicator {
+ public:
+  Member(LocalGroup::Exchange& e, int rank, int size) : Communicator(Placement{rank, size, rank, size, 0, 1}), e_(e) {}
+  std::string backend_name() const override { return "in-process"; }
+
+ protected:
+  WorkHandle start(const Collective& c) override {
+    if (c.kind == OpKind::send || c.kind == OpKind::recv)
+      throw std::logic_error("LocalGroup: lone sends and receives are not supported (send_recv is)");
+    if (c.element != Element::float32) throw std::logic_error("LocalGroup: packed 16-bit buffers are not supported");
+    const auto me = static_cast<std::size_t>(rank());
+    std::unique_lock<std::mutex>* turn = e_.turns[me];
+    if (!turn) throw std::logic_error("LocalGroup: a member's collective outside LocalGroup::run");
+    e_.posted[me] = c;
+    e_.inputs[me] = c.input.defined() ? host_copy(c.input) : Tensor();
+    if (++e_.arrived == e_.size()) {
+      e_.arrived = 0;
+      compute(e_);
+      ++e_.round;
+      e_.changed.notify_all();
+    } else {
+      const long round = e_.round;
+      e_.changed.wait(*turn, [&] { return e_.round != round || e_.failed || e_.stranded(); });
+      if (e_.round == round) {
+        if (e_.failed) throw MemberFailed();
+        throw std::logic_error(std::string("LocalGroup: member ") + std::to_string(rank()) + " called " + op_name(c.kind) +
+                               ", which members that have finished never called");
+      }
+    }
+    if (e_.results[me].defined()) {
+      Tensor output = c.output;  // a handle to the caller's tensor
+      output.copy_from(e_.results[me]);
+    }
+    return completed_work();
+  }
+  std::unique_ptr<Communicator> split_group(int, int) override {
+    throw std::logic_error("LocalGroup: its members cannot be split");
+  }
+
+ private:
+  LocalGroup::Exchange& e_;
+};
+
+}  // namespace
+
+LocalGroup::LocalGroup(int size) : exchange_(std::make_unique<Exchange>(size)) {
+  if (size < 1) throw std::invalid_argument("LocalGroup: a group needs a member");
+  for (int r = 0; r < size; ++r) members_.push_back(std::make_unique<Member>(*exchange_, r, size));
+}
+
+LocalGroup::~LocalGroup() = default;
+
+Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<std::size_t>(rank)); }
+
+void LocalGroup::run(const std::function<void(Communicator& member)>& work) {
+  Exchange& e = *exchange_;
+  e.arrived = e.finished = 0;
+  e.failed = false;
+  std::vector<std::exception_ptr> errors(members_.size());
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < members_.size(); ++r)
+    threads.emplace_back([&, r] {
+      std::unique_lock<std::mutex> turn(e.mutex);
+      e.turns[r] = &turn;
+      try {
+        work(*members_[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        e.failed = true;
+      }
+      e.turns[r] = nullptr;
+      ++e.finished;
+      e.changed.notify_all();
+    });
+  for (std::thread& t : threads) t.join();
+  std::exception_ptr first;  // the first member's own error, before any that only followed it
+  for (const std::exception_ptr& error : errors) {
+    if (!error) continue;
+    try {
+      std::rethrow_exception(error);
+    } catch (const MemberFailed&) {
+      if (!first) first = error;
+    } catch (...) {
+      std::rethrow_exception(error);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace course::comm
