@@ -152,16 +152,12 @@ int run(Options o, cli::Session& session) {
   // 16 bits are checked by their parts, against a reference that repeats the run's roundings.
   if (o.verify && !verifiable(o, topology, task)) {
     const std::string sixteen = o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype;
-    throw UsageError(
-        o.precision.tf32
-            ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a few noise "
-              "floors of that; verify without --tf32"
-        : topology.cp_size() > 1
-            ? "--verify: checks " + sixteen + " by micro-batches without --cp only (context-parallel attention splits each "
-              "micro-batch over the CP ranks); verify --cp with --precision fp32 --reduce-dtype fp32"
-            : "--verify: checks " + sixteen + " at up to " + std::to_string(kMostTensorParallelRanksIn16Bits) +
-                  " TP ranks: more add their 16-bit partial products in an order MPI chooses, which no reference "
-                  "repeats; use --tp 2, or --precision fp32 --reduce-dtype fp32");
+    throw UsageError(o.precision.tf32
+                         ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a "
+                           "few noise floors of that; verify without --tf32"
+                         : "--verify: checks " + sixteen + " at up to " + std::to_string(kMostTensorParallelRanksIn16Bits) +
+                               " TP ranks: more add their 16-bit partial products in an order MPI chooses, which no "
+                               "reference repeats; use --tp 2, or --precision fp32 --reduce-dtype fp32");
   }
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   if (task.sequence != task.tokens_per_sample())
@@ -213,7 +209,8 @@ int run(Options o, cli::Session& session) {
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
                                      std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
   const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology),
-                                                     checked_on_split_layers(o, topology, task), topology.tp_size(), session.metrics);
+                                                     checked_on_split_layers(o, topology, task), topology.tp_size() * topology.cp_size(),
+                                                     session.metrics);
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
 }

@@ -27,20 +27,22 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   if (by_parts_) lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
   if (checked_on_split_layers(o, topology, task)) {
     const Device device = reference_->parameters().front().device();
-    split_reference_ = std::make_unique<verify::TensorParallelReference>(
-        topology.tp_size(),
-        [&](comm::Communicator& tp) { return make_split_model(o, task, alone_.member(0), tp, 1, nullptr, device); },
+    split_reference_ = std::make_unique<verify::ModelParallelReference>(
+        topology.tp_size(), topology.cp_size(), parallel::parse_context_method(o.cp_method),
+        [&](comm::Communicator& tp, const parallel::ContextParallel* cp) {
+          return make_split_model(o, task, alone_.member(0), tp, 1, cp, device);
+        },
         *reference_, o.sequence_parallel);
   }
 }
 
 bool checked_by_parts(const Options& o, const parallel::Topology& topology) {
   return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) &&
-         topology.tp_size() <= kMostTensorParallelRanksIn16Bits && topology.cp_size() == 1;
+         topology.tp_size() <= kMostTensorParallelRanksIn16Bits;
 }
 
 bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {
-  return checked_by_parts(o, topology) && (topology.tp_size() > 1 || !task.is_gpt());
+  return checked_by_parts(o, topology) && (topology.tp_size() > 1 || topology.cp_size() > 1 || !task.is_gpt());
 }
 
 bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask&) {
@@ -58,27 +60,32 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
   MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
   if (by_parts_) {
-    // Part d M + i: replica d's micro-batch i, weighted as the run weights it within the replica; the
-    // replicas averaged (1 / DP). In the run's precision and loss scale (Recipe::reference_backward).
-    const int dp = topology_.dp_size(), m = o_.micro_batches;
+    // Part (d M + i) CP + c: replica d's micro-batch i on context-parallel rank c (its tokens' share of
+    // the loss, times CP), weighted as the run weights it within the replica; the replicas and the CP
+    // ranks averaged (DDP over them). In the run's precision and loss scale (Recipe::reference_backward).
+    const int dp = topology_.dp_size(), m = o_.micro_batches, cp = topology_.cp_size();
     lockstep_->set_loss_scale(training.scaler().get_scale());  // fp16: the parts the run added carried it
-    lockstep_->check_parts(step, gather_->gradients(), loss, static_cast<std::size_t>(dp * m), 1.0 / dp,
+    lockstep_->check_parts(step, gather_->gradients(), loss, static_cast<std::size_t>(dp * m * cp), 1.0 / (dp * cp),
                            [&](nn::Module& model, std::size_t index) {
-                             const auto parts = micro_batches(global_batch, static_cast<int>(index) / m, dp, m);
-                             const auto i = index % static_cast<std::size_t>(m);
+                             const int c = static_cast<int>(index) % cp, micro = static_cast<int>(index) / cp;
+                             const auto parts = micro_batches(global_batch, micro / m, dp, m);
+                             const auto i = static_cast<std::size_t>(micro % m);
                              const Device device = model.parameters().front().device();
                              const float weight = micro_batch_weights(task_, parts, device)[i];
                              if (!split_reference_)
                                return training.reference_backward(model.parameters(), [&] {
                                  return scale(task_.task.loss(model, parts[i]), weight);
                                });
-                             // The run's TP ranks, each its part of the micro-batch's forward and backward.
+                             // The run's TP x CP ranks, each its part of the micro-batch's forward and backward.
                              const auto batch = task_.is_gpt() ? task_.batch(parts[i], device) : data::AdditionTask::Batch{};
-                             return split_reference_->backward(model, [&](parallel::TensorParallelModule& part) {
-                               return training.reference_backward(part.parameters(), [&] {
-                                 return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
-                               });
-                             });
+                             return split_reference_->backward(
+                                 model,
+                                 [&](parallel::TensorParallelModule& part) {
+                                   return training.reference_backward(part.parameters(), [&] {
+                                     return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
+                                   });
+                                 },
+                                 c);
                            });
     return;
   }
@@ -105,11 +112,12 @@ verify::LockstepSummary GridCheck::finish() {
   return lockstep_->finish(gather_->parameters());
 }
 
-bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, bool by_parts, bool split, int tp,
+bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, bool by_parts, bool split, int ranks,
                   metrics::MetricsWriter& metrics) {
   const char* model = task.is_gpt() ? "GPT" : "MLP";
-  const std::string reference = split ? "the " + std::string(model) + " split as the run splits it (its " + std::to_string(tp) +
-                                            " TP rank" + (tp > 1 ? "s" : "") + " in each process)"
+  const std::string reference = split ? "the " + std::string(model) + " split as the run splits it (its " +
+                                            std::to_string(ranks) + " model-parallel rank" + (ranks > 1 ? "s" : "") +
+                                            " in each process)"
                                       : "the unsharded " + std::string(model);
   if (c.passed && by_parts)
     log("verify, %lld steps in lock-step against %s, micro-batch by micro-batch: every gradient within the "

@@ -7,9 +7,10 @@
 // micro-batch's gradient through the stages is the reference's on that micro-batch, bit for bit, and
 // only the sums over micro-batches and replicas differ, within their derived bound. Without tensor
 // parallelism the unsharded GPT computes a micro-batch as the stages do; a split layer rounds otherwise
-// (its partial products in 16 bits, a row layer's bias after the sum), so with --tp 2 (and for the MLP,
-// whose layers are split at any --tp) the reference is the run's own split model, its TP ranks on threads
-// of each process (common/verify/tensor_parallel_reference.h).
+// (its partial products in 16 bits, a row layer's bias after the sum), as does context-parallel
+// attention (the other ranks' key-value blocks in the ring's order), so with --tp 2 or --cp (and for the
+// MLP, whose layers are split at any --tp) the reference is the run's own split model, its TP x CP ranks
+// on threads of each process (common/verify/model_parallel_reference.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,7 +20,7 @@
 #include "common/comm/local_group.h"
 #include "common/parallel/whole_model.h"
 #include "common/verify/lockstep.h"
-#include "common/verify/tensor_parallel_reference.h"
+#include "common/verify/model_parallel_reference.h"
 #include "grid_training.h"
 
 namespace course::chapter08 {
@@ -45,23 +46,24 @@ class GridCheck {
   std::unique_ptr<verify::Lockstep> lockstep_;
   bool by_parts_ = false;  // 16 bits: the micro-batches as parts
   comm::LocalGroup alone_{1};  // the one pipeline stage of the TP reference's parts
-  std::unique_ptr<verify::TensorParallelReference> split_reference_;  // 16 bits, split layers: the run's TP ranks
+  std::unique_ptr<verify::ModelParallelReference> split_reference_;  // 16 bits, split layers: the run's TP x CP ranks
 };
 
 // The most TP ranks whose 16-bit sums a reference in one process can repeat: two values add alike in
-// either order, more in MPI's own (verify/tensor_parallel_reference.h).
+// either order, more in MPI's own (verify/model_parallel_reference.h).
 constexpr int kMostTensorParallelRanksIn16Bits = 2;
 
 // Whether --verify checks this run by its parts (16 bits), and whether it can check it at all: float32
-// anywhere; 16 bits without context parallelism at up to kMostTensorParallelRanksIn16Bits TP ranks; never
-// TF32. Whether the reference of the parts is the run's split model (16 bits with TP, or the MLP).
+// anywhere; 16 bits at up to kMostTensorParallelRanksIn16Bits TP ranks; never TF32. Whether the reference
+// of the parts is the run's split model (16 bits with TP or CP, or the MLP).
 bool checked_by_parts(const Options& o, const parallel::Topology& topology);
 bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
 bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
 
 // Logs the verdict in one line and writes the verify metric; true when it passed. `by_parts`: the run was
-// checked by its parts (checked_by_parts); `split`: against the run's split model (checked_on_split_layers).
-bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, bool by_parts, bool split, int tp,
+// checked by its parts (checked_by_parts); `split`: against the run's split model (checked_on_split_layers)
+// of `ranks` TP x CP ranks.
+bool report_check(const verify::LockstepSummary& check, const ChapterTask& task, bool by_parts, bool split, int ranks,
                   metrics::MetricsWriter& metrics);
 
 }  // namespace course::chapter08

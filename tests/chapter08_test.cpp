@@ -430,10 +430,10 @@ TEST(Chapter08, RecomputationPassesVerifyOnEveryGridInLessMemory) {
 
 // 16 bits are checked by their parts: each micro-batch through the stages is the reference's on it, bit
 // for bit, and the sums over micro-batches (float32) and replicas (the reduce type) keep their bound.
-// Without TP the reference is the unsharded GPT; with TP 2 (and for the MLP, split at any --tp) the
-// run's own split model, its TP ranks on threads of each process. A lost micro-batch, a tied table not
-// exchanged, replicas that never average, a TP all-reduce or a sequence-parallel sum left out: each
-// fails at the step it begins. More than two TP ranks add their 16-bit products in MPI's own order,
+// Without TP or CP the reference is the unsharded GPT; with TP 2 or CP (and for the MLP, split at any
+// --tp) the run's own split model, its TP x CP ranks on threads of each process. A lost micro-batch, a
+// tied table not exchanged, replicas that never average, a TP all-reduce or a sequence-parallel sum left
+// out, a ring that forgets its shard's offset: each fails at the step it begins. More than two TP ranks add their 16-bit products in MPI's own order,
 // and --verify refuses them.
 TEST(Chapter08, MixedPrecisionIsVerifiedByItsParts) {
   for (const auto& [mpirun, flags, split] : std::vector<std::tuple<std::string, std::string, bool>>{
@@ -444,7 +444,9 @@ TEST(Chapter08, MixedPrecisionIsVerifiedByItsParts) {
            {MPIRUN_NP2, "--tp 2 --sequence-parallel --precision fp16", true},
            {MPIRUN_NP8, "--tp 2 --pp 2 --dp 2 --precision bf16 --reduce-dtype bf16", true},  // the 3D grid
            {MPIRUN_NP2, "--model mlp --tp 2 --precision bf16", true},
-           {MPIRUN_NP3, "--model mlp --dp 3 --precision fp16", true}}) {
+           {MPIRUN_NP3, "--model mlp --dp 3 --precision fp16", true},
+           {MPIRUN_NP3, "--cp 3 --precision bf16", true},  // ring attention
+           {MPIRUN_NP4, "--tp 2 --cp 2 --cp-method ulysses --precision fp16", true}}) {
     Outcome r = run(mpirun, flags + " --verify");
     ASSERT_EQ(r.process.exit_code, 0) << flags << "\n" << r.process.out << r.process.err;
     auto verify = events(r.records, "verify");
@@ -462,7 +464,8 @@ TEST(Chapter08, MixedPrecisionIsVerifiedByItsParts) {
            {MPIRUN_NP2, "--dp 2 --precision bf16 --reduce-dtype bf16 --fault skip-dp-average"},
            {MPIRUN_NP2, "--tp 2 --precision bf16 --fault skip-tp-all-reduce"},
            {MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16 --fault skip-sp-sum"},
-           {MPIRUN_NP2, "--model mlp --tp 2 --precision fp16 --fault skip-tp-all-reduce"}}) {
+           {MPIRUN_NP2, "--model mlp --tp 2 --precision fp16 --fault skip-tp-all-reduce"},
+           {MPIRUN_NP2, "--cp 2 --precision bf16 --fault skip-cp-offset"}}) {
     Outcome r = run(mpirun, flags + " --verify --fault-from-step 3");
     EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.out.find("FAILED at step 3: the gradient of"), std::string::npos) << flags << r.process.out;
@@ -507,7 +510,7 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--cp 2 --model mlp", "--cp"},                    // the MLP has no sequence
            {MPIRUN_NP4, "--tp 2 --cp 2 --sequence-parallel", "--cp"},     // both split the sequence
            {MPIRUN_NP3, "--cp 3 --cp-method ulysses", "--cp"},            // 4 heads on 3 ranks
-           {MPIRUN_NP2, "--cp 2 --precision bf16 --verify", "--verify"},  // 16 bits with CP: not checkable
+           {MPIRUN_NP4, "--tp 4 --precision fp16 --verify", "--verify"},  // 16 bits at TP 4: MPI's order
            {MPIRUN_NP2, "--dp 2 --fault skip-cp-offset", "--fault"},       // no CP group
            {MPIRUN_NP2, "--cp 2 --mem-limit-mb 0", "--mem-limit-mb"}}) {
     Outcome r = run(mpirun, flags);

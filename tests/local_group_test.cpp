@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 
 #include "common/comm/local_group.h"
@@ -112,6 +113,45 @@ TEST(LocalGroup, OneMemberComputesAtATime) {
     busy();
   });
   EXPECT_EQ(most.load(), 1);
+}
+
+// A 2 x 2 grid of threads, each a member of a row group and a column group that share the turns (as a
+// TP rank is of its TP and CP groups): sums along rows and columns, and a wait no thread can answer
+// ends the run instead of hanging it.
+TEST(LocalGroup, ThreadsBelongToSeveralGroupsOfOneRun) {
+  const auto turns = comm::make_turns();
+  std::vector<std::unique_ptr<comm::LocalGroup>> rows, columns;
+  for (int i = 0; i < 2; ++i) {
+    rows.push_back(std::make_unique<comm::LocalGroup>(2, turns));
+    columns.push_back(std::make_unique<comm::LocalGroup>(2, turns));
+  }
+  std::vector<float> row_sums(4), column_sums(4);
+  comm::run_in_turns(*turns, 4, [&](int k) {
+    const int row = k / 2, column = k % 2;
+    Tensor r = values({static_cast<float>(k)}), c = values({static_cast<float>(k)});
+    rows[static_cast<std::size_t>(row)]->member(column).all_reduce(r);
+    columns[static_cast<std::size_t>(column)]->member(row).all_reduce(c);
+    row_sums[static_cast<std::size_t>(k)] = r.item(), column_sums[static_cast<std::size_t>(k)] = c.item();
+  });
+  EXPECT_EQ(row_sums, (std::vector<float>{1, 1, 5, 5}));     // 0 + 1, 2 + 3
+  EXPECT_EQ(column_sums, (std::vector<float>{2, 4, 2, 4}));  // 0 + 2, 1 + 3
+  // Thread 3 skips its row's sum: thread 2 waits for it, thread 3 for its column, whose other member
+  // (thread 1) is done.
+  EXPECT_THROW(comm::run_in_turns(*turns, 4, [&](int k) {
+                 const int row = k / 2, column = k % 2;
+                 Tensor t = values({1.0f});
+                 if (k == 1) return;
+                 if (k != 3) rows[static_cast<std::size_t>(row)]->member(column).all_reduce(t);
+                 if (k == 3) columns[static_cast<std::size_t>(column)]->member(row).all_reduce(t);
+               }),
+               std::logic_error);
+  // A group made with other turns cannot be used from this run's threads.
+  comm::LocalGroup other(1);
+  EXPECT_THROW(comm::run_in_turns(*turns, 1, [&](int) {
+                 Tensor t = values({1.0f});
+                 other.member(0).all_reduce(t);
+               }),
+               std::logic_error);
 }
 
 TEST(LocalGroup, ErrorsEndTheRunWithTheFailingMembersError) {

@@ -22,7 +22,7 @@
 #include "common/autograd/autograd.h"
 #include "common/comm/local_group.h"
 #include "common/ops/autocast.h"
-#include "common/verify/tensor_parallel_reference.h"
+#include "common/verify/model_parallel_reference.h"
 #include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
@@ -197,7 +197,7 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
 // In bfloat16 a split layer rounds otherwise than the whole one (each rank's partial product rounded
 // before the ranks add them, a row layer's bias added after that sum), so the whole GPT's gradient of a
 // micro-batch is not the split run's. The reference that runs the split model's TP ranks on threads of
-// one process (verify/tensor_parallel_reference.h) gives the run's loss and every gradient bit for bit,
+// one process (verify/model_parallel_reference.h) gives the run's loss and every gradient bit for bit,
 // and reports the terms of each gradient (under sequence parallelism an unsplit parameter's is every
 // rank's term). At 4 ranks MPI adds the partial products in an order of its own, which no reference
 // repeats: there the reference runs in float32 and agrees within the reordering's tolerance.
@@ -234,9 +234,9 @@ TEST(TensorParallel, TheInProcessReferenceRoundsAsTheRanksDo) {
     const std::vector<float> run = gather.gradients();
 
     comm::LocalGroup pipeline_of_one(1);
-    verify::TensorParallelReference reference(
-        tp.size(),
-        [&](comm::Communicator& member) {
+    verify::ModelParallelReference reference(
+        tp.size(), 1, parallel::ContextMethod::ring,
+        [&](comm::Communicator& member, const parallel::ContextParallel*) {
           return std::make_shared<parallel::PipelineStageGPT>(full, pipeline_of_one.member(0), &member, sequence_parallel);
         },
         full, sequence_parallel);

@@ -3,8 +3,10 @@
 #include "common/comm/local_group.h"
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -13,27 +15,39 @@
 
 namespace course::comm {
 
+class Turns {
+ public:
+  std::mutex mutex;  // the turn: held by the thread that computes
+  std::condition_variable changed;
+  long run = 0;  // which run of run_in_turns
+  int threads = 0, waiting = 0, finished = 0;
+  bool failed = false;  // a thread threw
+  bool stuck = false;   // every thread left waits at a collective that none of them can complete
+  bool everyone_waits() const { return waiting > 0 && waiting + finished == threads; }
+};
+
+std::shared_ptr<Turns> make_turns() { return std::make_shared<Turns>(); }
+
 namespace {
-// A member's wait that ended because another member failed: the other's error is the one to report.
+// Set on each thread of a run: its hold on the turn, and whose turns they are.
+thread_local std::unique_lock<std::mutex>* t_turn = nullptr;
+thread_local Turns* t_turns = nullptr;
+
+// A thread's wait that ended because another thread failed: the other's error is the one to report.
 struct MemberFailed : std::runtime_error {
-  MemberFailed() : std::runtime_error("LocalGroup: another member of the group failed") {}
+  MemberFailed() : std::runtime_error("LocalGroup: another thread of the run failed") {}
 };
 }  // namespace
 
 struct LocalGroup::Exchange {
-  explicit Exchange(int n) : posted(static_cast<std::size_t>(n)), inputs(posted.size()), results(posted.size()),
-                             turns(posted.size(), nullptr) {}
-  std::mutex mutex;  // the turn: held by the member that computes
-  std::condition_variable changed;
+  explicit Exchange(int n) : posted(static_cast<std::size_t>(n)), inputs(posted.size()), results(posted.size()) {}
   std::vector<Collective> posted;  // this round's call of each member
   std::vector<Tensor> inputs;      // their inputs, copied to the host
   std::vector<Tensor> results;     // each member's output on the host (undefined: left as it is)
-  std::vector<std::unique_lock<std::mutex>*> turns;  // each member's hold on the turn, during run()
-  int arrived = 0, finished = 0;
+  int arrived = 0;
   long round = 0;
-  bool failed = false;
+  long run = -1;  // the run of the turns whose round this is (a failed run may leave one half posted)
   int size() const { return static_cast<int>(posted.size()); }
-  bool stranded() const { return arrived > 0 && arrived + finished == size(); }  // waiting on members that are done
 };
 
 namespace {
@@ -158,7 +172,8 @@ void compute(LocalGroup::Exchange& e) {
 
 class Member final : public Communicator {
  public:
-  Member(LocalGroup::Exchange& e, int rank, int size) : Communicator(Placement{rank, size, rank, size, 0, 1}), e_(e) {}
+  Member(LocalGroup::Exchange& e, Turns& turns, int rank, int size)
+      : Communicator(Placement{rank, size, rank, size, 0, 1}), e_(e), turns_(turns) {}
   std::string backend_name() const override { return "in-process"; }
 
  protected:
@@ -166,23 +181,32 @@ class Member final : public Communicator {
     if (c.kind == OpKind::send || c.kind == OpKind::recv)
       throw std::logic_error("LocalGroup: lone sends and receives are not supported (send_recv is)");
     if (c.element != Element::float32) throw std::logic_error("LocalGroup: packed 16-bit buffers are not supported");
+    std::unique_lock<std::mutex>* turn = t_turn;
+    if (!turn || t_turns != &turns_) throw std::logic_error("LocalGroup: a member's collective outside a run of its group's turns");
+    Turns& t = turns_;
+    if (e_.run != t.run) e_.arrived = 0, e_.run = t.run;
     const auto me = static_cast<std::size_t>(rank());
-    std::unique_lock<std::mutex>* turn = e_.turns[me];
-    if (!turn) throw std::logic_error("LocalGroup: a member's collective outside LocalGroup::run");
     e_.posted[me] = c;
     e_.inputs[me] = c.input.defined() ? host_copy(c.input) : Tensor();
     if (++e_.arrived == e_.size()) {
       e_.arrived = 0;
       compute(e_);
       ++e_.round;
-      e_.changed.notify_all();
+      t.waiting -= e_.size() - 1;  // the others may go on (counted here, so no one mistakes them for stuck)
+      t.changed.notify_all();
     } else {
       const long round = e_.round;
-      e_.changed.wait(*turn, [&] { return e_.round != round || e_.failed || e_.stranded(); });
+      ++t.waiting;
+      if (t.everyone_waits()) {
+        t.stuck = true;
+        t.changed.notify_all();
+      }
+      t.changed.wait(*turn, [&] { return e_.round != round || t.failed || t.stuck; });
       if (e_.round == round) {
-        if (e_.failed) throw MemberFailed();
+        --t.waiting;
+        if (t.failed) throw MemberFailed();
         throw std::logic_error(std::string("LocalGroup: member ") + std::to_string(rank()) + " called " + op_name(c.kind) +
-                               ", which members that have finished never called");
+                               ", which no thread left running calls");
       }
     }
     if (e_.results[me].defined()) {
@@ -192,46 +216,45 @@ class Member final : public Communicator {
     return completed_work();
   }
   std::unique_ptr<Communicator> split_group(int, int) override {
-    throw std::logic_error("LocalGroup: its members cannot be split");
+    throw std::logic_error("LocalGroup: its members cannot be split (make a group for each)");
   }
 
  private:
   LocalGroup::Exchange& e_;
+  Turns& turns_;
 };
 
 }  // namespace
 
-LocalGroup::LocalGroup(int size) : exchange_(std::make_unique<Exchange>(size)) {
-  if (size < 1) throw std::invalid_argument("LocalGroup: a group needs a member");
-  for (int r = 0; r < size; ++r) members_.push_back(std::make_unique<Member>(*exchange_, r, size));
-}
-
-LocalGroup::~LocalGroup() = default;
-
-Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<std::size_t>(rank)); }
-
-void LocalGroup::run(const std::function<void(Communicator& member)>& work) {
-  Exchange& e = *exchange_;
-  e.arrived = e.finished = 0;
-  e.failed = false;
-  std::vector<std::exception_ptr> errors(members_.size());
+void run_in_turns(Turns& turns, int n, const std::function<void(int thread)>& work) {
+  {
+    std::lock_guard<std::mutex> lock(turns.mutex);
+    ++turns.run;
+    turns.threads = n;
+    turns.waiting = turns.finished = 0;
+    turns.failed = turns.stuck = false;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < members_.size(); ++r)
-    threads.emplace_back([&, r] {
-      std::unique_lock<std::mutex> turn(e.mutex);
-      e.turns[r] = &turn;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      std::unique_lock<std::mutex> turn(turns.mutex);
+      t_turn = &turn;
+      t_turns = &turns;
       try {
-        work(*members_[r]);
+        work(i);
       } catch (...) {
-        errors[r] = std::current_exception();
-        e.failed = true;
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+        turns.failed = true;
       }
-      e.turns[r] = nullptr;
-      ++e.finished;
-      e.changed.notify_all();
+      t_turn = nullptr;
+      t_turns = nullptr;
+      ++turns.finished;
+      if (turns.everyone_waits()) turns.stuck = true;
+      turns.changed.notify_all();
     });
   for (std::thread& t : threads) t.join();
-  std::exception_ptr first;  // the first member's own error, before any that only followed it
+  std::exception_ptr first;  // the first thread's own error, before any that only followed another's
   for (const std::exception_ptr& error : errors) {
     if (!error) continue;
     try {
@@ -243,6 +266,20 @@ void LocalGroup::run(const std::function<void(Communicator& member)>& work) {
     }
   }
   if (first) std::rethrow_exception(first);
+}
+
+LocalGroup::LocalGroup(int size, std::shared_ptr<Turns> turns)
+    : turns_(turns ? std::move(turns) : make_turns()), exchange_(std::make_unique<Exchange>(size)) {
+  if (size < 1) throw std::invalid_argument("LocalGroup: a group needs a member");
+  for (int r = 0; r < size; ++r) members_.push_back(std::make_unique<Member>(*exchange_, *turns_, r, size));
+}
+
+LocalGroup::~LocalGroup() = default;
+
+Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<std::size_t>(rank)); }
+
+void LocalGroup::run(const std::function<void(Communicator& member)>& work) {
+  run_in_turns(*turns_, size(), [&](int r) { work(member(r)); });
 }
 
 }  // namespace course::comm
