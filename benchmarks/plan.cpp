@@ -1,15 +1,23 @@
 // The planner on the command line: every configuration of a GPT on a cluster of DGX nodes, those that fit
 // ranked by predicted throughput, the others counted by why they cannot run; with --published, the
-// planner's predictions of Megatron-LM 2021's table 1 beside the paper's figures.
+// planner's predictions of Megatron-LM 2021's table 1 beside the paper's figures. On this machine:
+// --calibrate measures it (common/planner/calibration.h) and --calibration prices one configuration of
+// a GPT of --shape on its ranks (benchmarks/course_prediction.py compares with the chapters' runs).
 //   plan [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536] [--precision bf16]
 //        [--top 10] [--paper-techniques] [--published] [--metrics FILE]
+//   plan --calibrate OUT.json --link 03_METRICS.jsonl
+//   plan --calibration FILE --shape L,H,A,S,V --grid DP,TP,PP,CP [--micro-batch 1] [--zero 0]
+//        [--recompute none] [--sequence-parallel] [--virtual-stages 1] [--global-batch] [--precision]
 // scripts/plot.py plan FILE OUT.png draws the ranked configurations' step time and memory.
 #include <cstdio>
 #include <map>
 
 #include "common/cli/cli.h"
 #include "common/metrics/metrics.h"
+#include "common/planner/calibration.h"
 #include "common/planner/search.h"
+
+#include <fstream>
 
 using namespace course;
 using namespace course::planner;
@@ -72,6 +80,20 @@ void print_published(metrics::MetricsWriter& metrics) {
   std::printf("largest error %.1f%%\n", 100 * worst);
 }
 
+// Chapter 03's alpha-beta fit from its metrics (the last alpha_beta line).
+Link read_link(const std::string& path) {
+  Link link;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "alpha_beta" && j.value("beta_s_per_byte", 0.0) > 0)
+      link = {j.value("alpha_us", 0.0) * 1e-6, 1 / j["beta_s_per_byte"].get<double>()};
+  }
+  if (link.bytes_per_second <= 0)
+    throw UsageError("--link: " + path + " has no alpha_beta line (run 03_collectives on 2 or more ranks with --metrics)");
+  return link;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,13 +124,87 @@ int main(int argc, char** argv) {
   app.add_flag("--published", published, "Also print Megatron-LM 2021's table 1 against the planner's predictions");
   app.add_option("--metrics", metrics_path, "Write every printed configuration as a JSON line to FILE")
       ->check(cli::OutputFile);
+  // This machine.
+  std::string calibrate, link_path, calibration_path;
+  std::vector<int> shape, grid;
+  ParallelConfig one;
+  std::string recompute = "none";
+  app.add_option("--calibrate", calibrate, "Measure this machine and write its calibration (JSON) to FILE")
+      ->check(cli::OutputFile);
+  int threads = 1;
+  app.add_option("--link", link_path,
+                 "Chapter 03's metrics (03_collectives --metrics), its alpha-beta fit: with --calibrate the link to "
+                 "keep, with --calibration one measured with as many ranks as the grid's (it replaces the kept one)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--calibration", calibration_path, "Price one configuration on this machine, calibrated by FILE")
+      ->check(CLI::ExistingFile);
+  app.add_option("--shape", shape, "With --calibration: the GPT's layers,hidden,heads,sequence,vocabulary")
+      ->delimiter(',')->expected(5)->check(CLI::PositiveNumber);
+  app.add_option("--grid", grid, "With --calibration: DP,TP,PP,CP")->delimiter(',')->expected(4)->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", one.micro_batch, "With --calibration: sequences per micro-batch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--zero", one.zero_stage, "With --calibration: ZeRO stage")->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--recompute", recompute, "With --calibration: none | selective | full")
+      ->check(CLI::IsMember({"none", "selective", "full"}))->capture_default_str();
+  app.add_flag("--sequence-parallel", one.sequence_parallel, "With --calibration: sequence parallelism");
+  app.add_option("--threads", threads, "With --calibration: a lone rank's threads (mpirun binds a job of one rank to one core)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--virtual-stages", one.virtual_stages, "With --calibration: chunks per pipeline rank")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
+    const DType dtype = precision == "fp32" ? DType::float32 : precision == "fp16" ? DType::float16 : DType::bfloat16;
+    if (!calibrate.empty()) {
+      if (link_path.empty()) throw UsageError("--calibrate: needs --link, chapter 03's metrics with its alpha-beta fit");
+      const Link link = read_link(link_path);
+      const Calibration c = measure_this_machine(link);
+      std::ofstream(calibrate) << to_json(c).dump(2) << "\n";
+      const auto line = [](const char* threads, const OpRates& r) {
+        std::printf("  %s: linear layers at %.1f GFLOP/s (half of it at %.2g FLOP), a layer's element-wise ops %.1f us + "
+                    "%.2f ns a token-channel, attention %.1f us a sequence-head, memory %.1f GB/s\n",
+                    threads, r.linear.flops_per_second / 1e9, r.linear.half_rate_flops, r.elementwise_fixed_seconds * 1e6,
+                    r.elementwise_seconds_per_element * 1e9, r.attention_seconds_per_head * 1e6, r.bandwidth / 1e9);
+      };
+      std::printf("This machine, %d cores (forward and backward of each op):\n", c.cores);
+      line("one thread", c.one_thread);
+      line("every core", c.all_cores);
+      std::printf("  an op's fixed cost %.1f us; the link between two ranks alpha %.1f us, %.2f GB/s (chapter 03's fit)\n",
+                  c.op_seconds * 1e6, c.link.alpha_seconds * 1e6, c.link.bytes_per_second / 1e9);
+      return 0;
+    }
+    if (!calibration_path.empty()) {
+      if (shape.size() != 5 || grid.size() != 4) throw UsageError("--calibration: needs --shape and --grid");
+      std::ifstream in(calibration_path);
+      const auto j = nlohmann::json::parse(in, nullptr, false);
+      if (j.is_discarded()) throw UsageError("--calibration: " + calibration_path + " is not JSON");
+      Calibration c;
+      try {
+        c = calibration_from_json(j);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError("--calibration: " + calibration_path + ": " + e.what());
+      }
+      if (!link_path.empty()) c.link = read_link(link_path);
+      one.dp = grid[0], one.tp = grid[1], one.pp = grid[2], one.cp = grid[3];
+      one.recompute = nn::recompute_named(recompute);
+      const Workload w{{shape[0], shape[1], shape[2], shape[3], shape[4]}, global_batch, dtype};
+      const Cluster cluster = this_machine(c, one.gpus(), threads);
+      const Prediction p = predict(w, cluster, one);
+      metrics::MetricsWriter metrics(metrics_path);
+      if (!p.rejected.empty()) throw UsageError("--grid: " + p.rejected);
+      std::printf("%s on %s: step %.2f ms (compute %.2f, TP %.2f, CP %.2f, PP %.2f, DP %.2f, bubble %.2f, optimizer %.2f); "
+                  "memory %.3f MiB (parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, buffers %.3f)\n",
+                  describe(one).c_str(), cluster.name.c_str(), 1e3 * p.time.total(), 1e3 * p.time.compute,
+                  1e3 * p.time.tp, 1e3 * p.time.cp, 1e3 * p.time.pp, 1e3 * p.time.dp, 1e3 * p.time.bubble,
+                  1e3 * p.time.optimizer, p.memory.total() / (1 << 20), p.memory.parameters / (1 << 20),
+                  p.memory.gradients / (1 << 20), p.memory.optimizer / (1 << 20), p.memory.activations / (1 << 20),
+                  p.memory.buffers / (1 << 20));
+      metrics.write(to_json(p, 1));
+      return 0;
+    }
     if (gpus % 8 != 0) throw UsageError("--gpus: " + std::to_string(gpus) + " is not a multiple of 8 (DGX nodes)");
     if (global_batch != static_cast<double>(static_cast<long long>(global_batch)))
       throw UsageError("--global-batch: must be a whole number of sequences");
     metrics::MetricsWriter metrics(metrics_path);
     const Cluster cluster = cluster_named(cluster_name, gpus / 8);
-    const DType dtype = precision == "fp32" ? DType::float32 : precision == "fp16" ? DType::float16 : DType::bfloat16;
     const Workload w{models.at(model), global_batch, dtype};
     const auto& g = w.shape;
     std::printf("Planner: %s, %lld layers x %lld (%lld heads), sequences of %lld, vocabulary %lld: %.1fB parameters; "

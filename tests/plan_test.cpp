@@ -3,8 +3,13 @@
 // input refused in one line.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "common/planner/calibration.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -67,12 +72,46 @@ TEST(Plan, PrintsThePublishedTableBesideItsPredictions) {
   EXPECT_NE(r.out.find("largest error"), std::string::npos) << r.out;
 }
 
+// One configuration of the chapters' GPT on this machine from a calibration file (here written by the
+// test: the figures are a plausible machine's, not measured), and what is wrong with one named.
+TEST(Plan, PricesOneConfigurationOnACalibratedMachine) {
+  planner::Calibration c;
+  c.cores = 2;
+  c.one_thread = {{2.8e10, 3e5}, 5e-6, 6.5e-8, 8e-6, 1.7e10};
+  c.all_cores = {{4.5e10, 7e5}, 8e-5, 4.5e-8, 6e-6, 1.6e10};
+  c.op_seconds = 1.6e-6;
+  c.memory_bytes = 24e9;
+  c.link = {1e-5, 5e9};
+  const std::string dir = ::testing::TempDir(), file = dir + "/plan_calibration.json", metrics = dir + "/plan_one.jsonl";
+  std::ofstream(file) << planner::to_json(c).dump();
+  std::remove(metrics.c_str());
+  const auto r = run_process(kPlan + " --calibration " + file + " --shape 2,64,4,8,12 --grid 1,2,2,1 --micro-batch 12 "
+                             "--global-batch 48 --precision fp32 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("TP(2)-PP(2)-DP(1) mb 12 on this machine: 4 ranks on 2 cores: step"), std::string::npos) << r.out;
+  std::ifstream in(metrics);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_GT(j["step_seconds"].get<double>(), 0);
+  EXPECT_GT(j["pp_seconds"].get<double>(), 0);  // two stages
+  EXPECT_GT(j["tp_seconds"].get<double>(), 0);  // two TP ranks
+  nlohmann::json broken = planner::to_json(c);
+  broken["one_thread"].erase("attention_seconds_per_head");
+  std::ofstream(file) << broken.dump();
+  const auto refused = run_process(kPlan + " --calibration " + file + " --shape 2,64,4,8,12 --grid 1,1,1,1");
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_EQ(count_lines(refused.err), 1) << refused.err;
+  EXPECT_NE(refused.err.find("'attention_seconds_per_head'"), std::string::npos) << refused.err;
+}
+
 TEST(Plan, BadInputIsOneLineNamingTheFlag) {
   EXPECT_EQ(run_process(kPlan + " --help").exit_code, 0);
   for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"--gpus 12", "--gpus"}, {"--gpus 0", "--gpus"}, {"--model gpt5", "--model"},
            {"--global-batch 1.5", "--global-batch"}, {"--precision fp8", "--precision"}, {"--cluster tpu", "--cluster"}, {"--top 0", "--top"},
-           {"--metrics /", "--metrics"}}) {
+           {"--metrics /", "--metrics"}, {"--calibrate /tmp/x.json", "--calibrate"},
+           {"--calibration /nonexistent.json", "--calibration"}, {"--shape 1,2,3", "--shape"}}) {
     const auto r = run_process(kPlan + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "common/planner/calibration.h"
 #include "common/planner/formulas.h"
 #include "common/planner/published.h"
 #include "common/planner/search.h"
@@ -249,6 +250,70 @@ TEST(CostModel, EachRejectionSaysWhy) {
 
 // The search: everything it keeps fits and is sorted; everything it leaves out has a reason; and a model
 // that fits one GPU (1.7B) is best trained with data parallelism alone, as the decision slide says.
+// The calibration's GEMM curve: timings made from a known curve, (F0 + F) / rate, give it back.
+TEST(Calibration, TheGemmFitRecoversItsCurve) {
+  std::vector<double> flops, seconds;
+  for (double f = 1e4; f < 1e9; f *= 3) flops.push_back(f), seconds.push_back((5e5 + f) / 2e10);
+  const GemmCurve curve = fit_gemm_curve(flops, seconds);
+  EXPECT_NEAR(curve.flops_per_second, 2e10, 2e10 * 1e-9);
+  EXPECT_NEAR(curve.half_rate_flops, 5e5, 5e5 * 1e-6);
+  // A rate alone (no fixed part) is a rate alone, not a negative one.
+  const GemmCurve flat = fit_gemm_curve({1e6, 1e7, 1e8}, {1e-4, 1e-3, 1e-2});
+  EXPECT_NEAR(flat.flops_per_second, 1e10, 1e10 * 1e-9);
+  EXPECT_LE(flat.half_rate_flops, 1e-6);
+}
+
+// This machine's ranks: a rank alone on its threads; ranks sharing it one thread each, and a share of a
+// core when they outnumber the cores, their ops' fixed cost stretched alike.
+TEST(Calibration, RanksShareTheMachineAsTheChaptersSetThem) {
+  Calibration c;
+  c.cores = 2;
+  c.one_thread = {{1e10, 3e5}, 2e-6, 4e-9, 1e-6, 1e10};
+  c.all_cores = {{1.8e10, 6e5}, 3e-6, 2.5e-9, 0.8e-6, 1.5e10};
+  c.op_seconds = 2e-6;
+  c.memory_bytes = 8e9;
+  c.link = {3e-6, 5e9};
+  const Cluster alone = this_machine(c, 1, 2), two = this_machine(c, 2), four = this_machine(c, 4);
+  EXPECT_EQ(this_machine(c, 1).device.peak_flops_32, 1e10);  // one rank under mpirun: one core
+  EXPECT_EQ(alone.device.peak_flops_32, 1.8e10);
+  EXPECT_EQ(alone.device.half_efficiency_flops, 2e5);  // a linear layer's fixed part over its three GEMMs
+  EXPECT_EQ(alone.device.elementwise_seconds_per_element, 2.5e-9);
+  EXPECT_EQ(two.device.peak_flops_32, 1e10);
+  EXPECT_EQ(two.device.attention_seconds_per_head, 1e-6);
+  EXPECT_EQ(four.device.peak_flops_32, 0.5e10);
+  EXPECT_EQ(four.device.memory_bandwidth, 0.5e10);
+  EXPECT_EQ(four.device.op_seconds, 4e-6);
+  EXPECT_EQ(four.device.elementwise_fixed_seconds, 4e-6);
+  EXPECT_EQ(four.gpus(), 4);
+  EXPECT_EQ(four.intra.alpha_seconds, 3e-6);
+  // Written and read back; a missing field is named.
+  const Calibration back = calibration_from_json(to_json(c));
+  EXPECT_EQ(back.all_cores.linear.half_rate_flops, 6e5);
+  EXPECT_EQ(back.one_thread.attention_seconds_per_head, 1e-6);
+  EXPECT_EQ(back.link.bytes_per_second, 5e9);
+  nlohmann::json broken = to_json(c);
+  broken.erase("op_seconds");
+  try {
+    calibration_from_json(broken);
+    ADD_FAILURE() << "a calibration without op_seconds was read";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'op_seconds'"), std::string::npos) << e.what();
+  }
+  // The measured ops add to the step: per layer and micro-batch the element-wise ops (fixed, and per
+  // token-channel) and attention per sequence-head pair; outside the layers and per optimizer tensor an
+  // op's fixed cost.
+  const Workload w{{2, 64, 4, 8, 12}, 48, DType::float32};
+  ParallelConfig config;
+  config.micro_batch = 12;
+  Cluster bare = alone;
+  bare.device.op_seconds = bare.device.elementwise_fixed_seconds = bare.device.elementwise_seconds_per_element =
+      bare.device.attention_seconds_per_head = 0;
+  bare.device.elementwise_seconds_per_element = 1e-300;  // measured, but free
+  const double with = predict(w, alone, config).time.total(), without = predict(w, bare, config).time.total();
+  const double per_layer = 3e-6 + 2.5e-9 * 12 * 8 * 64 + 12 * 4 * 0.8e-6;
+  EXPECT_NEAR(with - without, 4 * (2 * per_layer + 6 * 2e-6) + 26 * 2e-6, 1e-12);
+}
+
 TEST(Search, KeepsWhatFitsFastestFirstAndCountsTheRest) {
   const SearchResult r = search(gpt3(), dgx_a100(128));
   ASSERT_FALSE(r.fitting.empty());

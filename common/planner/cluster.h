@@ -26,6 +26,13 @@ struct DeviceProfile {
   double half_efficiency_flops = 0;    // a GEMM this large runs at half of gemm_efficiency
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes per second
+  // What a CPU's measured ops cost beyond the above (calibration.h); zero on the DGX presets, where a
+  // kernel's launch (microseconds) is far below a layer's GEMMs (milliseconds) and element-wise work is
+  // bound by the memory's bandwidth. Each forward and backward:
+  double op_seconds = 0;                       // one op's fixed cost (the ops outside the layers)
+  double elementwise_fixed_seconds = 0;        // a layer's element-wise ops: fixed part
+  double elementwise_seconds_per_element = 0;  // and per token-channel (GELU's arithmetic)
+  double attention_seconds_per_head = 0;       // attention per sequence-head pair
   double peak(DType precision) const { return precision == DType::float32 ? peak_flops_32 : peak_flops_16; }
 };
 

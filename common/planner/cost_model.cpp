@@ -32,6 +32,12 @@ constexpr double kAccumulatorBytes = 4 + 4;
 // layer; backward, like its GEMMs, counts as two passes; a full recomputation as one more.
 constexpr double kElementwiseBytesPerStoredByte = 2;
 
+// Ops whose fixed cost (DeviceProfile::op_seconds) the measured layer ops leave out: tensor parallelism's f
+// and g around each half of a block (4); outside the blocks the two tables' lookups and their sum, the
+// final norm, the head and the loss (6); and the optimizer's step on each parameter tensor (12 a block:
+// 6 weights, 6 biases or gains).
+constexpr double kTensorParallelOpsPerLayer = 4, kOpsOutsideLayers = 6, kTensorsPerLayer = 12;
+
 // A GEMM of `flops` on this device, at the efficiency its size allows (cluster.h).
 double gemm_seconds(double flops, const DeviceProfile& d, DType precision) {
   if (flops <= 0) return 0;
@@ -142,13 +148,16 @@ Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p)
   // interleaving keeps 1 + (PP - 1) / (PP v) times more (Korthikanti et al. 2022, section 4.2.3).
   const double in_flight_first = std::min(m, pp) * (v > 1 ? 1 + (pp - 1) / (pp * v) : 1);
   const double logits = 4 * s_local * b * V / t;  // float32 logits for the loss, on the last stage
+  // What else the last stage keeps for backward: the loss's float32 probabilities, and the final norm's
+  // input and output (the head's input).
+  const double last_stage_extra = logits + 2 * unit * s_local * b * h;
   auto stage_memory = [&](double parameters, double in_flight, bool last) {
     MemoryBreakdown memory;
     const ModelStates states = zero_model_states(p.zero_stage, parameters, sharding_group, w.precision);
     memory.parameters = states.params;
     memory.gradients = states.grads;
     memory.optimizer = states.optimizer;
-    memory.activations = in_flight * layers_per_stage * stored_per_layer + (last ? logits : 0);
+    memory.activations = in_flight * layers_per_stage * stored_per_layer + (last ? logits + last_stage_extra : 0);
     // Recomputing a layer holds its whole activations again for a moment; DDP's buckets; ZeRO-3's
     // gathered layer (its 16-bit weights, and the next one prefetched).
     if (p.recompute != Recompute::none) memory.buffers += whole_layer - stored_per_layer;
@@ -176,13 +185,24 @@ Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p)
   const double attention_share =
       p.sequence_parallel ? (5 * a * s_local / h) / (34 + 5 * a * s_local / h)
                           : (5 * a * s_local / (h * t)) / (10 + 24 / t + 5 * a * s_local / (h * t));
-  const double forward = projection_gemms + attention_gemms + elementwise;
+  // A CPU's measured ops (DeviceProfile: zero on a GPU), forward and backward together: the layer's
+  // element-wise ops at their own cost rather than the memory's speed, attention per sequence-head pair
+  // rather than as GEMMs, and the fixed cost of the tensor-parallel ops.
+  const bool measured_ops = d.elementwise_seconds_per_element > 0;
+  const double measured_elementwise = d.elementwise_fixed_seconds + d.elementwise_seconds_per_element * tokens * h;
+  // Ring attention computes CP blocks for each sequence-head pair, each at the pair's fixed cost.
+  const double measured_attention = heads_here * d.attention_seconds_per_head * p.cp;
+  const double measured_layer = measured_ops ? measured_elementwise + measured_attention : 0;
+  const double forward = projection_gemms + (measured_ops ? 0 : attention_gemms + elementwise);
   double recomputation = 0;
-  if (p.recompute == Recompute::full) recomputation = forward;
-  if (p.recompute == Recompute::selective) recomputation = attention_gemms + attention_share * elementwise;
-  const double layer_compute = 3 * forward + recomputation;  // forward, backward twice it, recomputation
+  if (p.recompute == Recompute::full) recomputation = forward + measured_layer / 3;
+  if (p.recompute == Recompute::selective)
+    recomputation = measured_ops ? measured_attention / 3 : attention_gemms + attention_share * elementwise;
+  const double layer_compute = 3 * forward + recomputation + measured_layer +
+                               (p.tp > 1 ? kTensorParallelOpsPerLayer * d.op_seconds : 0);
   const double head_compute = 3 * gemm_seconds(2 * tokens * h * V / t, d, w.precision) +
-                              3 * kElementwiseBytesPerStoredByte * logits / d.memory_bandwidth;
+                              3 * kElementwiseBytesPerStoredByte * logits / d.memory_bandwidth +
+                              kOpsOutsideLayers * d.op_seconds;
   // Tensor parallelism (Megatron-LM 2019): two all-reduces of the layer's output forward, two backward,
   // two more in a full recomputation's forward (with sequence parallelism a reduce-scatter and an
   // all-gather each, the same bytes); one more each way at the embedding and the head.
@@ -228,7 +248,8 @@ Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p)
     out.time.dp = std::max(0.0, seconds - backward_window);
   }
   const double shard = stage_parameters / (p.zero_stage >= 1 ? sharding_group : 1);
-  out.time.optimizer = kOptimizerBytesPerParameter * shard / d.memory_bandwidth;
+  const double tensors = kTensorsPerLayer * layers_per_stage + 2;  // and the two tables (or the final norm)
+  out.time.optimizer = kOptimizerBytesPerParameter * shard / d.memory_bandwidth + tensors * d.op_seconds;
 
   const double seconds = out.time.total();
   out.tokens_per_second = w.global_batch * s / seconds;
