@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
 #include "common/cli/cli.h"

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <CLI/CLI.hpp>
+
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
 #include "common/cli/cli.h"
 #include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them             // common flags, validators, exit codes

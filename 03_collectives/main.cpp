@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
+
 #include "benchmark.h"                // the nccl-tests style harness and the alpha-beta fit
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/cli/cli.h"           // common flags, validators, exit codes

@@ -140,10 +140,10 @@ void install_fault(chapter04::DataParallelNaive& ddp, const Options& o, const st
 
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 04: distributed data parallel training, checked against the single-rank run"};
+  cli::Program program{"Chapter 04: distributed data parallel training, checked against the single-rank run"};
   chapter04::Options o;
-  chapter04::add_options(app, o);
-  return cli::run(app, argc, argv, [&] {
+  chapter04::add_options(program.app(), o);
+  return program.run(argc, argv, [&] {
     cli::Session session = cli::start_session(o.common, o.distributed);
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return train(o, session);

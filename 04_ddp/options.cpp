@@ -1,6 +1,8 @@
 // Chapter 04's flags.
 #include "04_ddp/options.h"
 
+#include <CLI/CLI.hpp>
+
 namespace course::chapter04 {
 
 void add_options(CLI::App& app, Options& o) {

@@ -224,10 +224,10 @@ void sweep_buckets(const Options& o, comm::Communicator& group, const nn::Traini
 
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 05: gradient buckets and overlap of communication with backward"};
+  cli::Program program{"Chapter 05: gradient buckets and overlap of communication with backward"};
   Options o;
-  add_options(app, o);
-  return cli::run(app, argc, argv, [&] {
+  add_options(program.app(), o);
+  return program.run(argc, argv, [&] {
     check_options(o);
     cli::Session session = cli::start_session(o.common, o.distributed);
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU

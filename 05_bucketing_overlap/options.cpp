@@ -1,6 +1,8 @@
 // Chapter 05's flags.
 #include "05_bucketing_overlap/options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/core/errors.h"
 
 namespace course::chapter05 {

@@ -78,11 +78,11 @@ int run(Options& o, cli::Session& session) {
 // Below: the flags (options.cpp). What checks and reports the run is in report.cpp.
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 06: checkpoints, exact resume, and surviving a dead rank"};
+  cli::Program program{"Chapter 06: checkpoints, exact resume, and surviving a dead rank"};
   Options o;
-  add_options(app, o);
-  return cli::run(app, argc, argv, [&] {
-    check_options(app, o);
+  add_options(program.app(), o);
+  return program.run(argc, argv, [&] {
+    check_options(program.app(), o);
     cli::Session session = cli::start_session(o.common, o.distributed);
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);

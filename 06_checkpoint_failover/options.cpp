@@ -1,6 +1,8 @@
 // Chapter 06's flags.
 #include "06_checkpoint_failover/options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/core/errors.h"
 
 namespace course::chapter06 {

@@ -259,10 +259,10 @@ void save(const Options& o, const checkpoint::ShardedFolder& folder, comm::Commu
 
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 07: ZeRO stages 0-3, memory and communication against the formulas"};
+  cli::Program program{"Chapter 07: ZeRO stages 0-3, memory and communication against the formulas"};
   Options o;
-  add_options(app, o);
-  return cli::run(app, argc, argv, [&] {
+  add_options(program.app(), o);
+  return program.run(argc, argv, [&] {
     check_options(o);
     auto session = cli::start_session(o.common, o.distributed);
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU

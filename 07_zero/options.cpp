@@ -1,6 +1,8 @@
 // Chapter 07's flags.
 #include "07_zero/options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/cli/limits.h"
 
 #include "common/core/errors.h"

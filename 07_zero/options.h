@@ -1,6 +1,6 @@
 // Chapter 07's flags: the shared groups (common/cli) and the chapter's own.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 

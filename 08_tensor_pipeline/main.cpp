@@ -219,10 +219,10 @@ int run(Options o, cli::Session& session) {
 
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 08: tensor, sequence and pipeline parallelism, with data parallelism on top"};
+  cli::Program program{"Chapter 08: tensor, sequence and pipeline parallelism, with data parallelism on top"};
   Options o;
-  add_options(app, o);
-  return cli::run(app, argc, argv, [&] {
+  add_options(program.app(), o);
+  return program.run(argc, argv, [&] {
     auto session = cli::start_session(o.common, o.distributed, parallel::GridShape{o.tp, o.pp, o.dp, o.cp});
     cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
     return run(o, session);

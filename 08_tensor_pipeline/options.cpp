@@ -1,6 +1,8 @@
 // Chapter 08's flags and the grid's checks.
 #include "08_tensor_pipeline/options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "08_tensor_pipeline/grid_training.h"
 #include "common/cli/limits.h"
 #include "common/cli/training_options.h"

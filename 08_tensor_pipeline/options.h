@@ -1,7 +1,7 @@
 // Chapter 08's flags (the shared groups of common/cli and the grid's own), and what the grid and the
 // model must satisfy together.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 

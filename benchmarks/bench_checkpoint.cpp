@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <CLI/CLI.hpp>
+
 #include "common/checkpoint/safetensors.h"
 #include "common/cli/cli.h"
 #include "common/metrics/metrics.h"

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "common/autograd/profiler.h"
 #include "common/checkpoint/parameters.h"
 #include "common/cli/cli.h"

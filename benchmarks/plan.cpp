@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <map>
 
+#include <CLI/CLI.hpp>
+
 #include "common/cli/cli.h"
 #include "common/metrics/metrics.h"
 #include "common/planner/calibration.h"

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "common/cli/cli.h"
 #include "common/cli/precision_options.h"
 #include "common/core/errors.h"

@@ -1,6 +1,8 @@
 // The checkpointing flags.
 #include "common/cli/checkpoint_options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/cli/cli.h"
 #include "common/cli/training_options.h"
 

@@ -2,7 +2,7 @@
 // many it keeps, and whether it continues from them (chapters 06 and 07). One name and one bound each;
 // the chapter sets its defaults in the struct before adding the flags.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 

@@ -1,6 +1,8 @@
 // Common flags, validators and the error-to-exit-code policy.
 #include "common/cli/cli.h"
 
+#include <CLI/CLI.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <cctype>
@@ -203,6 +205,10 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     return 1;
   }
 }
+
+Program::Program(const std::string& description) : app_(std::make_unique<CLI::App>(description)) {}
+Program::~Program() = default;
+int Program::run(int argc, char** argv, const std::function<int()>& body) { return cli::run(*app_, argc, argv, body); }
 
 std::size_t parse_bytes(const std::string& text, const std::string& flag, std::size_t multiple, std::size_t limit) {
   const std::string usage = flag + ": '" + text + "' is not a size (use e.g. 8, 1K, 64M)";

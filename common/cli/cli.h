@@ -3,10 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 
 #include "common/core/errors.h"
 
@@ -76,6 +77,20 @@ extern const CLI::Validator Seed;             // 0 .. 2^64-1, digits only
 // printed by the rank that raised it; under mpirun with several ranks that rank then aborts the
 // whole job (exit code 1), so the others never wait for it in a collective.
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// A chapter's command line: its description, the flags its option groups add to app(), and run() as
+// above. The CLI11 app is built in cli.cpp, so a main.cpp that only hands app() to option groups
+// compiles without CLI11's header (forward.h).
+class Program {
+ public:
+  explicit Program(const std::string& description);
+  ~Program();
+  CLI::App& app() { return *app_; }
+  int run(int argc, char** argv, const std::function<int()>& body);
+
+ private:
+  std::unique_ptr<CLI::App> app_;
+};
 
 // CPU threads (GEMM and element-wise kernels): OMP_NUM_THREADS or OPENBLAS_NUM_THREADS when set,
 // otherwise one per rank when ranks share the machine, and every core for a rank alone.

@@ -1,6 +1,8 @@
 // Killing a rank on purpose.
 #include "common/cli/kill_options.h"
 
+#include <CLI/CLI.hpp>
+
 #include <csignal>
 #include <cstdlib>
 

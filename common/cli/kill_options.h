@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 
 #include "common/checkpoint/safetensors.h"
 

@@ -1,6 +1,8 @@
 // Memory estimates and the check against the machine.
 #include "common/cli/limits.h"
 
+#include <CLI/CLI.hpp>
+
 #include <unistd.h>
 
 #include "common/cli/cli.h"

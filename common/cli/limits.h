@@ -2,7 +2,7 @@
 // line naming the flags and the estimate, not a std::bad_alloc half a minute later. And the budget a
 // chapter may set on purpose (--mem-limit-mb), to show what a method saves.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 

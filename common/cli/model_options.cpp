@@ -1,6 +1,8 @@
 // The model flags and the GPT's task.
 #include "common/cli/model_options.h"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 
 #include "common/cli/cli.h"

@@ -1,7 +1,7 @@
 // --model mlp|gpt and the GPT's flags, shared by every chapter that trains either model: the flags are
 // declared once, and the task is built once, with each impossible size named by its flag.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 

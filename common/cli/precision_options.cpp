@@ -1,6 +1,8 @@
 // The precision flag.
 #include "common/cli/precision_options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/core/errors.h"
 #include "common/kernels/kernels.h"
 

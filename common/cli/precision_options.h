@@ -2,7 +2,7 @@
 // mixed precision: float32 master parameters, the forward under autocast (common/ops/autocast.h), and
 // for fp16 dynamic loss scaling (common/optim/grad_scaler.h), all carried by the training recipe.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <string>
 
 #include "common/core/device.h"

@@ -1,6 +1,8 @@
 // The training flags and how the global batch meets the world size.
 #include "common/cli/training_options.h"
 
+#include <CLI/CLI.hpp>
+
 #include "common/cli/cli.h"
 #include "common/core/errors.h"
 #include "common/core/log.h"

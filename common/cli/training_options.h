@@ -1,7 +1,7 @@
 // --steps, --global-batch and --lr: the training flags of every chapter that trains, one name and one
 // bound each. The chapter sets its defaults in the struct before adding the flags.
 #pragma once
-#include <CLI/CLI.hpp>
+#include "common/cli/forward.h"
 #include <cstdint>
 #include <string>
 
