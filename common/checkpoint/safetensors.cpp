@@ -76,10 +76,8 @@ std::string checksum_of(nlohmann::json header, const std::vector<std::string_vie
   return checksum_text(hash.finish());
 }
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
-
 void fsync_or_fail(int fd, const std::string& path) {
-  if (::fsync(fd) != 0) fail(path, std::string("fsync failed (") + std::strerror(errno) + ")");
+  if (::fsync(fd) != 0) throw CheckpointError(path, std::string("fsync failed (") + std::strerror(errno) + ")");
 }
 
 }  // namespace
@@ -106,9 +104,9 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
   const std::string temporary = (folder / hidden).string();
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
-    fail(path, "is not a regular file (a folder, a device, a pipe or a link); a checkpoint replaces only a regular file");
+    throw CheckpointError(path, "is not a regular file (a folder, a device, a pipe or a link); a checkpoint replaces only a regular file");
   int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
+  if (fd < 0) throw CheckpointError(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
   // Straight from each piece's memory, in chunks: progress is reported between them, and the
   // kernel streams them to disk meanwhile.
   std::size_t total = 0;
@@ -124,7 +122,7 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
         const std::string why = std::strerror(errno);
         ::close(fd);
         ::unlink(temporary.c_str());
-        fail(path, "write failed (" + why + ")");
+        throw CheckpointError(path, "write failed (" + why + ")");
       }
       at += static_cast<std::size_t>(n);
       written += static_cast<std::size_t>(n);
@@ -138,7 +136,7 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
       const std::string why = std::strerror(errno);
       ::close(fd);
       ::unlink(temporary.c_str());
-      fail(path, "write of the header failed (" + why + ")");
+      throw CheckpointError(path, "write of the header failed (" + why + ")");
     }
   }
   fsync_or_fail(fd, temporary);
@@ -146,7 +144,7 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(temporary.c_str());
-    fail(path, "rename failed (" + why + ")");
+    throw CheckpointError(path, "rename failed (" + why + ")");
   }
   // The rename is durable only once the folder's entry is on disk.
   int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
@@ -172,7 +170,7 @@ std::string save_safetensors(const std::string& path, const NamedTensors& tensor
   std::size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || header.contains(name))
-      fail(path, "tensor name '" + name + "' is reserved or repeated");
+      throw CheckpointError(path, "tensor name '" + name + "' is reserved or repeated");
     const void* values = nullptr;
     if (tensor.device() == Device::cpu) {
       values = tensor.raw();
@@ -224,26 +222,26 @@ Loaded load_safetensors(const std::string& path) {
   // Only a regular file: a folder reads as endless garbage and a pipe never ends.
   struct stat what {};
   if (::stat(path.c_str(), &what) == 0 && !S_ISREG(what.st_mode))
-    fail(path, "is not a regular file (a folder, a device or a pipe)");
+    throw CheckpointError(path, "is not a regular file (a folder, a device or a pipe)");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) fail(path, "cannot be opened (missing or unreadable)");
+  if (!in) throw CheckpointError(path, "cannot be opened (missing or unreadable)");
   std::string file(static_cast<std::size_t>(in.tellg()), '\0');
   in.seekg(0);
-  if (!in.read(file.data(), static_cast<std::streamsize>(file.size()))) fail(path, "could not be read");
+  if (!in.read(file.data(), static_cast<std::streamsize>(file.size()))) throw CheckpointError(path, "could not be read");
   if (file.size() < 8)
-    fail(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
+    throw CheckpointError(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
   if (n > kMaxHeaderBytes || n > file.size() - 8)
-    fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file.size()) +
+    throw CheckpointError(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file.size()) +
                    " bytes)");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(n));
   } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("header is not valid JSON (") + e.what() + ")");
+    throw CheckpointError(path, std::string("header is not valid JSON (") + e.what() + ")");
   }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
+  if (!header.is_object()) throw CheckpointError(path, "header is not a JSON object");
   const char* data = file.data() + 8 + n;
   const std::uint64_t data_size = file.size() - 8 - n;
   Loaded loaded;
@@ -254,39 +252,39 @@ Loaded load_safetensors(const std::string& path) {
   std::vector<Range> ranges;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) fail(path, "__metadata__ is not an object");
+      if (!entry.is_object()) throw CheckpointError(path, "__metadata__ is not an object");
       for (auto& [key, value] : entry.items()) {
-        if (!value.is_string()) fail(path, "metadata '" + key + "' is not a string");
+        if (!value.is_string()) throw CheckpointError(path, "metadata '" + key + "' is not a string");
         loaded.metadata[key] = value.get<std::string>();
       }
       continue;
     }
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets"))
-      fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
+      throw CheckpointError(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
     DType dtype = DType::float32;
     if (!entry["dtype"].is_string() || !dtype_from_safetensors(entry["dtype"].get<std::string>(), &dtype))
-      fail(path, "tensor '" + name + "' has dtype " + entry["dtype"].dump() + "; this course reads F32, BF16 and F16");
+      throw CheckpointError(path, "tensor '" + name + "' has dtype " + entry["dtype"].dump() + "; this course reads F32, BF16 and F16");
     const auto& shape_json = entry["shape"];
     const auto& offsets = entry["data_offsets"];
     if (!shape_json.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned())
-      fail(path, "tensor '" + name + "' has a malformed shape or data_offsets");
+      throw CheckpointError(path, "tensor '" + name + "' has a malformed shape or data_offsets");
     Shape shape;
     std::uint64_t count = 1;
     for (const auto& d : shape_json) {
       if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40))
-        fail(path, "tensor '" + name + "' has a bad dimension");
+        throw CheckpointError(path, "tensor '" + name + "' has a bad dimension");
       shape.push_back(d.get<std::int64_t>());
       count *= d.get<std::uint64_t>();
-      if (count > (1ull << 40)) fail(path, "tensor '" + name + "' is implausibly large");
+      if (count > (1ull << 40)) throw CheckpointError(path, "tensor '" + name + "' is implausibly large");
     }
     const std::uint64_t begin = offsets[0], end = offsets[1];
     if (begin > end || end > data_size)
-      fail(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+      throw CheckpointError(path, "tensor '" + name + "' has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                      "] outside the data section of " + std::to_string(data_size) +
                      " bytes (a truncated file, or wrong offsets)");
     if (end - begin != count * element_size(dtype))
-      fail(path,
+      throw CheckpointError(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
     ranges.push_back({begin, end, name});
     Tensor tensor = Tensor::empty(shape, Device::cpu, dtype);
@@ -297,12 +295,12 @@ Loaded load_safetensors(const std::string& path) {
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   std::uint64_t at = 0;
   for (const auto& r : ranges) {
-    if (r.begin < at) fail(path, "tensor '" + r.name + "' overlaps another tensor's bytes");
-    if (r.begin > at) fail(path, "the data section has a hole before tensor '" + r.name + "'");
+    if (r.begin < at) throw CheckpointError(path, "tensor '" + r.name + "' overlaps another tensor's bytes");
+    if (r.begin > at) throw CheckpointError(path, "the data section has a hole before tensor '" + r.name + "'");
     at = r.end;
   }
   if (at != data_size)
-    fail(path, "the data section has " + std::to_string(data_size - at) + " bytes that no tensor owns");
+    throw CheckpointError(path, "the data section has " + std::to_string(data_size - at) + " bytes that no tensor owns");
   std::sort(loaded.tensors.begin(), loaded.tensors.end(), [&](const auto& a, const auto& b) {
     auto pos = [&](const std::string& name) {
       return std::find_if(ranges.begin(), ranges.end(), [&](const Range& r) { return r.name == name; })->begin;
@@ -312,7 +310,7 @@ Loaded load_safetensors(const std::string& path) {
   auto checksum = loaded.metadata.find("checksum");
   if (checksum != loaded.metadata.end() &&
       checksum->second != checksum_of(header, {std::string_view(data, static_cast<std::size_t>(data_size))}))
-    fail(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
+    throw CheckpointError(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
   loaded.checksummed = checksum != loaded.metadata.end();
   if (loaded.checksummed) loaded.checksum = checksum->second;
   loaded.metadata.erase("checksum");

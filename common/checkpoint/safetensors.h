@@ -26,6 +26,8 @@ using Metadata = std::map<std::string, std::string>;
 // A file that is not a valid checkpoint: the message names the file and what is wrong with it.
 struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
+  // "<path>: <what>"
+  CheckpointError(const std::string& path, const std::string& what) : std::runtime_error(path + ": " + what) {}
 };
 
 // Called as the bytes go out (written so far, total): for progress, and for chapter 06's

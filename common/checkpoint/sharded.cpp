@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kIndex = "index.json";
-constexpr const char* kFormat = "course-sharded-2";  // 2: each shard's checksum in the index
+constexpr const char* kShardedFormat = "course-sharded-2";  // 2: each shard's checksum in the index
 
 
 // Every rank learns whether any failed; all then throw the lowest failing rank's message.
@@ -114,7 +114,7 @@ std::size_t ShardedFolder::save(comm::Communicator& group, std::int64_t step, in
         files.push_back({{"file", shard_name(r, shards)}, {"bytes", size},
                          {"checksum", checksum_from_floats(sum_values.data() + 4 * r)}});
       }
-      nlohmann::json index = {{"format", kFormat}, {"step", step}, {"world_size", group.size()}, {"shards", files},
+      nlohmann::json index = {{"format", kShardedFormat}, {"step", step}, {"world_size", group.size()}, {"shards", files},
                               {"metadata", metadata}, {"layout", layout}};
       write_file_atomically((fs::path(folder) / kIndex).string(), index.dump(1) + "\n");  // the commit
       commit(step);
@@ -164,9 +164,9 @@ nlohmann::json ShardedFolder::index(std::int64_t step) const {
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(path + ": not valid JSON (" + e.what() + ")");
   }
-  if (!index.is_object() || index.value("format", "") != kFormat || !index.contains("shards") ||
+  if (!index.is_object() || index.value("format", "") != kShardedFormat || !index.contains("shards") ||
       !index.contains("layout") || !index.contains("metadata") || !index.contains("world_size"))
-    throw CheckpointError(path + ": not a sharded checkpoint index (" + kFormat + ")");
+    throw CheckpointError(path + ": not a sharded checkpoint index (" + kShardedFormat + ")");
   return index;
 }
 

@@ -9,14 +9,12 @@
 namespace course::checkpoint {
 namespace {
 
-constexpr const char* kFormat = "course-training-checkpoint-1";
+constexpr const char* kTrainingStateFormat = "course-training-checkpoint-1";
 constexpr const char* kOptimizerPrefix = "optimizer.";
-
-[[noreturn]] void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
 
 std::int64_t integer(const std::string& path, const Metadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
-  if (it == metadata.end()) fail(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
+  if (it == metadata.end()) throw CheckpointError(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
   const std::string& text = it->second;
   std::size_t used = 0;
   long long value = 0;
@@ -26,13 +24,13 @@ std::int64_t integer(const std::string& path, const Metadata& metadata, const st
     used = 0;
   }
   if (used == 0 || used != text.size() || value < 0)
-    fail(path, "metadata '" + key + "' is '" + text + "', not a non-negative integer");
+    throw CheckpointError(path, "metadata '" + key + "' is '" + text + "', not a non-negative integer");
   return value;
 }
 
 const std::string& text(const std::string& path, const Metadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
-  if (it == metadata.end()) fail(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
+  if (it == metadata.end()) throw CheckpointError(path, "metadata lacks '" + key + "': not a training checkpoint of this course");
   return it->second;
 }
 
@@ -54,7 +52,7 @@ NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& o
 }
 
 Metadata training_metadata(const TrainingState& s, const std::string& model_config, const optim::Optimizer& optimizer) {
-  Metadata m{{"format", kFormat},
+  Metadata m{{"format", kTrainingStateFormat},
           {"step", std::to_string(s.step)},
           {"samples_seen", std::to_string(s.samples_seen)},
           {"epoch", std::to_string(s.epoch)},
@@ -86,7 +84,7 @@ optim::GradScalerState loss_scale_of(const std::string& path, const Metadata& m)
   char* end = nullptr;
   const double value = std::strtod(scale.c_str(), &end);
   if (scale.empty() || *end != '\0' || !(value > 0) || !std::isfinite(value))
-    fail(path, "metadata 'loss_scale' is '" + scale + "', not a positive number");
+    throw CheckpointError(path, "metadata 'loss_scale' is '" + scale + "', not a positive number");
   return {static_cast<float>(value), integer(path, m, "loss_scale_growth_tracker"),
           integer(path, m, "loss_scale_skipped_steps")};
 }
@@ -95,15 +93,15 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
                                         const std::string& model_config, const optim::Optimizer& optimizer) {
   const Metadata& m = loaded.metadata;
   // Every checkpoint this course writes carries a checksum: one without is damaged (or another writer's).
-  if (!loaded.checksummed) fail(path, "has no checksum: damaged, or not a checkpoint of this course");
-  if (text(path, m, "format") != kFormat) fail(path, "format '" + m.at("format") + "' is not " + kFormat);
+  if (!loaded.checksummed) throw CheckpointError(path, "has no checksum: damaged, or not a checkpoint of this course");
+  if (text(path, m, "format") != kTrainingStateFormat) throw CheckpointError(path, "format '" + m.at("format") + "' is not " + kTrainingStateFormat);
   // The hash covers the configuration text, so a damaged configuration is caught as well as another model.
   if (text(path, m, "model_config_hash") != config_hash(text(path, m, "model_config")))
-    fail(path, "model_config does not match its hash");
+    throw CheckpointError(path, "model_config does not match its hash");
   if (m.at("model_config_hash") != config_hash(model_config))
-    fail(path, "was saved for another model: " + m.at("model_config") + "; this run's is " + model_config);
+    throw CheckpointError(path, "was saved for another model: " + m.at("model_config") + "; this run's is " + model_config);
   if (text(path, m, "optimizer") != optimizer.name())
-    fail(path, "holds " + m.at("optimizer") + " state; this run uses " + optimizer.name());
+    throw CheckpointError(path, "holds " + m.at("optimizer") + " state; this run uses " + optimizer.name());
   TrainingState s;
   s.step = integer(path, m, "step");
   s.samples_seen = integer(path, m, "samples_seen");
@@ -115,9 +113,9 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   s.loss_scale = loss_scale_of(path, m);
   // The optimizer stepped at every step but those the loss scaler skipped (fp16's overflows).
   if (integer(path, m, "optimizer_step") + s.loss_scale.skipped != s.step)
-    fail(path, "optimizer_step " + m.at("optimizer_step") + " and " + std::to_string(s.loss_scale.skipped) +
+    throw CheckpointError(path, "optimizer_step " + m.at("optimizer_step") + " and " + std::to_string(s.loss_scale.skipped) +
                    " skipped steps do not add up to step " + m.at("step"));
-  if (s.world_size < 1) fail(path, "world_size is 0");
+  if (s.world_size < 1) throw CheckpointError(path, "world_size is 0");
 
   std::map<std::string, Shape> saved;
   for (const auto& [name, t] : loaded.tensors) saved[name] = t.shape();
@@ -125,9 +123,9 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   auto expect = [&](const std::string& name, const Shape& shape) {
     ++expected;
     auto it = saved.find(name);
-    if (it == saved.end()) fail(path, "lacks tensor '" + name + "'");
+    if (it == saved.end()) throw CheckpointError(path, "lacks tensor '" + name + "'");
     if (it->second != shape)
-      fail(path,
+      throw CheckpointError(path,
            "tensor '" + name + "' has shape " + shape_string(it->second) + "; this model's is " + shape_string(shape));
   };
   for (const auto& [name, p] : model.named_parameters()) expect(name, p.shape());
@@ -143,12 +141,12 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
         index = std::stoul(rest.substr(0, dot));
       } catch (const std::exception&) {
       }
-      if (dot == std::string::npos || index >= params.size()) fail(path, "unexpected optimizer tensor '" + name + "'");
+      if (dot == std::string::npos || index >= params.size()) throw CheckpointError(path, "unexpected optimizer tensor '" + name + "'");
       expect(name, params[index].shape());
     }
   }
   if (expected != loaded.tensors.size())
-    fail(path, std::to_string(loaded.tensors.size() - expected) + " tensors that this model does not have");
+    throw CheckpointError(path, std::to_string(loaded.tensors.size() - expected) + " tensors that this model does not have");
   return s;
 }
 

@@ -8,6 +8,10 @@
 
 namespace course::nn {
 
+Tensor ModuleDict::forward(const Tensor&) {
+  throw std::logic_error("ModuleDict has no forward: call the modules it names");
+}
+
 Tensor Module::operator()(const Tensor& x) {
   for (auto& hook : pre_hooks_) hook(*this);
   Tensor out = forward(x);

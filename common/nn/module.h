@@ -64,4 +64,14 @@ class Module {
   std::vector<ForwardHook> hooks_;
 };
 
+// PyTorch's nn.ModuleDict: a module that only names the ones below it ("transformer", "h", "attn"), so
+// that a model built in parts (a pipeline stage, a tensor-parallel block) keeps GPT-2's nested names.
+// It computes nothing: its forward throws, as ModuleDict's does.
+class ModuleDict : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  using Module::register_module;
+  using Module::register_parameter;
+};
+
 }  // namespace course::nn

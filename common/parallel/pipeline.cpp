@@ -19,12 +19,6 @@ Tensor copy_parameter(const Tensor& t) {
   return t.detach().clone();
 }
 
-struct Named : nn::Module {
-  Tensor forward(const Tensor& x) override { return x; }
-  using nn::Module::register_module;
-  using nn::Module::register_parameter;
-};
-
 }  // namespace
 
 PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, comm::Communicator* tp,
@@ -42,13 +36,13 @@ PipelineStageGPT::PipelineStageGPT(const nn::GPT& full, comm::Communicator& pp, 
                      (chunks > 1 ? " of " + std::to_string(chunks) + " chunks each" : std::string()));
   const std::int64_t per_piece = config_.n_layer / pieces;
   // GPT-2's names, so a stage's parameters read as the whole model's: "transformer.h.2.attn...".
-  auto transformer = register_module("transformer", std::make_shared<Named>());
+  auto transformer = register_module("transformer", std::make_shared<nn::ModuleDict>());
   if ((first_ || last_) && tp_)
     wte_parallel_ = transformer->register_module("wte", std::make_shared<VocabParallelEmbedding>(full.wte, *tp_, sequence_parallel_));
   else if (first_ || last_)
     wte_ = transformer->register_parameter("wte.weight", copy_parameter(full.wte));
   if (first_) wpe_ = transformer->register_parameter("wpe.weight", copy_parameter(full.wpe));
-  auto layers = transformer->register_module("h", std::make_shared<Named>());
+  auto layers = transformer->register_module("h", std::make_shared<nn::ModuleDict>());
   chunk_blocks_.resize(static_cast<std::size_t>(chunks));
   for (int c = 0; c < chunks; ++c) {
     const std::int64_t first_layer = (c * stages + pp.rank()) * per_piece;  // piece c p + r of the model
@@ -124,14 +118,14 @@ Tensor PipelineStageGPT::forward_chunk(int chunk, const Tensor& input) {
 std::vector<std::shared_ptr<nn::Module>> PipelineStageGPT::chunk_modules() {
   std::vector<std::shared_ptr<nn::Module>> out;
   for (int c = 0; c < chunks(); ++c) {
-    auto chunk = std::make_shared<Named>();
-    auto transformer = chunk->register_module("transformer", std::make_shared<Named>());
+    auto chunk = std::make_shared<nn::ModuleDict>();
+    auto transformer = chunk->register_module("transformer", std::make_shared<nn::ModuleDict>());
     if (starts(c) || ends(c)) {  // the table: the embedding's on the first chunk, the head's on the last
       if (wte_parallel_) transformer->register_module("wte", wte_parallel_);
       else transformer->register_parameter("wte.weight", wte_);
     }
     if (starts(c)) transformer->register_parameter("wpe.weight", wpe_);
-    auto layers = transformer->register_module("h", std::make_shared<Named>());
+    auto layers = transformer->register_module("h", std::make_shared<nn::ModuleDict>());
     for (const auto& [name, module] : named_modules())
       for (const auto& block : chunk_blocks_[static_cast<std::size_t>(c)])
         if (module == block.get()) layers->register_module(name.substr(name.rfind('.') + 1), block);

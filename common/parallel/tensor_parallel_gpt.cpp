@@ -10,15 +10,6 @@
 #include "common/ops/ops.h"
 
 namespace course::parallel {
-namespace {
-
-// A module that only names the ones below it ("attn", "mlp"), as GPT-2's names nest.
-struct Named : nn::Module {
-  Tensor forward(const Tensor& x) override { return x; }
-  using nn::Module::register_module;
-};
-
-}  // namespace
 
 std::shared_ptr<nn::LayerNorm> copy_of(const nn::LayerNorm& full) {
   auto norm = std::make_shared<nn::LayerNorm>(full.weight.dim(0), full.weight.device());
@@ -46,13 +37,13 @@ TensorParallelBlock::TensorParallelBlock(const nn::Block& full, const nn::GPTCon
                                          bool sequence_parallel)
     : local_heads_(config.n_head / tp.size()), recompute_(config.recompute) {
   ln_1_ = register_module("ln_1", copy_of(*full.ln_1));
-  auto attn = register_module("attn", std::make_shared<Named>());
+  auto attn = register_module("attn", std::make_shared<nn::ModuleDict>());
   c_attn_ = attn->register_module("c_attn", std::make_shared<ColumnParallelLinear>(
                                                 shard_of_qkv(full.attn->c_attn->weight, tp),
                                                 shard_of_qkv(full.attn->c_attn->bias, tp), tp, sequence_parallel));
   attn_proj_ = attn->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.attn->c_proj, tp, sequence_parallel));
   ln_2_ = register_module("ln_2", copy_of(*full.ln_2));
-  auto mlp = register_module("mlp", std::make_shared<Named>());
+  auto mlp = register_module("mlp", std::make_shared<nn::ModuleDict>());
   c_fc_ = mlp->register_module("c_fc", std::make_shared<ColumnParallelLinear>(*full.mlp->c_fc, tp, sequence_parallel));
   mlp_proj_ = mlp->register_module("c_proj", std::make_shared<RowParallelLinear>(*full.mlp->c_proj, tp, sequence_parallel));
 }
