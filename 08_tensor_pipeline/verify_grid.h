@@ -49,8 +49,11 @@ class GridCheck {
   std::unique_ptr<verify::ModelParallelReference> split_reference_;  // 16 bits, split layers: the run's TP x CP ranks
 };
 
-// The most TP ranks whose 16-bit sums a reference in one process can repeat: two values add alike in
-// either order, more in MPI's own (verify/model_parallel_reference.h).
+// The most TP ranks whose sums a reference in one process can repeat: two values add alike in either
+// order. Beyond, the 16-bit sums go in the ring's order, which the reference repeats, but the float32
+// ones (the vocabulary-parallel loss's softmax, sequence parallelism's norm gradients) in MPI's own, and
+// one float32 rounding there flips 16-bit roundings downstream: with the limit lifted, a correct TP 4 run
+// with sequence parallelism in bf16 failed at step 176 of 1000 (verify/model_parallel_reference.h).
 constexpr int kMostTensorParallelRanksIn16Bits = 2;
 
 // Whether --verify checks this run by its parts (16 bits), and whether it can check it at all: float32

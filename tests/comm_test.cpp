@@ -369,10 +369,11 @@ TEST(Communicator, SixteenBitTensorsTravelAndReduceInTheirType) {
   }
 }
 
-// The in-process group (verify's tensor-parallel reference) against MPI itself: at two ranks every
-// reduction gives the same bits, in every type and operation (adding two values does not depend on
-// their order); at more, what does not depend on the order (max, the data moves).
-TEST(LocalGroup, GivesMpisBitsWhereTheOrderCannotMatter) {
+// The in-process group (verify's model-parallel reference) against MPI itself: every 16-bit reduction
+// gives the same bits at any number of ranks (both add in the ring's order, chunk by chunk, the chunks
+// uneven at 1001 values); float32 sums at two ranks, where the order cannot matter (beyond, MPI adds
+// float32 in an order of its own); max, and the data moves, always.
+TEST(LocalGroup, GivesMpisBits) {
   comm::Communicator& mpi = world();
   const int n = mpi.size();
   const auto data = [](int rank, DType dtype) {  // values of every size and sign, 16-bit roundings exercised
@@ -382,7 +383,7 @@ TEST(LocalGroup, GivesMpisBitsWhereTheOrderCannotMatter) {
   comm::LocalGroup group(n);
   for (const DType dtype : {DType::float32, DType::bfloat16, DType::float16})
     for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average, ReduceOp::max}) {
-      if (n > 2 && op != ReduceOp::max) continue;
+      if (n > 2 && op != ReduceOp::max && dtype == DType::float32) continue;
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + comm::reduce_op_name(op));
       Tensor theirs = data(mpi.rank(), dtype);
       mpi.all_reduce(theirs, op);

@@ -199,8 +199,9 @@ TEST(TensorParallel, TheGptSplitByHeadsAndHiddenUnitsIsTheGpt) {
 // micro-batch is not the split run's. The reference that runs the split model's TP ranks on threads of
 // one process (verify/model_parallel_reference.h) gives the run's loss and every gradient bit for bit,
 // and reports the terms of each gradient (under sequence parallelism an unsplit parameter's is every
-// rank's term). At 4 ranks MPI adds the partial products in an order of its own, which no reference
-// repeats: there the reference runs in float32 and agrees within the reordering's tolerance.
+// rank's term). At 4 ranks MPI adds the loss's float32 sums (the softmax over the vocabulary's shards) in
+// an order of its own, which no reference repeats (its 16-bit sums both add in the ring's order: comm_test):
+// there the reference runs in float32 and agrees within the reordering's tolerance.
 TEST(TensorParallel, TheInProcessReferenceRoundsAsTheRanksDo) {
   comm::Communicator& tp = world();
   const bool exact = tp.size() <= 2;

@@ -32,4 +32,9 @@ struct Chunk {
 };
 Chunk chunk_of(std::size_t count, int ranks, int c);
 
+// The ring's order of addition: chunk c's sum begins at rank c + 1 and goes round to end at rank c, its
+// k-th term (k = 0 .. ranks - 1) coming from rank ring_source(c, k, ranks). The MPI backend adds 16-bit
+// values in this order, as NCCL's ring all-reduce does, and comm::LocalGroup repeats it bit for bit.
+inline int ring_source(int c, int k, int ranks) { return (c + 1 + k) % ranks; }
+
 }  // namespace course::comm::algorithms

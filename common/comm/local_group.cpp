@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "common/comm/algorithms.h"
 #include "common/kernels/half.h"
 
 namespace course::comm {
@@ -95,12 +96,27 @@ Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
   const auto narrow = [fp16](float v) { return fp16 ? half::to_float16(v) : half::to_bfloat16(v); };
   const auto term = [&](std::uint16_t b) { return op == ReduceOp::average ? narrow(widen(b) * inverse) : b; };
   std::uint16_t* acc = out.data16();
-  for (std::size_t i = 0; i < n; ++i) acc[i] = term(acc[i]);
-  for (std::size_t k = 1; k < inputs.size(); ++k) {
-    const std::uint16_t* x = inputs[k].data16();
-    for (std::size_t i = 0; i < n; ++i) {
-      const float a = widen(term(x[i])), b = widen(acc[i]);
-      acc[i] = narrow(op == ReduceOp::max ? (a > b || std::isnan(a) ? a : b) : a + b);
+  const int members = static_cast<int>(inputs.size());
+  if (op == ReduceOp::max) {
+    for (int k = 1; k < members; ++k) {
+      const std::uint16_t* x = inputs[static_cast<std::size_t>(k)].data16();
+      for (std::size_t i = 0; i < n; ++i) {
+        const float a = widen(x[i]), b = widen(acc[i]);
+        acc[i] = narrow(a > b || std::isnan(a) ? a : b);
+      }
+    }
+    return out;
+  }
+  // Sums in the ring's order, as the MPI backend adds them: chunk c from member c + 1 round to member c.
+  for (int c = 0; c < members; ++c) {
+    const auto chunk = algorithms::chunk_of(n, members, c);
+    for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+      std::uint16_t sum = term(inputs[static_cast<std::size_t>(algorithms::ring_source(c, 0, members))].data16()[i]);
+      for (int k = 1; k < members; ++k) {
+        const std::uint16_t x = term(inputs[static_cast<std::size_t>(algorithms::ring_source(c, k, members))].data16()[i]);
+        sum = narrow(widen(sum) + widen(x));
+      }
+      acc[i] = sum;
     }
   }
   return out;

@@ -1,10 +1,10 @@
 // Groups whose members are threads of one process: a Communicator for each member, their collectives
 // meeting in shared memory, for a reference that must compute what several ranks compute with their
-// roundings (verify/model_parallel_reference.h). Its reductions are the MPI backend's, value for value:
-// float32 sums added in rank order (an average divided once), 16-bit ones computed in float32 and
-// rounded to 16 bits after each addition (an average's values first multiplied by 1/N, rounded). For
-// two members that is what any backend computes, since adding two values does not depend on their
-// order; for more, MPI chooses its own order and only the float32 results agree within their rounding.
+// roundings (verify/model_parallel_reference.h). Its 16-bit sums are the MPI backend's bit for bit at any
+// size: computed in float32 and rounded to 16 bits after each addition, in the ring's order
+// (algorithms::ring_source; an average's values first multiplied by 1/N, rounded). Its float32 sums are
+// added in rank order (an average divided once): MPI's value for value at two members, where the order
+// cannot matter; beyond, MPI chooses its own order and the results agree within their rounding.
 //
 // One thread computes at a time: the threads of a run take turns (Turns), each holding the turn from
 // its start and giving it up only while it waits for others at a collective. So they never run

@@ -4,6 +4,7 @@
 // because Debian's Open MPI is not CUDA-aware.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/comm/algorithms.h"
 #include "common/comm/backends.h"
 #include "common/core/cuda_runtime.h"
 #include "common/core/dtype.h"
@@ -76,8 +78,9 @@ class HostBuffer {
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
 // MPI has no 16-bit float type: 16-bit values (a bfloat16 or float16 tensor, or chapter 05's packed
-// buffers) travel as MPI_UINT16_T, reduced by these operations, which compute in float32 and round each
-// partial result back to 16 bits, as a 16-bit reduction on the wire does (NCCL's among them).
+// buffers) travel as MPI_UINT16_T. Reductions compute in float32 and round each partial result back to
+// 16 bits, as a 16-bit reduction on the wire does (NCCL's among them): sums in the ring's order below
+// (all-reduce and reduce-scatter), a reduce to one root and every max through these MPI operations.
 float widen(std::uint16_t bits, HalfFormat format) {
   return format == HalfFormat::float16 ? half::from_float16(bits) : half::from_bfloat16(bits);
 }
@@ -93,6 +96,46 @@ void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
     const float x = widen(a[i], format), y = widen(b[i], format);
     b[i] = narrow(maximum ? (x > y || std::isnan(x) ? x : y) : x + y, format);
   }
+}
+
+// 16-bit sums in the ring's order (algorithms::ring_source): the values cut into a chunk a rank, chunk c
+// added up from rank c + 1 round to rank c, each partial sum rounded to 16 bits on its way, so that rank
+// c ends with chunk c's sum. MPI's own reduction with a user operation may bracket the terms as it likes,
+// and beyond two ranks the brackets change the roundings; a fixed order lets a reference in one process
+// (comm::LocalGroup) repeat a run's 16-bit sums at any size. `comm` carries nothing else, so its
+// messages cannot meet a pipeline's sends.
+void ring_reduce_scatter_16bit(std::uint16_t* values, std::size_t count, HalfFormat format, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<std::uint16_t> incoming((count + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size));
+  const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+  for (int step = 0; step + 1 < size; ++step) {
+    // This rank adds its term to a chunk after step + 1 others have: it passes on the chunk it added to
+    // last (its own term alone, at step 0) and receives the one it adds to now.
+    const auto send = algorithms::chunk_of(count, size, ((rank - 1 - step) % size + size) % size);
+    const auto receive = algorithms::chunk_of(count, size, ((rank - 2 - step) % size + 2 * size) % size);
+    check_mpi(MPI_Sendrecv(values + send.begin, static_cast<int>(send.size()), MPI_UINT16_T, next, 0, incoming.data(),
+                           static_cast<int>(receive.size()), MPI_UINT16_T, previous, 0, comm, MPI_STATUS_IGNORE),
+              "MPI_Sendrecv");
+    for (std::size_t i = 0; i < receive.size(); ++i)
+      values[receive.begin + i] = narrow(widen(incoming[i], format) + widen(values[receive.begin + i], format), format);
+  }
+}
+
+// The same, then every rank's chunk to every rank: each value the sum of its ranks in the ring's order.
+void ring_all_reduce_16bit(std::uint16_t* values, std::size_t count, HalfFormat format, MPI_Comm comm) {
+  ring_reduce_scatter_16bit(values, count, format, comm);
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> counts(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  for (int c = 0; c < size; ++c) {
+    const auto chunk = algorithms::chunk_of(count, size, c);
+    counts[static_cast<std::size_t>(c)] = static_cast<int>(chunk.size());
+    offsets[static_cast<std::size_t>(c)] = static_cast<int>(chunk.begin);
+  }
+  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts.data(), offsets.data(), MPI_UINT16_T, comm),
+            "MPI_Allgatherv");
 }
 
 MPI_Op op_16bit(HalfFormat format, ReduceOp op) {
@@ -183,6 +226,7 @@ class MpiCommunicator final : public Communicator {
     }
     ready_.notify_one();
     worker_.join();
+    if (ring_ != MPI_COMM_NULL) MPI_Comm_free(&ring_);
     MPI_Comm_free(&comm_);
   }
 
@@ -288,6 +332,9 @@ class MpiCommunicator final : public Communicator {
       for (int i = 0; i < n_in; ++i) premultiplied[static_cast<std::size_t>(i)] = narrow(widen(bits[i], w.format) * inverse, w.format);
     }
     const bool divide = c.op == ReduceOp::average && !premultiply;  // float32: the sum divided once
+    // 16-bit sums in the ring's order (ring_reduce_scatter_16bit), on a communicator of their own.
+    const bool ring = w.sixteen_bit && c.op != ReduceOp::max;
+    if (ring && ring_ == MPI_COMM_NULL) check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
     switch (c.kind) {
       case OpKind::broadcast:
         check_mpi(MPI_Bcast(inp, n_in, w.type, c.root, comm_), "MPI_Bcast");
@@ -299,6 +346,11 @@ class MpiCommunicator final : public Communicator {
         if (divide && rank() == c.root) average(inp, n_in);
         break;
       case OpKind::all_reduce:
+        if (ring) {
+          if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
+          ring_all_reduce_16bit(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, ring_);
+          break;
+        }
         check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
                   "MPI_Allreduce");
         if (divide) average(inp, n_in);
@@ -307,6 +359,15 @@ class MpiCommunicator final : public Communicator {
         check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
+        if (ring) {
+          const auto* bits = static_cast<const std::uint16_t*>(inp);
+          std::vector<std::uint16_t> sums = premultiply ? premultiplied : std::vector<std::uint16_t>(bits, bits + n_in);
+          ring_reduce_scatter_16bit(sums.data(), sums.size(), w.format, ring_);
+          const auto mine = algorithms::chunk_of(sums.size(), size(), rank());  // the block of this rank
+          std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end),
+                    static_cast<std::uint16_t*>(outp));
+          break;
+        }
         check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
                   "MPI_Reduce_scatter_block");
         if (divide) average(outp, n_out);
@@ -342,6 +403,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  MPI_Comm ring_ = MPI_COMM_NULL;  // the 16-bit sums' own (ring_reduce_scatter_16bit), made at the first
   int gpu_;
   std::mutex mutex_;
   std::condition_variable ready_;
