@@ -1,6 +1,6 @@
-// The in-process group (comm/local_group.h): its collectives between threads, reductions in rank order
-// with the MPI backend's roundings (comm_test checks them against MPI itself at 2 ranks), one member
-// computing at a time, and errors that end the run instead of hanging it.
+// The in-process group (comm/local_group.h): its collectives between threads, float32 sums in rank
+// order and 16-bit ones in the ring's, with the MPI backend's roundings (comm_test checks them against MPI
+// itself at 2 to 4 ranks), one member computing at a time, and errors that end the run instead of hanging it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,17 +20,23 @@ Tensor values(const std::vector<float>& v, DType dtype = DType::float32) {
 }
 
 // bfloat16 keeps 8 significant bits: 1 + 2^-8 is a tie that rounds to 1, 1 + 2^-7 is exact.
-TEST(LocalGroup, SixteenBitSumsRoundAfterEachAdditionInRankOrder) {
+// 16-bit sums go in the ring's order (the MPI backend's): one value is chunk 0, added from member 1,
+// then member 2, then member 0, each partial sum rounded to 8 bits.
+TEST(LocalGroup, SixteenBitSumsRoundAfterEachAdditionInTheRingsOrder) {
   comm::LocalGroup group(3);
   const float tiny = std::ldexp(1.0f, -8);
-  std::vector<std::vector<float>> got(3);
-  group.run([&](comm::Communicator& c) {
-    Tensor t = values({c.rank() == 0 ? 1.0f : tiny}, DType::bfloat16);
-    c.all_reduce(t, ReduceOp::sum);
-    got[static_cast<std::size_t>(c.rank())] = t.to_host();
-  });
-  // (1 + 2^-8) rounds to 1, then again: 1. Added as 1 + (2^-8 + 2^-8) it would be 1 + 2^-7.
-  for (const auto& v : got) EXPECT_EQ(v, std::vector<float>{1.0f});
+  for (const int big : {1, 0}) {
+    std::vector<std::vector<float>> got(3);
+    group.run([&](comm::Communicator& c) {
+      Tensor t = values({c.rank() == big ? 1.0f : tiny}, DType::bfloat16);
+      c.all_reduce(t, ReduceOp::sum);
+      got[static_cast<std::size_t>(c.rank())] = t.to_host();
+    });
+    // Member 1 first: (1 + 2^-8) rounds to 1, and so does 1 + 2^-8 again. Member 0 last: the two small
+    // ones meet first, 2^-7, and 1 + 2^-7 is a bfloat16.
+    const float expected = big == 1 ? 1.0f : 1.0f + 2 * tiny;
+    for (const auto& v : got) EXPECT_EQ(v, std::vector<float>{expected}) << "1 at member " << big;
+  }
 }
 
 TEST(LocalGroup, ReductionsMatchTheirDefinitions) {
@@ -54,10 +60,11 @@ TEST(LocalGroup, ReductionsMatchTheirDefinitions) {
     EXPECT_EQ(sum[k], (std::vector<float>{s0, -3.0f}));
     EXPECT_EQ(average[k], (std::vector<float>{s0 * (1.0f / 3.0f), 9.0f * (1.0f / 3.0f)}));
     EXPECT_EQ(maximum[k], (std::vector<float>{0.0f, 0.0f}));
-    // float16: each value times 1/3 rounded to 11 bits before the sum, as the MPI backend premultiplies.
+    // float16: each value times 1/3 rounded to 11 bits before the sum, as the MPI backend premultiplies,
+    // then added in the ring's order (members 1, 2, 0 for the one value).
     const auto third = [](float v) { return values({v * (1.0f / 3.0f)}, DType::float16).to_host()[0]; };
-    const float partial = values({third(1) + third(2)}, DType::float16).to_host()[0];
-    EXPECT_EQ(half_average[k], std::vector<float>{values({partial + third(3)}, DType::float16).to_host()[0]});
+    const float partial = values({third(2) + third(3)}, DType::float16).to_host()[0];
+    EXPECT_EQ(half_average[k], std::vector<float>{values({partial + third(1)}, DType::float16).to_host()[0]});
   }
   EXPECT_EQ(reduced[1], std::vector<float>{6.0f});  // the root holds the sum
   EXPECT_EQ(reduced[0], std::vector<float>{1.0f});  // the others keep their input
