@@ -314,6 +314,18 @@ TEST(Chapter04, OtherRanksStayQuietUnlessAsked) {
   EXPECT_NE(loud.out.find("[rank 1] step    1"), std::string::npos) << loud.out;
 }
 
+// A flag that one rank alone was given (two programs in one launch) fails that rank alone: it waits
+// comm::kSecondsToMeetBeforeLeaving for ranks that are training instead, then reports the error itself,
+// naming its rank, and ends the job with exit code 2. Rank 0 reports its own as every error.
+TEST(Chapter04, AnErrorOneRankAloneMeetsIsReportedByThatRank) {
+  const std::string good = kBinary + " --device cpu --steps 100000", bad = good + " --lr -1";
+  for (const int alone : {0, 1}) {
+    auto r = run_process(std::string(MPIRUN_NP1) + " " + (alone == 0 ? bad : good) + " : -n 1 " + (alone == 1 ? bad : good));
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(alone == 0 ? "error: --lr" : "error: rank 1: --lr"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Chapter04, HelpAndBadInput) {
   auto help = run_process(kBinary + " --help");
   EXPECT_EQ(help.exit_code, 0);

@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include "common/checkpoint/parameters.h"
+#include "common/comm/environment.h"
 #include "common/comm/simulated_network.h"
 #include "common/core/log.h"
 #include "common/core/device.h"
@@ -138,9 +139,19 @@ const CLI::Validator PositiveFinite = number_rule("a positive finite number", fa
 const CLI::Validator NonNegativeFinite = number_rule("a non-negative finite number", false, true);
 
 namespace {
-// Every rank reads the same flags and fails alike; rank 0 alone says so (even with --verbose).
-void report(const char* message) {
-  if (log_rank() == 0) std::fprintf(stderr, "error: %s\n", message);
+// Every rank reads the same flags and fails alike; rank 0 alone says so (even with --verbose), then the
+// ranks meet and leave together (comm::meet_before_leaving). A rank the others never met failed alone:
+// it says so itself and ends the job.
+int report_and_leave(const std::string& message, int code) {
+  if (log_rank() == 0) {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::fflush(stderr);
+  }
+  if (comm::meet_before_leaving()) return code;
+  if (log_rank() != 0) std::fprintf(stderr, "error: rank %d: %s\n", log_rank(), message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  return code;
 }
 
 // An empty value ("--seed ''") is never what a user meant: CLI11 would read it as 0 or as "none".
@@ -178,16 +189,15 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    report(e.what());
-    return 2;
+    return report_and_leave(e.what(), 2);
   }
   try {
     return body();
   } catch (const ReportedError& e) {
+    if (!comm::meet_before_leaving()) MPI_Abort(MPI_COMM_WORLD, e.code);
     return e.code;
   } catch (const UsageError& e) {
-    report(e.what());
-    return 2;
+    return report_and_leave(e.what(), 2);
   } catch (const std::exception& caught) {
     const bool memory = dynamic_cast<const std::bad_alloc*>(&caught) != nullptr;
     const std::string message = memory ? "out of memory (a size flag may be too large for this machine)" : caught.what();
@@ -196,7 +206,7 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     MPI_Finalized(&finalized);
     if (initialized && !finalized) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     if (ranks == 1) {
-      report(message.c_str());
+      if (log_rank() == 0) std::fprintf(stderr, "error: %s\n", message.c_str());
       return 1;
     }
     std::fprintf(stderr, "error: rank %d: %s\n", log_rank(), message.c_str());

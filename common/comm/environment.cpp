@@ -3,10 +3,12 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "common/comm/backends.h"
 #include "common/core/log.h"
@@ -17,10 +19,18 @@ namespace {
 
 int* g_argc = nullptr;
 char*** g_argv = nullptr;
+MPI_Comm g_leaving = MPI_COMM_NULL;  // meet_before_leaving's own copy of the world
 
 // The rank the launcher gave this process, before MPI starts: Open MPI's, or a PMI launcher's.
 int launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* text = std::getenv(name)) return std::atoi(text);
+  return 0;
+}
+
+// The number of processes the launcher started, before MPI starts; 0 when it does not say.
+int launcher_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
     if (const char* text = std::getenv(name)) return std::atoi(text);
   return 0;
 }
@@ -43,6 +53,7 @@ void start_mpi() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   set_log_rank(rank, all_ranks_log());  // --verbose, read with the flags, stays
+  MPI_Comm_dup(MPI_COMM_WORLD, &g_leaving);
 }
 
 }  // namespace
@@ -57,7 +68,30 @@ Environment::~Environment() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Finalize();
+  if (!initialized || finalized) return;
+  if (g_leaving != MPI_COMM_NULL) MPI_Comm_free(&g_leaving);
+  MPI_Finalize();
+}
+
+bool meet_before_leaving() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  // A program without an Environment (chapters 01 and 02) never starts MPI, not even here.
+  if (finalized || (!initialized && (g_argc == nullptr || launcher_size() <= 1))) return true;
+  start_mpi();
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return true;
+  MPI_Request request;
+  MPI_Ibarrier(g_leaving, &request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kSecondsToMeetBeforeLeaving);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Placement world_placement() {

@@ -21,6 +21,18 @@ class Environment {
   Environment& operator=(const Environment&) = delete;
 };
 
+// Called by every rank that leaves on an error all ranks meet alike (a bad flag), after rank 0 has
+// written its one line: the ranks meet, then leave together. mpirun stops a job when its first process
+// exits with an error, and stops the ranks still running then; a rank that left first could cut rank
+// 0 off before its line was out (Open MPI's one-second grace, odls_base_sigkill_timeout, mostly let it
+// through, at the cost of that second on every failed job). Under a launcher of more than one rank this
+// starts MPI if the error came before it had, and meets on a communicator kept for it alone, so no
+// collective in flight can be matched against it. False when the other ranks did not come within
+// kSecondsToMeetBeforeLeaving: they did not fail (the error was this rank's alone), and the caller says
+// so itself and aborts the job.
+bool meet_before_leaving();
+inline constexpr double kSecondsToMeetBeforeLeaving = 5.0;
+
 // This process's place in MPI_COMM_WORLD, read from MPI (the launcher decides it): rank, size,
 // and rank and count among the processes on this machine. Starts MPI if it has not started yet.
 Placement world_placement();
