@@ -155,9 +155,10 @@ int run(Options o, cli::Session& session) {
     throw UsageError(o.precision.tf32
                          ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a "
                            "few noise floors of that; verify without --tf32"
-                         : "--verify: checks " + sixteen + " at up to " + std::to_string(kMostTensorParallelRanksIn16Bits) +
-                               " TP ranks: more add the loss's float32 sums over the vocabulary's shards in an order MPI "
-                               "chooses, which no reference repeats; use --tp 2, or --precision fp32 --reduce-dtype fp32");
+                         : "--verify: checks " + sixteen + " on NCCL at up to " +
+                               std::to_string(kMostNcclTensorParallelRanksIn16Bits) +
+                               " TP ranks: more add in an order NCCL's ring chooses, which no reference repeats; use "
+                               "--tp 2, --backend mpi, or --precision fp32 --reduce-dtype fp32");
   }
   const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
   if (task.sequence != task.tokens_per_sample())

@@ -37,8 +37,9 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
 }
 
 bool checked_by_parts(const Options& o, const parallel::Topology& topology) {
+  const bool nccl = topology.backend_name().rfind("nccl", 0) == 0;
   return (o.precision.dtype() != DType::float32 || o.precision.reduce() != DType::float32) &&
-         topology.tp_size() <= kMostTensorParallelRanksIn16Bits;
+         (!nccl || topology.tp_size() <= kMostNcclTensorParallelRanksIn16Bits);
 }
 
 bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task) {

@@ -8,7 +8,7 @@
 // only the sums over micro-batches and replicas differ, within their derived bound. Without tensor
 // parallelism the unsharded GPT computes a micro-batch as the stages do; a split layer rounds otherwise
 // (its partial products in 16 bits, a row layer's bias after the sum), as does context-parallel
-// attention (the other ranks' key-value blocks in the ring's order), so with --tp 2 or --cp (and for the
+// attention (the other ranks' key-value blocks in the ring's order), so with --tp or --cp (and for the
 // MLP, whose layers are split at any --tp) the reference is the run's own split model, its TP x CP ranks
 // on threads of each process (common/verify/model_parallel_reference.h).
 #pragma once
@@ -49,16 +49,18 @@ class GridCheck {
   std::unique_ptr<verify::ModelParallelReference> split_reference_;  // 16 bits, split layers: the run's TP x CP ranks
 };
 
-// The most TP ranks whose sums a reference in one process can repeat: two values add alike in either
-// order. Beyond, the 16-bit sums go in the ring's order, which the reference repeats, but the float32
-// ones (the vocabulary-parallel loss's softmax, sequence parallelism's norm gradients) in MPI's own, and
-// one float32 rounding there flips 16-bit roundings downstream: with the limit lifted, a correct TP 4 run
-// with sequence parallelism in bf16 failed at step 176 of 1000 (verify/model_parallel_reference.h).
-constexpr int kMostTensorParallelRanksIn16Bits = 2;
+// The most TP ranks whose sums a reference in one process can repeat on NCCL: two values add alike in
+// either order, and beyond, NCCL's ring adds in an order of its own choosing. The MPI backend adds a
+// tensor-parallel group's sums, float32 and 16-bit, in the ring's fixed order
+// (Communicator::add_in_ring_order), which the in-process groups repeat at any size. Adding the float32
+// ones in MPI's order instead, a correct 1000-step TP 4 run with sequence parallelism in bf16 failed at
+// step 176: one float32 rounding of the vocabulary-parallel loss flips 16-bit roundings downstream.
+constexpr int kMostNcclTensorParallelRanksIn16Bits = 2;
 
 // Whether --verify checks this run by its parts (16 bits), and whether it can check it at all: float32
-// anywhere; 16 bits at up to kMostTensorParallelRanksIn16Bits TP ranks; never TF32. Whether the reference
-// of the parts is the run's split model (16 bits with TP or CP, or the MLP).
+// anywhere; 16 bits on the MPI backend, and on NCCL at up to kMostNcclTensorParallelRanksIn16Bits TP
+// ranks; never TF32. Whether the reference of the parts is the run's split model (16 bits with TP or
+// CP, or the MLP).
 bool checked_by_parts(const Options& o, const parallel::Topology& topology);
 bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
 bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task);

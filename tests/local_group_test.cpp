@@ -55,7 +55,9 @@ TEST(LocalGroup, ReductionsMatchTheirDefinitions) {
     sum[me] = s.to_host(), average[me] = a.to_host(), maximum[me] = m.to_host(), half_average[me] = h.to_host();
     reduced[me] = root.to_host();
   });
-  const float s0 = (0.1f + 1.1f) + 2.1f;  // rank order, float32
+  // float32 in the ring's order too: the first value is chunk 0's, added from member 1 round to member 0
+  // (in rank order it would be 3.29999995, one rounding above).
+  const float s0 = (1.1f + 2.1f) + 0.1f;
   for (std::size_t k = 0; k < 3; ++k) {
     EXPECT_EQ(sum[k], (std::vector<float>{s0, -3.0f}));
     EXPECT_EQ(average[k], (std::vector<float>{s0 * (1.0f / 3.0f), 9.0f * (1.0f / 3.0f)}));

@@ -101,6 +101,7 @@ void Communicator::set_timeout(std::chrono::milliseconds timeout) {
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::unique_ptr<Communicator> group = split_group(color, key);
   group->timeout_ = timeout_;
+  group->ring_order_ = ring_order_;  // a part of a group that adds in the ring's order does too
   // Which machine each member is on, gathered across the new group (node ids are world ranks, exact
   // in a float): the local rank counts the members on my machine before me.
   Tensor mine = Tensor::from_host({static_cast<float>(placement_.node)}, {1});
@@ -120,6 +121,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
 }
 
 WorkHandle Communicator::submit(Collective c) {
+  c.ring_order = ring_order_;
   if (c.kind != OpKind::recv && c.input.defined()) bytes_sent_ += static_cast<std::int64_t>(c.input.nbytes());
   long sequence = ++sequence_;
   std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank(), timeout_);

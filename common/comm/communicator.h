@@ -49,6 +49,7 @@ struct Collective {
   int tag = 0;
   ReduceOp op = ReduceOp::sum;
   Element element = Element::float32;
+  bool ring_order = false;  // the group's add_in_ring_order(), set by the communicator
 };
 
 // Where a process sits in a group: its rank and the group's size, the same counted among the group's
@@ -111,6 +112,17 @@ class Communicator {
   // over this communicator. The new group's local rank and size count its own members on each machine.
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // From now on this group adds float32 values (sums and averages) in the ring's fixed order too
+  // (comm::algorithms::ring_source), as it always adds 16-bit ones, so that a reference of its ranks in
+  // one process (comm::LocalGroup) repeats the sums bit for bit at any size: chapter 08's tensor-parallel
+  // groups, whose float32 sums (the vocabulary-parallel loss's softmax, the gradients of the layers every
+  // rank holds) feed the roundings of a 16-bit run. Otherwise a float32 sum goes the library's way (MPI
+  // chooses its algorithm by the message's size and the group's). Call it on every rank of the group
+  // before its first collective; groups split() from it inherit it. NCCL adds on its own ring whatever
+  // this says.
+  virtual void add_in_ring_order() { ring_order_ = true; }
+  bool adds_in_ring_order() const { return ring_order_; }
+
   // Bytes of payload this rank has handed to collectives and sends so far (what crosses its link).
   std::int64_t bytes_sent() const { return bytes_sent_; }
 
@@ -134,6 +146,7 @@ class Communicator {
   Placement placement_;
   long sequence_ = 0;
   std::int64_t bytes_sent_ = 0;
+  bool ring_order_ = false;
 };
 
 }  // namespace course::comm

@@ -6,6 +6,7 @@ namespace course::comm {
 CommunicatorDecorator::CommunicatorDecorator(std::unique_ptr<Communicator> inner)
     : Communicator(inner->placement()), inner_(std::move(inner)) {
   set_timeout(inner_->timeout());
+  if (inner_->adds_in_ring_order()) add_in_ring_order();
 }
 
 WorkHandle CommunicatorDecorator::forward(const Collective& c) {

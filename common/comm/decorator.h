@@ -13,6 +13,11 @@ class CommunicatorDecorator : public Communicator {
  public:
   explicit CommunicatorDecorator(std::unique_ptr<Communicator> inner);
   std::string backend_name() const override { return inner_->backend_name(); }
+  // The wrapped group adds as this one does: the operations reach it through its own interface.
+  void add_in_ring_order() override {
+    Communicator::add_in_ring_order();
+    inner_->add_in_ring_order();
+  }
 
  protected:
   // The same operation on the inner communicator, through its public interface.

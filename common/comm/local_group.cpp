@@ -81,14 +81,26 @@ Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
   const auto n = static_cast<std::size_t>(inputs.front().numel());
   const float inverse = 1.0f / static_cast<float>(inputs.size());
   Tensor out = inputs.front().clone();
+  const int members = static_cast<int>(inputs.size());
   if (dtype == DType::float32) {
     float* acc = out.data();
-    for (std::size_t k = 1; k < inputs.size(); ++k) {
-      const float* x = inputs[k].data();
-      for (std::size_t i = 0; i < n; ++i) acc[i] = op == ReduceOp::max ? (x[i] > acc[i] || std::isnan(x[i]) ? x[i] : acc[i]) : acc[i] + x[i];
+    if (op == ReduceOp::max) {
+      for (std::size_t k = 1; k < inputs.size(); ++k) {
+        const float* x = inputs[k].data();
+        for (std::size_t i = 0; i < n; ++i) acc[i] = x[i] > acc[i] || std::isnan(x[i]) ? x[i] : acc[i];
+      }
+      return out;
     }
-    if (op == ReduceOp::average)
-      for (std::size_t i = 0; i < n; ++i) acc[i] *= inverse;
+    // Sums in the ring's order, as an MPI group that adds in it (Communicator::add_in_ring_order); an
+    // average divided once.
+    for (int c = 0; c < members; ++c) {
+      const auto chunk = algorithms::chunk_of(n, members, c);
+      for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
+        float sum = inputs[static_cast<std::size_t>(algorithms::ring_source(c, 0, members))].data()[i];
+        for (int k = 1; k < members; ++k) sum += inputs[static_cast<std::size_t>(algorithms::ring_source(c, k, members))].data()[i];
+        acc[i] = op == ReduceOp::average ? sum * inverse : sum;
+      }
+    }
     return out;
   }
   const bool fp16 = dtype == DType::float16;
@@ -96,7 +108,6 @@ Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
   const auto narrow = [fp16](float v) { return fp16 ? half::to_float16(v) : half::to_bfloat16(v); };
   const auto term = [&](std::uint16_t b) { return op == ReduceOp::average ? narrow(widen(b) * inverse) : b; };
   std::uint16_t* acc = out.data16();
-  const int members = static_cast<int>(inputs.size());
   if (op == ReduceOp::max) {
     for (int k = 1; k < members; ++k) {
       const std::uint16_t* x = inputs[static_cast<std::size_t>(k)].data16();

@@ -1,10 +1,11 @@
 // Groups whose members are threads of one process: a Communicator for each member, their collectives
 // meeting in shared memory, for a reference that must compute what several ranks compute with their
-// roundings (verify/model_parallel_reference.h). Its 16-bit sums are the MPI backend's bit for bit at any
-// size: computed in float32 and rounded to 16 bits after each addition, in the ring's order
-// (algorithms::ring_source; an average's values first multiplied by 1/N, rounded). Its float32 sums are
-// added in rank order (an average divided once): MPI's value for value at two members, where the order
-// cannot matter; beyond, MPI chooses its own order and the results agree within their rounding.
+// roundings (verify/model_parallel_reference.h). It adds in the ring's order (algorithms::ring_source):
+// 16-bit values computed in float32 and rounded to 16 bits after each addition (an average's values
+// first multiplied by 1/N, rounded), as the MPI backend adds them in any group, and float32 values (an
+// average divided once) as it adds them in a group that asked for that order
+// (Communicator::add_in_ring_order) or of two ranks, where the order cannot matter. So its sums are a
+// run's bit for bit at any size; in another MPI group of more, MPI chooses its own order.
 //
 // One thread computes at a time: the threads of a run take turns (Turns), each holding the turn from
 // its start and giving it up only while it waits for others at a collective. So they never run

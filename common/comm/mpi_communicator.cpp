@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "common/comm/algorithms.h"
@@ -98,34 +99,44 @@ void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
   }
 }
 
-// 16-bit sums in the ring's order (algorithms::ring_source): the values cut into a chunk a rank, chunk c
-// added up from rank c + 1 round to rank c, each partial sum rounded to 16 bits on its way, so that rank
-// c ends with chunk c's sum. MPI's own reduction with a user operation may bracket the terms as it likes,
-// and beyond two ranks the brackets change the roundings; a fixed order lets a reference in one process
-// (comm::LocalGroup) repeat a run's 16-bit sums at any size. `comm` carries nothing else, so its
-// messages cannot meet a pipeline's sends.
-void ring_reduce_scatter_16bit(std::uint16_t* values, std::size_t count, HalfFormat format, MPI_Comm comm) {
+// Sums in the ring's order (algorithms::ring_source): the values cut into a chunk a rank, chunk c added
+// up from rank c + 1 round to rank c, a 16-bit partial sum rounded to 16 bits on its way, so that rank c
+// ends with chunk c's sum. MPI's own reduction may bracket the terms as it likes (its algorithm changes
+// with the size of the message and of the group), and beyond two ranks the brackets change the
+// roundings; a fixed order lets a reference in one process (comm::LocalGroup) repeat a run's sums at any
+// size. Every 16-bit sum goes this way, and a float32 one in a group that asked for it
+// (Communicator::add_in_ring_order). `comm` carries nothing else, so its messages cannot meet a
+// pipeline's sends. `Value`: float, or std::uint16_t holding `format`'s bits.
+template <typename Value>
+Value ring_add(Value a, Value b, HalfFormat format) {
+  if constexpr (std::is_same_v<Value, float>) return a + b;
+  else return narrow(widen(a, format) + widen(b, format), format);
+}
+
+template <typename Value>
+void ring_reduce_scatter(Value* values, std::size_t count, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::vector<std::uint16_t> incoming((count + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size));
+  std::vector<Value> incoming((count + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size));
   const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
   for (int step = 0; step + 1 < size; ++step) {
     // This rank adds its term to a chunk after step + 1 others have: it passes on the chunk it added to
     // last (its own term alone, at step 0) and receives the one it adds to now.
     const auto send = algorithms::chunk_of(count, size, ((rank - 1 - step) % size + size) % size);
     const auto receive = algorithms::chunk_of(count, size, ((rank - 2 - step) % size + 2 * size) % size);
-    check_mpi(MPI_Sendrecv(values + send.begin, static_cast<int>(send.size()), MPI_UINT16_T, next, 0, incoming.data(),
-                           static_cast<int>(receive.size()), MPI_UINT16_T, previous, 0, comm, MPI_STATUS_IGNORE),
+    check_mpi(MPI_Sendrecv(values + send.begin, static_cast<int>(send.size()), type, next, 0, incoming.data(),
+                           static_cast<int>(receive.size()), type, previous, 0, comm, MPI_STATUS_IGNORE),
               "MPI_Sendrecv");
     for (std::size_t i = 0; i < receive.size(); ++i)
-      values[receive.begin + i] = narrow(widen(incoming[i], format) + widen(values[receive.begin + i], format), format);
+      values[receive.begin + i] = ring_add(incoming[i], values[receive.begin + i], format);
   }
 }
 
 // The same, then every rank's chunk to every rank: each value the sum of its ranks in the ring's order.
-void ring_all_reduce_16bit(std::uint16_t* values, std::size_t count, HalfFormat format, MPI_Comm comm) {
-  ring_reduce_scatter_16bit(values, count, format, comm);
+template <typename Value>
+void ring_all_reduce(Value* values, std::size_t count, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
+  ring_reduce_scatter(values, count, format, type, comm);
   int size = 1;
   MPI_Comm_size(comm, &size);
   std::vector<int> counts(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
@@ -134,7 +145,7 @@ void ring_all_reduce_16bit(std::uint16_t* values, std::size_t count, HalfFormat 
     counts[static_cast<std::size_t>(c)] = static_cast<int>(chunk.size());
     offsets[static_cast<std::size_t>(c)] = static_cast<int>(chunk.begin);
   }
-  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts.data(), offsets.data(), MPI_UINT16_T, comm),
+  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts.data(), offsets.data(), type, comm),
             "MPI_Allgatherv");
 }
 
@@ -332,8 +343,10 @@ class MpiCommunicator final : public Communicator {
       for (int i = 0; i < n_in; ++i) premultiplied[static_cast<std::size_t>(i)] = narrow(widen(bits[i], w.format) * inverse, w.format);
     }
     const bool divide = c.op == ReduceOp::average && !premultiply;  // float32: the sum divided once
-    // 16-bit sums in the ring's order (ring_reduce_scatter_16bit), on a communicator of their own.
-    const bool ring = w.sixteen_bit && c.op != ReduceOp::max;
+    // Sums in the ring's order (ring_reduce_scatter), on a communicator of their own: every 16-bit one,
+    // and a float32 one where the group asked for it, above two ranks (two values add alike in either
+    // order, and there MPI's algorithm is the faster).
+    const bool ring = c.op != ReduceOp::max && (w.sixteen_bit || (c.ring_order && size() > 2));
     if (ring && ring_ == MPI_COMM_NULL) check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
     switch (c.kind) {
       case OpKind::broadcast:
@@ -346,9 +359,14 @@ class MpiCommunicator final : public Communicator {
         if (divide && rank() == c.root) average(inp, n_in);
         break;
       case OpKind::all_reduce:
-        if (ring) {
+        if (ring && w.sixteen_bit) {
           if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
-          ring_all_reduce_16bit(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, ring_);
+          ring_all_reduce(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_UINT16_T, ring_);
+          break;
+        }
+        if (ring) {
+          ring_all_reduce(static_cast<float*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_FLOAT, ring_);
+          if (divide) average(inp, n_in);
           break;
         }
         check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
@@ -359,13 +377,23 @@ class MpiCommunicator final : public Communicator {
         check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
-        if (ring) {
+        if (ring && w.sixteen_bit) {
           const auto* bits = static_cast<const std::uint16_t*>(inp);
           std::vector<std::uint16_t> sums = premultiply ? premultiplied : std::vector<std::uint16_t>(bits, bits + n_in);
-          ring_reduce_scatter_16bit(sums.data(), sums.size(), w.format, ring_);
+          ring_reduce_scatter(sums.data(), sums.size(), w.format, MPI_UINT16_T, ring_);
           const auto mine = algorithms::chunk_of(sums.size(), size(), rank());  // the block of this rank
           std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end),
                     static_cast<std::uint16_t*>(outp));
+          break;
+        }
+        if (ring) {
+          const auto* values = static_cast<const float*>(inp);
+          std::vector<float> sums(values, values + n_in);
+          ring_reduce_scatter(sums.data(), sums.size(), w.format, MPI_FLOAT, ring_);
+          const auto mine = algorithms::chunk_of(sums.size(), size(), rank());
+          std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end),
+                    static_cast<float*>(outp));
+          if (divide) average(outp, n_out);
           break;
         }
         check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
@@ -403,7 +431,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
-  MPI_Comm ring_ = MPI_COMM_NULL;  // the 16-bit sums' own (ring_reduce_scatter_16bit), made at the first
+  MPI_Comm ring_ = MPI_COMM_NULL;  // the ring's sums' own (ring_reduce_scatter), made at the first
   int gpu_;
   std::mutex mutex_;
   std::condition_variable ready_;

@@ -48,6 +48,7 @@ class Topology {
 
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
+  std::string backend_name() const { return world_->backend_name(); }
   const GridShape& shape() const { return shape_; }
   const Coordinates& coordinates() const { return coordinates_; }
   int tp_rank() const { return coordinates_.tp; }

@@ -9,8 +9,9 @@
 // (comm/local_group.h) whose sums of two ranks are the run's value for value. A micro-batch's gradient
 // is then the run's, bit for bit, and lock-step's check by parts applies: only the sums over
 // micro-batches, context-parallel ranks and replicas differ, within their bound (lockstep.h). With more
-// than two TP ranks the 16-bit sums still agree (both add in the ring's order), but MPI adds the float32
-// ones (the vocabulary-parallel loss's softmax) in an order of its own, which no reference follows.
+// than two TP ranks the sums agree because the run's TP group adds in the ring's order, float32 and
+// 16-bit alike (Communicator::add_in_ring_order), as the in-process groups do; NCCL's ring adds in an
+// order of its own, which no reference follows.
 #pragma once
 #include <functional>
 #include <memory>
