@@ -133,6 +133,17 @@ void ring_reduce_scatter(Value* values, std::size_t count, HalfFormat format, MP
   }
 }
 
+// The same, then this rank's block of the sums into `out` (a reduce-scatter's result).
+template <typename Value>
+void ring_reduce_scatter_block(std::vector<Value> sums, Value* out, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
+  ring_reduce_scatter(sums.data(), sums.size(), format, type, comm);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const auto mine = algorithms::chunk_of(sums.size(), size, rank);
+  std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end), out);
+}
+
 // The same, then every rank's chunk to every rank: each value the sum of its ranks in the ring's order.
 template <typename Value>
 void ring_all_reduce(Value* values, std::size_t count, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
@@ -359,13 +370,12 @@ class MpiCommunicator final : public Communicator {
         if (divide && rank() == c.root) average(inp, n_in);
         break;
       case OpKind::all_reduce:
-        if (ring && w.sixteen_bit) {
-          if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
-          ring_all_reduce(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_UINT16_T, ring_);
-          break;
-        }
         if (ring) {
-          ring_all_reduce(static_cast<float*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_FLOAT, ring_);
+          if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
+          if (w.sixteen_bit)
+            ring_all_reduce(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_UINT16_T, ring_);
+          else
+            ring_all_reduce(static_cast<float*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_FLOAT, ring_);
           if (divide) average(inp, n_in);
           break;
         }
@@ -377,22 +387,16 @@ class MpiCommunicator final : public Communicator {
         check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
-        if (ring && w.sixteen_bit) {
-          const auto* bits = static_cast<const std::uint16_t*>(inp);
-          std::vector<std::uint16_t> sums = premultiply ? premultiplied : std::vector<std::uint16_t>(bits, bits + n_in);
-          ring_reduce_scatter(sums.data(), sums.size(), w.format, MPI_UINT16_T, ring_);
-          const auto mine = algorithms::chunk_of(sums.size(), size(), rank());  // the block of this rank
-          std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end),
-                    static_cast<std::uint16_t*>(outp));
-          break;
-        }
         if (ring) {
-          const auto* values = static_cast<const float*>(inp);
-          std::vector<float> sums(values, values + n_in);
-          ring_reduce_scatter(sums.data(), sums.size(), w.format, MPI_FLOAT, ring_);
-          const auto mine = algorithms::chunk_of(sums.size(), size(), rank());
-          std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end),
-                    static_cast<float*>(outp));
+          if (w.sixteen_bit) {
+            const auto* bits = static_cast<const std::uint16_t*>(inp);
+            ring_reduce_scatter_block(premultiply ? premultiplied : std::vector<std::uint16_t>(bits, bits + n_in),
+                                      static_cast<std::uint16_t*>(outp), w.format, MPI_UINT16_T, ring_);
+          } else {
+            const auto* values = static_cast<const float*>(inp);
+            ring_reduce_scatter_block(std::vector<float>(values, values + n_in), static_cast<float*>(outp), w.format,
+                                      MPI_FLOAT, ring_);
+          }
           if (divide) average(outp, n_out);
           break;
         }
