@@ -9,10 +9,11 @@
 namespace course::comm {
 
 // MPI for the program's lifetime: MPI_Init_thread(MPI_THREAD_MULTIPLE) when the world is first asked for
-// (world_placement), MPI_Finalize on destruction. Reading the flags comes before: a bad flag or --help
-// ends the program without starting MPI (alone, that is half a second spent on a helper daemon), with
-// the rank the launcher gave (OMPI_COMM_WORLD_RANK) telling the logger which process speaks. It stores
-// nothing else: the world communicator (or the topology built on it) is where ranks are kept.
+// (world_placement), MPI_Finalize on destruction. Reading the flags comes before: --help, or a bad flag
+// in a process started alone, ends the program without starting MPI (alone, that is half a second spent
+// on a helper daemon; under mpirun a bad flag starts it to meet the other ranks before leaving, below),
+// with the rank the launcher gave (OMPI_COMM_WORLD_RANK) telling the logger which process speaks. It
+// stores nothing else: the world communicator (or the topology built on it) is where ranks are kept.
 class Environment {
  public:
   Environment(int& argc, char**& argv);  // also tells the logger this process's rank, from the launcher
