@@ -28,11 +28,12 @@ int launcher_rank() {
   return 0;
 }
 
-// The number of processes the launcher started, before MPI starts; 0 when it does not say.
-int launcher_size() {
+// Whether a launcher started this process beside others, before MPI starts: Open MPI's mpirun and a PMI
+// launcher say how many; a PMIx launcher (srun --mpi=pmix) names the rank alone, and MPI then tells.
+bool launched_among_others() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (const char* text = std::getenv(name)) return std::atoi(text);
-  return 0;
+    if (const char* text = std::getenv(name)) return std::atoi(text) > 1;
+  return std::getenv("PMIX_RANK") != nullptr;
 }
 
 void start_mpi() {
@@ -78,7 +79,7 @@ bool meet_before_leaving() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   // A program without an Environment (chapters 01 and 02) never starts MPI, not even here.
-  if (finalized || (!initialized && (g_argc == nullptr || launcher_size() <= 1))) return true;
+  if (finalized || (!initialized && (g_argc == nullptr || !launched_among_others()))) return true;
   start_mpi();
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
