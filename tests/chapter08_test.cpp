@@ -162,6 +162,18 @@ TEST(Chapter08, EachStageReportsTheBubblesTheoryAnd1F1BHoldsLess) {
   Outcome gpipe = run(MPIRUN_NP2, "--pp 2 --micro-batches 8 --schedule gpipe");
   ASSERT_EQ(gpipe.process.exit_code, 0) << gpipe.process.out;
   EXPECT_LT(stages(many)[0]["peak_activation_bytes"].get<double>(), stages(gpipe)[0]["peak_activation_bytes"].get<double>());
+  // And 1F1B's two do not grow with the step's micro-batches: 2 and 8 of 12 sequences peak alike on the
+  // first stage (each activation it sends is let go once sent, not kept to the end of the step).
+  // Within one sent activation (12 sequences x 8 tokens x 32 channels in float32): a send may still be
+  // on its way at the peak; kept to the end, the six more would be 6 of them.
+  const std::string base = " --device cpu --n-layer 4 --n-head 4 --n-embd 32 --steps 6";
+  Outcome two_of_12 = run(MPIRUN_NP2, "--pp 2 --global-batch 24 --micro-batches 2", base),
+          eight_of_12 = run(MPIRUN_NP2, "--pp 2 --global-batch 96 --micro-batches 8", base);
+  ASSERT_EQ(two_of_12.process.exit_code, 0) << two_of_12.process.out << two_of_12.process.err;
+  ASSERT_EQ(eight_of_12.process.exit_code, 0) << eight_of_12.process.out << eight_of_12.process.err;
+  const double sent_activation = 12 * 8 * 32 * 4;
+  EXPECT_LT(stages(eight_of_12)[0]["peak_activation_bytes"].get<double>(),
+            stages(two_of_12)[0]["peak_activation_bytes"].get<double>() + sent_activation);
 }
 
 // Interleaved 1F1B (--schedule interleaved --virtual-stages v): each rank holds v chunks of the layers

@@ -292,6 +292,9 @@ PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, c
       inputs[at] = Tensor();
     }
     step.timeline.push_back({a, begin, since()});
+    // A send holds its tensor until it completes: let the finished ones go now, or every micro-batch's
+    // activation would stay until the step ends, and 1F1B's bound (p micro-batches in flight) with it.
+    std::erase_if(sends, [](const comm::WorkHandle& work) { return work->test(); });
   }
   for (auto& work : sends) work->wait();
   step.step_ms = since();
