@@ -93,6 +93,21 @@ TEST(Chapter01, RunsOnTheGpuWhenOneIsUsable) {
   EXPECT_NEAR(final_record["weights"][0].get<double>(), data::kTrueBedroomWeight, kWeightTolerance);
 }
 
+// cuBLAS is opened at the first GEMM on a GPU (common/kernels/cublas_library.h), not with the program:
+// linked, it cost every process 55 ms of start-up (libcublasLt's initialisers), --help and runs on the
+// CPU included. The loader's own log (LD_DEBUG=files) names every library a process loads or opens.
+TEST(Chapter01, StartsAndTrainsOnTheCpuWithoutOpeningCublas) {
+  if (!COURSE_HAVE_CUDA) GTEST_SKIP() << "this build has no CUDA backend: cuBLAS is not part of it";
+  for (const std::string args : {" --help", " --device cpu"}) {
+    auto r = run_process("LD_DEBUG=files " + kBinary + args);
+    ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.out;
+    EXPECT_NE(r.err.find("libcudart"), std::string::npos) << "the loader's log names no CUDA library";
+    const auto cublas = r.err.find("libcublas");
+    EXPECT_EQ(cublas, std::string::npos) << args << ": cuBLAS was loaded: "
+                                         << r.err.substr(cublas == std::string::npos ? 0 : cublas, 200);
+  }
+}
+
 TEST(Chapter01, ReadmeOutputIsWhatTheProgramPrints) {
   // Every line of the README's expected-output block (except "...") must be printed by the run it documents.
   std::istringstream readme(read_file(CHAPTER01_README));

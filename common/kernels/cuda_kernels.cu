@@ -9,6 +9,7 @@
 
 #include "common/core/cuda_check.h"
 #include "common/core/cuda_runtime.h"
+#include "common/kernels/cublas_library.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
 #include "common/kernels/math.h"
@@ -371,10 +372,10 @@ cublasHandle_t cublas_handle() {
   int device = 0;
   COURSE_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  if (!handles[device]) COURSE_CUBLAS_CHECK(cublasCreate(&handles[device]));
+  if (!handles[device]) COURSE_CUBLAS_CHECK(cublas::functions().create(&handles[device]));
   // Plain FP32, so GPU results stay comparable with the CPU reference, unless TF32 is allowed
   // (set_allow_tf32, --tf32); set at every call, as the setting may change between them.
-  COURSE_CUBLAS_CHECK(cublasSetMathMode(handles[device], float32_math()));
+  COURSE_CUBLAS_CHECK(cublas::functions().set_math_mode(handles[device], float32_math()));
   return handles[device];
 }
 
@@ -459,7 +460,7 @@ class CudaKernels final : public Kernels {
       else scale(c, beta, c, static_cast<std::size_t>(m * n));
       return;
     }
-    COURSE_CUBLAS_CHECK(cublasSgemm(cublas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+    COURSE_CUBLAS_CHECK(cublas::functions().sgemm(cublas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
                                     static_cast<int>(tb ? k : n), a, static_cast<int>(ta ? m : k), &beta, c,
                                     static_cast<int>(n)));
@@ -474,7 +475,7 @@ class CudaKernels final : public Kernels {
       return;
     }
     // Column-major, as in gemm: each C^T = op(B)^T op(A)^T.
-    COURSE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+    COURSE_CUBLAS_CHECK(cublas::functions().sgemm_strided_batched(
         cublas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
         static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(tb ? k : n), sb, a,
         static_cast<int>(ta ? m : k), sa, &beta, c, static_cast<int>(n), sc, static_cast<int>(batch)));
@@ -497,14 +498,14 @@ class CudaKernels final : public Kernels {
     }
     const cudaDataType type = format == HalfFormat::bfloat16 ? CUDA_R_16BF : CUDA_R_16F;
     cublasHandle_t handle = cublas_handle();
-    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    COURSE_CUBLAS_CHECK(cublas::functions().set_math_mode(handle, CUBLAS_DEFAULT_MATH));
     // Column-major, as in gemm: each C^T = op(B)^T op(A)^T.
-    const cublasStatus_t status = cublasGemmStridedBatchedEx(
+    const cublasStatus_t status = cublas::functions().gemm_strided_batched_ex(
         handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
         static_cast<int>(m), static_cast<int>(k), &alpha, b, type, static_cast<int>(tb ? k : n), sb, a, type,
         static_cast<int>(ta ? m : k), sa, &beta, c, type, static_cast<int>(n), sc, static_cast<int>(batch),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    COURSE_CUBLAS_CHECK(cublasSetMathMode(handle, float32_math()));
+    COURSE_CUBLAS_CHECK(cublas::functions().set_math_mode(handle, float32_math()));
     COURSE_CUBLAS_CHECK(status);
   }
 
