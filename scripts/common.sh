@@ -2,6 +2,11 @@
 COURSE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 COURSE_BUILD=${COURSE_BUILD:-$COURSE_ROOT/build/release}
 COURSE_CORES=$(nproc 2>/dev/null || echo 1)
+# Tests run two to a core: much of a test's time is waiting, not computing (Open MPI's grace before it
+# stops a job that fails on purpose, a rank waiting for another, a killed job's timeout). On two cores
+# the README's suite took 135 s at four at a time against 202 s at two, the long tests 654 s against
+# about 720, every test passing (2026-11-25).
+COURSE_TEST_JOBS=$((2 * COURSE_CORES))
 
 # mpirun with the flags this machine needs: --allow-run-as-root only as root, --oversubscribe only
 # when the ranks outnumber the cores. Usage: course_mpirun RANKS PROGRAM [ARGS...]

@@ -16,4 +16,4 @@ cmake --preset asan >build/asan.configure.log 2>&1 || { cat build/asan.configure
 echo "sanitizers: building in build/asan (log: build/asan.build.log)"
 cmake --build --preset asan -j "$COURSE_CORES" >build/asan.build.log 2>&1 \
   || { tail -n 60 build/asan.build.log; echo "sanitizers: build failed" >&2; exit 1; }
-ctest --preset asan -j "$COURSE_CORES" -LE "flags|long" "$@"
+ctest --preset asan -j "$COURSE_TEST_JOBS" -LE "flags|long" "$@"

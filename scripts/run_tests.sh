@@ -14,4 +14,4 @@ case "${1:-}" in
   "") ;;
   *) selection=() ;;  # the caller chooses
 esac
-ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$COURSE_CORES" ${selection[@]+"${selection[@]}"} "$@"
+ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$COURSE_TEST_JOBS" ${selection[@]+"${selection[@]}"} "$@"
