@@ -80,6 +80,30 @@ void print_published(metrics::MetricsWriter& metrics) {
                    {"config", describe(p.config)}});
   }
   std::printf("largest error %.1f%%\n", 100 * worst);
+  std::printf("Table 2, GPT-3 175B in the paper's grid (batch 1536):\n");
+  for (const auto& row : megatron_2021_table2_gpt3()) {
+    const Prediction p = predict_published(row);
+    std::printf("%8.1fB %5d %4d %4d %6d  %6.0f TF/s %6.1f TF/s %+6.1f%%  %s\n", row.billions, row.gpus, row.tp, row.pp,
+                row.batch, row.tflops_per_gpu, p.tflops_per_gpu, 100 * (p.tflops_per_gpu / row.tflops_per_gpu - 1),
+                describe(p.config).c_str());
+    metrics.write({{"event", "plan_published"}, {"billions", row.billions}, {"gpus", row.gpus},
+                   {"published_tflops_per_gpu", row.tflops_per_gpu}, {"predicted_tflops_per_gpu", p.tflops_per_gpu},
+                   {"config", describe(p.config)}});
+  }
+  const PublishedSweep& sweep = megatron_2021_figure13();
+  std::printf("Figure 13, %.1fB on %d GPUs, every TP x PP (the paper's fastest: TP %d x PP %d), predicted TFLOP/s per GPU:\n",
+              sweep.billions, sweep.gpus, sweep.fastest_tp, sweep.fastest_pp);
+  for (int batch : sweep.batches) {
+    std::printf("  batch %4d:", batch);
+    for (int tp : sweep.tp) {
+      const Prediction p = predict_fastest(sweep.shape, batch, tp, sweep.gpus / tp, sweep.gpus);
+      if (p.rejected.empty())
+        std::printf("  TP %d x PP %d %.1f", tp, sweep.gpus / tp, p.tflops_per_gpu);
+      else
+        std::printf("  TP %d x PP %d (%s)", tp, sweep.gpus / tp, p.rejected.substr(0, p.rejected.find(':')).c_str());
+    }
+    std::printf("\n");
+  }
 }
 
 // Chapter 03's alpha-beta fit from its metrics (the last alpha_beta line).
@@ -123,7 +147,9 @@ int main(int argc, char** argv) {
   app.add_option("--top", top, "Configurations to print")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_flag("--paper-techniques", paper_techniques,
                "Only what Megatron-LM 2021 had: TP, PP with interleaving, DP, full recomputation");
-  app.add_flag("--published", published, "Also print Megatron-LM 2021's table 1 against the planner's predictions");
+  app.add_flag("--published", published,
+               "Also print Megatron-LM 2021's table 1, table 2's GPT-3 rows and figure 13's sweep against the planner's "
+               "predictions");
   app.add_option("--metrics", metrics_path, "Write every printed configuration as a JSON line to FILE")
       ->check(cli::OutputFile);
   // This machine.

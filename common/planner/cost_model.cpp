@@ -227,12 +227,16 @@ Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& p)
   out.time.tp = m * (layers_per_stage * tp_layer + tp_head);
   out.time.cp = m * layers_per_stage * cp_layer;
   // Pipeline parallelism: each micro-batch's activation in and its gradient out, at each of the v chunks'
-  // boundaries; across nodes once the stages do not fit one (Megatron-LM 2021 section 4.1 scatters the
-  // message over the TP ranks' adapters: 1 / t of it each).
+  // boundaries; across nodes once the stages do not fit one. Megatron-LM 2021 section 4.1 scatters the
+  // message over the TP ranks' adapters, 1 / t of it each, and the receiving ranks all-gather it over
+  // NVLink before the next chunk can start; under sequence parallelism each rank's 1 / t is all its
+  // next peer needs, so nothing is gathered.
   if (p.pp > 1) {
     const bool across = p.tp * p.cp * p.pp > c.gpus_per_node;
     const Link& link = across ? c.inter : c.intra;
-    out.time.pp = 2 * v * m * link.seconds(activation_message / (across ? t : 1));
+    double message = link.seconds(activation_message / (across ? t : 1));
+    if (across && p.tp > 1 && !p.sequence_parallel) message += all_gather_seconds(activation_message, p.tp, c.intra);
+    out.time.pp = 2 * v * m * message;
   }
   // The bubble: (PP - 1) / v micro-batches' time at the start and the end (Narayanan et al. 2021).
   out.time.bubble = (pp - 1) / v * per_micro_batch;

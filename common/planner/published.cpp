@@ -19,4 +19,17 @@ const std::vector<PublishedRun>& megatron_2021_table1() {
   return rows;
 }
 
+const std::vector<PublishedRun>& megatron_2021_table2_gpt3() {
+  static const std::vector<PublishedRun> rows = {
+      {174.6, {96, 12288, 96, 2048, 51200}, 8, 12, 384, 1536, 153, 0, 0},
+      {174.6, {96, 12288, 96, 2048, 51200}, 8, 12, 1536, 1536, 141, 0, 0},
+  };
+  return rows;
+}
+
+const PublishedSweep& megatron_2021_figure13() {
+  static const PublishedSweep sweep = {162.2, {32, 20480, 128, 2048, 51200}, 64, {2, 4, 8, 16, 32}, {32, 128}, 8, 8};
+  return sweep;
+}
+
 }  // namespace course::planner

@@ -14,6 +14,11 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
+// The interleavings to try for stages of `layers_per_stage` layers.
+std::vector<int> interleavings(const SearchSpace& space, int layers_per_stage) {
+  return space.virtual_stages.empty() ? divisors(layers_per_stage) : space.virtual_stages;
+}
+
 }  // namespace
 
 SearchSpace megatron_2021_space() {
@@ -25,20 +30,25 @@ SearchSpace megatron_2021_space() {
   return space;
 }
 
-Prediction predict_published(const PublishedRun& run, const SearchSpace& space) {
-  const Cluster cluster = dgx_a100(run.gpus / 8);
-  const Workload w{run.shape, static_cast<double>(run.batch), DType::bfloat16};
+Prediction predict_fastest(const GptShape& shape, double batch, int tp, int pp, int gpus, const SearchSpace& space) {
+  const Cluster cluster = dgx_a100(gpus / 8);
+  const Workload w{shape, batch, DType::bfloat16};
   Prediction best;
-  best.rejected = "no micro-batch or interleaving fits";
+  bool kept = false;
   for (int micro_batch : space.micro_batches)
-    for (int v : space.virtual_stages) {
+    for (int v : interleavings(space, static_cast<int>(shape.layers) / pp)) {
       ParallelConfig config;
-      config.tp = run.tp, config.pp = run.pp, config.dp = run.gpus / (run.tp * run.pp);
+      config.tp = tp, config.pp = pp, config.dp = gpus / (tp * pp);
       config.micro_batch = micro_batch, config.virtual_stages = v, config.recompute = Recompute::full;
       const Prediction p = predict(w, cluster, config);
-      if (p.rejected.empty() && (!best.rejected.empty() || p.tokens_per_second > best.tokens_per_second)) best = p;
+      const bool better = p.rejected.empty() && (!best.rejected.empty() || p.tokens_per_second > best.tokens_per_second);
+      if (!kept || better) best = p, kept = true;
     }
   return best;
+}
+
+Prediction predict_published(const PublishedRun& run, const SearchSpace& space) {
+  return predict_fastest(run.shape, run.batch, run.tp, run.pp, run.gpus, space);
 }
 
 SearchResult search(const Workload& w, const Cluster& c, const SearchSpace& space) {
@@ -64,7 +74,7 @@ SearchResult search(const Workload& w, const Cluster& c, const SearchSpace& spac
         if (pp > w.shape.layers) break;
         const int dp = gpus / (tp * cp * pp);
         for (int micro_batch : space.micro_batches)
-          for (int v : space.virtual_stages) {
+          for (int v : interleavings(space, static_cast<int>(w.shape.layers) / pp)) {
             if (v > 1 && pp == 1) continue;
             for (int zero : space.zero_stages)
               for (Recompute recompute : space.recomputations)

@@ -15,7 +15,9 @@ namespace course::planner {
 // What the search tries besides every DP x TP x PP x CP that multiplies to the cluster's GPUs.
 struct SearchSpace {
   std::vector<int> micro_batches{1, 2, 4, 8};
-  std::vector<int> virtual_stages{1, 2, 3, 4, 6};
+  // Model chunks per pipeline rank (interleaved 1F1B). Empty: every v that divides a stage's layers, down
+  // to one layer a chunk, as Megatron-LM allows; a list: only those.
+  std::vector<int> virtual_stages;
   std::vector<int> zero_stages{0, 1, 2, 3};
   std::vector<Recompute> recomputations{Recompute::none, Recompute::selective, Recompute::full};
   bool sequence_parallel = true;  // try each TP > 1 with and without it
@@ -40,9 +42,14 @@ struct SearchResult {
 
 SearchResult search(const Workload& w, const Cluster& c, const SearchSpace& space = {});
 
-// A published run as the planner predicts it: its model, batch and TP x PP x DP on DGX A100 nodes, in
-// 16 bits with full recomputation, at the micro-batch and interleaving of `space` that run fastest (the
-// paper tuned both and does not print them).
+// One grid as the planner predicts it: a model at a global batch on `gpus` GPUs of DGX A100 nodes as TP x
+// PP x DP (the rest), in 16 bits with full recomputation, at the micro-batch and interleaving of `space`
+// that run fastest (the paper tuned both and does not print them). Where none can run, the prediction
+// says why (the first reason met).
+Prediction predict_fastest(const GptShape& shape, double batch, int tp, int pp, int gpus,
+                           const SearchSpace& space = megatron_2021_space());
+
+// A published run as the planner predicts it (predict_fastest of its model, batch and grid).
 Prediction predict_published(const PublishedRun& run, const SearchSpace& space = megatron_2021_space());
 
 }  // namespace course::planner
