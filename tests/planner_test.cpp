@@ -292,8 +292,9 @@ TEST(CostModel, EachRejectionSaysWhy) {
               1e-9 * 16 * parameters(kGpt3));
 }
 
-// The search: everything it keeps fits and is sorted; everything it leaves out has a reason; and a model
-// that fits one GPU (1.7B) is best trained with data parallelism alone, as the decision slide says.
+// The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8
+// and TP 4 trade places; and a model that fits one GPU (1.7B) is best trained with data parallelism alone,
+// as the decision slide says.
 // The calibration's GEMM curve: timings made from a known curve, (F0 + F) / rate, give it back.
 TEST(Calibration, TheGemmFitRecoversItsCurve) {
   std::vector<double> flops, seconds;
@@ -373,6 +374,21 @@ TEST(Search, KeepsWhatFitsFastestFirstAndCountsTheRest) {
       EXPECT_LE(r.fitting[i].tokens_per_second, r.fitting[i - 1].tokens_per_second);
     }
   }
+  // GPT-3 on 1,024 A100s with the paper's techniques. With 32 sequences a replica (a batch of 512) PP 16's
+  // bubble weighs and the paper's TP 8 x PP 8 is first; the more sequences a replica gets, the smaller
+  // every bubble and the more TP 8's all-reduces (twice the layers a GPU of TP 4 x PP 16's) weigh beside
+  // it, so TP 4 x PP 16 gains from 512 to GPT-3's 1536 and again at four times that. (Between neighbouring batches
+  // the micro-batch each can take, a multiple of its stages, moves the ratio by a percent either way.)
+  const SearchResult at512 = search(gpt3(512), dgx_a100(128), megatron_2021_space());
+  EXPECT_EQ(at512.fitting.at(0).config.tp, 8) << describe(at512.fitting.at(0).config);
+  EXPECT_EQ(at512.fitting.at(0).config.pp, 8) << describe(at512.fitting.at(0).config);
+  auto tp4_over_tp8 = [](double batch) {
+    return predict_fastest(kGpt3, batch, 4, 16, 1024).tokens_per_second /
+           predict_fastest(kGpt3, batch, 8, 8, 1024).tokens_per_second;
+  };
+  EXPECT_LT(tp4_over_tp8(512), 1.0);
+  EXPECT_GT(tp4_over_tp8(1536), tp4_over_tp8(512));
+  EXPECT_GT(tp4_over_tp8(6144), tp4_over_tp8(1536));
   const PublishedRun& small = megatron_2021_table1()[0];
   const SearchResult s = search({small.shape, 512, DType::bfloat16}, dgx_a100(4), megatron_2021_space());
   ASSERT_FALSE(s.fitting.empty());
