@@ -1,11 +1,13 @@
 // main() for GoogleTest under mpirun: every rank runs every test, rank 0 prints, and the job fails
-// if any rank failed. Tests reach the world communicator through world().
+// if any rank failed; it is reported skipped (every_test_skipped.h) only when every rank skipped every
+// test. Tests reach the world communicator through world().
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include "common/comm/backends.h"
 #include "common/comm/environment.h"
+#include "support/every_test_skipped.h"
 
 namespace course::testing {
 inline comm::Communicator*& world_slot() {
@@ -29,6 +31,9 @@ inline comm::Communicator& world() { return *world_slot(); }
       course::testing::world_slot() = w.get();                                                    \
       failed = RUN_ALL_TESTS();                                                                   \
       MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);                  \
+      int skipped = course::testing::every_test_skipped() ? 1 : 0;                                \
+      MPI_Allreduce(MPI_IN_PLACE, &skipped, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);                 \
+      if (skipped && placement.rank == 0) course::testing::say_every_test_skipped();              \
       course::testing::world_slot() = nullptr;                                                    \
     }                                                                                             \
     return failed;                                                                                \
