@@ -285,6 +285,9 @@ TEST(CostModel, EachRejectionSaysWhy) {
   ParallelConfig zero3 = grid(8, 8, 16);
   zero3.zero_stage = 3;
   EXPECT_EQ(reason(zero3).rfind("ZeRO-2 or -3 with PP:", 0), 0u);
+  // More stages than layers: no interleaving to try, and the reason, not an empty prediction.
+  const Prediction deep = predict_fastest(kGpt3, 1536, 8, 128, 1024);
+  EXPECT_EQ(deep.rejected.rfind("PP does not divide the layers:", 0), 0u) << deep.rejected;
   // A 175B model on one GPU holds 16 bytes a parameter: 2.8 TB.
   const Prediction single = predict(gpt3(8), Cluster{"one", cluster.device, 1, 1, {}, {}}, grid(1, 1, 1));
   EXPECT_EQ(single.rejected.rfind("out of memory:", 0), 0u);
@@ -292,9 +295,6 @@ TEST(CostModel, EachRejectionSaysWhy) {
               1e-9 * 16 * parameters(kGpt3));
 }
 
-// The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8
-// and TP 4 trade places; and a model that fits one GPU (1.7B) is best trained with data parallelism alone,
-// as the decision slide says.
 // The calibration's GEMM curve: timings made from a known curve, (F0 + F) / rate, give it back.
 TEST(Calibration, TheGemmFitRecoversItsCurve) {
   std::vector<double> flops, seconds;
@@ -359,6 +359,9 @@ TEST(Calibration, RanksShareTheMachineAsTheChaptersSetThem) {
   EXPECT_NEAR(with - without, 4 * (2 * per_layer + 6 * 2e-6) + 26 * 2e-6, 1e-12);
 }
 
+// The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8
+// and TP 4 trade places; and a model that fits one GPU (1.7B) is best trained with data parallelism alone,
+// as the decision slide says.
 TEST(Search, KeepsWhatFitsFastestFirstAndCountsTheRest) {
   const SearchResult r = search(gpt3(), dgx_a100(128));
   ASSERT_FALSE(r.fitting.empty());

@@ -14,9 +14,11 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
-// The interleavings to try for stages of `layers_per_stage` layers.
+// The interleavings to try for stages of `layers_per_stage` layers (none when there are more stages than
+// layers: v = 1 then, which predict() refuses with its reason).
 std::vector<int> interleavings(const SearchSpace& space, int layers_per_stage) {
-  return space.virtual_stages.empty() ? divisors(layers_per_stage) : space.virtual_stages;
+  if (!space.virtual_stages.empty()) return space.virtual_stages;
+  return layers_per_stage >= 1 ? divisors(layers_per_stage) : std::vector<int>{1};
 }
 
 }  // namespace
