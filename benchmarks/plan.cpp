@@ -63,33 +63,28 @@ nlohmann::json to_json(const Prediction& p, int rank) {
           {"mfu", p.mfu}};
 }
 
+// One published run beside the planner's prediction, printed and written; its relative error.
+double print_published_row(const PublishedRun& row, metrics::MetricsWriter& metrics) {
+  const Prediction p = predict_published(row);
+  const double error = p.tflops_per_gpu / row.tflops_per_gpu - 1;
+  std::printf("%8.1fB %5d %4d %4d %6d  %6.0f TF/s %6.1f TF/s %+6.1f%%  %s\n", row.billions, row.gpus, row.tp, row.pp,
+              row.batch, row.tflops_per_gpu, p.tflops_per_gpu, 100 * error, describe(p.config).c_str());
+  metrics.write({{"event", "plan_published"}, {"billions", row.billions}, {"gpus", row.gpus},
+                 {"published_tflops_per_gpu", row.tflops_per_gpu}, {"predicted_tflops_per_gpu", p.tflops_per_gpu},
+                 {"config", describe(p.config)}});
+  return error;
+}
+
 void print_published(metrics::MetricsWriter& metrics) {
   std::printf("Megatron-LM 2021, table 1, against the planner (DGX A100 nodes, bf16, full recomputation; the "
               "micro-batch and interleaving that run fastest):\n");
   std::printf("%9s %5s %4s %4s %6s  %10s %10s %7s  %s\n", "params", "GPUs", "TP", "PP", "batch", "published",
               "predicted", "error", "configuration");
   double worst = 0;
-  for (const auto& row : megatron_2021_table1()) {
-    const Prediction p = predict_published(row);
-    const double error = p.tflops_per_gpu / row.tflops_per_gpu - 1;
-    worst = std::max(worst, std::abs(error));
-    std::printf("%8.1fB %5d %4d %4d %6d  %6.0f TF/s %6.1f TF/s %+6.1f%%  %s\n", row.billions, row.gpus, row.tp, row.pp,
-                row.batch, row.tflops_per_gpu, p.tflops_per_gpu, 100 * error, describe(p.config).c_str());
-    metrics.write({{"event", "plan_published"}, {"billions", row.billions}, {"gpus", row.gpus},
-                   {"published_tflops_per_gpu", row.tflops_per_gpu}, {"predicted_tflops_per_gpu", p.tflops_per_gpu},
-                   {"config", describe(p.config)}});
-  }
+  for (const auto& row : megatron_2021_table1()) worst = std::max(worst, std::abs(print_published_row(row, metrics)));
   std::printf("largest error %.1f%%\n", 100 * worst);
   std::printf("Table 2, GPT-3 175B in the paper's grid (batch 1536):\n");
-  for (const auto& row : megatron_2021_table2_gpt3()) {
-    const Prediction p = predict_published(row);
-    std::printf("%8.1fB %5d %4d %4d %6d  %6.0f TF/s %6.1f TF/s %+6.1f%%  %s\n", row.billions, row.gpus, row.tp, row.pp,
-                row.batch, row.tflops_per_gpu, p.tflops_per_gpu, 100 * (p.tflops_per_gpu / row.tflops_per_gpu - 1),
-                describe(p.config).c_str());
-    metrics.write({{"event", "plan_published"}, {"billions", row.billions}, {"gpus", row.gpus},
-                   {"published_tflops_per_gpu", row.tflops_per_gpu}, {"predicted_tflops_per_gpu", p.tflops_per_gpu},
-                   {"config", describe(p.config)}});
-  }
+  for (const auto& row : megatron_2021_table2_gpt3()) print_published_row(row, metrics);
   const PublishedSweep& sweep = megatron_2021_figure13();
   std::printf("Figure 13, %.1fB on %d GPUs, every TP x PP (the paper's fastest: TP %d x PP %d), predicted TFLOP/s per GPU:\n",
               sweep.billions, sweep.gpus, sweep.fastest_tp, sweep.fastest_pp);
