@@ -88,7 +88,7 @@ double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, do
     all.push_back(p.grad());
     if (counts_once(run, topology, name)) counted.push_back(p.grad());
   }
-  return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()});
+  return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()}).item();
 }
 
 std::shared_ptr<parallel::TensorParallelModule> make_split_model(const Options& o, const ChapterTask& task,

@@ -55,6 +55,33 @@ TEST(ExpF32, EdgesAreThoseOfExp) {
   EXPECT_LT(math::exp_f32(88.7f), std::numeric_limits<float>::infinity());  // e^88.7 is still a float
 }
 
+// erf_f32's bound: its double-precision series and continued fraction are within 1e-11 of erf, so the
+// one rounding to float is all that remains, but for the values that fall within 1e-11 of a midpoint
+// between two floats: at most one ulp.
+constexpr double kErfUlps = 1.0;
+
+TEST(ErfF32, WithinOneUlpOfTheTrueErrorFunction) {
+  double worst = 0;
+  float worst_x = 0;
+  for (double x = -6; x <= 6; x += 1.0 / 65536) {
+    const auto xf = static_cast<float>(x);
+    const double truth = std::erf(static_cast<double>(xf));
+    const double error = std::fabs(math::erf_f32(xf) - truth) / ulp_of(truth == 0 ? 1e-45 : truth);
+    if (error > worst) worst = error, worst_x = xf;
+  }
+  EXPECT_LE(worst, kErfUlps) << "at x = " << worst_x;
+}
+
+TEST(ErfF32, EdgesAreThoseOfErf) {
+  EXPECT_EQ(math::erf_f32(0.0f), 0.0f);
+  EXPECT_EQ(math::erf_f32(4.0f), 1.0f);
+  EXPECT_EQ(math::erf_f32(-std::numeric_limits<float>::infinity()), -1.0f);
+  EXPECT_EQ(math::erf_f32(std::numeric_limits<float>::infinity()), 1.0f);
+  EXPECT_TRUE(std::isnan(math::erf_f32(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_LT(math::erf_f32(3.5f), 1.0f);  // erfc(3.5) = 7.4e-7: a dozen ulps below 1
+  for (float x : {0.1f, 1.0f, 1.99f, 2.0f, 3.0f}) EXPECT_EQ(math::erf_f32(-x), -math::erf_f32(x)) << x;
+}
+
 // The reference in double also goes through the logistic: in 1 + tanh u itself even double cancels to
 // nothing once u < -19 (x below about -7).
 TEST(GeluTanh, WithinAFewUlpOfTheDoublePrecisionFunction) {

@@ -2,20 +2,40 @@
 // reductions. These tests skip, saying why, where no GPU is usable; on a GPU machine they run for real.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <set>
 
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
+#include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "support/op_cases.h"
 
 namespace course::testing {
 namespace {
 
-// cuBLAS and the CPU BLAS sum in different orders, and CUDA's tanhf/expf differ from glibc's by an
-// ulp or two; 1e-5 relative is a few float32 ulps accumulated over this table's small shapes.
+// Where the two devices add in different orders: cuBLAS and the CPU's BLAS in their GEMMs, a GPU's tree
+// and the CPU's loop in a sum over a whole tensor, the attention and cross-entropy kernels' own sums
+// (one thread per row on the GPU, lanes on the CPU). 1e-5 relative is a few float32 ulps accumulated over
+// this table's small shapes.
 constexpr double kParityTolerance = 1e-5;
+
+// The ops whose CPU and CUDA kernels share their formula (common/kernels/math.h, in explicitly rounded
+// operations) and the order of every sum they make: forward and gradient must be the same bits.
+const std::set<std::string> kBitIdenticalOps = {
+    "add",  "add_bias_broadcast", "sub_scalar_broadcast", "mul",     "mul_row_broadcast", "scale",
+    "relu", "gelu",               "gelu_tanh",            "dropout", "permute",           "narrow",
+    "reshape", "layer_norm",      "embedding"};
+
+void expect_same_bits(const std::vector<float>& cuda, const std::vector<float>& cpu, const std::string& what) {
+  ASSERT_EQ(cuda.size(), cpu.size()) << what;
+  for (std::size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(cuda[i]), std::bit_cast<std::uint32_t>(cpu[i]))
+        << what << " element " << i << ": " << cuda[i] << " on the GPU, " << cpu[i] << " on the CPU";
+}
 
 #define SKIP_WITHOUT_GPU()                                      \
   do {                                                          \
@@ -42,12 +62,13 @@ TEST_P(KernelParityTest, CudaMatchesCpu) {
   }
   Tensor cpu_out = c.op(cpu_in), cuda_out = c.op(cuda_in);
   EXPECT_EQ(cuda_out.device(), Device::cuda);
-  expect_close(cuda_out.to_host(), cpu_out.to_host(), c.name + " forward");
+  const auto compare = kBitIdenticalOps.count(c.name) ? expect_same_bits : expect_close;
+  compare(cuda_out.to_host(), cpu_out.to_host(), c.name + " forward");
   Tensor w = Tensor::rand_uniform(cpu_out.shape(), 5, -1.0f, 1.0f);
   sum(mul(cpu_out, w)).backward();
   sum(mul(cuda_out, w.to(Device::cuda))).backward();
   for (std::size_t i = 0; i < cpu_in.size(); ++i)
-    expect_close(cuda_in[i].grad().to_host(), cpu_in[i].grad().to_host(), c.name + " grad " + std::to_string(i));
+    compare(cuda_in[i].grad().to_host(), cpu_in[i].grad().to_host(), c.name + " grad " + std::to_string(i));
 }
 
 // Every op again under autocast, in bfloat16 and in float16: its GEMMs on the 16-bit path (cublasGemmEx
@@ -111,7 +132,59 @@ TEST(KernelParity, LargeShapesAndOptimizers) {
       o_cpu->step();
       o_gpu->step();
     }
-    expect_close(p_gpu.to_host(), p_cpu.to_host(), adam ? "adamw" : "sgd momentum");
+    // The optimizers' formulas are shared and element-wise: the same bits (ZeRO-Offload's host AdamW and a
+    // reference's device AdamW must agree exactly).
+    expect_same_bits(p_gpu.to_host(), p_cpu.to_host(), adam ? "adamw" : "sgd momentum");
+  }
+}
+
+// Element-wise work on a million values of every magnitude (the normal's tails, exponents from 2^-30 to
+// 2^30): AdamW and SGD, GELU both ways and their gradients, the 16-bit casts, the grad scaler's unscale
+// and its inf check, dropout, layer norm over long rows. The same bits on both devices.
+TEST(KernelParity, SharedFormulasGiveTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t n = 1 << 20;
+  Tensor x = mul(Tensor::randn({n}, 11), Tensor::from_host([&] {
+    std::vector<float> scales(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < scales.size(); ++i) scales[i] = std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
+    return scales;
+  }(), {n}));
+  const Tensor g = Tensor::randn({n}, 12);
+  for (const auto& [name, f] : std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>>{
+           {"gelu", [](const Tensor& t) { return gelu(t); }},
+           {"gelu_tanh", [](const Tensor& t) { return gelu(t, GeluApproximate::tanh); }},
+           {"dropout", [](const Tensor& t) { return dropout(t, 0.1f, 77); }},
+           {"bfloat16", [](const Tensor& t) { return t.to(DType::bfloat16).to(DType::float32); }},
+           {"float16", [](const Tensor& t) { return t.to(DType::float16).to(DType::float32); }},
+           {"layer_norm", [](const Tensor& t) {
+              return layer_norm(reshape(t, {1024, 1024}), Tensor::randn({1024}, 13, t.device()),
+                                Tensor::randn({1024}, 14, t.device()));
+            }}}) {
+    Tensor on_cpu = x.clone().set_requires_grad(true), on_gpu = x.to(Device::cuda).set_requires_grad(true);
+    Tensor out_cpu = f(on_cpu), out_gpu = f(on_gpu);
+    expect_same_bits(out_gpu.to_host(), out_cpu.to_host(), name);
+    if (name == "bfloat16" || name == "float16") continue;
+    sum(mul(reshape(out_cpu, {n}), g)).backward();
+    sum(mul(reshape(out_gpu, {n}), g.to(Device::cuda))).backward();
+    expect_same_bits(on_gpu.grad().to_host(), on_cpu.grad().to_host(), name + "'s gradient");
+  }
+  for (const bool decoupled : {true, false}) {
+    Tensor p_cpu = x.clone(), p_gpu = x.to(Device::cuda);
+    p_cpu.set_grad(g.clone());
+    p_gpu.set_grad(g.to(Device::cuda));
+    optim::Adam cpu({p_cpu}, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, decoupled), gpu({p_gpu}, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, decoupled);
+    for (int step = 0; step < 3; ++step) cpu.step(), gpu.step();
+    expect_same_bits(p_gpu.to_host(), p_cpu.to_host(), decoupled ? "adamw" : "adam");
+  }
+  for (const float scale : {1024.0f, 1e38f}) {  // the second overflows: the check must find it on both
+    optim::GradScalerOptions options;
+    options.enabled = true, options.init_scale = scale;
+    optim::GradScaler cpu(options), gpu(options);
+    Tensor g_cpu = mul(g, Tensor::full({n}, scale)), g_gpu = g_cpu.to(Device::cuda);
+    cpu.unscale_(std::vector<Tensor>{g_cpu});
+    gpu.unscale_(std::vector<Tensor>{g_gpu});
+    EXPECT_EQ(gpu.found_inf(), cpu.found_inf()) << scale;
+    expect_same_bits(g_gpu.to_host(), g_cpu.to_host(), "the grad scaler's unscale");
   }
 }
 

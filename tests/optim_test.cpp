@@ -103,9 +103,9 @@ TEST(Optim, ClipGradNormScalesToTheLimit) {
   Tensor a = Tensor::zeros({2}).set_requires_grad(true), b = Tensor::zeros({1}).set_requires_grad(true);
   a.set_grad(Tensor::from_host({3.0f, 0.0f}, {2}));
   b.set_grad(Tensor::from_host({4.0f}, {1}));
-  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 10.0), 5.0);  // under the limit: unchanged
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 10.0).item(), 5.0);  // under the limit: unchanged
   EXPECT_EQ(a.grad().to_host(), (std::vector<float>{3.0f, 0.0f}));
-  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 1.0), 5.0);
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm_({a, b}, 1.0).item(), 5.0);
   EXPECT_NEAR(a.grad().to_host()[0], 0.6, 1e-6);
   EXPECT_NEAR(b.grad().item(), 0.8, 1e-6);
 }

@@ -19,6 +19,7 @@ std::int64_t now_ns() {
 }
 
 void synchronize(Device device) {
+  count_synchronization();
 #if COURSE_HAVE_CUDA
   if (device == Device::cuda) cuda::synchronize();
 #else

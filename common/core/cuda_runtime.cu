@@ -1,10 +1,13 @@
 // CUDA runtime helpers: device queries, the caching device allocator, pinned memory and copies.
+#include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "common/core/cuda_check.h"
 #include "common/core/cuda_runtime.h"
+#include "common/core/index_check.h"
 
 namespace course::cuda {
 
@@ -97,6 +100,26 @@ void release_pinned(void* ptr, std::size_t bytes) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(pool().mutex);
   pool().free_blocks[{kPinnedHost, rounded(bytes)}].push_back(ptr);
+}
+
+namespace {
+std::atomic<void*> index_check_host{nullptr};
+std::mutex index_check_mutex;
+}  // namespace
+
+void* index_check_record_host() { return index_check_host.load(); }
+
+void* index_check_record_device() {
+  std::lock_guard<std::mutex> lock(index_check_mutex);
+  if (!index_check_host.load()) {
+    void* host = nullptr;
+    COURSE_CUDA_CHECK(cudaHostAlloc(&host, sizeof(IndexCheckRecord), cudaHostAllocMapped));
+    std::memset(host, 0, sizeof(IndexCheckRecord));
+    index_check_host = host;
+  }
+  void* device = nullptr;
+  COURSE_CUDA_CHECK(cudaHostGetDevicePointer(&device, index_check_host.load(), 0));
+  return device;
 }
 
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {

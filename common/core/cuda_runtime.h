@@ -19,6 +19,12 @@ void release(void* ptr, std::size_t bytes);
 void* allocate_pinned(std::size_t bytes);
 void release_pinned(void* ptr, std::size_t bytes);
 
+// The GPU's record of failed index checks (common/core/index_check.h): page-locked host memory mapped into
+// the device, which kernels write and the host reads without a copy. The host's pointer is null until a
+// kernel first asked for the device's.
+void* index_check_record_host();
+void* index_check_record_device();
+
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 void copy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 

@@ -79,11 +79,10 @@ COURSE_CPU_CLONES void softmax_backward_rows(const float* p, std::int64_t ldp, f
 // out = p * keep, keep = 0 or 1/(1 - p) from the element's index in probs, as the dropout op draws it.
 void dropout_rows(const float* p, std::int64_t ldp, float* out, std::int64_t ldo, std::int64_t bh, std::int64_t first,
                   std::int64_t rows, std::int64_t width, const AttentionShape& s) {
-  const float kept = 1.0f / (1.0f - s.dropout);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < width; ++c) {
       const auto index = static_cast<std::uint64_t>(((bh + s.first_sequence * s.heads) * s.tokens + first + r) * s.tokens + c);
-      out[r * ldo + c] = p[r * ldp + c] * (random_uniform(s.seed, index) < s.dropout ? 0.0f : kept);
+      out[r * ldo + c] = p[r * ldp + c] * math::dropout_keep(s.seed, index, s.dropout);
     }
 }
 
@@ -157,11 +156,10 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
         float* ds = t_grad_scores.data();
         sgemm(false, true, rows, keys, hs, 1.0f, dy + i0 * c, c, in.v, in.ld, 0.0f, ds, keys);  // dp = dy v^T
         if (s.dropout > 0.0f) {  // through the mask: the gradient reaches only the kept probabilities
-          const float kept = 1.0f / (1.0f - s.dropout);
           for (std::int64_t r = 0; r < rows; ++r)
             for (std::int64_t j = 0; j < keys; ++j) {
               const auto index = static_cast<std::uint64_t>(((bh + s.first_sequence * s.heads) * t + i0 + r) * t + j);
-              ds[r * keys + j] *= random_uniform(s.seed, index) < s.dropout ? 0.0f : kept;
+              ds[r * keys + j] *= math::dropout_keep(s.seed, index, s.dropout);
             }
         }
         softmax_backward_rows(block, t, ds, keys, i0, rows, keys, scale, s);

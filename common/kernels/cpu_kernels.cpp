@@ -147,10 +147,8 @@ COURSE_CPU_CLONES void layer_norm_params_columns(const float* x, const float* me
   std::vector<double> gw(end - first, 0.0), gb(end - first, 0.0);
   for (std::size_t r = 0; r < rows; ++r) {
     const float *xr = x + r * cols + first, *gr = g + r * cols + first;
-    const float m = mean[r];
-    const auto rs = static_cast<double>(rstd[r]);
     for (std::size_t c = 0; c < end - first; ++c) {
-      gw[c] += static_cast<double>(gr[c]) * ((xr[c] - m) * rs);
+      gw[c] += math::layer_norm_weight_term(xr[c], mean[r], rstd[r], gr[c]);
       gb[c] += gr[c];
     }
   }
@@ -288,7 +286,7 @@ class CpuKernels final : public Kernels {
     });
   }
   void scale(const float* in, float factor, float* out, std::size_t n) override {
-    elementwise(n, [&](std::size_t i) { out[i] = in[i] * factor; });
+    elementwise(n, [&](std::size_t i) { out[i] = rn::mul(in[i], factor); });
   }
 
   void sum(const float* in, std::size_t n, float* out) override {
@@ -333,7 +331,7 @@ class CpuKernels final : public Kernels {
     });
   }
 
-  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
+  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, std::size_t, float* out) override {
     parallel_for(n, dim, [&](std::size_t first, std::size_t end) {
       for (std::size_t i = first; i < end; ++i)
         std::copy_n(weight + static_cast<std::size_t>(ids[i]) * dim, dim, out + i * dim);
@@ -414,6 +412,36 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void arange(float* out, std::size_t n) override {
+    elementwise(n, [&](std::size_t i) { out[i] = static_cast<float>(i); });
+  }
+  void dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t first) override {
+    elementwise(n, [&](std::size_t i) { out[i] = rn::mul(in[i], math::dropout_keep(seed, first + i, p)); });
+  }
+  void add_squares(const float* in, std::size_t n, double* total) override {
+    double sum = *total;  // in order, one accumulator
+    for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(in[i]) * in[i];
+    *total = sum;
+  }
+  void clip_coefficient(const double* total, double max_norm, float* norm, float* factor) override {
+    *norm = static_cast<float>(std::sqrt(*total));
+    *factor = math::clip_coefficient(*norm, max_norm);
+  }
+  void scale_by(const float* in, const float* factor, float* out, std::size_t n) override {
+    if (*factor == 1.0f && in == out) return;
+    scale(in, *factor, out, n);
+  }
+  void check_indices(IndexCheck check, const float* ids, std::size_t n, std::size_t limit, float ignore_index) override {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!math::valid_index(ids[i], limit, ignore_index))
+        throw std::invalid_argument(index_check_message(check, ids[i], limit));
+  }
+  void inverse_count(const float* targets, std::size_t n, float ignore_index, float* inverse) override {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < n; ++i) kept += targets[i] != ignore_index;
+    if (!kept) throw std::invalid_argument(index_check_message(IndexCheck::every_target_ignored, 0.0f, 0));
+    *inverse = 1.0f / static_cast<float>(kept);
+  }
   void sgd_step(float* p, const float* g, float* buf, std::size_t n, const SgdParams& s) override {
     if (buf) {
       elementwise(n, [&](std::size_t i) { p[i] = math::sgd_update(p[i], g[i], buf[i], s.lr, s.momentum, s.weight_decay); });

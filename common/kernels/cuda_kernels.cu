@@ -9,6 +9,7 @@
 
 #include "common/core/cuda_check.h"
 #include "common/core/cuda_runtime.h"
+#include "common/core/index_check.h"
 #include "common/kernels/cublas_library.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
@@ -40,14 +41,13 @@ __global__ void from_half_kernel(HalfFormat format, const std::uint16_t* in, flo
 __global__ void binary_kernel(BinaryOp op, const float* a, std::size_t an, const float* b, std::size_t bn,
                               float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    float x = a[an == n ? i : i % an], y = b[bn == n ? i : i % bn];
-    out[i] = op == BinaryOp::add ? x + y : op == BinaryOp::sub ? x - y : op == BinaryOp::mul ? x * y : fmaxf(x, y);
+    out[i] = math::binary(op, a[an == n ? i : i % an], b[bn == n ? i : i % bn]);
   }
 }
 
 __global__ void scale_kernel(const float* in, float factor, float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    out[i] = in[i] * factor;
+    out[i] = rn::mul(in[i], factor);
 }
 
 // One block; thread t sums elements t, t+1024, ... in double, then a fixed tree combines the partials.
@@ -158,7 +158,7 @@ __global__ void cross_entropy_kernel(const float* logits, const float* targets, 
                                      float* losses) {
   std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
+  if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target, raised later): no loss
     losses[r] = 0.0f;
     return;
   }
@@ -172,7 +172,7 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
                                               std::size_t rows, std::size_t cols, float* out) {
   std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  if (targets[r] < 0.0f) {  // an ignored row: no gradient
+  if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target): no gradient
     for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = 0.0f;
     return;
   }
@@ -228,20 +228,22 @@ __global__ void layer_norm_backward_params_kernel(const float* x, const float* m
   if (c < cols) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
 }
 
-__global__ void embedding_kernel(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) {
+__global__ void embedding_kernel(const float* ids, const float* weight, std::size_t n, std::size_t dim,
+                                 std::size_t vocab, float* out) {
   for (std::size_t k = blockIdx.x * blockDim.x + threadIdx.x; k < n * dim; k += gridDim.x * blockDim.x) {
     const std::size_t i = k / dim, d = k % dim;
-    out[k] = weight[static_cast<std::size_t>(ids[i]) * dim + d];
+    out[k] = math::valid_index(ids[i], vocab, NAN) ? weight[static_cast<std::size_t>(ids[i]) * dim + d] : 0.0f;
   }
 }
 
 // One thread per column d walks the positions in order, so each sum is added in increasing i, as on
 // the CPU, with no atomics: deterministic.
 __global__ void embedding_backward_kernel(const float* ids, const float* g, std::size_t n, std::size_t dim,
-                                          float* dw) {
+                                          std::size_t vocab, float* dw) {
   const std::size_t d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= dim) return;
-  for (std::size_t i = 0; i < n; ++i) dw[static_cast<std::size_t>(ids[i]) * dim + d] += g[i * dim + d];
+  for (std::size_t i = 0; i < n; ++i)
+    if (math::valid_index(ids[i], vocab, NAN)) dw[static_cast<std::size_t>(ids[i]) * dim + d] += g[i * dim + d];
 }
 
 __global__ void sgd_kernel(float* p, const float* g, float* buf, std::size_t n, SgdParams s) {
@@ -256,6 +258,90 @@ __global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::s
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     p[i] = math::adam_update(p[i], g[i], m[i], v[i], a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                              a.decoupled_weight_decay, a.bias_correction1, a.bias_correction2);
+}
+
+__global__ void arange_kernel(float* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = static_cast<float>(i);
+}
+
+__global__ void dropout_kernel(const float* in, float* out, std::size_t n, float p, std::uint64_t seed,
+                               std::uint64_t first) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = rn::mul(in[i], math::dropout_keep(seed, first + i, p));
+}
+
+// Clipping's sum of squares: kSquaresBlocks blocks each sum a fixed share (thread t of block b takes
+// elements b * kThreads + t, then every kSquaresBlocks * kThreads further) and fold it by a fixed tree;
+// then one thread adds the blocks' sums to the total in block order. The same bits every run.
+constexpr int kSquaresBlocks = 128;
+__global__ void squares_kernel(const float* in, std::size_t n, double* partial) {
+  __shared__ double share[kThreads];
+  double total = 0.0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const auto x = static_cast<double>(in[i]);
+    total = rn::add(total, rn::mul(x, x));
+  }
+  share[threadIdx.x] = total;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) share[threadIdx.x] = rn::add(share[threadIdx.x], share[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = share[0];
+}
+
+__global__ void squares_total_kernel(const double* partial, int blocks, double* total) {
+  double sum = *total;
+  for (int b = 0; b < blocks; ++b) sum = rn::add(sum, partial[b]);
+  *total = sum;
+}
+
+__global__ void clip_coefficient_kernel(const double* total, double max_norm, float* norm, float* factor) {
+  const auto value = static_cast<float>(rn::sqrt(*total));
+  *norm = value;
+  *factor = math::clip_coefficient(value, max_norm);
+}
+
+// A factor of 1 in place changes nothing: the kernel returns at once (clipping that did not clip).
+__global__ void scale_by_kernel(const float* in, const float* factor, float* out, std::size_t n) {
+  const float f = *factor;
+  if (f == 1.0f && in == out) return;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = rn::mul(in[i], f);
+}
+
+// The first failed check is kept (a later one finds the record taken); the record is in mapped host memory.
+__device__ void record_failed_check(IndexCheckRecord* record, IndexCheck check, float value, std::size_t limit) {
+  volatile IndexCheckRecord* r = record;
+  if (r->check != static_cast<int>(IndexCheck::none)) return;
+  r->value = value;
+  r->limit = limit;
+  __threadfence_system();
+  r->check = static_cast<int>(check);
+}
+
+__global__ void check_indices_kernel(IndexCheck check, const float* ids, std::size_t n, std::size_t limit,
+                                     float ignore_index, IndexCheckRecord* record) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    if (!math::valid_index(ids[i], limit, ignore_index)) record_failed_check(record, check, ids[i], limit);
+}
+
+// One block counts the kept targets (integers: the order cannot matter), thread 0 divides.
+__global__ void inverse_count_kernel(const float* targets, std::size_t n, float ignore_index, float* inverse,
+                                     IndexCheckRecord* record) {
+  __shared__ unsigned long long share[kReduceThreads];
+  unsigned long long kept = 0;
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) kept += targets[i] != ignore_index;
+  share[threadIdx.x] = kept;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) share[threadIdx.x] += share[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  if (share[0] == 0) record_failed_check(record, IndexCheck::every_target_ignored, 0.0f, 0);
+  *inverse = share[0] ? rn::div(1.0f, static_cast<float>(share[0])) : 0.0f;
 }
 
 // Ring attention's blocks (kernels.h, AttentionBlockShape): one thread per (sequence, head, row), the
@@ -427,19 +513,16 @@ BroadcastIndex tokens_to_heads(const AttentionShape& s) {
 }
 
 class CudaKernels final : public Kernels {
-  // out = p times the dropout mask of attention's probabilities (0, or 1/(1 - p) where kept), the mask
-  // drawn on the host from (seed, index) as the CPU draws it; returns out.
+  // out = p times the dropout mask of attention's probabilities (0, or 1/(1 - p) where kept), drawn on the
+  // device from (seed, index in the whole batch's probabilities) as the CPU draws it; returns out.
   float* apply_dropout_mask(const float* p, const AttentionShape& s, float* out) {
-    const std::size_t n = static_cast<std::size_t>(s.batch * s.heads * s.tokens * s.tokens);
-    std::vector<float> keep(n);
-    const float kept = 1.0f / (1.0f - s.dropout);
-    const auto first = static_cast<std::size_t>(s.first_sequence * s.heads * s.tokens * s.tokens);  // a slice's place
-    for (std::size_t i = 0; i < n; ++i) keep[i] = random_uniform(s.seed, first + i) < s.dropout ? 0.0f : kept;
-    DeviceBuffer mask(n);
-    cuda::copy(mask.get(), keep.data(), n * sizeof(float), cuda::CopyKind::host_to_device);
-    binary(BinaryOp::mul, p, n, mask.get(), n, out, n);
+    const auto n = static_cast<std::size_t>(s.batch * s.heads * s.tokens * s.tokens);
+    const auto first = static_cast<std::uint64_t>(s.first_sequence * s.heads * s.tokens * s.tokens);  // a slice's place
+    dropout(p, out, n, s.dropout, s.seed, first);
     return out;
   }
+
+  IndexCheckRecord* check_record() { return static_cast<IndexCheckRecord*>(cuda::index_check_record_device()); }
 
  public:
   void fill(float* out, std::size_t n, float value) override {
@@ -658,16 +741,17 @@ class CudaKernels final : public Kernels {
       check_launch();
     }
   }
-  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) override {
+  void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, std::size_t vocab,
+                 float* out) override {
     if (!n || !dim) return;
-    embedding_kernel<<<blocks_for(n * dim), kThreads>>>(ids, weight, n, dim, out);
+    embedding_kernel<<<blocks_for(n * dim), kThreads>>>(ids, weight, n, dim, vocab, out);
     check_launch();
   }
   void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
                           float* dw) override {
     fill(dw, vocab * dim, 0.0f);
     if (!n || !dim) return;
-    embedding_backward_kernel<<<blocks_for(dim), kThreads>>>(ids, g, n, dim, dw);
+    embedding_backward_kernel<<<blocks_for(dim), kThreads>>>(ids, g, n, dim, vocab, dw);
     check_launch();
   }
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
@@ -680,6 +764,43 @@ class CudaKernels final : public Kernels {
                               std::size_t cols, float* out) override {
     if (!rows) return;
     cross_entropy_backward_kernel<<<blocks_for(rows), kThreads>>>(logits, targets, g, rows, cols, out);
+    check_launch();
+  }
+  void arange(float* out, std::size_t n) override {
+    if (!n) return;
+    arange_kernel<<<blocks_for(n), kThreads>>>(out, n);
+    check_launch();
+  }
+  void dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t first) override {
+    if (!n) return;
+    dropout_kernel<<<blocks_for(n), kThreads>>>(in, out, n, p, seed, first);
+    check_launch();
+  }
+  void add_squares(const float* in, std::size_t n, double* total) override {
+    if (!n) return;
+    DeviceBuffer partial(2 * kSquaresBlocks);  // kSquaresBlocks doubles
+    auto* sums = reinterpret_cast<double*>(partial.get());
+    squares_kernel<<<kSquaresBlocks, kThreads>>>(in, n, sums);
+    check_launch();
+    squares_total_kernel<<<1, 1>>>(sums, kSquaresBlocks, total);
+    check_launch();
+  }
+  void clip_coefficient(const double* total, double max_norm, float* norm, float* factor) override {
+    clip_coefficient_kernel<<<1, 1>>>(total, max_norm, norm, factor);
+    check_launch();
+  }
+  void scale_by(const float* in, const float* factor, float* out, std::size_t n) override {
+    if (!n) return;
+    scale_by_kernel<<<blocks_for(n), kThreads>>>(in, factor, out, n);
+    check_launch();
+  }
+  void check_indices(IndexCheck check, const float* ids, std::size_t n, std::size_t limit, float ignore_index) override {
+    if (!n) return;
+    check_indices_kernel<<<blocks_for(n), kThreads>>>(check, ids, n, limit, ignore_index, check_record());
+    check_launch();
+  }
+  void inverse_count(const float* targets, std::size_t n, float ignore_index, float* inverse) override {
+    inverse_count_kernel<<<1, kReduceThreads>>>(targets, n, ignore_index, inverse, check_record());
     check_launch();
   }
   void sgd_step(float* p, const float* g, float* buf, std::size_t n, const SgdParams& s) override {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/core/device.h"
+#include "common/core/index_check.h"
 
 namespace course {
 
@@ -150,12 +151,36 @@ class Kernels {
   virtual void layer_norm_backward(const float* x, const float* weight, const float* mean, const float* rstd,
                                    const float* grad_out, std::size_t rows, std::size_t cols, float* grad_x,
                                    float* grad_weight, float* grad_bias) = 0;
-  // Embedding lookup: out row i = weight row ids[i] (ids are indices stored as floats).
-  virtual void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, float* out) = 0;
+  // Embedding lookup: out row i = weight row ids[i] (ids are indices stored as floats, checked by
+  // check_indices first; a GPU, which raises a bad one later, writes zeros for it and reads nothing).
+  virtual void embedding(const float* ids, const float* weight, std::size_t n, std::size_t dim, std::size_t vocab,
+                         float* out) = 0;
   // Its gradient, a scatter-add: grad_weight (vocab x dim, overwritten) row v = sum of grad_out rows i
   // with ids[i] = v, added in increasing i on both devices (deterministic, no atomics).
   virtual void embedding_backward(const float* ids, const float* grad_out, std::size_t n, std::size_t dim,
                                   std::size_t vocab, float* grad_weight) = 0;
+  // out[i] = i, exact below 2^24: the GPT's position ids, made where they are used.
+  virtual void arange(float* out, std::size_t n) = 0;
+  // nn.Dropout's product: out[i] = in[i] times 0 (with probability p) or 1 / (1 - p), drawn from
+  // (seed, first + i) by math::dropout_keep, so every device, and any split of the work, draws the same mask.
+  virtual void dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed,
+                       std::uint64_t first) = 0;
+  // Clipping's norm: adds the squares of in[0..n), in double, to *total (one double where the gradients
+  // are), in a fixed order on each device; then from the total, norm = sqrt(total) rounded to float32 and
+  // factor = math::clip_coefficient(norm, max_norm), both written where the gradients are.
+  virtual void add_squares(const float* in, std::size_t n, double* total) = 0;
+  virtual void clip_coefficient(const double* total, double max_norm, float* norm, float* factor) = 0;
+  // out[i] = in[i] * *factor, the factor read where it lies: a device's own scalar scales without the host.
+  virtual void scale_by(const float* in, const float* factor, float* out, std::size_t n) = 0;
+  // The indices an op is about to use, checked where they are (IndexCheck, common/core/index_check.h): each
+  // of ids[0..n) must be a whole number in [0, limit), or ignore_index (NaN: none). The CPU throws at once
+  // (std::invalid_argument); a GPU records the first bad index found, and the host raises it at its next
+  // read of a tensor (the loss it reads anyway), so that checking costs no wait.
+  virtual void check_indices(IndexCheck check, const float* ids, std::size_t n, std::size_t limit,
+                             float ignore_index) = 0;
+  // *inverse = 1 / (the number of targets other than ignore_index): the mean's divisor of a cross-entropy,
+  // without the host counting; none counted is IndexCheck::every_target_ignored.
+  virtual void inverse_count(const float* targets, std::size_t n, float ignore_index, float* inverse) = 0;
   // momentum_buffer may be null when momentum is 0.
   virtual void sgd_step(float* param, const float* grad, float* momentum_buffer, std::size_t n,
                         const SgdParams& p) = 0;

@@ -157,10 +157,8 @@ Tensor GPT::forward(const Tensor& ids) {
     throw std::invalid_argument("GPT: ids must be [batch, T] with 1 <= T <= block_size " +
                                 std::to_string(config_.block_size) + ", got " + shape_string(ids.shape()));
   const std::int64_t batch = ids.dim(0), t = ids.dim(1), c = config_.n_embd;
-  std::vector<float> positions(static_cast<std::size_t>(t));
-  for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = static_cast<float>(i);
-  // [B, T, C] + [T, C]: every sequence gets the same position vectors.
-  Tensor x = add(embedding(ids, wte), embedding(Tensor::from_host(positions, {t}, device_), wpe));
+  // [B, T, C] + [T, C]: every sequence gets the same position vectors; the positions made on the device.
+  Tensor x = add(embedding(ids, wte), embedding(arange(t, device_), wpe));
   for (auto& block : blocks_) x = (*block)(x);
   x = (*ln_f_)(x);
   return matmul(reshape(x, {batch * t, c}), wte, false, true);  // the head is the token table, transposed

@@ -4,6 +4,7 @@
 // type, which is its inputs' widest (PyTorch's type promotion). The engine rounds each gradient to its
 // tensor's type. Autocast (autocast.h) casts the inputs first, by its table.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
@@ -176,6 +177,31 @@ Tensor scale(const Tensor& a, float factor) {
   return autograd::record(out.to(a.dtype()), "scale", {a}, [factor](const Tensor& g) {
     return std::vector<Tensor>{scale(g, factor)};
   });
+}
+
+Tensor scale(const Tensor& a, const Tensor& factor) {
+  RecordFunction timed("scale");
+  check_same_device(a, factor, "scale");
+  if (factor.numel() != 1 || factor.dtype() != DType::float32)
+    throw std::invalid_argument("scale: the factor must be one float32 value, got " + shape_string(factor.shape()));
+  Tensor out = Tensor::empty(a.shape(), a.device());
+  kernels(a.device()).scale_by(wide(a).data(), factor.data(), out.data(), count(a));
+  return autograd::record(out.to(a.dtype()), "scale", {a}, [factor = factor.detach()](const Tensor& g) {
+    return std::vector<Tensor>{scale(g, factor)};
+  });
+}
+
+Tensor arange(std::int64_t n, Device device) {
+  Tensor out = Tensor::empty({n}, device);
+  kernels(device).arange(out.data(), static_cast<std::size_t>(n));
+  return out;
+}
+
+Tensor inverse_count(const Tensor& targets, int ignore_index) {
+  Tensor inverse = Tensor::empty({1}, targets.device());
+  kernels(targets.device()).inverse_count(wide(targets).data(), count(targets), static_cast<float>(ignore_index),
+                                          inverse.data());
+  return inverse;
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
@@ -509,11 +535,18 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
 Tensor dropout(const Tensor& x, float p, std::uint64_t seed) {
   if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("dropout: p = " + std::to_string(p) + " outside [0, 1)");
   if (p == 0.0f) return x;
-  // The kept elements' scale, 1 / (1 - p), or 0: a mask that the forward and the backward both multiply by.
-  std::vector<float> keep(count(x));
-  for (std::size_t i = 0; i < keep.size(); ++i) keep[i] = random_uniform(seed, i) < p ? 0.0f : 1.0f / (1.0f - p);
-  // The product is taken in float32 and rounded once to x's type.
-  return cast(mul(x, Tensor::from_host(keep, x.shape(), x.device())), x.dtype());
+  RecordFunction timed("dropout");
+  // Each element times 0 or 1 / (1 - p), its factor drawn from (seed, its index) where x is (never a mask
+  // made on the host and copied), the product taken in float32 and rounded once to x's type. Backward
+  // draws the same factors again instead of keeping them.
+  const std::size_t n = count(x);
+  Tensor out = Tensor::empty(x.shape(), x.device());
+  kernels(x.device()).dropout(wide(x).data(), out.data(), n, p, seed, 0);
+  return autograd::record(out.to(x.dtype()), "dropout", {x}, [p, seed, n, type = x.dtype()](const Tensor& g) {
+    Tensor grad = Tensor::empty(g.shape(), g.device());
+    kernels(g.device()).dropout(wide(g).data(), grad.data(), n, p, seed, 0);
+    return std::vector<Tensor>{grad.to(type)};
+  });
 }
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, float eps) {
@@ -551,14 +584,12 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   if (weight.shape().size() != 2)
     throw std::invalid_argument("embedding: weight must be [vocab, dim], got " + shape_string(weight.shape()));
   const auto vocab = static_cast<std::size_t>(weight.dim(0)), dim = static_cast<std::size_t>(weight.dim(1));
-  for (float id : ids.to_host())
-    if (!(id >= 0.0f && id < static_cast<float>(vocab) && id == static_cast<float>(static_cast<long>(id))))
-      throw std::invalid_argument("embedding: index " + std::to_string(id) + " is not a row below " +
-                                  std::to_string(vocab));
+  // Checked where the ids are: on a GPU the host hears of a bad one at its next read, without waiting now.
+  kernels(ids.device()).check_indices(IndexCheck::embedding_index, wide(ids).data(), count(ids), vocab, NAN);
   Shape shape = ids.shape();
   shape.push_back(weight.dim(1));
   Tensor out = Tensor::empty(shape, weight.device());
-  kernels(weight.device()).embedding(wide(ids).data(), wide(weight).data(), count(ids), dim, out.data());
+  kernels(weight.device()).embedding(wide(ids).data(), wide(weight).data(), count(ids), dim, vocab, out.data());
   return autograd::record(out.to(weight.dtype()), "embedding", {ids, weight}, [ids = ids.detach(), vocab, dim, wshape = weight.shape()](
                                                                const Tensor& g) {
     Tensor gw = Tensor::empty(wshape, g.device());
@@ -578,11 +609,8 @@ Tensor cross_entropy_per_row(const Tensor& logits_in, const Tensor& targets, int
     throw std::invalid_argument("cross_entropy: logits " + shape_string(logits.shape()) + " and targets " +
                                 shape_string(targets.shape()) + " do not match");
   auto rows = static_cast<std::size_t>(logits.dim(0)), cols = static_cast<std::size_t>(logits.dim(1));
-  for (float t : targets.to_host())
-    if (t != static_cast<float>(ignore_index) &&
-        !(t >= 0.0f && t < static_cast<float>(cols) && t == static_cast<float>(static_cast<long>(t))))
-      throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " is not a class index below " +
-                                  std::to_string(cols));
+  kernels(targets.device()).check_indices(IndexCheck::cross_entropy_target, wide(targets).data(), rows, cols,
+                                          static_cast<float>(ignore_index));
   Tensor losses = Tensor::empty({logits.dim(0)}, logits.device());
   kernels(logits.device()).cross_entropy(wide(logits).data(), wide(targets).data(), rows, cols, losses.data());
   return autograd::record(losses.to(logits.dtype()), "cross_entropy", {logits, targets},

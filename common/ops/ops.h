@@ -13,6 +13,15 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float factor);
+// a times the one value of `factor` (one float32 where a is; not differentiated): a scale that the host
+// never reads, as a mean's divisor counted on the device.
+Tensor scale(const Tensor& a, const Tensor& factor);
+// torch.arange(n): 0, 1, ..., n - 1 as floats (exact below 2^24), made on `device`.
+Tensor arange(std::int64_t n, Device device = Device::cpu);
+// 1 / (the number of targets other than ignore_index), one float32 where the targets are: the divisor of
+// a mean over the rows not ignored. Every target ignored is an error (std::invalid_argument; on a GPU at
+// the host's next read of a tensor).
+Tensor inverse_count(const Tensor& targets, int ignore_index);
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 // torch.bmm: [B, M, K] x [B, K, N] -> [B, M, N]; either operand may be transposed in its last two dims.
 Tensor bmm(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);

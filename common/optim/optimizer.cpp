@@ -2,9 +2,11 @@
 #include "common/optim/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "common/kernels/kernels.h"
+#include "common/kernels/math.h"
 
 namespace course::optim {
 
@@ -95,33 +97,42 @@ std::vector<ParamGroup> weight_decay_groups(const std::vector<Tensor>& params, f
   return {decay, no_decay};
 }
 
-float clip_coefficient(double norm, double max_norm) {
-  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
-}
+float clip_coefficient(double norm, double max_norm) { return math::clip_coefficient(static_cast<float>(norm), max_norm); }
 
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   std::vector<Tensor> gradients;
   for (const auto& p : params)
     if (p.grad().defined()) gradients.push_back(p.grad());
   return clip_grad_norm_(gradients, gradients, max_norm, {});
 }
 
-double clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
+// Where the gradients are, with no read by the host: the squares added into one double (two float32 of a
+// tensor, the library's only element types), the norm and the factor computed from it, every gradient
+// scaled by the factor read where it lies. Across groups the partial sums travel as float32, as the
+// collectives carry them (there the host reads them: the MPI backend stages through the host anyway).
+Tensor clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
                        const std::vector<comm::Communicator*>& groups) {
-  double squares = 0.0;
-  for (const Tensor& g : counted)
-    for (float x : g.to_host()) squares += static_cast<double>(x) * x;
   const Device device = !counted.empty() ? counted.front().device() : !scaled.empty() ? scaled.front().device() : Device::cpu;
-  for (comm::Communicator* group : groups) {  // the partial sums travel as float32, as the collectives carry them
+  Kernels& k = kernels(device);
+  Tensor squares = Tensor::zeros({2}, device);  // one double
+  auto* total = reinterpret_cast<double*>(squares.data());
+  for (const Tensor& g : counted) k.add_squares(g.data(), static_cast<std::size_t>(g.numel()), total);
+  for (comm::Communicator* group : groups) {
     if (group->size() == 1) continue;
-    Tensor total = Tensor::from_host({static_cast<float>(squares)}, {1}, device);
-    group->all_reduce(total, comm::ReduceOp::sum);
-    squares = total.item();
+    double sum = 0;
+    const auto bits = squares.to_host();
+    std::memcpy(&sum, bits.data(), sizeof sum);
+    Tensor partial = Tensor::from_host({static_cast<float>(sum)}, {1}, device);
+    group->all_reduce(partial, comm::ReduceOp::sum);
+    sum = partial.item();
+    std::vector<float> back(2);
+    std::memcpy(back.data(), &sum, sizeof sum);
+    squares = Tensor::from_host(back, {2}, device);
+    total = reinterpret_cast<double*>(squares.data());
   }
-  const double norm = std::sqrt(squares);
-  const float factor = clip_coefficient(norm, max_norm);
-  if (factor != 1.0f)
-    for (const Tensor& g : scaled) kernels(g.device()).scale(g.data(), factor, g.data(), static_cast<std::size_t>(g.numel()));
+  Tensor norm = Tensor::empty({1}, device), factor = Tensor::empty({1}, device);
+  k.clip_coefficient(total, max_norm, norm.data(), factor.data());
+  for (const Tensor& g : scaled) k.scale_by(g.data(), factor.data(), g.data(), static_cast<std::size_t>(g.numel()));
   return norm;
 }
 

@@ -85,20 +85,22 @@ inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.0
 }
 
 // torch.nn.utils.clip_grad_norm_: the 2-norm of all the gradients together; when it exceeds
-// max_norm, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping.
+// max_norm, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping, as
+// PyTorch does: one float32 where the gradients are, computed and applied there, so that clipping makes
+// the host wait for nothing (read it with item() when it is wanted).
 // Under DDP, call it after the gradients are averaged: every rank then clips identically.
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 // The same, the one clip of the course, for gradients whole or split across ranks: `counted` are the
 // gradients whose squares make up this rank's share of the norm (each element of the whole model
 // counted once over the groups: a ZeRO shard, the parts a TP rank counts), summed in double and then
 // added over each of `groups` in turn (none when the model is whole here); every gradient of `scaled`
 // is multiplied by the same factor (clip_coefficient). Returns the norm, the same on every rank.
-double clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
+Tensor clip_grad_norm_(const std::vector<Tensor>& counted, const std::vector<Tensor>& scaled, double max_norm,
                        const std::vector<comm::Communicator*>& groups);
-// The factor that clipping scales every gradient by, given their global norm: max_norm / (norm + 1e-6)
-// in float32 when the norm exceeds max_norm, else 1 (no scaling). The one rule of every clip in the
-// course, whole (clip_grad_norm_) or over shards (ZeRO, the TP x PP grid), and of the lock-step
-// reference that repeats the run's update.
+// The factor that clipping scales every gradient by, given their global norm: the norm rounded to
+// float32 (as PyTorch's), then max_norm / (norm + 1e-6) in double, rounded to float32, when the norm
+// exceeds max_norm, else 1 (no scaling): math::clip_coefficient, the one rule of every clip in the course,
+// whole or over shards (ZeRO, the TP x PP grid), and of the lock-step reference that repeats the run's update.
 float clip_coefficient(double norm, double max_norm);
 
 }  // namespace course::optim

@@ -50,7 +50,7 @@ void Recipe::unscale_() {
 }
 
 double Recipe::step(std::int64_t step) {
-  return this->step(step, [this] { return clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : 0.0; });
+  return this->step(step, [this] { return clip_ > 0 ? static_cast<double>(clip_grad_norm_(optimizer_->params(), clip_).item()) : 0.0; });
 }
 
 double Recipe::step(std::int64_t step, const std::function<double()>& clip) {

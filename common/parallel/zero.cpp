@@ -236,7 +236,7 @@ double ZeroOptimizer::clip(const Tensor& grads) {
   if (options_.max_grad_norm <= 0) return 0;
   std::vector<comm::Communicator*> groups;
   if (options_.stage > 0) groups.push_back(&group_);
-  return optim::clip_grad_norm_({grads}, {grads}, options_.max_grad_norm, groups);
+  return optim::clip_grad_norm_({grads}, {grads}, options_.max_grad_norm, groups).item();
 }
 
 // AdamW on the pieces of parameters this rank owns: every element is updated by exactly one rank (all

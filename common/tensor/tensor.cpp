@@ -1,12 +1,14 @@
 // Tensor creation, copies between devices, views and the autograd accessors.
 #include "common/tensor/tensor.h"
 
+#include <atomic>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
 #include "common/core/cuda_runtime.h"
+#include "common/core/index_check.h"
 #include "common/kernels/kernels.h"
 #include "common/tensor/random.h"
 
@@ -39,6 +41,14 @@ void Storage::materialize() {
 }
 
 namespace {
+
+std::atomic<std::int64_t> g_reads{0}, g_writes{0}, g_synchronizations{0};
+
+// A copy between the host and a device is a read or a write of the host's (HostTransfers).
+void count_crossing(Device dst_device, Device src_device) {
+  if (dst_device == Device::cpu && src_device != Device::cpu) ++g_reads;
+  if (dst_device != Device::cpu && src_device == Device::cpu) ++g_writes;
+}
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
   if (bytes == 0) return;
@@ -97,6 +107,7 @@ Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, D
   if (static_cast<std::int64_t>(values.size()) != shape_numel(shape))
     throw std::invalid_argument("from_host: " + std::to_string(values.size()) + " values for shape " +
                                 shape_string(shape));
+  ++g_writes;
   Tensor t = empty(shape, device);
   copy_bytes(t.data(), device, values.data(), Device::cpu, t.nbytes());
   return t.to(dtype);
@@ -142,8 +153,12 @@ std::uint16_t* Tensor::data16() const {
   return static_cast<std::uint16_t*>(raw());
 }
 
+HostTransfers host_transfers() { return {g_reads.load(), g_writes.load(), g_synchronizations.load()}; }
+void count_synchronization() { ++g_synchronizations; }
+
 Tensor Tensor::to(Device target) const {
   if (device() == target) return *this;
+  count_crossing(target, device());
   Tensor out = empty(shape(), target, dtype());
   copy_bytes(out.raw(), target, raw(), device(), nbytes());
   return out;
@@ -166,9 +181,11 @@ std::vector<float> Tensor::to_host() const {
   if (impl_ && impl_->storage && impl_->storage->released())
     throw std::logic_error("to_host: this tensor's storage is released (a ZeRO-3 parameter outside its layer's "
                            "forward and backward: gather it first, e.g. with ZeroOptimizer::full_parameters)");
+  ++g_reads;
   std::vector<float> values(static_cast<std::size_t>(numel()));
   const Tensor wide = to(DType::float32);
   copy_bytes(values.data(), Device::cpu, wide.raw(), wide.device(), wide.nbytes());
+  if (wide.device() != Device::cpu) raise_failed_index_check();  // the device has finished: its checks too
   return values;
 }
 
@@ -181,6 +198,7 @@ void Tensor::copy_from(const Tensor& source) {
   if (source.numel() != numel())
     throw std::invalid_argument("copy_from: " + shape_string(source.shape()) + " into " + shape_string(shape()));
   if (source.dtype() == dtype()) {
+    count_crossing(device(), source.device());
     copy_bytes(raw(), device(), source.raw(), source.device(), nbytes());
   } else if (source.device() == device()) {
     convert(source.raw(), source.dtype(), raw(), dtype(), static_cast<std::size_t>(numel()), device());

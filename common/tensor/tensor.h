@@ -125,4 +125,14 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// What the host waited for: on a GPU each read of a tensor's values (to_host, item, a copy to the host),
+// each write of host values into a tensor (from_host, a copy to the device) and each explicit
+// synchronisation waits for every kernel queued before it. Counted on every backend, the CPU's too, so a
+// test on the CPU sees how often a step on a GPU would wait (tests/host_transfers_test.cpp).
+struct HostTransfers {
+  std::int64_t reads = 0, writes = 0, synchronizations = 0;
+};
+HostTransfers host_transfers();
+void count_synchronization();  // called where the library synchronises a device (the profiler's scopes)
+
 }  // namespace course
