@@ -181,9 +181,7 @@ int run(const Options& o, cli::Session& session) {
       "max(compute, communication) = %.2f ms, the most overlap can reach%s\n",
       serial, compute, no_overlap.exposed_ms, overlapped.step_ms, ideal, label.c_str());
   if (overlapped.step_ms > serial - 0.25 * (serial - ideal))
-    log("overlap gains little here: the transfer itself takes the CPU that backward needs (a rank's copy through "
-        "shared memory, on %s); with a network's delay that costs no CPU (--sim-network 10,1.25) it does\n",
-        label.empty() ? "the cores backward runs on" : "the cores backward runs on, beneath the simulated delay");
+    log("%s\n", why_overlap_gains_little(session.device, world.backend_name(), label).c_str());
 
   // ------------------------------------------------------------------------------------------------
   // Below: the timeline, the sweep, the saved model and the verdict.

@@ -69,4 +69,19 @@ void write_trace(const Options& o, comm::Communicator& group, const parallel::Ti
   log("timeline of the last overlapped step written to %s (open it in ui.perfetto.dev)\n", o.trace.c_str());
 }
 
+std::string why_overlap_gains_little(Device device, const std::string& backend, const std::string& label) {
+  if (device == Device::cpu)
+    return std::string("overlap gains little here: the transfer itself takes the CPU that backward needs (a rank's "
+                       "copy through shared memory, on ") +
+           (label.empty() ? "the cores backward runs on" : "the cores backward runs on, beneath the simulated delay") +
+           "); with a network's delay that costs no CPU (--sim-network 10,1.25) it does";
+  const std::string simulated = "; with a network's delay that costs the GPU nothing (--sim-network 10,1.25) it does";
+  if (backend == "nccl")
+    return "overlap gains little here: the buckets travel on NCCL's own stream beside backward's, but there is "
+           "little to hide (one rank has nothing to send; ranks on one node move a bucket in microseconds)" + simulated;
+  return "overlap gains little here: the ranks share the GPU, and the MPI backend stages each bucket through the "
+         "host, a copy queued on the stream backward computes on, so the two take turns instead of overlapping "
+         "(on NCCL, a GPU per rank, the buckets have a stream of their own)" + simulated;
+}
+
 }  // namespace course::chapter05

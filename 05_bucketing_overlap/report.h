@@ -9,6 +9,7 @@
 
 #include "05_bucketing_overlap/options.h"
 #include "common/comm/communicator.h"
+#include "common/core/device.h"
 #include "common/metrics/metrics.h"
 #include "common/nn/module.h"
 #include "common/parallel/reducer.h"
@@ -31,6 +32,10 @@ void print_table_header();
 // modes differ from it only by summation order). Returns whether the mode passed its check.
 bool report_mode(const Options& o, const std::string& name, const ModeResult& r, const std::vector<float>& first,
                  int ranks, const std::string& label, metrics::MetricsWriter& metrics);
+// Why overlap gained little on this run, in the words true of where it ran: on the CPU a rank's copy
+// takes the cores backward runs on; on a GPU shared by MPI ranks each bucket is staged through the host
+// on the stream backward computes on; on NCCL (a GPU per rank) the buckets had their own stream.
+std::string why_overlap_gains_little(Device device, const std::string& backend, const std::string& label);
 // Every rank's timeline of the last overlapped step, gathered to rank 0 and written to --trace. Collective.
 void write_trace(const Options& o, comm::Communicator& group, const parallel::Timeline& mine, const std::string& label);
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/core/device.h"
+#include "support/gpu_runs.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -80,6 +81,12 @@ TEST(Chapter03, HelpAndBadInput) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(r.err.find("error: --root"), r.err.rfind("error: --root")) << r.err;
   EXPECT_NE(r.err.find("error: --root: 2 is out of range for 2 ranks"), std::string::npos) << r.err;
+}
+
+// On a GPU: every primitive demonstrated and benchmarked, one rank on NCCL, two sharing the GPU on MPI.
+TEST(Chapter03, RunsOnTheGpuOnNcclAndOnMpi) {
+  const std::string sizes = " -b 8 -e 64K -f 32 -n 2 -w 1";
+  expect_gpu_runs(kBinary, {{MPIRUN_NP1, one_rank_on_nccl() + sizes}, {MPIRUN_NP2, "--backend mpi" + sizes}});
 }
 
 }  // namespace

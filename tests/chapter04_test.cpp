@@ -11,6 +11,7 @@
 #include <map>
 
 #include "common/checkpoint/safetensors.h"
+#include "support/gpu_runs.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -380,6 +381,20 @@ TEST(Chapter04, ASetUpErrorOnRankZeroAloneEndsEveryRank) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("error: --metrics: /proc/x: cannot open for writing"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("error:"), r.err.rfind("error:")) << r.err;
+}
+
+// On a GPU, in lock-step with one rank: the MLP and the GPT, fp32 and bf16, one rank on NCCL and two to four
+// sharing the GPU on MPI, and a wrong average begun late in a bf16 run caught at its step.
+TEST(Chapter04, RunsOnTheGpuInLockStep) {
+  const std::string gpt = " --model gpt --n-layer 2 --n-head 2 --n-embd 32";
+  expect_gpu_runs(kBinary, {{MPIRUN_NP1, one_rank_on_nccl() + " --verify --steps 20"},
+                            {MPIRUN_NP1, one_rank_on_nccl() + " --verify --steps 20 --precision bf16" + gpt},
+                            {MPIRUN_NP2, "--backend mpi --verify --steps 20" + gpt},
+                            {MPIRUN_NP2, "--backend mpi --verify --steps 20 --precision bf16" + gpt},
+                            {MPIRUN_NP4, "--backend mpi --verify --steps 20 --precision bf16"},
+                            {MPIRUN_NP3, "--backend mpi --verify --steps 300 --log-every 1000 --precision bf16" + gpt +
+                                             " --fault average-twice --fault-from-step 210",
+                             210}});
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/checkpoint/safetensors.h"
+#include "support/gpu_runs.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -556,6 +557,19 @@ TEST(Chapter06, BadInputIsOneLineAndExitCodeTwo) {
                              with_defaults("--ckpt-dir " + fresh_folder() + " --steps 20 --fail-at-step 5"));
   EXPECT_EQ(gave_up.exit_code, 1) << gave_up.out;
   EXPECT_NE(gave_up.out.find("failover: gave up after 0 restarts"), std::string::npos) << gave_up.out;
+}
+
+// On a GPU: checkpoints and lock-step, one rank on NCCL and two sharing the GPU on MPI (the GPT in bf16), a
+// rank killed and recovered by the launcher, and optimizer state lost from a late step caught at that step.
+TEST(Chapter06, RunsOnTheGpuThroughAFailureAndInLockStep) {
+  const std::string mlp = " --samples 512 --hidden 32", run = " --global-batch 48 --ckpt-every 20 --verify --ckpt-dir ";
+  expect_gpu_runs(kBinary, {{MPIRUN_NP1, one_rank_on_nccl() + mlp + run + fresh_folder() + " --steps 60"},
+                            {MPIRUN_NP2, "--backend mpi" + gpt_flags(16) + run + fresh_folder() + " --steps 60 --precision bf16"},
+                            {std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 2 --",
+                             "--backend mpi" + mlp + run + fresh_folder() + " --steps 60 --fail-at-step 30 --fail-rank 1"},
+                            {MPIRUN_NP2, "--backend mpi" + mlp + run + fresh_folder() +
+                                             " --steps 100 --fault lose-optimizer-state --fault-from-step 70",
+                             70}});
 }
 
 }  // namespace

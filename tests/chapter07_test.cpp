@@ -12,6 +12,7 @@
 #include <map>
 
 #include "common/checkpoint/safetensors.h"
+#include "support/gpu_runs.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -539,6 +540,22 @@ TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
     const std::string flag = flags.substr(0, flags.find(' '));
     EXPECT_NE(r.err.find(flag), std::string::npos) << flags << ": " << r.err;
   }
+}
+
+// On a GPU: every stage in lock-step, offloaded to the host at stages 1-3 (the host's AdamW against the
+// device's, bit for bit), one rank on NCCL and two or three sharing the GPU on MPI, the GPT at stage 3 in
+// bf16, and a lost share begun late caught at its step.
+TEST(Chapter07, RunsOnTheGpuEveryStageOffloadedInLockStep) {
+  const std::string mlp = " --hidden 64 --layers 4 --global-batch 48";
+  expect_gpu_runs(kBinary, {{MPIRUN_NP1, one_rank_on_nccl() + mlp + " --steps 8 --stage 1 --offload optimizer --verify"},
+                            {MPIRUN_NP2, "--backend mpi" + mlp + " --steps 4 --compare --offload optimizer"},
+                            {MPIRUN_NP3, "--backend mpi" + mlp + " --steps 8 --stage 2 --offload optimizer --verify"},
+                            {MPIRUN_NP3, "--backend mpi" + mlp + " --steps 8 --stage 3 --offload parameters --precision bf16 --verify"},
+                            {MPIRUN_NP2, "--backend mpi --global-batch 48 --steps 8 --stage 3 --model gpt --n-layer 1 --n-head 2 "
+                                         "--n-embd 16 --prefetch --precision bf16 --verify"},
+                            {MPIRUN_NP3, "--backend mpi" + mlp + " --steps 8 --stage 2 --offload optimizer --verify "
+                                         "--fault skip-rank-share --fault-from-step 5",
+                             5}});
 }
 
 }  // namespace

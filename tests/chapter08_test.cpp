@@ -17,6 +17,7 @@
 #include <map>
 #include <tuple>
 
+#include "support/gpu_runs.h"
 #include "support/process.h"
 
 namespace course::testing {
@@ -527,6 +528,24 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;
   }
+}
+
+// On a GPU, in lock-step with the unsharded GPT: one rank on NCCL; PP with 1F1B and interleaved; TP with
+// sequence parallelism in bf16; CP by the ring and by Ulysses beside TP; the 3D grid at 8 ranks sharing
+// the GPU; a lost micro-batch begun late caught at its step.
+TEST(Chapter08, RunsOnTheGpuEveryParallelismInLockStep) {
+  const std::string model = " --n-layer 4 --n-head 4 --n-embd 32 --global-batch 48 --verify";
+  expect_gpu_runs(kBinary, {{MPIRUN_NP1, one_rank_on_nccl() + model + " --steps 6"},
+                            {MPIRUN_NP2, "--backend mpi --pp 2 --schedule 1f1b" + model + " --steps 6"},
+                            {MPIRUN_NP2, "--backend mpi --pp 2 --schedule interleaved --virtual-stages 2 --micro-batches 4" +
+                                             model + " --steps 6"},
+                            {MPIRUN_NP2, "--backend mpi --tp 2 --sequence-parallel --precision bf16" + model + " --steps 6"},
+                            {MPIRUN_NP2, "--backend mpi --cp 2" + model + " --steps 6"},
+                            {MPIRUN_NP4, "--backend mpi --tp 2 --cp 2 --cp-method ulysses --precision bf16" + model + " --steps 6"},
+                            {MPIRUN_NP8, "--backend mpi --tp 2 --pp 2 --dp 2" + model + " --steps 6"},
+                            {MPIRUN_NP2, "--backend mpi --pp 2 --micro-batches 4" + model +
+                                             " --steps 30 --fault lose-micro-batch --fault-from-step 20",
+                             20}});
 }
 
 }  // namespace

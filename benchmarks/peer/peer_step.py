@@ -25,7 +25,8 @@ PyTorch lives in its own virtual environment (scripts/setup_peer.sh); the course
   scripts/setup_peer.sh
   .venv-peer/bin/python benchmarks/peer/peer_step.py [--bench build/release/benchmarks/bench_step]
   .venv-peer/bin/python benchmarks/peer/peer_step.py --cases "gpt 6x384" --threads 2 --profile
-  .venv-peer/bin/python benchmarks/peer/peer_step.py --device cuda     (on a GPU: the same cases, PyTorch eager)
+  .venv-peer/bin/python benchmarks/peer/peer_step.py --device cuda     (on a GPU: the same cases and GPT-2
+                                                                       124M's shape, PyTorch eager, MFU of both)
   .venv-peer/bin/python benchmarks/peer/peer_step.py --weights model.safetensors
 """
 import argparse
@@ -62,6 +63,17 @@ CASES = [
     ("gpt 4x768 T1024 B1", ["--model", "gpt", "--n-layer", "4", "--n-head", "12", "--n-embd", "768", "--block-size",
                             "1024", "--batch", "1"], 3),
 ]
+# On a GPU also GPT-2 124M's shape as nanoGPT and llm.c train it: 12 x 768, 1024 tokens, 8 sequences, the
+# vocabulary padded to 50304 (minutes a step on a CPU, so GPU only).
+GPU_CASES = [
+    ("gpt2 124M T1024 B8", ["--model", "gpt", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--block-size",
+                            "1024", "--vocab", "50304", "--batch", "8"], 5),
+]
+# Dense peak TFLOP/s by GPU and precision (NVIDIA's data sheets, SXM): bf16 and fp16 on tensor cores, fp32
+# without TF32 (the course's and this script's default). MFU = the step's model FLOPs / time / peak.
+PEAK_TFLOPS = {"H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+               "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+               "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}}
 # The profile's op groups: our op names and PyTorch's (aten) ones that do the same work.
 GROUPS = [
     ("GEMMs (linear, head)", {"linear", "matmul"}, {"aten::addmm", "aten::mm", "aten::bmm"}),
@@ -142,7 +154,7 @@ class GPT(nn.Module):
 
     def forward(self, ids):
         t = ids.shape[1]
-        x = self.transformer.wte(ids) + self.transformer.wpe(torch.arange(t))
+        x = self.transformer.wte(ids) + self.transformer.wpe(torch.arange(t, device=ids.device))
         for block in self.transformer.h:
             x = block(x)
         return F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)
@@ -248,6 +260,32 @@ def print_profiles(ours, torch_profile):
         print(f"    {name:<22}{a:>10.2f}{b:>12.2f}{ratio:>14}")
 
 
+def step_flops(path):
+    """A GPT step's model FLOPs, as nanoGPT's estimate_mfu counts them: 6 N per token for the weights' forward
+    and backward (N without the position table) and 12 L C T per token for attention's scores and mixing,
+    times the batch's tokens. None for the MLP."""
+    with safe_open(path, "pt") as f:
+        settings = json.loads(f.metadata()["bench"])
+        if settings["model"] != "gpt":
+            return None
+        ids = f.get_tensor("input.ids")
+        params = sum(f.get_tensor(k).numel() for k in f.keys()
+                     if not k.startswith("input.") and k != "transformer.wpe.weight")
+    tokens, t = ids.numel(), ids.shape[-1]
+    return (6 * params + 12 * settings["n_layer"] * settings["n_embd"] * t) * tokens
+
+
+def peak_tflops(device, precision):
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peaks[precision] for gpu, peaks in PEAK_TFLOPS.items() if gpu in name), None)
+
+
+def mfu(flops, ms, peak):
+    return None if flops is None or peak is None else flops / (ms * 1e-3) / (peak * 1e12)
+
+
 def run_ours(bench, flags, threads, warmup, steps, save_init=None, profile=False, device="cpu"):
     command = [bench] + flags + ["--threads", str(threads), "--warmup", str(warmup), "--steps", str(steps),
                                  "--json", "--device", device]
@@ -318,12 +356,17 @@ def main():
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print(f"PyTorch {torch.__version__} against the course, {where}, {args.precision}; "
           f"medians over {args.rounds} alternating rounds")
+    peak = peak_tflops(args.device, args.precision)
+    if args.device == "cuda":
+        print(f"MFU against {peak:g} TFLOP/s ({args.precision}, dense)" if peak else
+              "MFU: no peak known for this GPU (PEAK_TFLOPS)")
     print(f"{'case':<20}{'threads':>8}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}"
-          f"{'step/GEMMs':>12}  first losses, ours | PyTorch")
+          f"{'step/GEMMs':>12}{'MFU ours':>10}{'PyTorch':>9}  first losses, ours | PyTorch")
     all_agree = True
-    cases = [c for c in CASES if not args.cases or any(c[0].startswith(p.strip()) for p in args.cases.split(","))]
+    known = CASES + (GPU_CASES if args.device == "cuda" else [])
+    cases = [c for c in known if not args.cases or any(c[0].startswith(p.strip()) for p in args.cases.split(","))]
     if not cases:
-        sys.exit(f"peer_step: --cases {args.cases}: no case starts so; the cases: {', '.join(c[0] for c in CASES)}")
+        sys.exit(f"peer_step: --cases {args.cases}: no case starts so; the cases: {', '.join(c[0] for c in known)}")
     with tempfile.TemporaryDirectory() as folder:
         for name, flags, case_steps in cases:
             flags = flags + ["--precision", args.precision]
@@ -345,10 +388,13 @@ def main():
                     theirs.append(time_torch(init, t, 2, steps, 0, args.device, args.precision)[0])
                 ratio = statistics.median(o / p for o, p in zip(ours, theirs))
                 gemm_text = "-" if math.isnan(gemm[0]) else f"{statistics.median(gemm):.2f}"
+                flops = step_flops(init)
+                mfu_ours, mfu_torch = (mfu(flops, statistics.median(x), peak) for x in (ours, theirs))
+                mfu_text = "".join(f"{'-' if m is None else f'{m:.3f}':>{w}}" for m, w in ((mfu_ours, 10), (mfu_torch, 9)))
                 losses = " ".join(f"{x:.6f}" for x in first["losses"]) + " | " + \
                     " ".join(f"{x:.6f}" for x in torch_losses)
                 print(f"{name:<20}{t:>8}{statistics.median(ours):>10.3f}{statistics.median(theirs):>12.3f}"
-                      f"{ratio:>14.2f}{gemm_text:>12}  {losses}  {'agree' if agree else 'DIFFER'}",
+                      f"{ratio:>14.2f}{gemm_text:>12}{mfu_text}  {losses}  {'agree' if agree else 'DIFFER'}",
                       flush=True)
                 if args.profile:
                     print_profiles(run_ours(args.bench, flags, t, 2, steps, profile=True),
@@ -360,6 +406,9 @@ def main():
                                             "ours_ms": statistics.median(ours),
                                             "pytorch_ms": statistics.median(theirs), "ratio": ratio,
                                             "step_over_gemm": None if math.isnan(gemm[0]) else statistics.median(gemm), "losses_agree": agree,
+                                            "step_flops": flops, "mfu_ours": mfu_ours, "mfu_pytorch": mfu_torch,
+                                            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+                                            "date": time.strftime("%Y-%m-%d"),
                                             "torch": torch.__version__}) + "\n")
     print("first losses agree" if all_agree else "first losses DIFFER: the two programs do not compute the same step")
     return 0 if all_agree else 1
