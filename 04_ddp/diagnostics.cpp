@@ -72,9 +72,9 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
   began_ = Clock::now();
 }
 
-bool Diagnostics::end_step(std::int64_t step, double norm) {
+bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
   step_ms_ += ms_since(began_);
-  if (lockstep_) lockstep_->check_update(step, norm);
+  if (lockstep_) lockstep_->check_update(step, optim::norm_value(norm));
   if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
     total_ms_ += step_ms_;
     comm_ms_ += step_comm_ms_;

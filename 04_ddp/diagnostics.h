@@ -33,7 +33,7 @@ class Diagnostics {
   void gradients_ready(std::int64_t step, float local_loss, double communication_ms);
   // The optimizer has stepped (clipping by `norm`): --verify checks the update; the step is logged.
   // False when the loss is not finite (the run diverged and stops).
-  bool end_step(std::int64_t step, double norm);
+  bool end_step(std::int64_t step, const Tensor& norm);
   // The report and the verdict: the exit code (0 passed, 1 failed).
   int finish(bool identical);
 

@@ -83,7 +83,7 @@ int train(const Options& o, cli::Session& session) {
     checks.gradients_ready(step, local_loss, ddp.take_communication_ms());  // --verify: against one rank
     // 4. The same update from the same gradient on every rank: the replicas stay identical (in fp16 a
     //    step whose gradient overflowed is skipped by every rank).
-    const double norm = training.step(step);
+    const Tensor norm = training.step(step);  // where the gradients are: read only by --verify
     if (!checks.end_step(step, norm)) break;  // the loss is not finite: the run diverged
   }
   return checks.finish(ddp.parameters_identical());

@@ -71,8 +71,8 @@ float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stre
   recipe->unscale_();                   // fp16: divided by the loss scale again
   const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
   if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global, *recipe);
-  const double norm = recipe->step(step);
-  if (check) check->check_update(step, norm);
+  const Tensor norm = recipe->step(step);
+  if (check) check->check_update(step, optim::norm_value(norm));
   return global;
 }
 

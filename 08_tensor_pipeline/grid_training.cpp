@@ -81,14 +81,14 @@ bool counts_once(const GridRun& run, parallel::Topology& topology, const std::st
 // count once (counts_once), the sums are added over the TP group and then the pipeline, and every rank
 // scales its gradients by the same factor. Replicas agree after the DP average, so each computes the
 // same norm. Returns it.
-double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
+Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
   std::vector<Tensor> counted, all;
   for (const auto& [name, p] : run.model->named_parameters()) {
     if (!p.grad().defined()) continue;
     all.push_back(p.grad());
     if (counts_once(run, topology, name)) counted.push_back(p.grad());
   }
-  return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()}).item();
+  return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()});
 }
 
 std::shared_ptr<parallel::TensorParallelModule> make_split_model(const Options& o, const ChapterTask& task,

@@ -105,7 +105,7 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
                                   Device device);
 
 // torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (counts_once). Returns the norm.
-double clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
+Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
 
 // The run's figures: each step's time without --verify's work, the stage's busy time and peak
 // activations; at the end gathered into the GridRun on every rank (bubble, peaks, last timelines, the

@@ -73,8 +73,8 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     if (check) figures.apart([&] { check->check_gradient(step, loss, training); });
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
     //    whose gradients overflowed anywhere in the grid).
-    const double norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : 0.0; });
-    if (check) figures.apart([&] { check->check_update(step, norm); });
+    const Tensor norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : Tensor(); });
+    if (check) figures.apart([&] { check->check_update(step, optim::norm_value(norm)); });
     figures.end_step(step, result);
     run.losses.push_back(loss);
     if (metrics && (step % o.log_every == 0 || step + 1 == o.training.steps)) {

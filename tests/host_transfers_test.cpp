@@ -13,6 +13,7 @@
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
+#include "common/optim/recipe.h"
 
 namespace course::testing {
 namespace {
@@ -67,6 +68,36 @@ void expect_one_read_per_step(Device device) {
 }
 
 TEST(HostTransfers, AGptTrainingStepReadsOnlyItsLoss) { expect_one_read_per_step(Device::cpu); }
+
+// The chapters' step, through a recipe (GPT-2's AdamW, its schedule, clipping): the loss is read, the norm
+// is not; in fp16 the overflow check is read once more, once for all the gradients (as torch.amp's).
+TEST(HostTransfers, ARecipeStepReadsItsLossAndInFp16ItsOverflowCheckOnce) {
+  for (const DType precision : {DType::float32, DType::bfloat16, DType::float16}) {
+    nn::GPTConfig config;
+    config.n_layer = 2, config.n_head = 2, config.n_embd = 32, config.block_size = 16, config.vocab_size = 11;
+    nn::GPT gpt(config, Device::cpu, 3);
+    optim::Recipe recipe("adamw", gpt.parameters(), 1e-3f, 100, precision);
+    std::vector<float> ids(64), targets(64);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>(i * 7 % 11), targets[i] = static_cast<float>(i * 5 % 11);
+    const Tensor x = Tensor::from_host(ids, {4, 16}), y = Tensor::from_host(targets, {64});
+    for (int step = 0; step < 3; ++step) {
+      const HostTransfers before = host_transfers();
+      Tensor loss;
+      {
+        Autocast autocast(precision);
+        loss = cross_entropy(gpt(x), y);
+      }
+      EXPECT_TRUE(std::isfinite(loss.item()));
+      recipe.scale_loss(loss).backward();
+      const Tensor norm = recipe.step(step);
+      const Counts counts = since(before);
+      EXPECT_EQ(counts.reads, precision == DType::float16 ? 2 : 1) << dtype_name(precision) << " step " << step;
+      EXPECT_EQ(counts.writes, 0) << dtype_name(precision) << " step " << step;
+      EXPECT_TRUE(norm.defined() || recipe.skipped()) << "adamw clips";
+      EXPECT_GT(optim::norm_value(norm), 0.0);
+    }
+  }
+}
 
 // The counter counts: a read, a write, a copy each way.
 TEST(HostTransfers, ReadsAndWritesAreCounted) {

@@ -4,6 +4,7 @@
 #include "common/autograd/autograd.h"
 
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "common/comm/agree.h"
@@ -35,13 +36,19 @@ void GradScaler::unscale_(const std::vector<Tensor>& gradients) {
   unscaled_ = true;
   bool found = false;
   const float inverse = 1.0f / scale_;
-  for (Tensor g : gradients) {
+  // Each gradient's sum into one slot of one tensor per device, all read by the host at once: one wait a
+  // step (as torch.amp's GradScaler.step reads its found_inf), not one a gradient.
+  std::map<Device, std::pair<Tensor, std::size_t>> sums;
+  for (const Tensor& g : gradients) ++sums[g.device()].second;
+  for (auto& [device, slots] : sums) slots = {Tensor::empty({static_cast<std::int64_t>(slots.second)}, device), 0};
+  for (const Tensor& g : gradients) {
     Kernels& k = kernels(g.device());
+    auto& [totals, used] = sums[g.device()];
     k.scale(g.data(), inverse, g.data(), static_cast<std::size_t>(g.numel()));
-    Tensor total = Tensor::empty({1}, g.device());
-    k.sum(g.data(), static_cast<std::size_t>(g.numel()), total.data());
-    found = found || !std::isfinite(total.item());
+    k.sum(g.data(), static_cast<std::size_t>(g.numel()), totals.data() + used++);
   }
+  for (const auto& [device, slots] : sums)
+    for (float total : slots.first.to_host()) found = found || !std::isfinite(total);
   if (group_) found = comm::all_reduce_scalar(*group_, found ? 1.0f : 0.0f, comm::ReduceOp::max) > 0.0f;
   found_inf_ = found;
 }

@@ -49,24 +49,26 @@ void Recipe::unscale_() {
   if (scaler_.is_enabled() && !scaler_.unscaled()) scaler_.unscale_(*optimizer_);
 }
 
-double Recipe::step(std::int64_t step) {
-  return this->step(step, [this] { return clip_ > 0 ? static_cast<double>(clip_grad_norm_(optimizer_->params(), clip_).item()) : 0.0; });
+Tensor Recipe::step(std::int64_t step) {
+  return this->step(step, [this] { return clip_ > 0 ? clip_grad_norm_(optimizer_->params(), clip_) : Tensor(); });
 }
 
-double Recipe::step(std::int64_t step, const std::function<double()>& clip) {
+Tensor Recipe::step(std::int64_t step, const std::function<Tensor()>& clip) {
   unscale_();
   skipped_ = scaler_.found_inf();
   if (skipped_) {  // torch.amp's skipped step: no update, the scale halved; the schedule moves on
     scaler_.step(*optimizer_);  // counts the skip, does not step
     optimizer_->zero_grad();
     scaler_.update();
-    return 0.0;
+    return Tensor();
   }
-  const double norm = clip();
+  const Tensor norm = clip();
   update(step);
   scaler_.update();
   return norm;
 }
+
+double norm_value(const Tensor& norm) { return norm.defined() ? static_cast<double>(norm.item()) : 0.0; }
 
 void Recipe::update(std::int64_t step) {
   if (schedule_) optimizer_->set_lr(schedule_->lr_at(step));

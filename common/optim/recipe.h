@@ -38,12 +38,14 @@ class Recipe {
   // step() calls it if the chapter has not.
   void unscale_();
   // After backward (and after the gradients are averaged): clip, then update(step). Returns the
-  // gradients' norm before clipping (0 when the recipe does not clip). In float16 a step whose gradients
-  // are not finite is skipped (the gradients cleared, the scale backed off; skipped() says so).
-  double step(std::int64_t step);
+  // gradients' norm before clipping as clip_grad_norm_ does, one float32 where the gradients are, so that
+  // the step waits for nothing (norm_value reads it); undefined when the recipe does not clip or the step
+  // was skipped. In float16 a step whose gradients are not finite is skipped (the gradients cleared, the
+  // scale backed off; skipped() says so).
+  Tensor step(std::int64_t step);
   // The same for gradients that no one rank holds whole (chapter 08's grid): `clip` clips them, however
   // they are spread, and returns their norm; it is called only when the step is taken.
-  double step(std::int64_t step, const std::function<double()>& clip);
+  Tensor step(std::int64_t step, const std::function<Tensor()>& clip);
   bool skipped() const { return skipped_; }
   // One part of a step as the run computes it, for a lock-step reference: `loss` evaluated under the
   // recipe's autocast, backward from it times the run's loss scale, then `params`' gradients divided by
@@ -70,5 +72,8 @@ class Recipe {
   GradScaler scaler_;
   bool skipped_ = false;
 };
+
+// A norm that step() returned, as a number: read from where it lies, or 0 for a step that did not clip.
+double norm_value(const Tensor& norm);
 
 }  // namespace course::optim
