@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/core/cpu_cores.h"
 #include "common/autograd/profiler.h"
 #include "common/checkpoint/parameters.h"
 #include "common/cli/cli.h"
@@ -113,13 +114,15 @@ double time_gemms(const std::vector<Gemm>& gemms) {
 }
 
 int run(const Options& o) {
+  const CpuCores cores = place_cpu_threads(1);  // a benchmark runs alone: unbound from mpirun's one core
   set_cpu_threads(o.threads);
   const Device device = select_device(o.common.device, 0, false);
   std::shared_ptr<nn::Module> model;
   std::function<Tensor()> loss;
   std::unique_ptr<optim::Optimizer> optimizer;
   const char* recompute[] = {"none", "selective", "full"};
-  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}, {"precision", o.precision.precision},
+  nlohmann::json settings = {{"model", o.model}, {"threads", o.threads}, {"cores_allowed", cores.allowed},
+                             {"cores", cores.machine}, {"precision", o.precision.precision},
                              {"recompute", recompute[static_cast<int>(o.gpt.recompute)]}};
   std::vector<Gemm> gemms;
   checkpoint::NamedTensors inputs;
@@ -241,9 +244,9 @@ int run(const Options& o) {
   if (o.json) {
     std::printf("%s\n", result.dump().c_str());
   } else {
-    std::printf("%s on %s%s%s, %d thread(s), %lld parameters: step %.3f ms (median of %d)\n", o.model.c_str(),
-                device_name(device), device == Device::cpu ? ", GEMMs on " : "",
-                device == Device::cpu ? cpu::gemm_library() : "", o.threads,
+    std::printf("%s on %s%s%s, %d thread(s) on %d of %d cores, %lld parameters: step %.3f ms (median of %d)\n",
+                o.model.c_str(), device_name(device), device == Device::cpu ? ", GEMMs on " : "",
+                device == Device::cpu ? cpu::gemm_library() : "", o.threads, cores.allowed, cores.machine,
                 static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
     std::printf("  %s, recompute %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
                 recompute[static_cast<int>(o.gpt.recompute)], static_cast<double>(activation_peak) / (1024.0 * 1024.0));

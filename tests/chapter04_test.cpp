@@ -6,6 +6,9 @@
 // with one line.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -381,6 +384,38 @@ TEST(Chapter04, ASetUpErrorOnRankZeroAloneEndsEveryRank) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("error: --metrics: /proc/x: cannot open for writing"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("error:"), r.err.rfind("error:")) << r.err;
+}
+
+// mpirun binds a rank to one core when it starts one or two: a rank alone unbinds itself and uses every
+// core (its step 35 ms against 55 bound, --bind-to none's 33-35, on two cores); ranks sharing the machine
+// keep their binding and split the cores. The threads never outnumber the cores a rank may use.
+TEST(Chapter04, ARankAloneUsesEveryCoreAndRanksSharingAMachineSplitThem) {
+  const int machine = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  for (const auto& [mpirun, ranks] : std::vector<std::pair<std::string, int>>{{MPIRUN_NP1, 1}, {MPIRUN_NP2, 2}}) {
+    const std::string metrics = temp_path("ch04_cores.jsonl");
+    auto r = run_process("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS " + mpirun + " " + kBinary +
+                         " --device cpu --steps 2 --metrics " + metrics);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto cores = events(read_metrics(metrics), "cpu_cores");
+    ASSERT_EQ(cores.size(), 1u) << r.out;
+    const int threads = cores[0]["threads"].get<int>(), allowed = cores[0]["cores_allowed"].get<int>();
+    EXPECT_EQ(cores[0]["cores"].get<int>(), machine);
+    EXPECT_LE(threads, allowed) << ranks << " ranks";
+    if (ranks == 1) {
+      EXPECT_EQ(allowed, machine) << "a rank alone may run on every core";
+      EXPECT_EQ(threads, machine);
+    } else {
+      EXPECT_EQ(threads, std::max(1, std::min(allowed, machine / ranks))) << "ranks sharing a machine split its cores";
+    }
+    EXPECT_NE(r.out.find("cpu: " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") + " on "),
+              std::string::npos) << r.out;
+  }
+  const std::string metrics = temp_path("ch04_cores.jsonl");
+  auto r = run_process("OMP_NUM_THREADS=1 " + std::string(MPIRUN_NP1) + " " + kBinary + " --device cpu --steps 2 --metrics " + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto cores = events(read_metrics(metrics), "cpu_cores");
+  ASSERT_EQ(cores.size(), 1u);
+  EXPECT_EQ(cores[0]["threads"].get<int>(), 1) << "OMP_NUM_THREADS is the user's choice";
 }
 
 // On a GPU, in lock-step with one rank: the MLP and the GPT, fp32 and bf16, one rank on NCCL and two to four

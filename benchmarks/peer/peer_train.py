@@ -95,7 +95,8 @@ def train_torch(args, seed):
         x = torch.stack([val[i:i + t] for i in windows])
         y = torch.stack([val[i + 1:i + 1 + t] for i in windows])
         val_loss = F.cross_entropy(model(x).view(-1, len(vocab)), y.view(-1)).item()
-    return time.perf_counter() - start, statistics.mean(step_times), val_loss
+    where = f"{torch.get_num_threads()} threads on {len(os.sched_getaffinity(0))} of {os.cpu_count()} cores"
+    return time.perf_counter() - start, statistics.mean(step_times), val_loss, where
 
 
 def train_ours(args, seed):
@@ -110,7 +111,8 @@ def train_ours(args, seed):
     wall = time.perf_counter() - start
     val_loss = float(re.search(r"validation loss: ([0-9.]+)", out).group(1))
     step_ms = re.search(r"per step ([0-9.]+) ms", out)
-    return wall, float(step_ms.group(1)) if step_ms else float("nan"), val_loss
+    cores = re.search(r"^cpu: (.*)$", out, re.MULTILINE)
+    return wall, float(step_ms.group(1)) if step_ms else float("nan"), val_loss, cores.group(1) if cores else "?"
 
 
 def main():
@@ -134,11 +136,11 @@ def main():
         sys.exit(f"peer_train: --binary {args.binary} is not an executable; build the course first (scripts/setup.sh)")
     print(f"PyTorch {torch.__version__} against the course, {args.threads} threads, {args.steps} steps of "
           f"{args.batch} x {args.block_size} characters of {args.data}")
-    print(f"{'seed':<6}{'run':<10}{'wall s':>9}{'step ms':>10}{'val loss':>10}")
+    print(f"{'seed':<6}{'run':<10}{'wall s':>9}{'step ms':>10}{'val loss':>10}  threads and cores")
     for seed in (int(s) for s in args.seeds.split(",")):
         for name, run in (("course", train_ours), ("PyTorch", train_torch)):
-            wall, step_ms, val_loss = run(args, seed)
-            print(f"{seed:<6}{name:<10}{wall:>9.1f}{step_ms:>10.1f}{val_loss:>10.4f}", flush=True)
+            wall, step_ms, val_loss, where = run(args, seed)
+            print(f"{seed:<6}{name:<10}{wall:>9.1f}{step_ms:>10.1f}{val_loss:>10.4f}  {where}", flush=True)
     return 0
 
 

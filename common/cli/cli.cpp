@@ -1,6 +1,8 @@
 // Common flags, validators and the error-to-exit-code policy.
 #include "common/cli/cli.h"
 
+#include "common/core/cpu_cores.h"
+
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -237,14 +239,6 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
   return bytes;
 }
 
-void configure_cpu_threads(int ranks_on_this_machine) {
-  for (const char* variable : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (const char* value = std::getenv(variable)) {  // the user's (or the job script's) choice
-      const int threads = std::atoi(value);
-      if (threads >= 1) set_cpu_threads(threads);
-      return;
-    }
-  if (ranks_on_this_machine > 1) set_cpu_threads(1);
-}
+void configure_cpu_threads(int ranks_on_this_machine) { place_cpu_threads(ranks_on_this_machine); }
 
 }  // namespace course::cli

@@ -93,7 +93,8 @@ class Program {
 };
 
 // CPU threads (GEMM and element-wise kernels): OMP_NUM_THREADS or OPENBLAS_NUM_THREADS when set,
-// otherwise one per rank when ranks share the machine, and every core for a rank alone.
+// otherwise the ranks sharing a machine split the cores of their masks, and a rank alone uses every core,
+// unbound from the one core mpirun gives it (common/core/cpu_cores.h).
 void configure_cpu_threads(int ranks_on_this_machine);
 
 }  // namespace course::cli

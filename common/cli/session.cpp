@@ -8,6 +8,7 @@
 
 #include "common/comm/agree.h"
 #include "common/comm/environment.h"
+#include "common/core/cpu_cores.h"
 #include "common/core/log.h"
 
 namespace course::cli {
@@ -23,6 +24,14 @@ auto naming(const std::string& flag, F&& step) {
   }
 }
 
+// What the CPU kernels run on (rank 0 logs; its metrics record it): a rank's threads and the cores it may use.
+void report_cpu_cores(metrics::MetricsWriter& metrics) {
+  const CpuCores cores = cpu_cores();
+  log("cpu: %s\n", describe(cores).c_str());
+  metrics.write_before_first({{"event", "cpu_cores"}, {"threads", cores.threads}, {"cores_allowed", cores.allowed},
+                 {"cores_bound", cores.bound}, {"cores", cores.machine}, {"why", cores.why}});
+}
+
 }  // namespace
 
 void fail_here_if_asked(const char* phase, std::int64_t step, int rank) {
@@ -34,9 +43,13 @@ void fail_here_if_asked(const char* phase, std::int64_t step, int rank) {
 }
 
 Session start_session(const CommonOptions& common) {
+  // A single-process chapter, alone on its machine unless a launcher started several (Open MPI says how many).
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  configure_cpu_threads(local && std::atoi(local) > 1 ? std::atoi(local) : 1);
   Session s;
   s.device = naming("--device " + common.device, [&] { return select_device(common.device); });
   s.metrics = naming("--metrics", [&] { return metrics::MetricsWriter(common.metrics); });
+  report_cpu_cores(s.metrics);
   return s;
 }
 
@@ -73,6 +86,7 @@ Session start_session(const CommonOptions& common, const DistributedOptions& dis
     if (placement.rank == first.rank) std::fprintf(stderr, "error: %s\n", error.c_str());
     throw ReportedError{2};
   }
+  report_cpu_cores(s.metrics);
   return s;
 }
 

@@ -33,10 +33,18 @@ void MetricsWriter::write(const nlohmann::json& record) {
   if (!out_.is_open()) {
     out_.open(path_, std::ios::out | std::ios::trunc);
     if (!out_) throw std::runtime_error("--metrics: " + path_ + ": cannot open for writing (" + std::strerror(errno) + ")");
+    for (const auto& held : before_first_) out_ << held.dump() << '\n';
+    before_first_.clear();
   }
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) throw std::runtime_error("--metrics: " + path_ + ": the write failed (" + std::strerror(errno) + ")");
+}
+
+void MetricsWriter::write_before_first(const nlohmann::json& record) {
+  if (path_.empty()) return;
+  if (out_.is_open()) return write(record);
+  before_first_.push_back(record);
 }
 
 }  // namespace course::metrics

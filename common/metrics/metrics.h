@@ -2,6 +2,7 @@
 #pragma once
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,10 +21,14 @@ class MetricsWriter {
   // One line, flushed, so a crash keeps what was written. A write that fails (a full disk) throws
   // std::runtime_error naming the file: a run whose record is lost does not pass.
   void write(const nlohmann::json& record);
+  // A record of the set-up (the cores a run got, say), written just before the first record: a run stopped
+  // by a usage error still leaves an existing file as it was.
+  void write_before_first(const nlohmann::json& record);
 
  private:
   std::string path_;
   std::ofstream out_;
+  std::vector<nlohmann::json> before_first_;
 };
 
 }  // namespace course::metrics

@@ -1,0 +1,85 @@
+// Reading and widening a process's CPU affinity, and choosing its kernels' threads from it.
+#include "common/core/cpu_cores.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+
+#include "common/kernels/kernels.h"
+
+namespace course {
+namespace {
+
+int allowed_cores() {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return 1;
+  return std::max(1, CPU_COUNT(&mask));
+}
+
+int online_cores() { return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))); }
+
+// Every online core; the kernel keeps only those the process's cpuset (a batch job's cgroup) permits.
+void widen_to_every_core(int machine) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  for (int cpu = 0; cpu < machine && cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, &mask);
+  sched_setaffinity(0, sizeof mask, &mask);  // on failure the launcher's binding stays: allowed_cores() says so
+}
+
+std::mutex g_mutex;
+bool g_placed = false;
+CpuCores g_cores;
+
+}  // namespace
+
+CpuCores place_cpu_threads(int ranks_on_this_machine) {
+  CpuCores c;
+  c.machine = online_cores();
+  c.bound = c.allowed = allowed_cores();
+  const char* variable = nullptr;
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (!variable && std::getenv(name) && std::atoi(std::getenv(name)) >= 1) variable = name;
+  if (variable) {
+    c.threads = std::atoi(std::getenv(variable));
+    c.why = std::string(variable) + " set";
+  } else if (ranks_on_this_machine <= 1) {
+    if (c.allowed < c.machine) {
+      widen_to_every_core(c.machine);
+      c.allowed = allowed_cores();
+    }
+    c.threads = c.allowed;
+    c.why = c.allowed > c.bound ? "one rank on this machine, unbound from the " + std::to_string(c.bound) +
+                                      (c.bound == 1 ? " core" : " cores") + " its launcher gave it"
+                                : "one rank on this machine";
+  } else {
+    c.threads = std::max(1, std::min(c.allowed, c.machine / ranks_on_this_machine));
+    c.why = std::to_string(ranks_on_this_machine) + " ranks on this machine";
+  }
+  set_cpu_threads(c.threads);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_cores = c;
+  g_placed = true;
+  return c;
+}
+
+CpuCores cpu_cores() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_placed) return g_cores;
+  CpuCores c;
+  c.machine = online_cores();
+  c.bound = c.allowed = allowed_cores();
+  c.threads = cpu_threads();
+  c.why = "as the process started";
+  return c;
+}
+
+std::string describe(const CpuCores& c) {
+  return std::to_string(c.threads) + (c.threads == 1 ? " thread" : " threads") + " on " + std::to_string(c.allowed) +
+         " of " + std::to_string(c.machine) + " cores (" + c.why + ")";
+}
+
+}  // namespace course
