@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/core/cuda_runtime.h"
+#include "common/tensor/tensor.h"  // count_synchronization
 
 namespace course::autograd::profiler {
 namespace {
