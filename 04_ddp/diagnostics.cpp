@@ -8,6 +8,7 @@
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/checkpoint/parameters.h"
 #include "common/cli/model_options.h"
+#include "common/core/errors.h"
 #include "common/core/log.h"
 #include "common/core/memory.h"
 #include "common/ops/autocast.h"
@@ -26,6 +27,8 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
     : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
       global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
       training_(training), share_step_(std::move(share_step)) {
+  if (o.faults.fault == "stray-replica" && group_.size() < 2)
+    throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g, %s\n",
       group_.size(), static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum,
       task.description.c_str(), static_cast<long long>(total_steps), o.training.lr, cli::precision_description(o.precision).c_str());
@@ -74,6 +77,12 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
 
 bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
   step_ms_ += ms_since(began_);
+  if (o_.faults.at("stray-replica", step) && group_.size() > 1 && group_.rank() == group_.size() - 1) {
+    Tensor first = model_.parameters().front();  // this replica alone goes astray, by one rounding
+    std::vector<float> values = first.to_host();
+    values[0] = std::nextafter(values[0], INFINITY);
+    first.copy_from(Tensor::from_host(values, first.shape(), first.device()));
+  }
   if (lockstep_) lockstep_->check_update(step, optim::norm_value(norm));
   if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
     total_ms_ += step_ms_;

@@ -29,7 +29,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--drift", o.drift, "Also train one rank free-running, twice (the second summing each batch in reverse), "
                                    "and report how far the final parameters drift against that noise floor");
   cli::add_fault_options(app, o.faults, {{"average-twice", "the average divided by the world size twice"},
-                                         {"skip-rank-share", "the last rank's share of the gradient never arrives"}});
+                                         {"skip-rank-share", "the last rank's share of the gradient never arrives"},
+                                         {"stray-replica", "the last rank's update moves its first weight one unit in "
+                                                           "the last place further (rank 0 stays right)"}});
 }
 
 }  // namespace course::chapter04

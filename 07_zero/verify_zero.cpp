@@ -11,7 +11,7 @@ namespace course::chapter07 {
 ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero, const parallel::ZeroOptions& options,
                      const parallel::DistributedSampler& sampler, comm::Communicator& group, std::uint64_t seed,
                      std::int64_t global_batch, int accum, std::int64_t first_step)
-    : task_(task), zero_(zero), sampler_(sampler), global_batch_(global_batch), accum_(accum) {
+    : task_(task), zero_(zero), group_(group), sampler_(sampler), global_batch_(global_batch), accum_(accum) {
   reference_ = verify::make_reference([&] { return task.make_model(seed); });
   if (zero.precision() != DType::float32) {
     working_ = verify::make_reference([&] {
@@ -31,7 +31,11 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
 }
 
 void ZeroCheck::begin_step(std::int64_t step) {
-  check_->begin_step(step, zero_.full_parameters());
+  // Every rank's whole parameters (gathered from the shards, or held whole below stage 3): rank 0's against
+  // the prediction, every other rank's against rank 0's.
+  const std::vector<float> whole = zero_.full_parameters();
+  check_->begin_step(step, whole);
+  check_->check_replicas(step, whole, group_);
   if (working_) {
     MemoryCategoryOverride verification(MemoryCategory::verification);
     working_->load_parameters_from_host(reference_->parameters_to_host());  // rounded to 16 bits

@@ -31,7 +31,11 @@ class ZeroCheck {
   void check_gradient(std::int64_t step, float loss);
   // After apply: the update (`norm`: the one the run clipped by).
   void check_update(std::int64_t step, double norm) { check_->check_update(step, norm); }
-  verify::LockstepSummary finish(const std::vector<float>& final_parameters) { return check_->finish(final_parameters); }
+  // The final parameters (every rank's whole copy) against the last prediction and each other. Collective.
+  verify::LockstepSummary finish(const std::vector<float>& final_parameters) {
+    check_->check_replicas(check_->next_step(), final_parameters, group_);
+    return check_->finish(final_parameters);
+  }
 
  private:
   void start_from_resumed();
@@ -40,6 +44,7 @@ class ZeroCheck {
 
   const nn::TrainingTask& task_;
   parallel::ZeroOptimizer& zero_;
+  comm::Communicator& group_;
   const parallel::DistributedSampler& sampler_;
   std::int64_t global_batch_;
   int accum_;

@@ -56,7 +56,9 @@ void add_options(CLI::App& app, Options& o) {
                           {"lose-micro-batch", "each step's last micro-batch never runs"},
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"},
-                          {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"}});
+                          {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"},
+                          {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
+                                            "the same part) moves its first weight one unit in the last place further"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
                                      "--sweep, FILE's stem and _SCHEDULE.json, each schedule at 4 micro-batches)")
       ->check(cli::OutputFile);
@@ -69,6 +71,10 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
   const std::string& fault = o.faults.fault;
   if (fault == "skip-dp-average" && topology.dp_cp_group().size() < 2)
     throw UsageError("--fault: skip-dp-average needs data or context parallelism (--dp or --cp 2 or more)");
+  if (fault == "stray-replica" && topology.dp_cp_group().size() < 2)
+    throw UsageError("--fault: stray-replica needs data or context parallelism (--dp or --cp 2 or more)");
+  if (fault == "stray-replica" && !o.verify)
+    throw UsageError("--fault: stray-replica is made by --verify's check: add --verify");
   if (fault == "skip-cp-offset" && topology.cp_size() < 2)
     throw UsageError("--fault: skip-cp-offset needs context parallelism (--cp 2 or more)");
   if (fault == "skip-tp-all-reduce" && tp < 2)

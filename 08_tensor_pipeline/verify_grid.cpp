@@ -2,6 +2,7 @@
 #include "verify_grid.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/core/log.h"
 #include "common/ops/ops.h"
@@ -9,7 +10,7 @@
 namespace course::chapter08 {
 
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
-    : o_(o), task_(task), topology_(topology), stream_(task.task.size, o.common.seed) {
+    : o_(o), task_(task), run_(run), topology_(topology), stream_(task.task.size, o.common.seed) {
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
   trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps,
                                               o.precision.dtype());
@@ -55,6 +56,9 @@ bool verifiable(const Options& o, const parallel::Topology& topology, const Chap
 void GridCheck::begin_step(std::int64_t step) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   lockstep_->begin_step(step, gather_->parameters());
+  // The whole model is gathered from one copy of each part; the other replicas (the DP and CP ranks of the
+  // same TP and PP coordinates) must hold that copy's bits.
+  lockstep_->check_replicas(step, run_.model->parameters_to_host(), topology_.dp_cp_group());
 }
 
 void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recipe& training) {
@@ -106,10 +110,21 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
   });
 }
 
-void GridCheck::check_update(std::int64_t step, double norm) { lockstep_->check_update(step, norm); }
+void GridCheck::check_update(std::int64_t step, double norm) {
+  comm::Communicator& replicas = topology_.dp_cp_group();
+  if (o_.faults.at("stray-replica", step) && replicas.rank() == replicas.size() - 1) {
+    Tensor first = run_.model->parameters().front();  // this replica alone goes astray, by one rounding
+    std::vector<float> values = first.to_host();
+    values[0] = std::nextafter(values[0], INFINITY);
+    first.copy_from(Tensor::from_host(values, first.shape(), first.device()));
+  }
+  lockstep_->check_update(step, norm);
+}
 
 verify::LockstepSummary GridCheck::finish() {
   MemoryCategoryOverride verification(MemoryCategory::verification);
+  lockstep_->check_replicas(lockstep_->next_step(), run_.model->parameters_to_host(),
+                            topology_.dp_cp_group());
   return lockstep_->finish(gather_->parameters());
 }
 

@@ -38,6 +38,7 @@ class GridCheck {
  private:
   const Options& o_;
   const ChapterTask& task_;
+  const GridRun& run_;
   parallel::Topology& topology_;
   data::SampleStream stream_;  // the reference's own copy of the sample order
   std::shared_ptr<nn::Module> reference_;

@@ -386,6 +386,34 @@ TEST(Chapter04, ASetUpErrorOnRankZeroAloneEndsEveryRank) {
   EXPECT_EQ(r.err.find("error:"), r.err.rfind("error:")) << r.err;
 }
 
+// Every replica is inspected, not only rank 0: the last rank's update going astray by one rounding (rank 0
+// staying right) fails at the step it happened, the last step's too (at the end of the run), in fp32 and
+// bf16, at 2 and 3 ranks.
+void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
+  auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --log-every 1000 --steps " + std::to_string(steps) +
+                       " " + flags + " --fault stray-replica --fault-from-step " + std::to_string(from));
+  EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+  EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from) + ": after the update of step " + std::to_string(from) +
+                       ", rank "),
+            std::string::npos)
+      << flags << "\n" << r.out;
+}
+
+TEST(Chapter04, VerifyCatchesAStrayReplicaAtItsStep) {
+  for (const std::string precision : {"fp32", "bf16"})
+    for (int from : {4, 9}) expect_stray_replica_caught(MPIRUN_NP2, "--precision " + precision, 10, from);
+  auto alone = run_process(std::string(MPIRUN_NP1) + " " + kBinary + " --device cpu --verify --fault stray-replica");
+  EXPECT_EQ(alone.exit_code, 2) << alone.out << alone.err;
+  EXPECT_NE(alone.err.find("--fault: stray-replica needs two or more ranks"), std::string::npos) << alone.err;
+}
+
+TEST(Chapter04, VerifyCatchesAStrayReplicaLateInLongRuns) {
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string& mpirun : {std::string(MPIRUN_NP2), std::string(MPIRUN_NP3)})
+      for (int from : {700, 999})
+        expect_stray_replica_caught(mpirun, "--precision " + precision + " --global-batch 48 --hidden 32", 1000, from);
+}
+
 // mpirun binds a rank to one core when it starts one or two: a rank alone unbinds itself and uses every
 // core (its step 35 ms against 55 bound, --bind-to none's 33-35, on two cores); ranks sharing the machine
 // keep their binding and split the cores. The threads never outnumber the cores a rank may use.

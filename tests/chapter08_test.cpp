@@ -530,6 +530,33 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
   }
 }
 
+// Every replica is inspected, not only the copy the whole model is gathered from: the last data- or
+// context-parallel replica's update going astray by one rounding fails at its step, the last step's at the
+// end of the run.
+void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
+  Outcome r = run(mpirun, flags + " --verify --log-every 1000 --steps " + std::to_string(steps) +
+                              " --fault stray-replica --fault-from-step " + std::to_string(from), kModel);
+  EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+  EXPECT_NE(r.process.out.find("FAILED at step " + std::to_string(from) + ": after the update of step " +
+                               std::to_string(from) + ", rank "),
+            std::string::npos)
+      << flags << "\n" << r.process.out;
+}
+
+TEST(Chapter08, VerifyCatchesAStrayReplicaAtItsStep) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--dp 2", 6, 3);
+  expect_stray_replica_caught(MPIRUN_NP2, "--cp 2 --precision bf16", 6, 5);
+  expect_stray_replica_caught(MPIRUN_NP4, "--pp 2 --dp 2", 6, 5);
+  auto alone = run(MPIRUN_NP2, "--pp 2 --verify --fault stray-replica");
+  EXPECT_EQ(alone.process.exit_code, 2);
+  EXPECT_NE(alone.process.err.find("stray-replica needs data or context parallelism"), std::string::npos) << alone.process.err;
+}
+
+TEST(Chapter08, VerifyCatchesAStrayReplicaLateInLongRuns) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--dp 2", 1000, 700);
+  expect_stray_replica_caught(MPIRUN_NP4, "--tp 2 --dp 2 --precision bf16", 300, 299);
+}
+
 // On a GPU, in lock-step with the unsharded GPT: one rank on NCCL; PP with 1F1B and interleaved; TP with
 // sequence parallelism in bf16; CP by the ring and by Ulysses beside TP; the 3D grid at 8 ranks sharing
 // the GPU; a lost micro-batch begun late caught at its step.

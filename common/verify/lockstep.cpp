@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <algorithm>
 #include <limits>
 #include <utility>
@@ -46,6 +47,18 @@ std::vector<float> nudged(std::vector<float> values, std::int64_t step) {
     values[i] = std::nextafter(values[i], (h >> 63) != 0 ? INFINITY : -INFINITY);
   }
   return values;
+}
+
+// FNV-1a over the values' bits: two copies that differ anywhere get different digests (but for a chance
+// of 2^-64), and a copy is digested in one pass.
+std::uint64_t digest_of(const std::vector<float>& values) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (float v : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    h = (h ^ bits) * 0x100000001b3ull;
+  }
+  return h ^ values.size();
 }
 
 }  // namespace
@@ -349,8 +362,39 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
   return summary_;
 }
 
+void Lockstep::check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas) {
+  MemoryCategoryOverride verification(MemoryCategory::verification);
+  if (!group_ || group_->size() == 1) return;
+  const Device device = reference_->parameters().front().device();
+  float differs = -1.0f;  // this rank's number in the group when its copy is not its first replica's
+  if (replicas.size() > 1) {
+    // The digest as four 16-bit pieces, each exact as a float32 (the collectives carry floats).
+    const std::uint64_t d = digest_of(mine);
+    std::vector<float> pieces(4);
+    for (int k = 0; k < 4; ++k) pieces[static_cast<std::size_t>(k)] = static_cast<float>((d >> (16 * k)) & 0xFFFFu);
+    Tensor all = Tensor::empty({4 * static_cast<std::int64_t>(replicas.size())}, device);
+    replicas.all_gather(Tensor::from_host(pieces, {4}, device), all);
+    const auto digests = all.to_host();
+    if (!std::equal(digests.begin() + 4 * replicas.rank(), digests.begin() + 4 * replicas.rank() + 4, digests.begin()))
+      differs = static_cast<float>(group_->rank());
+  }
+  differs = comm::all_reduce_scalar(*group_, differs, comm::ReduceOp::max);
+  if (!judges() || differs < 0) return;
+  const auto rank = static_cast<int>(differs);
+  if (predicted_by_ < 0 && step == 0)
+    record(0, text("rank %d starts from other parameters than its replicas (the same initialisation or checkpoint must "
+                   "give every replica the same bits)", rank));
+  else
+    record(step - 1, text("after the update of step %lld, rank %d's parameters differ from its replicas' (only rank 0's "
+                          "are compared with the reference, so every replica must hold its bits)",
+                          static_cast<long long>(step - 1), rank));
+}
+
 void Lockstep::begin_step(std::int64_t step, const nn::Module& run) {
-  begin_step(step, judges() ? run.parameters_to_host() : std::vector<float>());
+  const bool every_rank = group_ && group_->size() > 1;
+  const std::vector<float> mine = judges() || every_rank ? run.parameters_to_host() : std::vector<float>();
+  begin_step(step, judges() ? mine : std::vector<float>());
+  if (every_rank) check_replicas(step, mine, *group_);
 }
 
 void Lockstep::check_parts(std::int64_t step, const nn::Module& run, float run_loss, std::size_t parts, double scale,
@@ -359,7 +403,9 @@ void Lockstep::check_parts(std::int64_t step, const nn::Module& run, float run_l
 }
 
 LockstepSummary Lockstep::finish(const nn::Module& run) {
-  return finish(judges() ? run.parameters_to_host() : std::vector<float>());
+  const std::vector<float> mine = run.parameters_to_host();
+  if (group_ && group_->size() > 1) check_replicas(next_step(), mine, *group_);
+  return finish(judges() ? mine : std::vector<float>());
 }
 
 }  // namespace course::verify

@@ -2,7 +2,8 @@
 //   1. The run's parameters at the start of the step must be the ones the reference predicted, bit for
 //      bit: at the first step the parameters the reference starts from (its initialisation, or the
 //      checkpoint resumed), later the run's own update repeated by the reference. An optimizer's update
-//      is elementwise, so sharding the parameters across ranks changes none of its arithmetic.
+//      is elementwise, so sharding the parameters across ranks changes none of its arithmetic. Rank 0's
+//      are compared with the prediction, and every replica's with rank 0's (check_replicas).
 //   2. From those parameters, the gradient the run is about to apply (averaged over the ranks, summed
 //      over its parts, before clipping) must equal the reference's gradient of the whole global batch,
 //      and its loss the reference's loss, within a tolerance (compare.h):
@@ -117,8 +118,20 @@ class Lockstep {
   // the group. Collective.
   LockstepSummary finish(const std::vector<float>& final_parameters);
 
+  // Every replica inspected, not only rank 0: `mine`, this rank's own parameters (its whole model under
+  // data parallelism, its part of a TP x PP grid), must be bit for bit those of the first rank of
+  // `replicas`, the ranks that hold the same ones. A 64-bit digest of each rank's bits is gathered over
+  // `replicas`, and the judge hears of any rank that differs, naming it and the update that made it so
+  // (step - 1's, or at the start the initialisation). The Module overloads below do this over the whole
+  // group; the grids call it with their data-parallel groups, before finish() for the last update.
+  // Collective over the group.
+  void check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas);
+  // The step the run's parameters are now ready for: one after the last update the reference repeated
+  // (on rank 0, which judges; finish() and check_replicas at the end of a run take it).
+  std::int64_t next_step() const { return predicted_by_ + 1; }
+
   // The same, for a run whose model is whole on every rank (data parallelism): its parameters and
-  // gradients are read from it, on rank 0.
+  // gradients are read from it, on rank 0, and every rank's parameters are its replicas' (check_replicas).
   void begin_step(std::int64_t step, const nn::Module& run);
   void check_parts(std::int64_t step, const nn::Module& run, float run_loss, std::size_t parts, double scale,
                    const PartFunction& part);

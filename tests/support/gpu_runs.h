@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/core/device.h"
@@ -16,9 +17,11 @@
 namespace course::testing {
 
 struct GpuRun {
+  GpuRun(std::string launch_, std::string args_, int fails_at_ = -1, std::string never_ = "")
+      : launch(std::move(launch_)), args(std::move(args_)), fails_at(fails_at_), never(std::move(never_)) {}
   std::string launch;  // mpirun -np N (or a launcher that ends with what runs the chapter)
   std::string args;
-  int fails_at = -1;   // a fault begun at this step: the run must fail there, exit code 1
+  int fails_at;        // a fault begun at this step: the run must fail there, exit code 1; -1: must pass
   std::string never;   // words the output must not hold (what is true on the CPU only, say)
 };
 
@@ -39,8 +42,9 @@ inline void expect_gpu_runs(const std::string& binary, const std::vector<GpuRun>
     const std::string command =
         run.launch + " " + binary + (gpu_runs_on_the_cpu() ? " --device cpu " : " --device cuda ") + run.args;
     const ProcessResult r = run_process(command);
-    if (!run.never.empty() && !gpu_runs_on_the_cpu())
+    if (!run.never.empty() && !gpu_runs_on_the_cpu()) {
       EXPECT_EQ(r.out.find(run.never), std::string::npos) << command << "\n" << r.out;
+    }
     if (run.fails_at < 0) {
       EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.out << r.err;
       EXPECT_NE(r.out.find("PASSED"), std::string::npos) << command << "\n" << r.out;
