@@ -126,6 +126,7 @@ verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset,
     reference_sgd.step();
     reference_sgd.zero_grad();
   }, nullptr);
+  check.set_optimizer(reference_sgd);  // and SGD's formula itself (verify/reference_optimizer.h)
   std::int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));

@@ -23,16 +23,21 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task,
                          const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
-                         std::int64_t total_steps, const optim::Recipe& training, ShareStep share_step)
+                         std::int64_t total_steps, optim::Recipe& training, ShareStep share_step)
     : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
       global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
       training_(training), share_step_(std::move(share_step)) {
   if (o.faults.fault == "stray-replica" && group_.size() < 2)
     throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
+  if (o.faults.fault == "adamw-decay" && o.optimizer != "adamw")
+    throw UsageError("--fault: adamw-decay breaks AdamW, which --optimizer " + o.optimizer + " does not use: add --optimizer adamw");
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g, %s\n",
       group_.size(), static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum,
       task.description.c_str(), static_cast<long long>(total_steps), o.training.lr, cli::precision_description(o.precision).c_str());
   if (all_ranks_log()) log("%s\n", session.topology->describe().c_str());
+  // --fault adamw-decay: a slip in the optimizer class itself (the run's; with --verify the reference's too).
+  if (o.faults.fault == "adamw-decay")
+    dynamic_cast<optim::Adam&>(training.optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
   if (!o.verify) return;
   // A single-rank reference beside the run, re-synced to the run's parameters every step, with the
   // run's own optimizer to repeat its updates.
@@ -40,6 +45,9 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
   reference_training_ = std::make_unique<optim::Recipe>(o.optimizer, reference->parameters(), o.training.lr, total_steps);
   lockstep_ = std::make_unique<verify::Lockstep>(
       reference, [this](std::int64_t s) { reference_training_->update(s); }, &group_, reference_training_->clip());
+  lockstep_->set_optimizer(reference_training_->optimizer());  // and its paper's formula
+  if (o.faults.fault == "adamw-decay")  // the class's slip is the reference's replay's too
+    dynamic_cast<optim::Adam&>(reference_training_->optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
   // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
   lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
 }

@@ -25,7 +25,7 @@ class Diagnostics {
  public:
   Diagnostics(const Options& options, cli::Session& session, const nn::TrainingTask& task,
               const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
-              std::int64_t total_steps, const optim::Recipe& training, ShareStep share_step);
+              std::int64_t total_steps, optim::Recipe& training, ShareStep share_step);
 
   void begin_step(std::int64_t step);
   // The gradients are averaged: --verify checks them (and the loss) against one rank's, outside the

@@ -31,7 +31,10 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_fault_options(app, o.faults, {{"average-twice", "the average divided by the world size twice"},
                                          {"skip-rank-share", "the last rank's share of the gradient never arrives"},
                                          {"stray-replica", "the last rank's update moves its first weight one unit in "
-                                                           "the last place further (rank 0 stays right)"}});
+                                                           "the last place further (rank 0 stays right)"},
+                                         {"adamw-decay", "AdamW's decoupled weight decay is not scaled by the "
+                                                         "learning rate (a slip in the optimizer class, shared by "
+                                                         "the run and the reference's replay)"}});
 }
 
 }  // namespace course::chapter04

@@ -17,6 +17,7 @@ StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Com
     reference_sgd_->step();
     reference_sgd_->zero_grad();
   }, &group);
+  lockstep_->set_optimizer(*reference_sgd_);  // and SGD's formula itself
   // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
   if (o.comm_hook == "fp16") lockstep_->set_rounding(verify::kFloat16Rounding);
   if (o.comm_hook == "bf16") lockstep_->set_rounding(verify::kBfloat16Rounding);

@@ -39,6 +39,7 @@ void Diagnostics::begin(const checkpoint::Start& start) {
   if (reference_)
     lockstep_ = std::make_unique<verify::Lockstep>(
         reference_, [this](std::int64_t s) { reference_recipe_->update(s); }, &group_, reference_recipe_->clip());
+  if (lockstep_) lockstep_->set_optimizer(reference_recipe_->optimizer());  // and its paper's formula
   // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
   if (lockstep_) lockstep_->set_rounding(verify::rounding_of(o_.precision.reduce()));
   if (o_.kill.armed()) log("fault injection: %s\n", o_.kill.describe().c_str());

@@ -28,6 +28,7 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
     adam_->zero_grad();
   }, &group, options.max_grad_norm);
   check_->set_rounding(verify::rounding_of(zero.precision()));  // the run adds its parts in its type
+  check_->set_optimizer(*adam_);  // and AdamW's formula itself
 }
 
 void ZeroCheck::begin_step(std::int64_t step) {

@@ -23,6 +23,7 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
                                                          });
   lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);
+  lockstep_->set_optimizer(trainer_->optimizer());  // and AdamW's formula itself
   by_parts_ = checked_by_parts(o, topology);
   // The run adds its micro-batches in float32, its replicas in the reduce type: the bound follows it.
   if (by_parts_) lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));

@@ -414,6 +414,31 @@ TEST(Chapter04, VerifyCatchesAStrayReplicaLateInLongRuns) {
         expect_stray_replica_caught(mpirun, "--precision " + precision + " --global-batch 48 --hidden 32", 1000, from);
 }
 
+// The update is judged against the papers' formulas too, not only replayed by the run's optimizer class: a
+// slip in the class (AdamW's decay not scaled by the rate), which the replay shares, fails at the step it
+// begins, in fp32 and bf16.
+void expect_optimizer_slip_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
+  auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --optimizer adamw --log-every 1000 --steps " +
+                       std::to_string(steps) + " " + flags + " --fault adamw-decay --fault-from-step " + std::to_string(from));
+  EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+  EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from) + ": the adamw optimizer's update of "), std::string::npos)
+      << flags << "\n" << r.out;
+}
+
+TEST(Chapter04, VerifyCatchesASlipInTheOptimizerClass) {
+  for (const std::string precision : {"fp32", "bf16"}) expect_optimizer_slip_caught(MPIRUN_NP2, "--precision " + precision, 20, 12);
+  expect_optimizer_slip_caught(MPIRUN_NP1, "", 5, 0);
+  auto sgd = run_process(std::string(MPIRUN_NP1) + " " + kBinary + " --device cpu --verify --fault adamw-decay --fault-from-step 3");
+  EXPECT_EQ(sgd.exit_code, 2) << sgd.err;
+  EXPECT_NE(sgd.err.find("--fault: adamw-decay breaks AdamW, which --optimizer sgd does not use"), std::string::npos) << sgd.err;
+}
+
+TEST(Chapter04, VerifyCatchesASlipInTheOptimizerClassInLongRuns) {
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string& mpirun : {std::string(MPIRUN_NP2), std::string(MPIRUN_NP3)})
+      expect_optimizer_slip_caught(mpirun, "--precision " + precision + " --global-batch 48 --hidden 32", 1000, 700);
+}
+
 // mpirun binds a rank to one core when it starts one or two: a rank alone unbinds itself and uses every
 // core (its step 35 ms against 55 bound, --bind-to none's 33-35, on two cores); ranks sharing the machine
 // keep their binding and split the cores. The threads never outnumber the cores a rank may use.

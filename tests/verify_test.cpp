@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "common/optim/optimizer.h"
 #include "common/verify/compare.h"
 #include "common/verify/lockstep.h"
+#include "common/verify/reference_optimizer.h"
 
 namespace course::testing {
 namespace {
@@ -293,6 +296,54 @@ TEST(Lockstep, AFiniteRunWhereTheReferenceOverflowedFails) {
   EXPECT_FALSE(summary.passed);
   EXPECT_EQ(summary.first_failed_step, 0);
   EXPECT_NE(summary.first_failure.find("reference's gradient is not finite"), std::string::npos) << summary.first_failure;
+}
+
+// The lock-step check's own optimizer (reference_optimizer.h) gives every correct optimizer's bits: SGD with
+// and without momentum and weight decay, Adam with L2 decay, AdamW with GPT-2's groups (decay on the matrices
+// only), over several steps whose rate changes, from a state taken after some steps had been taken.
+TEST(ReferenceOptimizer, GivesEveryOptimizersBitsStepAfterStep) {
+  auto model = nn::make_mlp(5, 7, 2, 3, nn::Activation::relu, Device::cpu, 11);
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
+  optimizers.push_back(std::make_unique<optim::SGD>(model->parameters(), 0.05f));
+  optimizers.push_back(std::make_unique<optim::SGD>(model->parameters(), 0.05f, 0.9f, 1e-2f));
+  optimizers.push_back(std::make_unique<optim::Adam>(model->parameters(), 1e-2f, 0.9f, 0.999f, 1e-8f, 1e-2f, false));
+  optimizers.push_back(std::make_unique<optim::Adam>(optim::weight_decay_groups(model->parameters(), 0.1f), 3e-3f, 0.9f,
+                                                     0.95f, 1e-8f, true));
+  for (auto& optimizer : optimizers) {
+    for (std::uint64_t warm = 0; warm < 2; ++warm) {  // some state first: the reference must take it as it is
+      for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor::randn(p.shape(), 40 + warm));
+      optimizer->step();
+    }
+    verify::ReferenceOptimizer formulas(*optimizer, *model);
+    for (int step = 0; step < 4; ++step) {
+      std::uint64_t seed = 50 + static_cast<std::uint64_t>(10 * step);
+      for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor::randn(p.shape(), seed++, Device::cpu, 0.0f, 3.0f));
+      optimizer->set_lr(optimizer->lr() * 0.7f);
+      std::vector<float> expected = model->parameters_to_host();
+      formulas.step(expected, model->gradients_to_host(), optimizer->lr());
+      optimizer->step();
+      const std::vector<float> got = model->parameters_to_host();
+      ASSERT_EQ(got.size(), expected.size());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(expected[i]))
+            << optimizer->name() << " step " << step << " element " << i;
+    }
+  }
+}
+
+// And it can tell: AdamW whose decay is not scaled by the rate differs from the update the slip begins at.
+TEST(ReferenceOptimizer, TellsASlipInTheOptimizerClass) {
+  auto model = nn::make_mlp(5, 7, 2, 3, nn::Activation::relu, Device::cpu, 11);
+  optim::Adam adamw(optim::weight_decay_groups(model->parameters(), 0.1f), 3e-3f, 0.9f, 0.95f, 1e-8f, true);
+  adamw.break_decoupled_decay_from(2);
+  verify::ReferenceOptimizer formulas(adamw, *model);
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor::randn(p.shape(), 60 + step));
+    std::vector<float> expected = model->parameters_to_host();
+    formulas.step(expected, model->gradients_to_host(), adamw.lr());
+    adamw.step();
+    EXPECT_EQ(model->parameters_to_host() == expected, step == 0) << "step " << step;
+  }
 }
 
 }  // namespace course::testing

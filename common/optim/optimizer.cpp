@@ -63,6 +63,14 @@ void SGD::step() {
   ++steps_;
 }
 
+Settings SGD::settings() const {
+  Settings s;
+  s.name = "sgd";
+  s.momentum = momentum_;
+  s.weight_decay.assign(params_.size(), weight_decay_);
+  return s;
+}
+
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (std::size_t i = 0; i < momentum_buffers_.size(); ++i)
@@ -153,13 +161,22 @@ void Adam::step() {
   AdamParams a{lr_, beta1_, beta2_, eps_, 0.0f, decoupled_,
                static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
                static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_))};
+  const bool broken = broken_from_ > 0 && steps_ >= broken_from_ && decoupled_;  // --fault adamw-decay
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    a.weight_decay = weight_decay_[i];
+    a.weight_decay = broken ? weight_decay_[i] / lr_ : weight_decay_[i];
     kernels(params_[i].device()).adam_step(params_[i].data(), g.data(), exp_avg_[i].data(), exp_avg_sq_[i].data(),
                                            static_cast<std::size_t>(params_[i].numel()), a);
   }
+}
+
+Settings Adam::settings() const {
+  Settings s;
+  s.name = name();
+  s.beta1 = beta1_, s.beta2 = beta2_, s.eps = eps_;
+  s.weight_decay = weight_decay_;
+  return s;
 }
 
 std::vector<std::pair<std::string, Tensor>> Adam::state() const {

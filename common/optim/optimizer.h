@@ -9,12 +9,22 @@
 
 namespace course::optim {
 
+// What an optimizer computes with, for a check that repeats its update from the papers' formulas
+// (verify/reference_optimizer.h): its kind and hyperparameters, the weight decay of each parameter in
+// params() order.
+struct Settings {
+  std::string name;  // "sgd", "adam" or "adamw"
+  float momentum = 0.0f, beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
+  std::vector<float> weight_decay;
+};
+
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params, float lr);
   virtual ~Optimizer() = default;
   virtual void step() = 0;  // parameters without a gradient are left alone
   virtual std::string name() const = 0;  // "sgd", "adam", "adamw": what a checkpoint records
+  virtual Settings settings() const = 0;
   void zero_grad();
   float lr() const { return lr_; }
   void set_lr(float lr) { lr_ = lr; }
@@ -42,6 +52,7 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, float lr, float momentum = 0.0f, float weight_decay = 0.0f);
   void step() override;
   std::string name() const override { return "sgd"; }
+  Settings settings() const override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
 
  private:
@@ -70,7 +81,13 @@ class Adam : public Optimizer {
        bool decoupled_weight_decay);
   void step() override;
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
+  Settings settings() const override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  // Fault injection (chapter 04's --fault adamw-decay): from its `update`-th update on (counting from 1),
+  // AdamW's decoupled decay is not scaled by the rate (p -= lambda p, not lr lambda p), a slip of the kind
+  // the class could make. The lock-step check's own formula (verify/reference_optimizer.h) must catch it;
+  // replaying the class cannot.
+  void break_decoupled_decay_from(long update) { broken_from_ = update; }
 
  private:
   std::vector<std::pair<std::string, Tensor>> allocate_state() override;
@@ -78,6 +95,7 @@ class Adam : public Optimizer {
   std::vector<float> weight_decay_;  // per parameter, from its group
   bool decoupled_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  long broken_from_ = 0;  // 0: never
 };
 
 inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.01f) {

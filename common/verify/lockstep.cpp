@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <utility>
 
@@ -331,9 +332,26 @@ void Lockstep::check_update(std::int64_t step, double run_norm) {
     if (factor != 1.0f) kernels(g.device()).scale(g.data(), factor, g.data(), n);
     at += n;
   }
+  // The papers' formulas from the same parameters and gradient (the optimizer's own hyperparameters and,
+  // at the first update, its state).
+  std::vector<float> expected, gradient;
+  if (optimizer_) {
+    if (!formulas_) formulas_ = std::make_unique<ReferenceOptimizer>(*optimizer_, *reference_);
+    expected = reference_->parameters_to_host();
+    gradient = reference_->gradients_to_host();
+  }
   update_(step);
   predicted_ = reference_->parameters_to_host();
   predicted_by_ = step;
+  if (!optimizer_) return;
+  formulas_->step(expected, gradient, optimizer_->lr());
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(expected[i]) != std::bit_cast<std::uint32_t>(predicted_[i])) {
+      record(step, text("the %s optimizer's update of %s gives %.9g; its paper's formula, from the same parameter and "
+                        "gradient, gives %.9g",
+                        optimizer_->name().c_str(), locate(*reference_, i).c_str(), predicted_[i], expected[i]));
+      break;
+    }
 }
 
 LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {

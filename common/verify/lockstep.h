@@ -19,7 +19,8 @@
 //                   itself from every parameter nudged by one rounding, its samples reversed.
 //   3. The norm the run clipped by must be the norm of that gradient, within the rounding of its
 //      partial sums. The reference then applies the run's gradient with the run's optimizer and the
-//      run's clipping factor, which predicts the next step's parameters (1).
+//      run's clipping factor, which predicts the next step's parameters (1), and that update must be the
+//      papers' formulas' (set_optimizer, reference_optimizer.h), bit for bit.
 // The reference re-takes the run's parameters every step, so no chaotic drift between two runs enters
 // any comparison, however long the run: a fault that begins at any step fails at that step, and the
 // summary names it. The reference's work is spread over the ranks: each computes its parts (or its
@@ -42,7 +43,9 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
+#include "common/optim/optimizer.h"
 #include "common/verify/compare.h"
+#include "common/verify/reference_optimizer.h"
 
 namespace course::verify {
 
@@ -81,6 +84,11 @@ class Lockstep {
   // resumes: the reference reads them from the file itself). `update`: the reference's optimizer (called
   // on rank 0 only). `max_norm`: the run's gradient clipping (0: none).
   Lockstep(std::shared_ptr<nn::Module> reference, UpdateFunction update, comm::Communicator* group, double max_norm = 0);
+
+  // The optimizer that `update` steps (on rank 0): its update is also computed from the papers' formulas
+  // (ReferenceOptimizer, which reads its hyperparameters and its state at the first update) and must be
+  // that, bit for bit: the run's optimizer class, which `update` repeats, is judged too.
+  void set_optimizer(const optim::Optimizer& optimizer) { optimizer_ = &optimizer; }
 
   // The format the run adds its parts in: float32 (the default), or a 16-bit format when a compression
   // hook sums the gradients in 16 bits. The bound of check_parts grows with its unit roundoff.
@@ -151,6 +159,8 @@ class Lockstep {
 
   std::shared_ptr<nn::Module> reference_;
   UpdateFunction update_;
+  const optim::Optimizer* optimizer_ = nullptr;
+  std::unique_ptr<ReferenceOptimizer> formulas_;  // rank 0, from the first update on
   comm::Communicator* group_;
   double max_norm_;
   Rounding rounding_ = kFloat32Rounding;
