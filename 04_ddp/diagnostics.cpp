@@ -85,12 +85,8 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
 
 bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
   step_ms_ += ms_since(began_);
-  if (o_.faults.at("stray-replica", step) && group_.size() > 1 && group_.rank() == group_.size() - 1) {
-    Tensor first = model_.parameters().front();  // this replica alone goes astray, by one rounding
-    std::vector<float> values = first.to_host();
-    values[0] = std::nextafter(values[0], INFINITY);
-    first.copy_from(Tensor::from_host(values, first.shape(), first.device()));
-  }
+  if (o_.faults.at("stray-replica", step) && group_.rank() == group_.size() - 1)
+    parallel::stray_by_one_rounding(model_.parameters().front());  // this replica alone goes astray
   if (lockstep_) lockstep_->check_update(step, optim::norm_value(norm));
   if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
     total_ms_ += step_ms_;

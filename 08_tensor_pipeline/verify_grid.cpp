@@ -2,9 +2,9 @@
 #include "verify_grid.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "common/core/log.h"
+#include "common/parallel/replicas.h"
 #include "common/ops/ops.h"
 
 namespace course::chapter08 {
@@ -113,12 +113,8 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
 
 void GridCheck::check_update(std::int64_t step, double norm) {
   comm::Communicator& replicas = topology_.dp_cp_group();
-  if (o_.faults.at("stray-replica", step) && replicas.rank() == replicas.size() - 1) {
-    Tensor first = run_.model->parameters().front();  // this replica alone goes astray, by one rounding
-    std::vector<float> values = first.to_host();
-    values[0] = std::nextafter(values[0], INFINITY);
-    first.copy_from(Tensor::from_host(values, first.shape(), first.device()));
-  }
+  if (o_.faults.at("stray-replica", step) && replicas.rank() == replicas.size() - 1)
+    parallel::stray_by_one_rounding(run_.model->parameters().front());  // this replica alone goes astray
   lockstep_->check_update(step, norm);
 }
 

@@ -11,7 +11,6 @@
 #include "common/autograd/profiler.h"
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
-#include "common/tensor/random.h"
 #include "common/ops/ops.h"
 
 namespace course {

@@ -1,30 +1,50 @@
 // Replica checksums and rank-0-only work.
 #include "common/parallel/replicas.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace course::parallel {
 
+namespace {
+constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ULL, kFnvPrime = 0x100000001b3ULL;
+std::uint64_t fnv(std::uint64_t hash, const std::vector<float>& values) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * kFnvPrime;
+  return hash;
+}
+}  // namespace
+
 std::uint64_t parameter_checksum(const std::vector<Tensor>& parameters) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const auto& p : parameters) {
-    auto values = p.to_host();
-    const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-    for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
-  }
+  std::uint64_t hash = kFnvOffset;
+  for (const auto& p : parameters) hash = fnv(hash, p.to_host());
   return hash;
 }
 
-bool parameters_identical(comm::Communicator& group, const std::vector<Tensor>& parameters) {
+std::uint64_t parameter_checksum(const std::vector<float>& values) { return fnv(kFnvOffset, values); }
+
+std::vector<std::uint64_t> gather_checksums(comm::Communicator& group, std::uint64_t mine) {
   // The 64-bit checksum travels as four 16-bit pieces, each exact in a float.
-  const std::uint64_t mine = parameter_checksum(parameters);
   std::vector<float> pieces(4);
   for (int i = 0; i < 4; ++i) pieces[static_cast<std::size_t>(i)] = static_cast<float>((mine >> (16 * i)) & 0xFFFF);
-  Tensor local = Tensor::from_host(pieces, {4});
   Tensor all = Tensor::zeros({4 * group.size()});
-  group.all_gather(local, all);
-  auto values = all.to_host();
+  group.all_gather(Tensor::from_host(pieces, {4}), all);
+  const auto values = all.to_host();
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(group.size()), 0);
   for (std::size_t i = 0; i < values.size(); ++i)
-    if (values[i] != pieces[i % 4]) return false;
-  return true;
+    sums[i / 4] |= static_cast<std::uint64_t>(values[i]) << (16 * (i % 4));
+  return sums;
+}
+
+bool parameters_identical(comm::Communicator& group, const std::vector<Tensor>& parameters) {
+  const auto sums = gather_checksums(group, parameter_checksum(parameters));
+  return std::all_of(sums.begin(), sums.end(), [&](std::uint64_t s) { return s == sums.front(); });
+}
+
+void stray_by_one_rounding(const Tensor& parameter) {
+  std::vector<float> values = parameter.to_host();
+  values[0] = std::nextafter(values[0], INFINITY);
+  Tensor(parameter).copy_from(Tensor::from_host(values, parameter.shape(), parameter.device()));
 }
 
 void on_rank0(comm::Communicator& group, const std::function<void()>& work, bool wait) {

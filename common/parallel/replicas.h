@@ -11,9 +11,18 @@ namespace course::parallel {
 
 // FNV-1a over the tensors' bytes, in order: any differing bit changes it.
 std::uint64_t parameter_checksum(const std::vector<Tensor>& parameters);
+// The same over values already on the host (a model's parameters_to_host() gives the tensors' checksum).
+std::uint64_t parameter_checksum(const std::vector<float>& values);
+
+// Every rank's checksum over `group`, in rank order. Collective.
+std::vector<std::uint64_t> gather_checksums(comm::Communicator& group, std::uint64_t mine);
 
 // Gathers every rank's checksum over `group`: true when all are bit-identical. Collective.
 bool parameters_identical(comm::Communicator& group, const std::vector<Tensor>& parameters);
+
+// --fault stray-replica: this replica's first element of `parameter` one unit in the last place up, so that
+// it alone no longer holds its replicas' bits.
+void stray_by_one_rounding(const Tensor& parameter);
 
 // Runs `work` on rank 0 of `group` only (saving, statistics); with `wait`, the others wait for it.
 void on_rank0(comm::Communicator& group, const std::function<void()>& work, bool wait = false);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -14,6 +13,7 @@
 #include "common/comm/agree.h"
 #include "common/kernels/kernels.h"
 #include "common/optim/optimizer.h"
+#include "common/parallel/replicas.h"
 
 namespace course::verify {
 namespace {
@@ -48,18 +48,6 @@ std::vector<float> nudged(std::vector<float> values, std::int64_t step) {
     values[i] = std::nextafter(values[i], (h >> 63) != 0 ? INFINITY : -INFINITY);
   }
   return values;
-}
-
-// FNV-1a over the values' bits: two copies that differ anywhere get different digests (but for a chance
-// of 2^-64), and a copy is digested in one pass.
-std::uint64_t digest_of(const std::vector<float>& values) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (float v : values) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    h = (h ^ bits) * 0x100000001b3ull;
-  }
-  return h ^ values.size();
 }
 
 }  // namespace
@@ -383,18 +371,10 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
 void Lockstep::check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   if (!group_ || group_->size() == 1) return;
-  const Device device = reference_->parameters().front().device();
   float differs = -1.0f;  // this rank's number in the group when its copy is not its first replica's
   if (replicas.size() > 1) {
-    // The digest as four 16-bit pieces, each exact as a float32 (the collectives carry floats).
-    const std::uint64_t d = digest_of(mine);
-    std::vector<float> pieces(4);
-    for (int k = 0; k < 4; ++k) pieces[static_cast<std::size_t>(k)] = static_cast<float>((d >> (16 * k)) & 0xFFFFu);
-    Tensor all = Tensor::empty({4 * static_cast<std::int64_t>(replicas.size())}, device);
-    replicas.all_gather(Tensor::from_host(pieces, {4}, device), all);
-    const auto digests = all.to_host();
-    if (!std::equal(digests.begin() + 4 * replicas.rank(), digests.begin() + 4 * replicas.rank() + 4, digests.begin()))
-      differs = static_cast<float>(group_->rank());
+    const auto sums = parallel::gather_checksums(replicas, parallel::parameter_checksum(mine));
+    if (sums[static_cast<std::size_t>(replicas.rank())] != sums.front()) differs = static_cast<float>(group_->rank());
   }
   differs = comm::all_reduce_scalar(*group_, differs, comm::ReduceOp::max);
   if (!judges() || differs < 0) return;
