@@ -82,6 +82,26 @@ TEST(ErfF32, EdgesAreThoseOfErf) {
   for (float x : {0.1f, 1.0f, 1.99f, 2.0f, 3.0f}) EXPECT_EQ(math::erf_f32(-x), -math::erf_f32(x)) << x;
 }
 
+// Clipping's sum of squares in the GPU's tiled order (squares_tiled, both devices' add_squares): the same sum
+// as a plain loop in long double, within double's rounding of its adds (n of them at most, each within half
+// an ulp of a partial sum no larger than the total), at sizes below, at and past one tile.
+TEST(SquaresTiled, IsTheSumOfSquaresWithinDoublesRounding) {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{32768}, std::size_t{(1 << 20) + 3}}) {
+    const Tensor x = Tensor::randn({static_cast<std::int64_t>(std::max<std::size_t>(n, 1))}, 17);
+    const float* values = x.data();
+    long double exact = 0.25L;
+    for (std::size_t i = 0; i < n; ++i) exact += static_cast<long double>(values[i]) * values[i];
+    const double tiled = squares_tiled(values, n, 0.25);
+    EXPECT_LE(std::fabs(static_cast<long double>(tiled) - exact), static_cast<long double>(n + 1) * 0x1p-53L * exact) << n;
+  }
+  // And its order is its own: a different total from the plain loop's on a million terms shows it is not a
+  // loop in index order (the parity test then holds the GPU to these bits).
+  const Tensor x = Tensor::randn({1 << 20}, 18);
+  double plain = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) plain += static_cast<double>(x.data()[i]) * x.data()[i];
+  EXPECT_NE(squares_tiled(x.data(), static_cast<std::size_t>(x.numel()), 0.0), plain);
+}
+
 // The reference in double also goes through the logistic: in 1 + tanh u itself even double cancels to
 // nothing once u < -19 (x below about -7).
 TEST(GeluTanh, WithinAFewUlpOfTheDoublePrecisionFunction) {

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -192,6 +193,32 @@ TEST(KernelParity, SharedFormulasGiveTheSameBitsOnEveryDevice) {
 // finish, and both blocks' gradients, on positions cut as the ring's balanced layout cuts them (a block
 // partly above the diagonal, a block wholly below it). The CUDA kernels take each score as a dot
 // product where the CPU takes a GEMM's: a few float32 roundings apart, within kParityTolerance.
+// Clipping: the sum of squares in the tiled order both devices share (squares_tiled), so the norm, the
+// factor and the clipped gradients are the same bits on both.
+TEST(KernelParity, ClippingGivesTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  for (const std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{(1 << 20) + 3}}) {
+    const Tensor x = Tensor::randn({static_cast<std::int64_t>(n)}, 19);
+    Tensor total = Tensor::zeros({2}, Device::cuda);
+    kernels(Device::cuda).add_squares(x.to(Device::cuda).data(), n, reinterpret_cast<double*>(total.data()));
+    double gpu = 0;
+    const auto bits = total.to_host();
+    std::memcpy(&gpu, bits.data(), sizeof gpu);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(gpu), std::bit_cast<std::uint64_t>(squares_tiled(x.data(), n, 0.0))) << n;
+  }
+  std::vector<Tensor> on[2];
+  for (int d = 0; d < 2; ++d)
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      Tensor p = Tensor::zeros({1000 + static_cast<std::int64_t>(i) * 333}, d ? Device::cuda : Device::cpu);
+      p.set_grad(Tensor::randn(p.shape(), 20 + i, p.device()));
+      on[d].push_back(p);
+    }
+  const float cpu_norm = optim::clip_grad_norm_(on[0], 1.0).item(), gpu_norm = optim::clip_grad_norm_(on[1], 1.0).item();
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(gpu_norm), std::bit_cast<std::uint32_t>(cpu_norm));
+  for (std::size_t i = 0; i < 3; ++i)
+    expect_same_bits(on[1][i].grad().to_host(), on[0][i].grad().to_host(), "a clipped gradient");
+}
+
 TEST(KernelParity, RingAttentionBlocksMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   AttentionBlockShape s;

@@ -1,5 +1,6 @@
 // CPU kernels: the reference implementation of every op. GEMM goes to oneDNN or OpenBLAS (cpu_gemm.h).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -418,11 +419,7 @@ class CpuKernels final : public Kernels {
   void dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed, std::uint64_t first) override {
     elementwise(n, [&](std::size_t i) { out[i] = rn::mul(in[i], math::dropout_keep(seed, first + i, p)); });
   }
-  void add_squares(const float* in, std::size_t n, double* total) override {
-    double sum = *total;  // in order, one accumulator
-    for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(in[i]) * in[i];
-    *total = sum;
-  }
+  void add_squares(const float* in, std::size_t n, double* total) override { *total = squares_tiled(in, n, *total); }
   void clip_coefficient(const double* total, double max_norm, float* norm, float* factor) override {
     *norm = static_cast<float>(std::sqrt(*total));
     *factor = math::clip_coefficient(*norm, max_norm);
@@ -462,6 +459,25 @@ class CpuKernels final : public Kernels {
 };
 
 }  // namespace
+
+double squares_tiled(const float* in, std::size_t n, double total) {
+  const auto threads = static_cast<std::size_t>(kSquaresThreads), stride_all = threads * kSquaresBlocks;
+  std::array<double, kSquaresThreads> share{};
+  for (std::size_t b = 0; b < static_cast<std::size_t>(kSquaresBlocks); ++b) {
+    for (std::size_t t = 0; t < threads; ++t) {
+      double sum = 0.0;
+      for (std::size_t i = b * threads + t; i < n; i += stride_all) {
+        const auto x = static_cast<double>(in[i]);
+        sum = rn::add(sum, rn::mul(x, x));
+      }
+      share[t] = sum;
+    }
+    for (std::size_t stride = threads / 2; stride > 0; stride /= 2)
+      for (std::size_t t = 0; t < stride; ++t) share[t] = rn::add(share[t], share[t + stride]);
+    total = rn::add(total, share[0]);
+  }
+  return total;
+}
 
 Kernels& cpu_kernels() {
   static CpuKernels instance;

@@ -271,12 +271,11 @@ __global__ void dropout_kernel(const float* in, float* out, std::size_t n, float
     out[i] = rn::mul(in[i], math::dropout_keep(seed, first + i, p));
 }
 
-// Clipping's sum of squares: kSquaresBlocks blocks each sum a fixed share (thread t of block b takes
-// elements b * kThreads + t, then every kSquaresBlocks * kThreads further) and fold it by a fixed tree;
-// then one thread adds the blocks' sums to the total in block order. The same bits every run.
-constexpr int kSquaresBlocks = 128;
+// Clipping's sum of squares, tiled as squares_tiled (kernels.h) models it on the CPU: kSquaresBlocks blocks
+// each sum a fixed share and fold it by a fixed tree; then one thread adds the blocks' sums to the total in
+// block order. The CPU's bits, every run.
 __global__ void squares_kernel(const float* in, std::size_t n, double* partial) {
-  __shared__ double share[kThreads];
+  __shared__ double share[kSquaresThreads];
   double total = 0.0;
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const auto x = static_cast<double>(in[i]);
@@ -780,7 +779,7 @@ class CudaKernels final : public Kernels {
     if (!n) return;
     DeviceBuffer partial(2 * kSquaresBlocks);  // kSquaresBlocks doubles
     auto* sums = reinterpret_cast<double*>(partial.get());
-    squares_kernel<<<kSquaresBlocks, kThreads>>>(in, n, sums);
+    squares_kernel<<<kSquaresBlocks, kSquaresThreads>>>(in, n, sums);
     check_launch();
     squares_total_kernel<<<1, 1>>>(sums, kSquaresBlocks, total);
     check_launch();

@@ -166,8 +166,9 @@ class Kernels {
   virtual void dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed,
                        std::uint64_t first) = 0;
   // Clipping's norm: adds the squares of in[0..n), in double, to *total (one double where the gradients
-  // are), in a fixed order on each device; then from the total, norm = sqrt(total) rounded to float32 and
-  // factor = math::clip_coefficient(norm, max_norm), both written where the gradients are.
+  // are), in the GPU's tiled order on both devices (squares_tiled below), so both give the same bits; then
+  // from the total, norm = sqrt(total) rounded to float32 and factor = math::clip_coefficient(norm,
+  // max_norm), both written where the gradients are.
   virtual void add_squares(const float* in, std::size_t n, double* total) = 0;
   virtual void clip_coefficient(const double* total, double max_norm, float* norm, float* factor) = 0;
   // out[i] = in[i] * *factor, the factor read where it lies: a device's own scalar scales without the host.
@@ -189,6 +190,14 @@ class Kernels {
 };
 
 Kernels& kernels(Device device);
+
+// The sum of squares as the CUDA kernel tiles it, the one order of add_squares on both devices: kSquaresBlocks
+// blocks of kSquaresThreads threads; thread t of block b adds, in double, the squares of elements
+// b * kSquaresThreads + t, then every kSquaresBlocks * kSquaresThreads further, in order; each block folds
+// its threads' sums by halving strides (s[t] += s[t + stride], stride = threads / 2, ..., 1); the blocks'
+// sums are added to `total` in block order. Returns the new total.
+constexpr int kSquaresBlocks = 128, kSquaresThreads = 256;
+double squares_tiled(const float* in, std::size_t n, double total);
 // torch.backends.cuda.matmul.allow_tf32: the CUDA backend's float32 matrix products on tensor cores in
 // TF32 (float32's range, a 10-bit mantissa: unit roundoff 2^-11 on the inputs, products accumulated in
 // float32). Off by default, so GPU results stay comparable with the CPU reference; the CPU has no TF32.
