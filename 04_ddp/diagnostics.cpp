@@ -179,6 +179,7 @@ int Diagnostics::finish(bool identical) {
                           {"parameters", model_.parameter_count()}, {"identical", identical}, {"verified", o_.verify},
                           {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
                           {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
+                          {"rounding_bias_ratio", check.worst_bias_ratio},
                           {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                           {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
                           {"precision", o_.precision.precision}, {"reduce_dtype", o_.precision.reduce_dtype},

@@ -1,6 +1,9 @@
 // Chapter 05's lock-step check and its bucket faults.
 #include "05_bucketing_overlap/checks.h"
 
+#include <bit>
+#include <cstdint>
+
 #include "common/comm/agree.h"  // all_reduce_scalar
 
 namespace course::chapter05 {
@@ -71,6 +74,15 @@ parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHoo
       Tensor copy = buffer.clone();
       inner(group, copy)->wait();
       return comm::completed_work();
+    }
+    if (faults.at("truncating-hook", step)) {
+      // The hook's division by the ranks, then a conversion to bf16 that drops the low 16 bits. Multiplied
+      // back by the ranks (exact: 8 significant bits times a small integer fit in float32), the hook's own
+      // division and its conversion to the nearest bf16 give those truncated values back.
+      const auto ranks = static_cast<float>(group.size());
+      std::vector<float> values = buffer.to_host();
+      for (float& v : values) v = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v / ranks) & 0xffff0000u) * ranks;
+      buffer.copy_from(Tensor::from_host(values, buffer.shape(), buffer.device()));
     }
     return inner(group, buffer);
   };

@@ -36,7 +36,9 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_fault_options(app, o.faults,
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
                           {"launch-early", "the first bucket is launched before its last gradient is in"},
-                          {"step-early", "the optimizer steps before the last bucket's average lands"}});
+                          {"step-early", "the optimizer steps before the last bucket's average lands"},
+                          {"truncating-hook", "--comm-hook bf16 converts by dropping the low 16 bits (truncation) "
+                                              "instead of rounding to nearest"}});
   app.add_flag("--verify", o.verify, "Check every mode, every step, against one rank in lock-step");
 }
 
@@ -45,6 +47,8 @@ void check_options(const Options& o) {
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
   cli::check_fault_options(o.faults, o.training.steps);
   if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
+  if (o.faults.fault == "truncating-hook" && o.comm_hook != "bf16")
+    throw UsageError("--fault: truncating-hook is a fault of --comm-hook bf16's conversion; --comm-hook is " + o.comm_hook);
 }
 
 }  // namespace course::chapter05

@@ -14,6 +14,7 @@
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/distributed_sampler.h"   // share_of: each DP replica's share of it
+#include "common/parallel/tensor_parallel_gpt.h"     // --fault exact-gelu
 #include "common/parallel/tensor_parallel_mlp.h"
 
 namespace course::chapter08 {
@@ -125,6 +126,10 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   run.model = make_split_model(o, task, topology.pp_group(), tp, o.schedule == "interleaved" ? o.virtual_stages : 1,
                                run.cp.get(), device);
   run.stage = dynamic_cast<parallel::PipelineStageGPT*>(run.model.get());
+  if (o.faults.fault == "exact-gelu")
+    for (auto& [name, module] : run.model->named_modules())
+      if (auto* block = dynamic_cast<parallel::TensorParallelBlock*>(module))
+        block->set_gelu_fault([&o, &step] { return o.faults.at("exact-gelu", step); });
   // Data parallelism on top: each rank with the ranks that hold the same part in the other replicas,
   // and with --cp the other context-parallel ranks (each holds the gradient of its tokens: averaged
   // together, as Megatron-LM's data-parallel group with context parallelism).

@@ -57,6 +57,8 @@ void add_options(CLI::App& app, Options& o) {
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"},
                           {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"},
+                          {"exact-gelu", "the GPT's tensor-parallel MLPs compute the exact GELU where the model uses "
+                                         "the tanh form"},
                           {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
                                             "the same part) moves its first weight one unit in the last place further"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
@@ -86,6 +88,8 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
                      "multiple of the stages); try skip-tied-exchange, or --schedule 1f1b");
   if (fault == "skip-tied-exchange" && (!task.is_gpt() || topology.pp_size() < 2))
     throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
+  if (fault == "exact-gelu" && !task.is_gpt())
+    throw UsageError("--fault: exact-gelu is a fault of the GPT's blocks; --model is mlp");
   if (fault == "skip-sp-sum" && !o.sequence_parallel)
     throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
   const std::int64_t global_batch =

@@ -150,7 +150,10 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
         c.first_failure.c_str());
   metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"split_reference", split}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
                  {"gradient_ratio", c.worst_gradient_ratio}, {"loss_ratio", c.worst_loss_ratio},
-                 {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor}});
+                 {"rounding_bias_ratio", c.worst_bias_ratio},
+                 {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor},
+                 {"noise_floor_factor", by_parts ? 0.0 : verify::kNoiseFloorFactor},
+                 {"loss_floor_factor", by_parts ? 0.0 : verify::kLossNoiseFloorFactor}});
   return c.passed;
 }
 

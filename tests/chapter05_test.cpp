@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/gpu_runs.h"
@@ -77,6 +78,34 @@ TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
     }
 }
 
+// A bf16 hook whose conversion truncates stays within the elementwise bound of a 16-bit sum at every
+// step (each element errs by less than a unit in the last place); its errors all lean toward zero, which
+// rounding to nearest never does over 10^5 elements (verify::RoundingBias). From the first step at 2
+// ranks and from a late one at 3 and 4, in float32 and in bf16, every mode fails at the step it begins;
+// correct runs pass (SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes). (In bf16 at 2 or 4 ranks
+// there is nothing to truncate: the matrix products' gradients are bf16 values, and a power-of-two
+// division keeps them so.)
+TEST(Chapter05, VerifyCatchesATruncatingHookAtTheStepItBegins) {
+  const std::string sizes = " --device cpu --layers 4 --hidden 256 --features 16 --samples 512 --global-batch 48"
+                            " --steps 12 --verify --comm-hook bf16";
+  for (const auto& [mpirun, from, precision] : std::vector<std::tuple<std::string, int, std::string>>{
+           {MPIRUN_NP2, 0, "fp32"}, {MPIRUN_NP3, 9, "bf16"}, {MPIRUN_NP4, 11, "fp32"}}) {
+    std::string metrics = temp_path("ch05_truncating.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + sizes + " --precision " + precision +
+                         " --fault truncating-hook --fault-from-step " + std::to_string(from) + " --metrics " + metrics);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    auto modes = events(read_metrics(metrics), "mode");
+    ASSERT_EQ(modes.size(), 4u) << r.out << r.err;
+    for (auto& m : modes) {
+      EXPECT_FALSE(m["passed"].get<bool>()) << m.dump();
+      EXPECT_EQ(m["first_failed_step"].get<int>(), from) << m.dump();
+      EXPECT_LE(m["gradient_bound_ratio"].get<double>(), 1.0) << "within the elementwise bound: " << m.dump();
+      EXPECT_GT(m["rounding_bias_ratio"].get<double>(), 1.0) << m.dump();
+    }
+    EXPECT_NE(r.out.find("errs toward zero"), std::string::npos) << r.out;
+  }
+}
+
 // An unwritable --trace is refused when the flags are read, by every rank alike, before any training
 // (not found by rank 0 alone after it, while the others wait in a collective); no trace is written
 // unless asked, so nothing lands in the current folder.
@@ -127,6 +156,11 @@ TEST(Chapter05, SixteenBitHooksPassWithinTheirBoundAndHalveTheBytes) {
     for (auto& m : events(read_metrics(metrics), "mode")) {
       EXPECT_TRUE(m["passed"].get<bool>()) << hook << " " << m.dump();
       EXPECT_EQ(m["comm_hook"], hook);
+      // Rounding to nearest leans neither way: a small fraction of the threshold (verify::RoundingBias),
+      // measured in 16 bits only.
+      const double lean = m["rounding_bias_ratio"].get<double>();
+      if (hook == "none") EXPECT_EQ(lean, 0.0) << m.dump();
+      else EXPECT_TRUE(lean > 0.0 && lean < 0.5) << hook << " " << m.dump();
       bytes[hook] = m["bytes_per_step"].get<double>();
     }
   }
@@ -209,7 +243,8 @@ TEST(Chapter05, BadInput) {
            {"--sim-network 1,0", "--sim-network"},    {"--sim-network fast", "--sim-network"},
            {"--sim-network 10,nan", "--sim-network"}, {"--steps 1", "--steps"},
            {"--global-batch 8192", "--global-batch"}, {"--hidden 0", "--hidden"},
-           {"--comm-hook xyz", "--comm-hook"},        {"--fault skip-bucket", "--fault"}}) {  // nothing to catch it
+           {"--comm-hook xyz", "--comm-hook"},        {"--fault skip-bucket", "--fault"},  // nothing to catch it
+           {"--verify --fault truncating-hook --comm-hook fp16", "--comm-hook"}}) {  // a fault of the bf16 hook
     auto r = run_process(kBinary + " --device cpu " + args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;

@@ -10,11 +10,13 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "common/kernels/half.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
@@ -94,6 +96,58 @@ TEST(SummationBound, SixteenBitPartsNeedTheirOwnUnitRoundoff) {
   EXPECT_LE(worst_bf16, 1.0);
 }
 
+// A ring of three ranks adding bf16 parts (each rounded to bf16, then two bf16 additions), over 10^5
+// elements, as a compression hook adds them; `convert` is the hook's conversion to bf16.
+verify::RoundingBias bf16_ring_sum(const std::function<float(float)>& convert) {
+  std::mt19937 rng(11);
+  const auto terms = random_parts(rng, 3, 100000);
+  const auto bf16 = [](float x) { return half::from_bfloat16(half::to_bfloat16(x)); };  // to nearest, ties to even
+  verify::RoundingBias bias;
+  for (std::size_t i = 0; i < terms[0].size(); ++i) {
+    double exact = 0, magnitude = 0;
+    float sum = 0;
+    for (const auto& part : terms) {
+      exact += part[i];
+      magnitude += std::fabs(part[i]);
+      sum = bf16(sum + convert(part[i]));
+    }
+    // The run's 3 + 1 roundings in bf16 and the reference's one in float32 (check_parts' bound).
+    const double absolute = verify::summation_bound(0.0, 4, verify::kBfloat16Rounding) + verify::summation_bound(0.0, 1);
+    const double bound = verify::summation_bound(magnitude, 4, verify::kBfloat16Rounding) + verify::summation_bound(magnitude, 1);
+    const float reference = static_cast<float>(exact);
+    EXPECT_LE(std::fabs(sum - static_cast<double>(reference)), bound) << i;  // truncation too stays within it
+    bias.add(sum, reference, bound, absolute);
+  }
+  return bias;
+}
+
+TEST(RoundingBias, RoundingToNearestPassesAndATruncatingOrUpwardConversionFails) {
+  const auto nearest = bf16_ring_sum([](float x) { return half::from_bfloat16(half::to_bfloat16(x)); });
+  EXPECT_EQ(nearest.elements(), 100000);
+  EXPECT_LT(nearest.ratio(), 0.5);
+  const auto truncated = bf16_ring_sum([](float x) { return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0xffff0000u); });
+  EXPECT_GT(truncated.ratio(), 2.0);
+  EXPECT_STREQ(truncated.direction(), "toward zero");
+  const auto upward = bf16_ring_sum([](float x) {  // the bf16 at or above x: truncation below zero, one up above
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x), kept = bits & 0xffff0000u;
+    return std::bit_cast<float>(x > 0 && kept != bits ? kept + 0x10000u : kept);
+  });
+  EXPECT_GT(upward.ratio(), 2.0);
+  EXPECT_STREQ(upward.direction(), "upward");
+}
+
+// Values at the bottom of fp16's range all round toward zero, legitimately: their allowance covers it.
+TEST(RoundingBias, UnderflowToZeroIsAllowed) {
+  verify::RoundingBias bias;
+  for (int i = 0; i < 100000; ++i) {
+    const double x = 0x1p-27 * (1 + i % 7);  // below half fp16's smallest subnormal (2^-25): rounds to 0
+    const double bound = verify::summation_bound(x, 2, verify::kFloat16Rounding);
+    bias.add(0.0, x, bound, verify::summation_bound(0.0, 2, verify::kFloat16Rounding));
+  }
+  EXPECT_LE(bias.ratio(), 1.0);
+  EXPECT_STREQ(bias.direction(), "toward zero");
+}
+
 TEST(NormBound, APartitionedNormStaysWithinItAndADoubleCountDoesNot) {
   std::mt19937 rng(11);
   for (int partials : {1, 2, 3, 4, 8}) {
@@ -113,6 +167,19 @@ TEST(NormBound, APartitionedNormStaysWithinItAndADoubleCountDoesNot) {
     for (float g : parts[0]) first += static_cast<double>(g) * g;
     EXPECT_GT(std::fabs(std::sqrt(exact_squares + first) - exact), verify::norm_bound(exact, partials));
   }
+}
+
+// A floor that comes out near zero by chance is replaced by the largest of the item's last 16; a large one
+// is forgotten 16 steps later; each item keeps its own.
+TEST(NoiseFloor, EachFloorIsTheLargestOfItsLastSixteen) {
+  verify::FloorHistory history;
+  EXPECT_EQ(history.remember(0, 4.0), 4.0);
+  EXPECT_EQ(history.remember(1, 1.0), 1.0);  // another item: its own history
+  EXPECT_EQ(history.remember(0, 1e-12), 4.0);
+  for (int step = 2; step < verify::kFloorHistory; ++step) EXPECT_EQ(history.remember(0, 2.0), 4.0) << step;
+  EXPECT_EQ(history.remember(0, 2.0), 2.0);  // the 4 was 16 measurements ago
+  EXPECT_EQ(history.remember(1, 0.5), 1.0);
+  EXPECT_TRUE(std::isnan(history.remember(1, NAN)));  // a NaN floor is never hidden
 }
 
 TEST(NoiseFloor, SmallTensorsTakeThePooledFloorsAndNoneIsBelowOneRounding) {

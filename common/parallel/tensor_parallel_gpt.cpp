@@ -59,7 +59,8 @@ Tensor TensorParallelBlock::attention(const Tensor& x) {
 }
 
 Tensor TensorParallelBlock::mlp(const Tensor& x) {
-  return (*mlp_proj_)(gelu((*c_fc_)(x), GeluApproximate::tanh));
+  const bool exact = gelu_fault_ && gelu_fault_();
+  return (*mlp_proj_)(gelu((*c_fc_)(x), exact ? GeluApproximate::none : GeluApproximate::tanh));
 }
 
 Tensor TensorParallelBlock::forward(const Tensor& x) {

@@ -11,6 +11,7 @@
 // unsharded one does. Dropout must be off. The whole model split this way is a PipelineStageGPT of a
 // one-stage pipeline (pipeline.h), which holds the embeddings, the head and the loss.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,9 @@ class TensorParallelBlock : public nn::Module {
   Tensor forward(const Tensor& x) override;
   // Attention's core on this rank's heads (nn::AttentionCore; context parallelism sets its own).
   void set_attention_core(nn::AttentionCore core) { core_ = std::move(core); }
+  // A bug for --verify to catch (chapter 08's --fault exact-gelu): while `on` says so, the MLP computes
+  // the exact GELU where the model uses the tanh form.
+  void set_gelu_fault(std::function<bool()> on) { gelu_fault_ = std::move(on); }
 
  private:
   Tensor layers(const Tensor& x);
@@ -50,6 +54,7 @@ class TensorParallelBlock : public nn::Module {
   std::int64_t local_heads_;
   nn::Recompute recompute_;
   nn::AttentionCore core_;
+  std::function<bool()> gelu_fault_;
 };
 
 // A copy of a layer norm, parameters of its own.

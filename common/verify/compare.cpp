@@ -54,6 +54,35 @@ std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, co
   return tolerances;
 }
 
+double FloorHistory::remember(std::size_t index, double floor) {
+  if (floors_.size() <= index) floors_.resize(index + 1);
+  auto& history = floors_[index];
+  history.push_back(floor);
+  if (history.size() > static_cast<std::size_t>(kFloorHistory)) history.erase(history.begin());
+  double most = 0;
+  for (double f : history) most = std::isnan(f) || f > most ? f : most;
+  return most;
+}
+
+double RoundingBias::sum() const {
+  const double sum = std::max(std::fabs(plain_), std::fabs(toward_));
+  return std::isnan(plain_) || std::isnan(toward_) ? std::numeric_limits<double>::infinity() : sum;
+}
+
+double RoundingBias::threshold() const {
+  return std::sqrt(2.0 * std::log(2.0 / kRoundingBiasFalseAlarm) * static_cast<double>(elements_)) + allowed_;
+}
+
+double RoundingBias::ratio() const {
+  const double s = sum(), t = threshold();
+  return t > 0 ? s / t : (s == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+}
+
+const char* RoundingBias::direction() const {
+  if (std::fabs(toward_) >= std::fabs(plain_)) return toward_ < 0 ? "toward zero" : "away from zero";
+  return plain_ < 0 ? "downward" : "upward";
+}
+
 double norm_bound(double norm, std::int64_t partial_sums) {
   return (0.5 * gamma(2 * std::max<std::int64_t>(1, partial_sums)) + kUnitRoundoff) * norm;
 }

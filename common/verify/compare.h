@@ -86,14 +86,23 @@ struct Drift {
 // perturbs only the final sums, and tensor parallelism's gradients drifted 65 such floors from the
 // reference in a correct run). Each tensor's gradient may then differ from the reference by
 // kNoiseFloorFactor floors. The floor is measured anew at every step from the run's own parameters, so
-// it does not grow with the run's length.
-// Measured over 1000-step runs of every grid of chapter 08 (TP 2 and 3, PP 2 and 3, DP 3, SP, TP x PP,
-// DP x TP x PP; the GPT at 1x and 10x its learning rate and four seeds, the MLP at TP 2 and 3): a correct
-// step came at most 34 floors from the reference. Every fault, at the step it began: 1.3e5 floors (one
-// micro-batch of 16 lost) to 2.9e6 (a skipped TP all-reduce), the rest between (a skipped DP average
-// 8.5e5, a tied table not exchanged 1.6e6, a sequence-parallel sum left out 7.7e5). The factor sits
-// near the geometric middle: 30 times the worst correct step, a hundredth of the mildest fault.
-constexpr double kNoiseFloorFactor = 1000;
+// it does not grow with the run's length (each tensor's is the largest of its last few, FloorHistory).
+// Measured on 2026-11-27 (scripts/noise_floor_margins.sh): 1000-step runs of every grid of chapter 08 in
+// float32 (TP 2, 3 and 4, with and without SP; CP 2, ring and Ulysses; PP 2 and 3, and interleaved; DP 3;
+// TP x PP, TP x CP, DP x TP with SP; the GPT at its learning rate and at ten times it, with another seed;
+// the MLP at TP 2 and 3 and DP 2 x TP 2): a correct step's gradient came at most 9.6 floors from the
+// reference (the MLP at TP 3); 24 of the 32 runs stayed within 5. A bug in the layer code, the GPT's
+// tensor-parallel MLPs computing the exact GELU where the model has the tanh form (chapter 08's --fault
+// exact-gelu, the default GPT at TP 2), came 184 to 613 floors away in its first ten steps; a lost
+// micro-batch 1.3e5 floors, a skipped TP all-reduce 2.9e6. The factor is 5 times the worst correct
+// step, and under a third of the GELU's smallest step.
+constexpr double kNoiseFloorFactor = 50;
+// The loss is one number, and its floor the least stable: near convergence the loss hardly moves with
+// the parameters (its gradient is small), so nudging them barely moves it, while the split
+// cross-entropy's own roundings do not shrink with it. The same runs' loss came at most 81 floors from the
+// reference (DP 2 x TP 2 with SP), its other runs within 45. Its factor is 12 times that; a fault that
+// changes the loss changes the gradient too, which is held to kNoiseFloorFactor.
+constexpr double kLossNoiseFloorFactor = 1000;
 // Each tensor's tolerance from its measured floor, its largest gradient (the reference's) and its
 // number of elements. The floor is the largest of the tensor's differences, a stable estimate for a
 // large tensor (the maxima of many roundings' effects concentrate) but not for a small one: a one-element
@@ -104,8 +113,69 @@ constexpr double kNoiseFloorFactor = 1000;
 // kStableFloorElements elements takes the model's largest relative floor; nor is any floor less than one
 // rounding of the tensor's largest gradient. The tolerance is kNoiseFloorFactor times that.
 constexpr std::int64_t kStableFloorElements = 256;
+// A floor is one draw of a rounding difference, and one draw can come out near zero, the more likely the
+// fewer elements it is the largest of (a one-element bias, the loss): the run's difference over such a
+// floor has a heavy tail (a correct TP 2 run with sequence parallelism reached 44 floors on a layer
+// norm's bias, and its loss 290, in 1000 steps). The floor moves slowly with training, so each tensor's
+// floor, and the loss's, is the largest of its last kFloorHistory measurements: with that, the same run's
+// worst step came 7.8 floors from the reference and its loss 30.
+constexpr int kFloorHistory = 16;
+class FloorHistory {
+ public:
+  // Records this step's floor of item `index` (a tensor, or the loss) and returns the largest of its last
+  // kFloorHistory, this one included.
+  double remember(std::size_t index, double floor);
+
+ private:
+  std::vector<std::vector<double>> floors_;  // per item, its last floors, oldest first
+};
 std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, const std::vector<double>& largest,
                                            const std::vector<std::int64_t>& elements);
+
+// A 16-bit sum that is wrong in every element by a fraction of its bound (a conversion that truncates
+// instead of rounding to nearest, a hook that always rounds up) stays within the elementwise bound
+// above, step after step. It shows in the mean. Rounding to nearest errs by as much up as down: over
+// the elements i of one reduction, the errors e_i = run_i - reference_i, each measured in its own
+// elementwise bound b_i, z_i = e_i / b_i in [-1, 1], have mean zero, and so do z_i sgn(reference_i).
+// By Hoeffding's inequality (1963), for errors independent across the n elements,
+//     P(|sum_i z_i| >= t) <= 2 exp(-t^2 / (2 n)),
+// so a sum beyond t = sqrt(2 ln(2 / p) n) happens to correct rounding with probability at most p.
+// Rounding to nearest is unbiased only where the values are spread over many units of the last place:
+// below half the smallest subnormal every value rounds to zero, toward zero. So an element may carry a
+// legitimate lean of up to the absolute (subnormal) part a_i of its bound, a_i / b_i in z's units, and
+// the test allows t + sum_i a_i / b_i; an element whose terms, at the scale the run added them, are all
+// below the format's smallest normal number is left out (its a_i is most of its b_i: it could not lean
+// past its allowance). A truncating conversion errs toward zero by half a unit in the last place on
+// average, a tenth of the bound and more, so its sum grows with n and t with n's square root: over
+// the 10^5 elements of a small model's gradient it is beyond t by several times.
+// kRoundingBiasFalseAlarm is p, per check: a correct run of 1000 steps fails it with probability at most
+// 1e-6.
+constexpr double kRoundingBiasFalseAlarm = 1e-9;
+class RoundingBias {
+ public:
+  // One element: the run's value, the reference's, its elementwise bound b_i and the bound's absolute
+  // part a_i.
+  void add(double run, double reference, double bound, double absolute) {
+    if (!(bound > 0)) return;
+    const double z = (run - reference) / bound;
+    plain_ += z;
+    toward_ += reference > 0 ? z : reference < 0 ? -z : 0.0;
+    allowed_ += absolute / bound;
+    ++elements_;
+  }
+  std::int64_t elements() const { return elements_; }
+  // The larger of |sum z_i| and |sum z_i sgn(reference_i)| over the test's threshold: above 1, the
+  // errors lean one way more than rounding to nearest allows.
+  double ratio() const;
+  double sum() const;        // the larger of the two sums, in absolute value
+  double threshold() const;  // t + sum a_i / b_i
+  // Which way: "away from zero", "toward zero", "upward" or "downward" (the larger of the two sums).
+  const char* direction() const;
+
+ private:
+  double plain_ = 0, toward_ = 0, allowed_ = 0;
+  std::int64_t elements_ = 0;
+};
 
 // A gradient's norm computed, as the run's clipping computes it, from `partial_sums` sums of squares
 // (one per rank that holds a part, each in double, sent in float32 and added in float32), against the

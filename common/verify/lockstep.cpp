@@ -199,6 +199,8 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   const double per_magnitude = gamma(run_roundings, rounding_.unit_roundoff) + gamma(reference_roundings);
   const double absolute = summation_bound(0.0, run_roundings, rounding_) + summation_bound(0.0, reference_roundings);
   bool reported = false;
+  RoundingBias bias;  // in 16 bits: do the errors lean one way? (compare.h)
+  const double smallest_normal = rounding_.subnormal / rounding_.unit_roundoff;  // 2^-14 for fp16, 2^-126 for bf16
   for (std::size_t i = 0; i < count; ++i) {
     const double m = all[count + i];
     const double diff = std::fabs(static_cast<double>(run_gradient[i]) - all[i]);
@@ -210,6 +212,16 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
                         locate(*reference_, i).c_str(), run_gradient[i], all[i], bound));
       reported = true;
     }
+    if (sixteen_bit && m * loss_scale_ >= smallest_normal) bias.add(run_gradient[i], all[i], bound, absolute);
+  }
+  if (sixteen_bit) {
+    summary_.worst_bias_ratio = std::max(summary_.worst_bias_ratio, bias.ratio());
+    if (!(bias.ratio() <= 1))
+      record(step, text("the 16-bit sum of the gradient errs %s: its %lld errors, each in units of its bound, add up "
+                        "to %.3g, where rounding to nearest stays within %.3g but once in %.0g steps (each error within "
+                        "its bound, their sum not)",
+                        bias.direction(), static_cast<long long>(bias.elements()), bias.sum(), bias.threshold(),
+                        1 / kRoundingBiasFalseAlarm));
   }
   const double m = all[2 * count + 1];
   const double diff = std::fabs(static_cast<double>(run_loss) - all[2 * count]);
@@ -261,6 +273,8 @@ void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_
     elements.push_back(p.numel());
     at += n;
   }
+  // Each tensor's floor: the largest of its last kFloorHistory measurements (compare.h).
+  for (std::size_t t = 0; t < named.size(); ++t) floors[t] = floors_.remember(t, floors[t]);
   const auto tolerances = noise_floor_tolerances(floors, largest, elements);
   for (std::size_t t = 0; t < named.size(); ++t) {
     const double diff = diffs[t], tolerance = tolerances[t];
@@ -273,9 +287,9 @@ void Lockstep::check_reordered(std::int64_t step, const std::vector<float>& run_
                         locate(*reference_, worst[t]).c_str(), run_gradient[worst[t]], all[worst[t]], tolerance,
                         kNoiseFloorFactor, named[t].first.c_str(), tolerance / kNoiseFloorFactor));
   }
-  const double floor = std::fabs(static_cast<double>(all[2 * count]) - all[2 * count + 1]);
+  const double floor = floors_.remember(named.size(), std::fabs(static_cast<double>(all[2 * count]) - all[2 * count + 1]));
   // The loss: one number, its floor the one measurement there is.
-  const double tolerance = kNoiseFloorFactor * std::max(floor, kUnitRoundoff * std::fabs(all[2 * count]));
+  const double tolerance = kLossNoiseFloorFactor * std::max(floor, kUnitRoundoff * std::fabs(all[2 * count]));
   const double diff = std::fabs(static_cast<double>(run_loss) - all[2 * count]);
   summary_.worst_loss_diff = std::max(summary_.worst_loss_diff, std::isnan(diff) ? INFINITY : diff);
   summary_.worst_loss_ratio = std::max(summary_.worst_loss_ratio, ratio_of(diff, tolerance));
@@ -353,8 +367,9 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
                                       static_cast<float>(summary_.worst_loss_diff),
                                       static_cast<float>(summary_.worst_loss_ratio),
                                       static_cast<float>(summary_.worst_floor),
-                                      static_cast<float>(summary_.skipped_steps)},
-                                     {8}, reference_->parameters().front().device());
+                                      static_cast<float>(summary_.skipped_steps),
+                                      static_cast<float>(summary_.worst_bias_ratio)},
+                                     {9}, reference_->parameters().front().device());
   group_->broadcast(verdict, 0);
   const auto v = verdict.to_host();
   summary_.passed = v[0] == 1.0f;
@@ -365,6 +380,7 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
   summary_.worst_loss_ratio = v[5];
   summary_.worst_floor = v[6];
   summary_.skipped_steps = static_cast<std::int64_t>(v[7]);
+  summary_.worst_bias_ratio = v[8];
   return summary_;
 }
 

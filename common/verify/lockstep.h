@@ -13,7 +13,9 @@
 //                   float32 bound of those additions. Where a part's gradient is itself a sum of
 //                   terms (a tied table's two uses, accumulation inside a part), which the run may add
 //                   across parts in another order, the bound counts every term and their magnitudes
-//                   (autograd::ContributionMagnitudes), not only each part's total, which may cancel;
+//                   (autograd::ContributionMagnitudes), not only each part's total, which may cancel.
+//                   Where the run adds its parts in 16 bits, their errors must also not lean one way
+//                   over the whole gradient, as rounding to nearest never does (RoundingBias);
 //        reordered: the run reorders the computation itself (tensor and pipeline parallelism): within
 //                   kNoiseFloorFactor times the step's own noise floor, the reference's gradient against
 //                   itself from every parameter nudged by one rounding, its samples reversed.
@@ -70,6 +72,7 @@ struct LockstepSummary {
   double worst_gradient_diff = 0, worst_gradient_ratio = 0;  // ratio: difference / its tolerance
   double worst_loss_diff = 0, worst_loss_ratio = 0;
   double worst_floor = 0;  // reordered: the largest noise floor measured on a tensor (0 for parts)
+  double worst_bias_ratio = 0;  // parts added in 16 bits: the largest RoundingBias::ratio() (compare.h)
   std::int64_t skipped_steps = 0;  // float16 steps whose gradient overflowed, skipped by run and reference alike
 };
 
@@ -168,6 +171,7 @@ class Lockstep {
   std::vector<float> run_gradient_;  // rank 0: the gradient of the step being checked
   std::vector<double> sum_, magnitude_;  // check_parts' buffers, kept from step to step
   std::vector<float> all_;
+  FloorHistory floors_;  // rank 0, reordered: each tensor's last floors, then the loss's
   std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
   std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
