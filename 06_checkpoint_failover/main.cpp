@@ -67,7 +67,8 @@ int run(Options& o, cli::Session& session) {
     // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
     if (state.step % o.checkpoints.every == 0 || state.step == o.training.steps)
       checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, trainer.optimizer(),
-                                             session.metrics, o.kill.during_save_of(state.step, group.rank())));
+                                             session.metrics, o.kill.during_save_of(state.step, group.rank()),
+                                             checks.writer_fault(step)));
   }
   return checks.finish(state);
 }

@@ -28,7 +28,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--verify", o.verify, "Check every step in lock-step against one rank, and compare with the "
                                      "uninterrupted run: bit-identical at an unchanged world size");
   cli::add_fault_options(app, o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
-                                         {"repeat-batch", "the data goes back one batch"}});
+                                         {"repeat-batch", "the data goes back one batch"},
+                                         {"zero-saved-moments", "the checkpoints written carry Adam's second moments "
+                                                                "zeroed (a writer's bug)"}});
 }
 
 void check_options(const CLI::App& app, Options& o) {

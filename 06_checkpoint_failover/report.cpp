@@ -23,11 +23,11 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
   reference_recipe_ = std::make_unique<optim::Recipe>(recipe_of(o), reference_->parameters(), o.training.lr, o.training.steps);
 }
 
-std::function<void(const checkpoint::Loaded&)> Diagnostics::also_restore() {
+std::function<void(const std::string&, const checkpoint::Loaded&)> Diagnostics::also_restore() {
   if (!reference_) return {};
-  return [this](const checkpoint::Loaded& loaded) {
+  return [this](const std::string& path, const checkpoint::Loaded& loaded) {
     MemoryCategoryOverride verification(MemoryCategory::verification);
-    checkpoint::restore(loaded, *reference_, reference_recipe_->optimizer());
+    checkpoint::restore(path, loaded, *reference_, reference_recipe_->optimizer());  // its digest checked too
   };
 }
 
@@ -49,6 +49,16 @@ void Diagnostics::break_if_asked(std::int64_t step, checkpoint::TrainingState& s
   if (step != fault_step_) return;
   if (o_.faults.fault == "lose-optimizer-state") trainer_.lose_optimizer_moments();
   if (o_.faults.fault == "repeat-batch") state.samples_seen -= global_batch_;
+}
+
+std::function<void(checkpoint::NamedTensors&)> Diagnostics::writer_fault(std::int64_t step) const {
+  if (!o_.faults.at("zero-saved-moments", step)) return {};
+  return [](checkpoint::NamedTensors& tensors) {
+    const std::string moments = ".exp_avg_sq";
+    for (auto& [name, t] : tensors)
+      if (name.size() > moments.size() && name.compare(name.size() - moments.size(), moments.size(), moments) == 0)
+        t = Tensor::zeros(t.shape(), t.device());  // a new tensor: the optimizer's own stay as they are
+  };
 }
 
 bool Diagnostics::end_step(std::int64_t step, float loss) {
@@ -153,6 +163,7 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
                          {"verified", o_.verify}, {"same_world", same_world}, {"max_diff", difference},
                          {"optimizer_max_diff", optimizer_difference}, {"lockstep_passed", check.passed},
                          {"first_failed_step", check.first_failed_step}, {"gradient_bound_ratio", check.worst_gradient_ratio},
+                         {"rounding_bias_ratio", check.worst_bias_ratio},
                          {"fault", o_.faults.fault}, {"fault_step", fault_step_}, {"diverged", diverged_}, {"passed", passed}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;

@@ -21,12 +21,15 @@ class Diagnostics {
   Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task, const data::SampleStream& stream,
               Trainer& trainer, std::int64_t global_batch);
   // With --verify: restores a checkpoint the run resumes into the reference too; otherwise empty.
-  std::function<void(const checkpoint::Loaded&)> also_restore();
+  std::function<void(const std::string& path, const checkpoint::Loaded&)> also_restore();
   // Training starts (or resumes) at `start`: the lock-step check begins there.
   void begin(const checkpoint::Start& start);
   verify::Lockstep* lockstep() { return lockstep_.get(); }
   // --fault, at the step it was asked for: the optimizer's state lost, or the data back one batch.
   void break_if_asked(std::int64_t step, checkpoint::TrainingState& state);
+  // --fault zero-saved-moments from step K on: the checkpoints written after step K and later carry Adam's
+  // second moments zeroed, as a writer's bug would write them (their digest, from memory, catches it).
+  std::function<void(checkpoint::NamedTensors&)> writer_fault(std::int64_t step) const;
   void begin_step() { began_ = std::chrono::steady_clock::now(); }
   // Logs the step; false when the loss is not finite (the run diverged and stops, nothing saved).
   bool end_step(std::int64_t step, float loss);

@@ -292,6 +292,42 @@ TEST(Chapter06, VerifyCatchesAFaultThatBeginsLate) {
   EXPECT_NE(refused.process.err.find("--fault-from-step"), std::string::npos) << refused.process.err;
 }
 
+// A checkpoint's checksum covers the bytes written, so a writer that zeroes Adam's second moments writes a
+// file whose checksum matches. The digest of the state in memory catches it at that save (step 30's, the
+// first after step 25): the run stops with one line naming the file, nothing of it is written, and the
+// checkpoints before it stay good. A file written so by another writer (its checksum recomputed) is
+// rejected at resume, at another world size too, and the run resumes from the one before, in lock-step.
+TEST(Chapter06, ACheckpointWrittenWrongIsCaughtAtItsSaveAndRejectedAtResume) {
+  const std::string dir = fresh_folder();
+  Outcome wrong = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --fault zero-saved-moments --fault-from-step 25");
+  EXPECT_EQ(wrong.process.exit_code, 1) << wrong.process.out << wrong.process.err;
+  EXPECT_NE(wrong.process.err.find("step_00000030.safetensors: its values do not give the digest of the training "
+                                   "state it was saved from"),
+            std::string::npos) << wrong.process.err;
+  EXPECT_TRUE(fs::exists(dir + "/step_00000020.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/step_00000030.safetensors"));
+  Outcome resumed = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --resume --verify");
+  expect_passed(resumed);
+  EXPECT_NE(resumed.process.out.find("resumed from step 20"), std::string::npos) << resumed.process.out;
+
+  // Step 20's file rewritten with its second moments zeroed, its metadata as it was, a new checksum.
+  const std::string pristine = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + pristine + " --steps 20"));
+  const std::string newest = pristine + "/step_00000020.safetensors";
+  auto loaded = checkpoint::load_safetensors(newest);
+  int zeroed = 0;
+  for (auto& [name, t] : loaded.tensors)
+    if (name.find(".exp_avg_sq") != std::string::npos) t = Tensor::zeros(t.shape()), ++zeroed;
+  ASSERT_GT(zeroed, 0);
+  checkpoint::save_safetensors(newest, loaded.tensors, loaded.metadata);
+  EXPECT_TRUE(checkpoint::load_safetensors(newest).checksummed);  // as far as the bytes go, a good file
+  Outcome elastic = run(MPIRUN_NP4, "--ckpt-dir " + pristine + " --steps 30 --resume --verify");
+  expect_passed(elastic);
+  EXPECT_NE(elastic.process.out.find("rejected " + newest + ": its values do not give the digest"), std::string::npos)
+      << elastic.process.out;
+  EXPECT_NE(elastic.process.out.find("resumed from step 10"), std::string::npos) << elastic.process.out;
+}
+
 // ---- the GPT: the same guarantees for the model the later chapters train ------------------------------
 
 // A small GPT on 512 addition problems, trained with AdamW, its warm-up and cosine schedule and clipping:

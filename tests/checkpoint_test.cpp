@@ -97,7 +97,7 @@ struct Saved {
     s.world_size = 2;
     s.world_history = "2@0";
     loaded.tensors = checkpoint::training_tensors(*model, adam);
-    loaded.metadata = checkpoint::training_metadata(s, config, adam);
+    loaded.metadata = checkpoint::training_metadata(s, config, *model, adam);
     loaded.checksummed = true;  // as load_safetensors reports a file whose checksum matched
   }
   checkpoint::TrainingState check() const {
@@ -122,7 +122,7 @@ TEST(TrainingCheckpoint, RoundTripsAndRestores) {
   EXPECT_EQ(state.world_history, "2@0");
   auto model = nn::make_mlp(3, 4, 1, 1, nn::Activation::relu, Device::cpu, 99);  // other initial weights
   optim::Adam adam(model->parameters(), 0.01f);
-  checkpoint::restore(saved.loaded, *model, adam);
+  checkpoint::restore("f", saved.loaded, *model, adam);
   EXPECT_EQ(model->parameters_to_host(), saved.model->parameters_to_host());
   EXPECT_EQ(adam.steps_taken(), 1);
   ASSERT_EQ(adam.state().size(), saved.adam.state().size());
@@ -180,6 +180,46 @@ TEST(TrainingCheckpoint, WhatDoesNotFitIsRejectedWithTheReason) {
     Saved s;  // its checksum deleted from the metadata: damaged, not a file to trust without one
     s.loaded.checksummed = false;
     expect_rejected(s, "has no checksum");
+  }
+}
+
+// The checksum covers the bytes; the digest covers the values. A state written wrong (a moment zeroed, the
+// sample position moved) has a good checksum and is rejected by its digest; a restore that does not give
+// the checkpoint's digest throws.
+TEST(TrainingCheckpoint, ValuesThatDoNotGiveTheStatesDigestAreRejected) {
+  {
+    Saved s;
+    for (auto& [name, t] : s.loaded.tensors)
+      if (name.find(".exp_avg_sq") != std::string::npos) t = Tensor::zeros(t.shape());
+    expect_rejected(s, "its values do not give the digest of the training state it was saved from");
+  }
+  {
+    Saved s;
+    s.loaded.tensors.front().second = s.loaded.tensors.front().second.clone();
+    s.loaded.tensors.front().second.data()[0] += 1e-7f;  // one value, one rounding away
+    expect_rejected(s, "its values do not give the digest");
+  }
+  {
+    Saved s;
+    s.loaded.metadata["samples_seen"] = "16";
+    expect_rejected(s, "its values do not give the digest");
+  }
+  {
+    Saved s;
+    s.loaded.metadata.erase("state_digest");
+    expect_rejected(s, "metadata lacks 'state_digest'");
+  }
+  {
+    Saved s;  // the digest of other values: the restore itself is judged
+    s.loaded.metadata["state_digest"] = "0123456789abcdef";
+    auto model = nn::make_mlp(3, 4, 1, 1, nn::Activation::relu, Device::cpu, 99);
+    optim::Adam adam(model->parameters(), 0.01f);
+    try {
+      checkpoint::restore("f", s.loaded, *model, adam);
+      ADD_FAILURE() << "restored against a digest it does not give";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("the restore went wrong"), std::string::npos) << e.what();
+    }
   }
 }
 

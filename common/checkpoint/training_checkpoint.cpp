@@ -13,7 +13,7 @@ namespace course::checkpoint {
 
 Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool resume, const RunIdentity& run,
                       nn::Module& model, optim::Optimizer& optimizer, metrics::MetricsWriter& metrics,
-                      const std::function<void(const Loaded&)>& also_restore) {
+                      const std::function<void(const std::string&, const Loaded&)>& also_restore) {
   const int ranks = group.size();
   Start start;
   start.state.seed = run.seed;
@@ -48,8 +48,8 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
   if (state.step > run.steps)
     throw UsageError("--steps: " + std::to_string(run.steps) + " is fewer than the checkpoint's " +
                      std::to_string(state.step));
-  restore(found->loaded, model, optimizer);
-  if (also_restore) also_restore(found->loaded);
+  restore(found->path, found->loaded, model, optimizer);
+  if (also_restore) also_restore(found->path, found->loaded);
   log("resumed from step %lld (%s, saved at %d ranks; sample position %lld, epoch %lld)\n",
       static_cast<long long>(state.step), found->path.c_str(), state.world_size,
       static_cast<long long>(state.samples_seen), static_cast<long long>(state.epoch));
@@ -67,14 +67,16 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
 
 Saved save_training(comm::Communicator& group, const CheckpointFolder& folder, const TrainingState& state,
                     const std::string& config, const nn::Module& model, const optim::Optimizer& optimizer,
-                    metrics::MetricsWriter& metrics, const WriteProgress& die_halfway) {
+                    metrics::MetricsWriter& metrics, const WriteProgress& die_halfway,
+                    const std::function<void(NamedTensors&)>& writer_fault) {
   Saved saved;
   if (group.rank() != 0) return saved;
   const auto begin = std::chrono::steady_clock::now();
   // What the loader would reject is never written: with --keep it would replace the good ones.
   Loaded outgoing;
+  outgoing.metadata = training_metadata(state, config, model, optimizer);  // the state's digest, from memory
   outgoing.tensors = training_tensors(model, optimizer);
-  outgoing.metadata = training_metadata(state, config, optimizer);
+  if (writer_fault) writer_fault(outgoing.tensors);
   outgoing.checksummed = true;  // the file will carry one
   check_training_checkpoint(folder.path_for(state.step), outgoing, model, config, optimizer);
   saved.bytes = folder.save(state.step, outgoing.tensors, outgoing.metadata, die_halfway);

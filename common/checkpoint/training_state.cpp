@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 namespace course::checkpoint {
 namespace {
 
 constexpr const char* kTrainingStateFormat = "course-training-checkpoint-1";
 constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kStateDigest = "state_digest";
 
 std::int64_t integer(const std::string& path, const Metadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
@@ -51,7 +53,29 @@ NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& o
   return tensors;
 }
 
-Metadata training_metadata(const TrainingState& s, const std::string& model_config, const optim::Optimizer& optimizer) {
+std::string state_digest(const NamedTensors& tensors, const Metadata& metadata) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
+  const auto add = [&hash](const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ULL;
+  };
+  const auto add_text = [&add](const std::string& text) { add(text.c_str(), text.size() + 1); };  // with its end
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
+  for (const auto& [name, t] : by_name) {
+    add_text(name);
+    const std::vector<float> values = t->to_host();
+    add(values.data(), values.size() * sizeof(float));
+  }
+  for (const auto& [key, value] : metadata)  // a std::map: in the order of the keys
+    if (key != kStateDigest && key != "checksum") add_text(key), add_text(value);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
+  return out;
+}
+
+Metadata training_metadata(const TrainingState& s, const std::string& model_config, const nn::Module& model,
+                           const optim::Optimizer& optimizer) {
   Metadata m{{"format", kTrainingStateFormat},
           {"step", std::to_string(s.step)},
           {"samples_seen", std::to_string(s.samples_seen)},
@@ -66,6 +90,7 @@ Metadata training_metadata(const TrainingState& s, const std::string& model_conf
           {"optimizer_step", std::to_string(optimizer.steps_taken())},
           {"lr", std::to_string(optimizer.lr())}};
   put_loss_scale(m, s.loss_scale);
+  m[kStateDigest] = state_digest(training_tensors(model, optimizer), m);
   return m;
 }
 
@@ -147,10 +172,13 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   }
   if (expected != loaded.tensors.size())
     throw CheckpointError(path, std::to_string(loaded.tensors.size() - expected) + " tensors that this model does not have");
+  if (state_digest(loaded.tensors, m) != text(path, m, kStateDigest))
+    throw CheckpointError(path, "its values do not give the digest of the training state it was saved from (" +
+                                    m.at(kStateDigest) + "): its values were written wrong (a checksum covers only the bytes written)");
   return s;
 }
 
-void restore(const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer) {
+void restore(const std::string& path, const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : loaded.tensors) by_name[name] = &t;
   for (auto& [name, p] : model.named_parameters()) p.copy_from(*by_name.at(name));
@@ -159,6 +187,9 @@ void restore(const Loaded& loaded, nn::Module& model, optim::Optimizer& optimize
   for (const auto& [name, t] : loaded.tensors)
     if (name.rfind(prefix, 0) == 0) state.emplace_back(name.substr(prefix.size()), t);
   optimizer.load_state(state, std::stol(loaded.metadata.at("optimizer_step")));
+  if (state_digest(training_tensors(model, optimizer), loaded.metadata) != text(path, loaded.metadata, kStateDigest))
+    throw CheckpointError(path, "restored, the run's parameters and optimizer state do not give the checkpoint's "
+                                "digest (" + loaded.metadata.at(kStateDigest) + "): the restore went wrong");
 }
 
 }  // namespace course::checkpoint

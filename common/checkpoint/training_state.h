@@ -29,8 +29,19 @@ struct TrainingState {
 std::string config_hash(const std::string& model_config);
 
 NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& optimizer);
-Metadata training_metadata(const TrainingState& state, const std::string& model_config,
+// The metadata of `state`, with the digest of the training state in memory ("state_digest", below).
+Metadata training_metadata(const TrainingState& state, const std::string& model_config, const nn::Module& model,
                            const optim::Optimizer& optimizer);
+
+// A checkpoint's checksum covers the bytes written, so a writer that puts wrong values into a file (Adam's
+// moments zeroed, a tensor under another's name) writes a file whose checksum matches. So a checkpoint
+// also carries the digest of the training state computed from the values themselves: FNV-1a over every
+// tensor's name and its values' bits, in the order of the names, and over every metadata entry but the
+// digest and the checksum (the step, the sample position, the optimizer's step count, the loss scale,
+// the configuration, ...). training_metadata() takes it from the tensors in memory, before anything is
+// serialised; check_training_checkpoint() requires the tensors read (at save, those about to be written)
+// to give it again, and restore() requires the run's own tensors to, once restored. 16 hexadecimal digits.
+std::string state_digest(const NamedTensors& tensors, const Metadata& metadata);
 
 // fp16's loss scale in a checkpoint's metadata (nothing for a disabled scaler: scale 0): the scale
 // exactly, in hexadecimal, its growth count and the steps it skipped; loss_scale_of reads it back (a
@@ -45,7 +56,8 @@ optim::GradScalerState loss_scale_of(const std::string& path, const Metadata& m)
 TrainingState check_training_checkpoint(const std::string& path, const Loaded& loaded, const nn::Module& model,
                                         const std::string& model_config, const optim::Optimizer& optimizer);
 
-// Copies a checked checkpoint's parameters and optimizer state (and step count) into the run.
-void restore(const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer);
+// Copies a checked checkpoint's parameters and optimizer state (and step count) into the run, and throws
+// CheckpointError naming `path` when the run's state then does not give the checkpoint's digest.
+void restore(const std::string& path, const Loaded& loaded, nn::Module& model, optim::Optimizer& optimizer);
 
 }  // namespace course::checkpoint
