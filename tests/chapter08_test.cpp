@@ -507,6 +507,7 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --micro-batches 1 --fault lose-micro-batch", "--fault"},  // nothing left to run
            {MPIRUN_NP2, "--tp 2 --fault skip-tied-exchange", "--fault"},  // one stage holds the table
            {MPIRUN_NP2, "--tp 2 --fault skip-sp-sum", "--fault"},         // no sequence parallelism
+           {MPIRUN_NP2, "--model mlp --tp 2 --fault exact-gelu", "--fault"},  // the MLP has no GELU blocks
            {MPIRUN_NP2, "--dp 2 --fault skip-dp-average --fault-from-step 6", "--fault-from-step"},  // never reached
            {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"},             // 48 is not DP 2 x 16 micro-batches
            {MPIRUN_NP2, "--sequence-parallel", "--sequence-parallel"},    // no TP group to split the sequence in

@@ -7,6 +7,8 @@
 #include <map>
 #include <vector>
 
+#include "common/core/fnv.h"
+
 namespace course::checkpoint {
 namespace {
 
@@ -36,14 +38,17 @@ const std::string& text(const std::string& path, const Metadata& metadata, const
   return it->second;
 }
 
-}  // namespace
-
-std::string config_hash(const std::string& model_config) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (char c : model_config) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+// A digest as 16 hexadecimal digits.
+std::string hex(std::uint64_t hash) {
   char out[17];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
   return out;
+}
+
+}  // namespace
+
+std::string config_hash(const std::string& model_config) {
+  return hex(fnv1a(kFnvOffset, model_config.data(), model_config.size()));
 }
 
 NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& optimizer) {
@@ -54,24 +59,18 @@ NamedTensors training_tensors(const nn::Module& model, const optim::Optimizer& o
 }
 
 std::string state_digest(const NamedTensors& tensors, const Metadata& metadata) {
-  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a
-  const auto add = [&hash](const void* data, std::size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ULL;
-  };
-  const auto add_text = [&add](const std::string& text) { add(text.c_str(), text.size() + 1); };  // with its end
+  std::uint64_t hash = kFnvOffset;
+  const auto add_text = [&hash](const std::string& text) { hash = fnv1a(hash, text.c_str(), text.size() + 1); };  // with its end
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) by_name[name] = &t;
   for (const auto& [name, t] : by_name) {
     add_text(name);
     const std::vector<float> values = t->to_host();
-    add(values.data(), values.size() * sizeof(float));
+    hash = fnv1a(hash, values.data(), values.size() * sizeof(float));
   }
   for (const auto& [key, value] : metadata)  // a std::map: in the order of the keys
     if (key != kStateDigest && key != "checksum") add_text(key), add_text(value);
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(hash));
-  return out;
+  return hex(hash);
 }
 
 Metadata training_metadata(const TrainingState& s, const std::string& model_config, const nn::Module& model,

@@ -4,14 +4,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/core/fnv.h"
+
 namespace course::parallel {
 
 namespace {
-constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ULL, kFnvPrime = 0x100000001b3ULL;
 std::uint64_t fnv(std::uint64_t hash, const std::vector<float>& values) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) hash = (hash ^ bytes[i]) * kFnvPrime;
-  return hash;
+  return fnv1a(hash, values.data(), values.size() * sizeof(float));
 }
 }  // namespace
 
