@@ -126,6 +126,12 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
   run.model = make_split_model(o, task, topology.pp_group(), tp, o.schedule == "interleaved" ? o.virtual_stages : 1,
                                run.cp.get(), device);
   run.stage = dynamic_cast<parallel::PipelineStageGPT*>(run.model.get());
+  // Bugs in the layer code itself, for the whole process: the 16-bit check's split reference makes them too.
+  for (const auto& [name, fault] : {std::pair{"sp-gather-rows", parallel::LayerFault::sp_gather_rows},
+                                    std::pair{"ring-drop-block", parallel::LayerFault::ring_drop_block},
+                                    std::pair{"row-parallel-no-sum", parallel::LayerFault::row_parallel_no_sum}})
+    if (o.faults.fault == name)
+      run.layer_fault = std::make_unique<parallel::LayerFaultScope>(fault, [&o, &step, name] { return o.faults.at(name, step); });
   if (o.faults.fault == "exact-gelu")
     for (auto& [name, module] : run.model->named_modules())
       if (auto* block = dynamic_cast<parallel::TensorParallelBlock*>(module))

@@ -14,6 +14,7 @@
 #include "common/optim/recipe.h"
 #include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
+#include "common/parallel/layer_faults.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
 #include "common/verify/lockstep.h"
@@ -55,6 +56,7 @@ struct GridRun {
   // they live as long as the model does.
   std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddp;
   std::unique_ptr<comm::Communicator> faulty_tp;  // --fault skip-tp-all-reduce: the layers' TP group
+  std::unique_ptr<parallel::LayerFaultScope> layer_fault;  // --fault sp-gather-rows, ring-drop-block, row-parallel-no-sum
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step

@@ -59,6 +59,10 @@ void add_options(CLI::App& app, Options& o) {
                           {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"},
                           {"exact-gelu", "the GPT's tensor-parallel MLPs compute the exact GELU where the model uses "
                                          "the tanh form"},
+                          {"sp-gather-rows", "the sequence-parallel all-gather puts each rank's rows where the next "
+                                             "rank's go"},
+                          {"ring-drop-block", "ring attention leaves out the last key-value block to arrive"},
+                          {"row-parallel-no-sum", "the row-parallel layers keep each rank's partial output, never summed"},
                           {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
                                             "the same part) moves its first weight one unit in the last place further"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
@@ -90,6 +94,14 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--fault: skip-tied-exchange needs the GPT's table on two stages (--pp 2 or more)");
   if (fault == "exact-gelu" && !task.is_gpt())
     throw UsageError("--fault: exact-gelu is a fault of the GPT's blocks; --model is mlp");
+  if (fault == "sp-gather-rows" && !o.sequence_parallel)
+    throw UsageError("--fault: sp-gather-rows needs --sequence-parallel");
+  if (fault == "ring-drop-block" && (!task.is_gpt() || topology.cp_size() < 2))
+    throw UsageError("--fault: ring-drop-block needs the GPT's attention over context parallelism (--cp 2 or more)");
+  if (fault == "ring-drop-block" && o.cp_method != "ring")
+    throw UsageError("--fault: ring-drop-block is a fault of the ring; --cp-method is " + o.cp_method);
+  if (fault == "row-parallel-no-sum" && tp < 2)
+    throw UsageError("--fault: row-parallel-no-sum needs tensor parallelism (--tp 2 or more)");
   if (fault == "skip-sp-sum" && !o.sequence_parallel)
     throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
   const std::int64_t global_batch =

@@ -2,6 +2,7 @@
 #include "verify_grid.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/core/log.h"
 #include "common/parallel/replicas.h"
@@ -65,6 +66,15 @@ void GridCheck::begin_step(std::int64_t step) {
 void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recipe& training) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
+  // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
+  const auto ranks = static_cast<std::size_t>(topology_.size()), r = static_cast<std::size_t>(topology_.rank());
+  const std::vector<std::int64_t> piece(global_batch.begin() + static_cast<long>(r * global_batch.size() / ranks),
+                                        global_batch.begin() + static_cast<long>((r + 1) * global_batch.size() / ranks));
+  const auto piece_loss = [&](nn::Module& model, bool reversed) {
+    auto samples = piece;
+    if (reversed) std::reverse(samples.begin(), samples.end());
+    return scale(task_.task.loss(model, samples), static_cast<float>(samples.size()) / static_cast<float>(global_batch.size()));
+  };
   if (by_parts_) {
     // Part (d M + i) CP + c: replica d's micro-batch i on context-parallel rank c (its tokens' share of
     // the loss, times CP), weighted as the run weights it within the replica; the replicas and the CP
@@ -93,21 +103,22 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
                                  },
                                  c);
                            });
+    // The split reference repeats the run's layer code, bugs included: the whole model, which shares none
+    // of it, judges that code, in float32 beside its own distance from float32 in the run's precision.
+    if (split_reference_)
+      lockstep_->check_whole(step, loss, [&](nn::Module& model, bool sixteen_bits) {
+        if (piece.empty()) return 0.0f;
+        if (sixteen_bits) return training.reference_backward(model.parameters(), [&] { return piece_loss(model, false); });
+        Tensor value = piece_loss(model, false);
+        value.backward();
+        return value.item();
+      }, o_.precision.reduce());
     return;
   }
-  // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
-  const auto& global = global_batch;
-  const auto ranks = static_cast<std::size_t>(topology_.size()), r = static_cast<std::size_t>(topology_.rank());
-  const std::vector<std::int64_t> piece(global.begin() + static_cast<long>(r * global.size() / ranks),
-                                        global.begin() + static_cast<long>((r + 1) * global.size() / ranks));
   lockstep_->check_reordered(step, gather_->gradients(), loss, [&](nn::Module& model, bool reversed) {
     if (piece.empty()) return 0.0f;
-    auto samples = piece;
-    if (reversed) std::reverse(samples.begin(), samples.end());
     // In the run's precision: under its autocast, backward from the loss times its loss scale, undone.
-    return training.reference_backward(model.parameters(), [&] {
-      return scale(task_.task.loss(model, samples), static_cast<float>(samples.size()) / static_cast<float>(global.size()));
-    });
+    return training.reference_backward(model.parameters(), [&] { return piece_loss(model, reversed); });
   });
 }
 
@@ -132,11 +143,17 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
                                             std::to_string(ranks) + " model-parallel rank" + (ranks > 1 ? "s" : "") +
                                             " in each process)"
                                       : "the unsharded " + std::string(model);
+  // The split layers judged by code they do not share (Lockstep::check_whole).
+  char whole[200] = "";
+  if (split)
+    std::snprintf(whole, sizeof whole, "; against the whole %s in float32, every gradient within %g x the whole %s's own "
+                  "distance in 16 bits (at most %.3g of that)", model, verify::kWholeModelFloorFactor, model,
+                  c.worst_whole_ratio);
   if (c.passed && by_parts)
     log("verify, %lld steps in lock-step against %s, micro-batch by micro-batch: every gradient within the "
-        "bound of its sums over micro-batches and replicas (at most %.3g of it), every loss (%.3g of its bound), every "
+        "bound of its sums over micro-batches and replicas (at most %.3g of it), every loss (%.3g of its bound)%s; every "
         "update the unsharded AdamW's, bit for bit%s: PASSED\n",
-        static_cast<long long>(c.steps), reference.c_str(), c.worst_gradient_ratio, c.worst_loss_ratio,
+        static_cast<long long>(c.steps), reference.c_str(), c.worst_gradient_ratio, c.worst_loss_ratio, whole,
         c.skipped_steps ? (" (" + std::to_string(c.skipped_steps) + " fp16 steps overflowed and were skipped by both)").c_str()
                         : "");
   else if (c.passed)
@@ -151,6 +168,9 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
   metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"split_reference", split}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
                  {"gradient_ratio", c.worst_gradient_ratio}, {"loss_ratio", c.worst_loss_ratio},
                  {"rounding_bias_ratio", c.worst_bias_ratio},
+                 {"whole_ratio", c.worst_whole_ratio}, {"whole_loss_ratio", c.worst_whole_loss_ratio},
+                 {"whole_floor_factor", split ? verify::kWholeModelFloorFactor : 0.0},
+                 {"whole_loss_floor_factor", split ? verify::kWholeModelLossFloorFactor : 0.0},
                  {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor},
                  {"noise_floor_factor", by_parts ? 0.0 : verify::kNoiseFloorFactor},
                  {"loss_floor_factor", by_parts ? 0.0 : verify::kLossNoiseFloorFactor}});

@@ -9,8 +9,11 @@
 // parallelism the unsharded GPT computes a micro-batch as the stages do; a split layer rounds otherwise
 // (its partial products in 16 bits, a row layer's bias after the sum), as does context-parallel
 // attention (the other ranks' key-value blocks in the ring's order), so with --tp or --cp (and for the
-// MLP, whose layers are split at any --tp) the reference is the run's own split model, its TP x CP ranks
-// on threads of each process (common/verify/model_parallel_reference.h).
+// MLP, whose layers are split at any --tp) the reference of the parts is the run's own split model, its
+// TP x CP ranks on threads of each process (common/verify/model_parallel_reference.h). That reference
+// repeats a bug of the split layers (--fault sp-gather-rows, ring-drop-block, row-parallel-no-sum make
+// three), so the step is then also held to the whole model, which runs none of their code: in float32,
+// within a few times its own distance from float32 in the run's precision (Lockstep::check_whole).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -344,6 +344,40 @@ TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
   }
 }
 
+// Bugs in the split layers' own code (process-wide, so that the 16-bit check's split reference makes them
+// too: --fault sp-gather-rows, ring-drop-block, row-parallel-no-sum). In float32 the unsharded model
+// catches them at their first step; in 16 bits the check by parts, against the run's own split layers,
+// repeats them, and the whole model, which shares none of that code, catches them at the first step.
+TEST(Chapter08, ABugInTheSplitLayersIsCaughtByTheWholeModelInEveryPrecision) {
+  for (const auto& [mpirun, grid, fault] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel", "sp-gather-rows"},
+           {MPIRUN_NP2, "--cp 2", "ring-drop-block"},
+           {MPIRUN_NP2, "--tp 2", "row-parallel-no-sum"},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel", "row-parallel-no-sum"},
+           {MPIRUN_NP4, "--tp 4 --sequence-parallel", "sp-gather-rows"},
+           {MPIRUN_NP3, "--cp 3", "ring-drop-block"}})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      const std::string flags = grid + " --precision " + precision + " --fault " + fault + " --verify --steps 2";
+      Outcome r = run(mpirun, flags, kModel);
+      EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+      auto verify = events(r.records, "verify");
+      ASSERT_EQ(verify.size(), 1u) << flags << r.process.out;
+      EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), 0) << flags;
+      const std::string caught = precision == "fp32" ? "FAILED at step 0: the gradient of 'transformer"
+                                                     : "from the whole model's in float32";
+      EXPECT_NE(r.process.out.find(caught), std::string::npos) << flags << "\n" << r.process.out;
+    }
+  // In fp16 with its loss scale, and on a 4-rank grid of TP and CP.
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--tp 2 --precision fp16 --fault row-parallel-no-sum"},
+           {MPIRUN_NP4, "--tp 2 --cp 2 --precision bf16 --fault ring-drop-block"}}) {
+    Outcome r = run(mpirun, flags + " --verify --steps 2", kModel);
+    EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+    EXPECT_NE(r.process.out.find("FAILED at step 0: the gradient of 'transformer"), std::string::npos) << flags << r.process.out;
+    EXPECT_NE(r.process.out.find("from the whole model's in float32"), std::string::npos) << flags << r.process.out;
+  }
+}
+
 // Faults that begin late in 1000-step runs, at 2 and 3 ranks, the GPT and the MLP: caught at that step
 // and at no step before. Without the fault the ring's run passes all 1000.
 TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
@@ -365,6 +399,20 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
     ASSERT_EQ(verify.size(), 1u) << faulty.out;
     EXPECT_EQ(verify[0]["first_failed_step"].get<int>(), from) << flags << "\n" << faulty.out;
     std::remove(metrics.c_str());
+  }
+  // In bf16, 300 steps (the reference's split layers and the whole model each cost a forward and backward):
+  // the bugs of the split layers, which the split reference repeats, caught by the whole model at their step.
+  const std::string bf16 = " --device cpu --n-layer 2 --n-head 2 --n-embd 16 --global-batch 24 --steps 300 "
+                           "--log-every 1000 --verify --precision bf16 --fault-from-step 210";
+  for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
+           {MPIRUN_NP2, "--cp 2 --fault ring-drop-block"},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --fault sp-gather-rows"},
+           {MPIRUN_NP2, "--tp 2 --fault row-parallel-no-sum"},
+           {MPIRUN_NP3, "--cp 3 --fault ring-drop-block"}}) {
+    auto faulty = run_process(mpirun + " " + kBinary + bf16 + " " + flags);
+    EXPECT_EQ(faulty.exit_code, 1) << flags << "\n" << faulty.out << faulty.err;
+    EXPECT_NE(faulty.out.find("FAILED at step 210: the gradient of 'transformer"), std::string::npos) << flags << faulty.out;
+    EXPECT_NE(faulty.out.find("from the whole model's in float32"), std::string::npos) << flags << faulty.out;
   }
   // TP's fault begins at step 999, so its run passes 999 steps first; the ring's runs whole.
   auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " --cp 3");
@@ -476,6 +524,10 @@ TEST(Chapter08, MixedPrecisionIsVerifiedByItsParts) {
     EXPECT_LE(verify[0]["gradient_ratio"].get<double>(), 1.0) << flags;
     EXPECT_NE(r.process.out.find("micro-batch by micro-batch"), std::string::npos) << r.process.out;
     EXPECT_EQ(r.process.out.find("split as the run splits it") != std::string::npos, split) << r.process.out;
+    // Beside the split layers, the whole model that shares none of their code (0: it did not run).
+    EXPECT_EQ(verify[0]["whole_ratio"].get<double>() > 0, split) << flags;
+    EXPECT_LE(verify[0]["whole_ratio"].get<double>(), 1.0) << flags;
+    EXPECT_LE(verify[0]["whole_loss_ratio"].get<double>(), 1.0) << flags;
   }
   for (const auto& [mpirun, flags] : std::vector<std::pair<std::string, std::string>>{
            {MPIRUN_NP2, "--pp 2 --precision bf16 --fault lose-micro-batch"},
@@ -508,6 +560,10 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--tp 2 --fault skip-tied-exchange", "--fault"},  // one stage holds the table
            {MPIRUN_NP2, "--tp 2 --fault skip-sp-sum", "--fault"},         // no sequence parallelism
            {MPIRUN_NP2, "--model mlp --tp 2 --fault exact-gelu", "--fault"},  // the MLP has no GELU blocks
+           {MPIRUN_NP2, "--tp 2 --fault sp-gather-rows", "--fault"},          // no sequence parallelism
+           {MPIRUN_NP2, "--cp 2 --cp-method ulysses --fault ring-drop-block", "--cp-method"},  // no ring
+           {MPIRUN_NP2, "--tp 2 --fault ring-drop-block", "--fault"},         // no context parallelism
+           {MPIRUN_NP2, "--dp 2 --fault row-parallel-no-sum", "--fault"},     // no TP group
            {MPIRUN_NP2, "--dp 2 --fault skip-dp-average --fault-from-step 6", "--fault-from-step"},  // never reached
            {MPIRUN_NP4, "--pp 2 --sweep", "--global-batch"},             // 48 is not DP 2 x 16 micro-batches
            {MPIRUN_NP2, "--sequence-parallel", "--sequence-parallel"},    // no TP group to split the sequence in

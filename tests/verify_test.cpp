@@ -18,6 +18,7 @@
 
 #include "common/kernels/half.h"
 #include "common/nn/layers.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
 #include "common/verify/compare.h"
@@ -339,6 +340,62 @@ TEST(Lockstep, ANonFiniteGradientPassesOnlyWhereItsSixteenBitSumsCouldOverflow) 
     } else {
       EXPECT_TRUE(summary.passed) << summary.first_failure;
     }
+  }
+}
+
+// The whole model's check of a 16-bit run (check_whole): a bug that the parts' reference repeats (here the
+// inputs scaled by 1.25 in the run and in its parts alike, as a split layer's bug is in the run and in the
+// split reference) passes check_parts, and fails check_whole at its step, naming the tensor; the correct bf16
+// run passes both, within a few of its floors.
+TEST(Lockstep, TheWholeModelCatchesABugThePartsRepeat) {
+  for (const bool bug : {false, true}) {
+    auto model = nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+    auto reference = verify::make_reference([] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3); });
+    optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
+    verify::Lockstep check = with_sgd(reference, reference_sgd);
+    check.set_rounding(verify::kBfloat16Rounding);
+    auto batch = [](int step, int part) {
+      std::vector<float> x(8 * 16);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
+      return Tensor::from_host(x, {8, 16});
+    };
+    // Part p of the step in bf16, with the bug from step kFrom (in whichever model computes it).
+    auto part_loss = [&](nn::Module& m, int step, int part, bool sixteen_bits, bool faulty) {
+      Tensor l;
+      {
+        Autocast autocast(DType::bfloat16, sixteen_bits);
+        const Tensor x = faulty && step >= kFrom ? scale(batch(step, part), 1.25f) : batch(step, part);
+        l = scale(sum(mul(m(x), m(x))), 1.0f / kParts);
+      }
+      l.backward();
+      return l.item();
+    };
+    for (int step = 0; step < kSteps; ++step) {
+      check.begin_step(step, *model);
+      float loss = 0;
+      for (int p = 0; p < kParts; ++p) loss += part_loss(*model, step, p, true, bug);
+      check.check_parts(step, *model, loss, kParts, 1.0,
+                        [&](nn::Module& m, std::size_t p) { return part_loss(m, step, static_cast<int>(p), true, bug); });
+      check.check_whole(step, loss, [&](nn::Module& m, bool sixteen_bits) {
+        float l = 0;
+        for (int p = 0; p < kParts; ++p) l += part_loss(m, step, p, sixteen_bits, false);  // the model as it should be
+        return l;
+      }, DType::float32);
+      sgd.step();
+      sgd.zero_grad();
+      check.check_update(step);
+    }
+    const auto summary = check.finish(*model);
+    if (!bug) {
+      EXPECT_TRUE(summary.passed) << summary.first_failure;
+      EXPECT_GT(summary.worst_whole_ratio, 0.0);
+      EXPECT_LE(summary.worst_whole_ratio, 1.0);
+      continue;
+    }
+    EXPECT_FALSE(summary.passed);
+    EXPECT_EQ(summary.first_failed_step, kFrom) << summary.first_failure;
+    EXPECT_NE(summary.first_failure.find("from the whole model's in float32"), std::string::npos) << summary.first_failure;
+    EXPECT_LE(summary.worst_gradient_ratio, 1.0);  // the parts alone would have passed
   }
 }
 

@@ -9,6 +9,7 @@
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
+#include "common/parallel/layer_faults.h"
 
 namespace course::parallel {
 
@@ -123,6 +124,8 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
   const int n = group.size(), r = group.rank(), next = (r + 1) % n, previous = (r + n - 1) % n;
   const Device device = qkv.device();
   const std::int64_t b = qkv.dim(0), shard = qkv.dim(1), c = qkv.dim(2) / 3, t = shard * n;
+  // --fault ring-drop-block: the last block to arrive is left out, in forward and in backward.
+  const bool drop = n > 1 && layer_fault(LayerFault::ring_drop_block);
   AttentionBlockShape s;
   s.batch = b, s.heads = n_head, s.head_size = c / n_head, s.queries = shard, s.keys = shard, s.causal = true;
   std::vector<Tensor> positions;  // of each rank's tokens, where the kernels read them
@@ -144,8 +147,9 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
     y = Tensor::zeros({b, shard, c}, device);
     for (int j = 0; j < n; ++j) {
       const int owner = (r - j + n) % n;  // whose keys and values this rank holds at hop j
-      kernel.attention_block(qkv3.data(), kv.data(), kv.data() + e, positions[static_cast<std::size_t>(r)].data(),
-                             positions[static_cast<std::size_t>(owner)].data(), s, row_max.data(), row_sum.data(), y.data());
+      if (!(drop && j == n - 1))
+        kernel.attention_block(qkv3.data(), kv.data(), kv.data() + e, positions[static_cast<std::size_t>(r)].data(),
+                               positions[static_cast<std::size_t>(owner)].data(), s, row_max.data(), row_sum.data(), y.data());
       if (j + 1 < n) {
         Tensor arriving = Tensor::empty(kv.shape(), device);
         group.send_recv(kv, next, arriving, previous, j);
@@ -157,7 +161,7 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
     kernel.attention_block_finish(row_max.data(), row_sum.data(), s, y.data(), lse.data());
   }
   return autograd::record(y.to(qkv.dtype()), "ring_attention", {qkv}, [&group, qkv3, y, lse, positions, s, e, r, n, next,
-                                                                       previous, bytes, dtype = qkv.dtype()](const Tensor& g) {
+                                                                       previous, bytes, drop, dtype = qkv.dtype()](const Tensor& g) {
     const Device device = qkv3.device();
     Kernels& kernel = kernels(device);
     const Tensor dy = g.to(DType::float32);
@@ -168,9 +172,10 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
     for (int j = 0; j < n; ++j) {
       const int owner = (r - j + n) % n;
       float* at = block.data();
-      kernel.attention_block_backward(qkv3.data(), at, at + e, positions[static_cast<std::size_t>(r)].data(),
-                                      positions[static_cast<std::size_t>(owner)].data(), y.data(), lse.data(), dy.data(), s,
-                                      grad.data(), at + 2 * e, at + 3 * e);
+      if (!(drop && j == n - 1))
+        kernel.attention_block_backward(qkv3.data(), at, at + e, positions[static_cast<std::size_t>(r)].data(),
+                                        positions[static_cast<std::size_t>(owner)].data(), y.data(), lse.data(), dy.data(),
+                                        s, grad.data(), at + 2 * e, at + 3 * e);
       if (j + 1 < n) {
         Tensor arriving = Tensor::empty(block.shape(), device);
         group.send_recv(block, next, arriving, previous, n + j);

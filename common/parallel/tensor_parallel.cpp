@@ -8,6 +8,7 @@
 #include "common/core/memory.h"
 #include "common/kernels/kernels.h"
 #include "common/ops/ops.h"
+#include "common/parallel/layer_faults.h"
 
 namespace course::parallel {
 
@@ -54,6 +55,14 @@ Tensor all_gather_sequence(const Tensor& x, comm::Communicator& tp) {
   whole_shape[0] *= tp.size();
   Tensor whole = Tensor::empty(whole_shape, x.device(), x.dtype());
   tp.all_gather(shard, whole);
+  if (tp.size() > 1 && layer_fault(LayerFault::sp_gather_rows)) {  // --fault sp-gather-rows: block k gets k + 1's rows
+    Tensor moved = Tensor::empty(whole_shape, x.device(), x.dtype());
+    const auto block = static_cast<std::size_t>(shard.numel());
+    for (int k = 0; k < tp.size(); ++k)
+      moved.view(static_cast<std::size_t>(k) * block, shard.shape())
+          .copy_from(whole.view(static_cast<std::size_t>((k + 1) % tp.size()) * block, shard.shape()));
+    whole = moved;
+  }
   return batch_first(whole, x.shape());
 }
 Tensor reduce_scatter_of_sequence(const Tensor& x, comm::Communicator& tp) {
@@ -204,6 +213,14 @@ RowParallelLinear::RowParallelLinear(const nn::Linear& full, comm::Communicator&
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor partial = linear(x, weight, Tensor());
+  if (tp_.size() > 1 && layer_fault(LayerFault::row_parallel_no_sum)) {  // --fault row-parallel-no-sum
+    if (sequence_parallel_) {  // this rank's shard of the sequence, of its own partial product only
+      check_sequence(partial, tp_.size(), "RowParallelLinear");
+      const std::int64_t shard = partial.dim(1) / tp_.size();
+      partial = batch_first(narrow(sequence_first(partial), shard * tp_.rank(), shard), partial.shape());
+    }
+    return bias.defined() ? add(partial, bias) : partial;
+  }
   Tensor sum = sequence_parallel_ ? reduce_scatter_sequence(partial, tp_) : reduce_from_tensor_parallel(partial, tp_);
   return bias.defined() ? add(sum, bias) : sum;
 }

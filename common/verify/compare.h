@@ -129,8 +129,30 @@ class FloorHistory {
  private:
   std::vector<std::vector<double>> floors_;  // per item, its last floors, oldest first
 };
+// A 16-bit run whose parts its own split layers repeat (lockstep.h, check_parts with
+// ModelParallelReference) is also held to the whole model, which shares none of that code
+// (Lockstep::check_whole): its gradient against the whole model's in float32 on the whole global batch,
+// beside the 16-bit floor, the whole model's own distance from float32 when it computes in the run's
+// precision. The distances are taken per tensor as Euclidean norms: 16-bit rounding moves every element
+// by a few units of its last place (bf16's is 0.4%), and the norm of those moves over a tensor is a
+// steadier measure of their size than the largest one; a bug in a split layer (rows gathered in the
+// wrong order, a key-value block left out, a partial product never summed) moves the whole tensor by far
+// more. Each floor is the largest of the tensor's last kFloorHistory, and noise_floor_tolerances pools
+// them as for float32 (below).
+// Measured on 2026-11-27 (scripts/noise_floor_margins.sh --sixteen-bit): 1000-step runs of every grid of
+// chapter 08 whose parts come from the split layers (TP 2, 3 and 4, with and without SP; CP 2, ring and
+// Ulysses; TP x CP, DP x TP with SP, TP x PP; the MLP at TP 2 and 3, DP 2 x TP 2 and DP 3), each in bf16
+// with its sums in bf16 and in fp16 at ten times the learning rate: a correct step came at most 9.3
+// floors from the float32 gradient (TP 3 in fp16), 21 of the 26 runs within 5; its loss at most 16 (the
+// same run), the others within 9. The three bugs of chapter 08's --fault (sp-gather-rows, ring-drop-block,
+// row-parallel-no-sum, the default GPT in bf16) came 163 to 343 floors away at their first step. The
+// factors are 2.7 and 3 times the worst correct step; the bugs come 6.5 times the gradient's or more.
+constexpr double kWholeModelFloorFactor = 25;
+constexpr double kWholeModelLossFloorFactor = 50;
+// `factor`: kNoiseFloorFactor, or for the whole model's check of a 16-bit run kWholeModelFloorFactor.
 std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, const std::vector<double>& largest,
-                                           const std::vector<std::int64_t>& elements);
+                                           const std::vector<std::int64_t>& elements,
+                                           double factor = kNoiseFloorFactor);
 
 // A 16-bit sum that is wrong in every element by a fraction of its bound (a conversion that truncates
 // instead of rounding to nearest, a hook that always rounds up) stays within the elementwise bound

@@ -18,7 +18,12 @@
 //                   over the whole gradient, as rounding to nearest never does (RoundingBias);
 //        reordered: the run reorders the computation itself (tensor and pipeline parallelism): within
 //                   kNoiseFloorFactor times the step's own noise floor, the reference's gradient against
-//                   itself from every parameter nudged by one rounding, its samples reversed.
+//                   itself from every parameter nudged by one rounding, its samples reversed;
+//        whole:     after the parts, where the reference computed them with the run's own split layers
+//                   (16 bits with tensor or context parallelism, verify::ModelParallelReference), which
+//                   would repeat a bug in those layers: the whole model, sharing none of their code, in
+//                   float32, within kWholeModelFloorFactor times its own distance from float32 in the
+//                   run's precision (check_whole).
 //   3. The norm the run clipped by must be the norm of that gradient, within the rounding of its
 //      partial sums. The reference then applies the run's gradient with the run's optimizer and the
 //      run's clipping factor, which predicts the next step's parameters (1), and that update must be the
@@ -32,7 +37,7 @@
 //   Lockstep check(reference, update, group, max_norm);
 //   every step:  check.begin_step(step, the run's parameters)
 //                ... the run's forward, backward and gradient synchronisation ...
-//                check.check_parts(...) or check.check_reordered(...)
+//                check.check_parts(...) [and check.check_whole(...)] or check.check_reordered(...)
 //                ... the run clips (its norm) and steps ...
 //                check.check_update(step, norm)
 //   at the end:  check.finish(the run's final parameters)      the verdict, the same on every rank
@@ -44,6 +49,7 @@
 #include <vector>
 
 #include "common/comm/communicator.h"
+#include "common/core/dtype.h"
 #include "common/nn/module.h"
 #include "common/optim/optimizer.h"
 #include "common/verify/compare.h"
@@ -59,6 +65,10 @@ using PartFunction = std::function<float(nn::Module& model, std::size_t index)>;
 // noise floor's pass, from parameters each nudged by one rounding); returns the weighted loss. The
 // pieces of all the ranks make the global batch.
 using PieceFunction = std::function<float(nn::Module& model, bool reversed)>;
+// Computes this rank's piece of the step's global batch (as PieceFunction, the samples in order) into
+// `model`'s gradients, in the run's 16-bit precision (`sixteen_bits`: under its autocast and its loss
+// scale, undone) or in float32; returns the weighted loss.
+using PrecisionPieceFunction = std::function<float(nn::Module& model, bool sixteen_bits)>;
 // Steps the reference's optimizer from the gradients in the reference's parameters, as the run's
 // optimizer steps at `step` (its rate schedule included, its clipping not).
 using UpdateFunction = std::function<void(std::int64_t step)>;
@@ -73,6 +83,9 @@ struct LockstepSummary {
   double worst_loss_diff = 0, worst_loss_ratio = 0;
   double worst_floor = 0;  // reordered: the largest noise floor measured on a tensor (0 for parts)
   double worst_bias_ratio = 0;  // parts added in 16 bits: the largest RoundingBias::ratio() (compare.h)
+  // check_whole: the largest distance of a tensor's gradient (and of the loss) from the whole float32
+  // model's, over its tolerance (kWholeModelFloorFactor x the 16-bit floor); 0 where it did not run.
+  double worst_whole_ratio = 0, worst_whole_loss_ratio = 0;
   std::int64_t skipped_steps = 0;  // float16 steps whose gradient overflowed, skipped by run and reference alike
 };
 
@@ -120,6 +133,15 @@ class Lockstep {
   // parameters with its samples reversed (compare.h). Collective.
   void check_reordered(std::int64_t step, const std::vector<float>& run_gradient, float run_loss,
                        const PieceFunction& piece);
+
+  // After check_parts, the same step, where the reference computed the parts with the run's own split
+  // layers: the run's gradient and loss against code it does not share, the whole model on the whole
+  // global batch. Each rank computes its piece in float32 and in the run's precision; per tensor, the
+  // run's distance from the float32 gradient (Euclidean) must be within kWholeModelFloorFactor times the
+  // 16-bit floor, the whole model's own distance in 16 bits (the largest of its last kFloorHistory), with
+  // the sums' last rounding in `reduce_dtype` (the run's --reduce-dtype) added to it (compare.h). The loss
+  // likewise, within kWholeModelLossFloorFactor floors. Collective.
+  void check_whole(std::int64_t step, float run_loss, const PrecisionPieceFunction& piece, DType reduce_dtype);
 
   // The run has clipped by `run_norm` (ignored without clipping) and stepped: the reference repeats the
   // update on the gradient just checked, which predicts the next step's parameters.
@@ -172,6 +194,7 @@ class Lockstep {
   std::vector<double> sum_, magnitude_;  // check_parts' buffers, kept from step to step
   std::vector<float> all_;
   FloorHistory floors_;  // rank 0, reordered: each tensor's last floors, then the loss's
+  FloorHistory whole_floors_;  // rank 0, check_whole: each tensor's last 16-bit floors, then the loss's
   std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
   std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
