@@ -28,6 +28,8 @@ std::function<void(const std::string&, const checkpoint::Loaded&)> Diagnostics::
   return [this](const std::string& path, const checkpoint::Loaded& loaded) {
     MemoryCategoryOverride verification(MemoryCategory::verification);
     checkpoint::restore(path, loaded, *reference_, reference_recipe_->optimizer());  // its digest checked too
+    resumed_path_ = path;
+    resumed_ = loaded;
   };
 }
 
@@ -128,24 +130,35 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
       log("verify: lock-step FAILED at step %lld: %s\n", static_cast<long long>(check.first_failed_step),
           check.first_failure.c_str());
     passed = passed && check.passed;
-    if (same_world) {
-      // And the run without interruption, at this world size, in this job: the same seeds, the same data.
-      Trainer uninterrupted(o_, task_, group_);
-      for (std::int64_t step = 0; step < o_.training.steps; ++step)
-        uninterrupted.step(task_, stream_, step, step * global_batch_, global_batch_, group_);
-      difference = verify::max_abs_diff(trainer_.model->parameters_to_host(), uninterrupted.model->parameters_to_host());
-      optimizer_difference =
-          verify::max_abs_diff(trainer_.optimizer_state_to_host(), uninterrupted.optimizer_state_to_host());
-      const bool bit_identical = checksum == parallel::parameter_checksum(uninterrupted.model->parameters()) &&
-                                 difference == 0 && optimizer_difference == 0 &&
-                                 trainer_.optimizer().steps_taken() == uninterrupted.optimizer().steps_taken();
+    // And the run without interruption at this world size, in this job (the same seeds, the same data):
+    // from the start where the world size never changed; after a change, from the checkpoint's state (what
+    // the steps before it computed at the old world size rounds otherwise at this one), its steps taken
+    // as one run never stopped would take them. Either way the same bits, parameters and moments.
+    Trainer uninterrupted(o_, task_, group_);
+    std::int64_t from = 0;
+    if (!same_world) {
+      MemoryCategoryOverride verification(MemoryCategory::verification);
+      checkpoint::restore(resumed_path_, resumed_, *uninterrupted.model, uninterrupted.optimizer());
+      uninterrupted.recipe->load_scaler_state(start_.state.loss_scale);
+      from = start_step_;
+    }
+    for (std::int64_t step = from; step < o_.training.steps; ++step)
+      uninterrupted.step(task_, stream_, step, step * global_batch_, global_batch_, group_);
+    difference = verify::max_abs_diff(trainer_.model->parameters_to_host(), uninterrupted.model->parameters_to_host());
+    optimizer_difference =
+        verify::max_abs_diff(trainer_.optimizer_state_to_host(), uninterrupted.optimizer_state_to_host());
+    const bool bit_identical = checksum == parallel::parameter_checksum(uninterrupted.model->parameters()) &&
+                               difference == 0 && optimizer_difference == 0 &&
+                               trainer_.optimizer().steps_taken() == uninterrupted.optimizer().steps_taken();
+    if (same_world)
       log("verify: against the uninterrupted run at %d ranks: parameters and optimizer state %s (largest differences "
           "%.3g and %.3g)\n", group_.size(), bit_identical ? "bit-identical" : "DIFFER", difference, optimizer_difference);
-      passed = passed && bit_identical;
-    } else {
-      log("verify: world sizes %s: bit for bit applies at an unchanged world size only; the steps since the change "
-          "are the ones checked in lock-step above\n", state.world_history.c_str());
-    }
+    else
+      log("verify: world sizes %s; against a run at %d ranks uninterrupted from the checkpoint of step %lld: "
+          "parameters and optimizer state %s (largest differences %.3g and %.3g)\n",
+          state.world_history.c_str(), group_.size(), static_cast<long long>(start_step_),
+          bit_identical ? "bit-identical" : "DIFFER", difference, optimizer_difference);
+    passed = passed && bit_identical;
   }
   if (!diverged_) cli::report_evaluation(task_, *trainer_.model, group_, session_.metrics);
   if (!o_.save.empty())

@@ -20,7 +20,8 @@ class Diagnostics {
  public:
   Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task, const data::SampleStream& stream,
               Trainer& trainer, std::int64_t global_batch);
-  // With --verify: restores a checkpoint the run resumes into the reference too; otherwise empty.
+  // With --verify: restores a checkpoint the run resumes into the reference too, and keeps it for the
+  // comparison at the end after a change of world size; otherwise empty.
   std::function<void(const std::string& path, const checkpoint::Loaded&)> also_restore();
   // Training starts (or resumes) at `start`: the lock-step check begins there.
   void begin(const checkpoint::Start& start);
@@ -49,6 +50,8 @@ class Diagnostics {
   std::unique_ptr<optim::Recipe> reference_recipe_;
   std::unique_ptr<verify::Lockstep> lockstep_;
   checkpoint::Start start_;
+  std::string resumed_path_;      // --verify: the checkpoint resumed, and its contents as loaded
+  checkpoint::Loaded resumed_;
   std::int64_t start_step_ = 0, fault_step_ = -1;
   std::chrono::steady_clock::time_point began_;
   double step_ms_ = 0, write_ms_ = 0, written_mb_ = 0;

@@ -254,6 +254,15 @@ TEST(Chapter06, ElasticResumePassesInLockStep) {
     EXPECT_TRUE(resumed.summary["lockstep_passed"].get<bool>());
     EXPECT_NE(resumed.process.out.find("verify: steps 20-39 in lock-step"), std::string::npos) << resumed.process.out;
     EXPECT_NE(resumed.process.out.find("verify: world sizes "), std::string::npos) << resumed.process.out;
+    // And against a run at the new world size that never stopped after the checkpoint: the same bits.
+    EXPECT_NE(resumed.process.out.find("uninterrupted from the checkpoint of step 20: parameters and optimizer state "
+                                       "bit-identical"), std::string::npos) << resumed.process.out;
+    EXPECT_EQ(resumed.summary["max_diff"].get<double>(), 0.0);
+    // A resume that takes the data from the wrong place differs from it, as it fails the lock-step check.
+    Outcome broken = run(after, "--ckpt-dir " + dir + " --steps 60 --resume --verify --fault repeat-batch");
+    EXPECT_EQ(broken.process.exit_code, 1) << broken.process.out << broken.process.err;
+    EXPECT_NE(broken.process.out.find("uninterrupted from the checkpoint of step 40: parameters and optimizer state "
+                                      "DIFFER"), std::string::npos) << broken.process.out;
   }
 }
 
