@@ -102,6 +102,47 @@ TEST(SquaresTiled, IsTheSumOfSquaresWithinDoublesRounding) {
   EXPECT_NE(squares_tiled(x.data(), static_cast<std::size_t>(x.numel()), 0.0), plain);
 }
 
+// Column sums in the GPU's two stages (math::column_chunks), the one order of sum_rows and of layer norm's
+// parameter gradients on both devices: each column over each chunk of kColumnChunk rows in order, in double,
+// then the chunks in order, written here from that description; and within double's rounding of the exact
+// column sums, at no rows, one chunk, its edges and many chunks.
+TEST(ColumnSums, AreTheTwoStagesOfTheGpusOrder) {
+  const std::size_t chunk = math::kColumnChunk;
+  for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, chunk - 1, chunk, chunk + 1, 10 * chunk + 3}) {
+    const std::size_t cols = 37;
+    const Tensor x = Tensor::randn({static_cast<std::int64_t>(std::max<std::size_t>(rows, 1)), 37}, 31);
+    const Tensor g = Tensor::randn(x.shape(), 32), w = Tensor::randn({37}, 33), b = Tensor::randn({37}, 34);
+    std::vector<float> sums(cols), out(x.numel()), mean(std::max<std::size_t>(rows, 1)), rstd(mean.size()), dx(out.size()),
+        dw(cols), db(cols);
+    Kernels& k = kernels(Device::cpu);
+    k.sum_rows(x.data(), rows, cols, sums.data());
+    k.layer_norm(x.data(), w.data(), b.data(), rows, cols, 1e-5f, out.data(), mean.data(), rstd.data());
+    k.layer_norm_backward(x.data(), w.data(), mean.data(), rstd.data(), g.data(), rows, cols, dx.data(), dw.data(), db.data());
+    for (std::size_t c = 0; c < cols; ++c) {
+      double total = 0, total_w = 0, total_b = 0;
+      long double exact = 0, magnitude = 0;
+      for (std::size_t first = 0; first < rows; first += chunk) {
+        double part = 0, part_w = 0, part_b = 0;
+        for (std::size_t r = first; r < std::min(rows, first + chunk); ++r) {
+          const float v = x.data()[r * cols + c], gv = g.data()[r * cols + c];
+          part += static_cast<double>(v);
+          part_w += static_cast<double>(gv) * (static_cast<double>(v - mean[r]) * static_cast<double>(rstd[r]));
+          part_b += static_cast<double>(gv);
+          exact += v, magnitude += std::fabs(v);
+        }
+        total += part, total_w += part_w, total_b += part_b;
+      }
+      EXPECT_EQ(sums[c], static_cast<float>(total)) << rows << " rows, column " << c;
+      EXPECT_EQ(dw[c], static_cast<float>(total_w)) << rows << " rows, column " << c;
+      EXPECT_EQ(db[c], static_cast<float>(total_b)) << rows << " rows, column " << c;
+      // Rounded once to float32 from a double within rows + 1 double roundings of the exact sum.
+      EXPECT_NEAR(sums[c], static_cast<double>(exact),
+                  0x1p-24 * std::fabs(static_cast<double>(exact)) + static_cast<double>(rows + 1) * 0x1p-53 * static_cast<double>(magnitude))
+          << rows;
+    }
+  }
+}
+
 // The reference in double also goes through the logistic: in 1 + tanh u itself even double cancels to
 // nothing once u < -19 (x below about -7).
 TEST(GeluTanh, WithinAFewUlpOfTheDoublePrecisionFunction) {

@@ -257,6 +257,35 @@ TEST(KernelParity, RingAttentionBlocksMatchTheCpu) {
     expect_close(results[Device::cuda][i], results[Device::cpu][i], std::string("ring attention ") + names[i]);
 }
 
+// Column sums in two stages (math::column_chunks): a linear layer's bias gradient (sum_rows) and layer
+// norm's weight and bias gradients, at no rows, within one chunk, at its edges, at GPT-2's 8192 x 768
+// and past the grid's 65535 chunks of rows: the same bits on both devices.
+TEST(KernelParity, ColumnSumsGiveTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {0, 5}, {1, 1}, {255, 7}, {256, 768}, {257, 33}, {8195, 768}, {65536 * 256 + 300, 2}}) {
+    const std::string shape = std::to_string(rows) + " x " + std::to_string(cols);
+    const Tensor x = Tensor::randn({std::max<std::int64_t>(rows, 1), cols}, 21), g = Tensor::randn(x.shape(), 22);
+    std::map<Device, std::vector<std::vector<float>>> results;
+    for (const Device device : {Device::cpu, Device::cuda}) {
+      const Tensor xd = x.to(device), gd = g.to(device);
+      Tensor sums = Tensor::empty({cols}, device), mean = Tensor::empty({std::max<std::int64_t>(rows, 1)}, device),
+             rstd = Tensor::empty(mean.shape(), device), out = Tensor::empty(x.shape(), device),
+             dx = Tensor::empty(x.shape(), device), dw = Tensor::empty({cols}, device), db = Tensor::empty({cols}, device);
+      const Tensor w = Tensor::randn({cols}, 23).to(device), b = Tensor::randn({cols}, 24).to(device);
+      Kernels& k = kernels(device);
+      const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols);
+      k.sum_rows(xd.data(), r, c, sums.data());
+      k.layer_norm(xd.data(), w.data(), b.data(), r, c, 1e-5f, out.data(), mean.data(), rstd.data());
+      k.layer_norm_backward(xd.data(), w.data(), mean.data(), rstd.data(), gd.data(), r, c, dx.data(), dw.data(), db.data());
+      results[device] = {sums.to_host(), dw.to_host(), db.to_host()};
+    }
+    expect_same_bits(results[Device::cuda][0], results[Device::cpu][0], "sum_rows " + shape);
+    expect_same_bits(results[Device::cuda][1], results[Device::cpu][1], "layer norm's weight gradient " + shape);
+    expect_same_bits(results[Device::cuda][2], results[Device::cpu][2], "layer norm's bias gradient " + shape);
+  }
+}
+
 TEST(KernelParity, CudaReductionsAreBitwiseDeterministic) {
   SKIP_WITHOUT_GPU();
   Tensor x = Tensor::randn({1 << 20}, 9, Device::cuda);

@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -142,21 +143,37 @@ COURSE_CPU_CLONES void layer_norm_backward_rows(const float* x, const float* w, 
     math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
 }
 
+// Columns [first, end) of a two-stage column sum (math::column_chunks): each chunk's sums read row by row
+// (contiguous), then added to the columns' totals in chunk order, as the GPU's two stages add them.
+template <class Chunk>
+void column_sums(std::size_t rows, std::size_t first, std::size_t end, int outputs, Chunk chunk_sums,
+                 const std::function<void(int, std::size_t, float)>& write) {
+  const std::size_t n = end - first;
+  std::vector<double> total(static_cast<std::size_t>(outputs) * n, 0.0), chunk(total.size());
+  for (std::size_t k = 0; k < math::column_chunks(rows); ++k) {
+    std::fill(chunk.begin(), chunk.end(), 0.0);
+    const std::size_t last = std::min(rows, (k + 1) * math::kColumnChunk);
+    for (std::size_t r = k * math::kColumnChunk; r < last; ++r) chunk_sums(r, chunk.data());
+    for (std::size_t i = 0; i < total.size(); ++i) total[i] = rn::add(total[i], chunk[i]);
+  }
+  for (int o = 0; o < outputs; ++o)
+    for (std::size_t c = 0; c < n; ++c) write(o, first + c, static_cast<float>(total[static_cast<std::size_t>(o) * n + c]));
+}
+
 COURSE_CPU_CLONES void layer_norm_params_columns(const float* x, const float* mean, const float* rstd, const float* g,
                                                  std::size_t rows, std::size_t cols, std::size_t first, std::size_t end,
                                                  float* dw, float* db) {
-  std::vector<double> gw(end - first, 0.0), gb(end - first, 0.0);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * cols + first, *gr = g + r * cols + first;
-    for (std::size_t c = 0; c < end - first; ++c) {
-      gw[c] += math::layer_norm_weight_term(xr[c], mean[r], rstd[r], gr[c]);
-      gb[c] += gr[c];
-    }
-  }
-  for (std::size_t c = first; c < end; ++c) {
-    dw[c] = static_cast<float>(gw[c - first]);
-    db[c] = static_cast<float>(gb[c - first]);
-  }
+  const std::size_t n = end - first;
+  column_sums(
+      rows, first, end, 2,
+      [&](std::size_t r, double* chunk) {  // math::layer_norm_params_chunk's terms, row r of every column
+        const float *xr = x + r * cols + first, *gr = g + r * cols + first;
+        for (std::size_t c = 0; c < n; ++c) {
+          chunk[c] = rn::add(chunk[c], math::layer_norm_weight_term(xr[c], mean[r], rstd[r], gr[c]));
+          chunk[n + c] = rn::add(chunk[n + c], static_cast<double>(gr[c]));
+        }
+      },
+      [&](int o, std::size_t c, float value) { (o == 0 ? dw : db)[c] = value; });
 }
 
 // Cross-entropy row by row: log-sum-exp minus the target's logit, the max subtracted first so that exp
@@ -297,13 +314,15 @@ class CpuKernels final : public Kernels {
   }
 
   void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) override {
-    // Row by row (contiguous reads), each column's total in double, rows added in increasing order; the
-    // threads take blocks of columns, so every column is summed in the same order at any thread count.
+    // In the two stages of math::column_chunks (the GPU's order), row by row within a chunk; the threads
+    // take blocks of columns, so every column is summed in the same order at any thread count.
     parallel_for(cols, rows, [&](std::size_t first, std::size_t end) {
-      std::vector<double> total(end - first, 0.0);
-      for (std::size_t i = 0; i < rows; ++i)
-        for (std::size_t j = first; j < end; ++j) total[j - first] += in[i * cols + j];
-      for (std::size_t j = first; j < end; ++j) out[j] = static_cast<float>(total[j - first]);
+      column_sums(
+          rows, first, end, 1,
+          [&](std::size_t r, double* chunk) {
+            for (std::size_t j = first; j < end; ++j) chunk[j - first] = rn::add(chunk[j - first], static_cast<double>(in[r * cols + j]));
+          },
+          [&](int, std::size_t j, float value) { out[j] = value; });
     });
   }
 
@@ -326,7 +345,7 @@ class CpuKernels final : public Kernels {
       layer_norm_backward_rows(x, w, mean, rstd, g, first, end, cols, dx);
     });
     // The parameters' gradients: a block of columns per thread, the rows read in order (contiguous),
-    // each column's sums in math::layer_norm_params_column's arithmetic and order.
+    // each column's sums in math::layer_norm_params_chunk's arithmetic and the two stages' order.
     parallel_for(cols, rows, [&](std::size_t first, std::size_t end) {
       layer_norm_params_columns(x, mean, rstd, g, rows, cols, first, end, dw, db);
     });

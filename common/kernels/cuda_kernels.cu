@@ -64,13 +64,17 @@ __global__ void sum_kernel(const float* in, std::size_t n, float* out) {
   if (threadIdx.x == 0) *out = static_cast<float>(partial[0]);
 }
 
-// One thread per column, rows in order: coalesced reads and a fixed order.
-__global__ void sum_rows_kernel(const float* in, std::size_t rows, std::size_t cols, float* out) {
-  std::size_t j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
-  double total = 0.0;
-  for (std::size_t i = 0; i < rows; ++i) total += in[i * cols + j];
-  out[j] = static_cast<float>(total);
+// Column sums in math::column_chunks' two stages: a thread per column and chunk of rows (coalesced reads
+// along a row), then a thread per column adding its chunks in order. The CPU's bits.
+__global__ void sum_rows_chunks_kernel(const float* in, std::size_t rows, std::size_t cols, double* partial) {
+  for (std::size_t c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+    for (std::size_t chunk = blockIdx.y; chunk < math::column_chunks(rows); chunk += gridDim.y)
+      partial[chunk * cols + c] = math::column_chunk_sum(in, rows, cols, chunk, c);
+}
+
+__global__ void column_totals_kernel(const double* partial, std::size_t chunks, std::size_t cols, float* out) {
+  for (std::size_t c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+    out[c] = math::column_total(partial, chunks, cols, c);
 }
 
 __global__ void unary_kernel(UnaryOp op, const float* in, float* out, std::size_t n) {
@@ -221,11 +225,15 @@ __global__ void layer_norm_backward_x_kernel(const float* x, const float* w, con
   if (r < rows) math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
 }
 
-// One thread per column, rows in order.
-__global__ void layer_norm_backward_params_kernel(const float* x, const float* mean, const float* rstd, const float* g,
-                                                  std::size_t rows, std::size_t cols, float* dw, float* db) {
-  const std::size_t c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c < cols) math::layer_norm_params_column(x, mean, rstd, g, rows, cols, c, dw, db);
+// Stage 1 of the weight's and bias's gradients (math::layer_norm_params_chunk): a thread per column and
+// chunk; `partial` holds the weight's chunk sums, then the bias's ([2, chunks, cols]).
+__global__ void layer_norm_params_chunks_kernel(const float* x, const float* mean, const float* rstd, const float* g,
+                                                std::size_t rows, std::size_t cols, double* partial) {
+  const std::size_t chunks = math::column_chunks(rows);
+  for (std::size_t c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+    for (std::size_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y)
+      math::layer_norm_params_chunk(x, mean, rstd, g, rows, cols, chunk, c, &partial[chunk * cols + c],
+                                    &partial[(chunks + chunk) * cols + c]);
 }
 
 __global__ void embedding_kernel(const float* ids, const float* weight, std::size_t n, std::size_t dim,
@@ -447,6 +455,12 @@ unsigned blocks_for(std::size_t n, int threads = kThreads) {
   return static_cast<unsigned>(blocks < 65535 ? (blocks == 0 ? 1 : blocks) : 65535);  // grid-stride covers the rest
 }
 
+// A two-stage column sum's first grid: blocks of columns along x, chunks of rows along y (each capped;
+// the kernels stride over the rest).
+dim3 column_grid(std::size_t cols, std::size_t chunks) {
+  return dim3(blocks_for(cols), static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+}
+
 void check_launch() { COURSE_CUDA_CHECK(cudaGetLastError()); }
 
 cublasMath_t float32_math() { return allow_tf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH; }
@@ -637,7 +651,14 @@ class CudaKernels final : public Kernels {
   }
   void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) override {
     if (!cols) return;
-    sum_rows_kernel<<<blocks_for(cols), kThreads>>>(in, rows, cols, out);
+    const std::size_t chunks = math::column_chunks(rows);
+    DeviceBuffer partial(2 * chunks * cols);  // [chunks, cols] doubles
+    auto* sums = reinterpret_cast<double*>(partial.get());
+    if (chunks) {
+      sum_rows_chunks_kernel<<<column_grid(cols, chunks), kThreads>>>(in, rows, cols, sums);
+      check_launch();
+    }
+    column_totals_kernel<<<blocks_for(cols), kThreads>>>(sums, chunks, cols, out);
     check_launch();
   }
   void unary(UnaryOp op, const float* in, float* out, std::size_t n) override {
@@ -736,7 +757,16 @@ class CudaKernels final : public Kernels {
       check_launch();
     }
     if (cols) {
-      layer_norm_backward_params_kernel<<<blocks_for(cols), kThreads>>>(x, mean, rstd, g, rows, cols, dw, db);
+      const std::size_t chunks = math::column_chunks(rows);
+      DeviceBuffer partial(4 * chunks * cols);  // [2, chunks, cols] doubles
+      auto* sums = reinterpret_cast<double*>(partial.get());
+      if (chunks) {
+        layer_norm_params_chunks_kernel<<<column_grid(cols, chunks), kThreads>>>(x, mean, rstd, g, rows, cols, sums);
+        check_launch();
+      }
+      column_totals_kernel<<<blocks_for(cols), kThreads>>>(sums, chunks, cols, dw);
+      check_launch();
+      column_totals_kernel<<<blocks_for(cols), kThreads>>>(sums + chunks * cols, chunks, cols, db);
       check_launch();
     }
   }
