@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -194,6 +195,45 @@ void run_readme(const std::string& chapter) {
   }
   fs::current_path(here);
   fs::remove_all(scratch);
+}
+
+// A chapter README as a handout: the skeleton's sections in order, at most kHandoutWords words, and every
+// "`name` (line N)" of its walk through main.cpp pointing at a line of main.cpp that holds that name (so the
+// walk cannot drift from the code). The chapters rewritten as handouts so far; the others follow.
+constexpr std::size_t kHandoutWords = 1500;
+const std::vector<std::string> kHandouts = {"01_single_gpu"};
+
+TEST(Readme, HandoutsFollowTheSkeleton) {
+  const std::vector<std::string> sections = {"## Goal", "## Run it", "## Expected output", "## Read the code",
+                                             "## Key ideas", "## Exercises", "## Graded by"};
+  for (const std::string& chapter : kHandouts) {
+    SCOPED_TRACE(chapter);
+    const std::string text = read_file(std::string(SOURCE_ROOT) + "/" + chapter + "/README.md");
+    std::size_t at = 0;
+    for (const auto& section : sections) {
+      const auto found = text.find("\n" + section + "\n", at);
+      ASSERT_NE(found, std::string::npos) << section << " missing, or out of order";
+      at = found + 1;
+    }
+    std::istringstream words(text);
+    EXPECT_LE(static_cast<std::size_t>(std::distance(std::istream_iterator<std::string>(words),
+                                                     std::istream_iterator<std::string>())), kHandoutWords);
+    std::vector<std::string> code;
+    std::istringstream source(read_file(std::string(SOURCE_ROOT) + "/" + chapter + "/main.cpp"));
+    for (std::string line; std::getline(source, line);) code.push_back(line);
+    const std::size_t begin = text.find("\n## Read the code\n"), end = text.find("\n## ", begin + 1);
+    const std::string walk = text.substr(begin, end - begin);
+    static const std::regex cited(R"(`([^`]+)`\s+\(line (\d+)\))");
+    int citations = 0;
+    for (auto m = std::sregex_iterator(walk.begin(), walk.end(), cited); m != std::sregex_iterator(); ++m, ++citations) {
+      const auto line = static_cast<std::size_t>(std::stoul((*m)[2]));
+      ASSERT_GE(line, 1u);
+      ASSERT_LE(line, code.size()) << (*m)[0];
+      EXPECT_NE(code[line - 1].find((*m)[1].str()), std::string::npos)
+          << "the README cites " << (*m)[0] << ", and main.cpp's line " << line << " is\n" << code[line - 1];
+    }
+    EXPECT_GE(citations, 3) << "the walk through main.cpp names no lines";
+  }
 }
 
 TEST(Readme, Chapter01) { run_readme("01_single_gpu"); }
