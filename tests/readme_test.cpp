@@ -201,7 +201,7 @@ void run_readme(const std::string& chapter) {
 // "`name` (line N)" of its walk through main.cpp pointing at a line of main.cpp that holds that name (so the
 // walk cannot drift from the code). The chapters rewritten as handouts so far; the others follow.
 constexpr std::size_t kHandoutWords = 1500;
-const std::vector<std::string> kHandouts = {"01_single_gpu", "02_grad_accumulation"};
+const std::vector<std::string> kHandouts = {"01_single_gpu", "02_grad_accumulation", "03_collectives"};
 
 TEST(Readme, HandoutsFollowTheSkeleton) {
   const std::vector<std::string> sections = {"## Goal", "## Run it", "## Expected output", "## Read the code",
