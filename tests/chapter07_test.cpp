@@ -528,7 +528,10 @@ TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
 }
 
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
-  for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0", "--global-batch 7", "--resume",
+  for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0",
+                                  "--mem-limit-mb 1e-7",  // under a byte: it had rounded to no budget at all
+                                  "--mem-limit-mb 1e40",  // past 2^63 bytes: it had wrapped to a negative budget
+                                  "--global-batch 7", "--resume",
                                   "--ckpt-every 0", "--consolidate /nonexistent/step_00000001 --save /tmp/x.st",
                                   "--compare --ckpt-dir /tmp/ch07_compare",
                                   "--data /nonexistent/text.txt",  // the MLP reads no text: refused, not ignored

@@ -589,7 +589,9 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP4, "--tp 2 --cp 2 --sequence-parallel", "--cp"},     // both split the sequence
            {MPIRUN_NP3, "--cp 3 --cp-method ulysses", "--cp"},            // 4 heads on 3 ranks
            {MPIRUN_NP2, "--dp 2 --fault skip-cp-offset", "--fault"},       // no CP group
-           {MPIRUN_NP2, "--cp 2 --mem-limit-mb 0", "--mem-limit-mb"}}) {
+           {MPIRUN_NP2, "--cp 2 --mem-limit-mb 0", "--mem-limit-mb"},
+           {MPIRUN_NP2, "--cp 2 --mem-limit-mb 1e-7", "--mem-limit-mb"},   // under a byte
+           {MPIRUN_NP2, "--cp 2 --mem-limit-mb 1e40", "--mem-limit-mb"}}) {  // past 2^63 bytes
     Outcome r = run(mpirun, flags);
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;

@@ -36,7 +36,18 @@ void check_memory(double bytes, const std::string& flags, int ranks_here) {
 }
 
 void add_memory_limit_option(CLI::App& app, double& mb) {
-  app.add_option("--mem-limit-mb", mb, "A budget per rank on the counted memory (MiB); 0 is refused")->check(PositiveFinite);
+  // Positive and finite, and a whole number of bytes from one to 2^60 once converted: below a byte the
+  // budget rounds to none (which switched the limit off), beyond 2^63 the conversion wraps.
+  const CLI::Validator bytes(
+      [](std::string& input) -> std::string {
+        const double value = std::stod(input) * 1024.0 * 1024.0;
+        if (value >= 1.0 && value <= 0x1p60) return {};
+        return "must be a budget from one byte (1/1048576 MiB) to 1 EiB (1099511627776 MiB), got '" + input + "'";
+      },
+      "from 1/1048576 to 1099511627776", "");
+  app.add_option("--mem-limit-mb", mb, "A budget per rank on the counted memory (MiB); 0 is refused")
+      ->check(PositiveFinite)
+      ->check(bytes);
 }
 
 std::string apply_memory_limit(double mb, Device device) {
