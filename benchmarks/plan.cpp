@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(8, 1 << 20))
       ->capture_default_str();
   app.add_option("--global-batch", global_batch, "Sequences per iteration")
-      ->check(CLI::Range(1.0, 1e7))
+      ->check(cli::PositiveFinite & CLI::Range(1.0, 1e7))
       ->capture_default_str();
   app.add_option("--precision", precision, "bf16 | fp16 (float32 masters) | fp32")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))

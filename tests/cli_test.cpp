@@ -57,6 +57,22 @@ TEST(IntegerFlags, AreDecimalWhateverTheirLeadingZeros) {
   for (const char* other_base : {"0x10", "0X1f", "0b11", "0o7", "-0x3"}) EXPECT_EQ(parse_n(other_base).first, 2) << other_base;
 }
 
+// Floating-point flags too are decimal: C's hexadecimal forms, which strtod reads, are refused.
+TEST(FloatFlags, AreDecimalNotHexadecimal) {
+  for (const char* decimal : {"16", "1.5", ".5", "2.", "1e-3", "+3E2", "0.001"}) EXPECT_TRUE(cli::decimal_number(decimal)) << decimal;
+  for (const char* other : {"0x10", "0X1p4", "0x1p16", "1e", "e5", ".", "1.2.3", "inf", "nan", " 1", ""})
+    EXPECT_FALSE(cli::decimal_number(other)) << other;
+  CLI::App app;
+  double clip = 0;
+  app.add_option("--clip", clip)->check(cli::NonNegativeFinite);
+  for (const auto& [text, code] : std::vector<std::pair<std::string, int>>{{"0x10", 2}, {"16", 0}, {"1e1", 0}}) {
+    std::vector<std::string> words{"test", "--clip", text};
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    EXPECT_EQ(cli::run(app, static_cast<int>(argv.size()), argv.data(), [] { return 0; }), code) << text;
+  }
+}
+
 }  // namespace
 // --tf32 is a GPU format: refused on the CPU with one line naming the flag, TF32 left off; without the
 // flag nothing is allowed on either device.

@@ -3,7 +3,7 @@
 // string and no value at all; flags without a value are given one. Each run must either end within
 // seconds with exit code 2 and one line naming the flag (from one rank only), or run to its verdict
 // (PASSED with 0, FAILED with 1). Never a crash, a hang, another exit code or a silent wrong answer.
-// Integer flags are also given hex (refused: they are decimal) and a leading zero (read as decimal), and
+// Numeric flags are also given hex (refused: they are decimal) and a leading zero (read as decimal), and
 // every path flag a folder, a pipe and a device (a copy of /dev/null): none may hang, and none may be
 // replaced by a file. Flags added to later chapters are covered without new code.
 #include <gtest/gtest.h>
@@ -100,8 +100,8 @@ struct Try {
 // flag and saturate the other). Text values (paths) may be anything.
 bool never_valid(const Flag& f, const std::string& value) {
   if (f.type == "TEXT" || f.type.empty()) return false;
-  // Integer flags are decimal: hex is refused, never read as another number.
-  return value == " -1" || (f.type != "FLOAT" && (value == " 99999999999999999999" || value == " 0x10"));
+  // Numbers are decimal: hex (C's "0x10", which strtod reads as 16) is refused, never read as another number.
+  return value == " -1" || value == " 0x10" || (f.type != "FLOAT" && value == " 99999999999999999999");
 }
 
 // One try: either a usage error naming the flag, or a run that reaches its verdict.

@@ -12,7 +12,9 @@
 #include <new>
 #include <filesystem>
 #include <climits>
+#include <regex>
 #include <unistd.h>
+#include <regex>
 #include <string>
 
 #include <mpi.h>
@@ -109,6 +111,11 @@ void check_fault_options(const FaultOptions& o, std::int64_t steps) {
                      std::to_string(steps) + " steps (--steps)");
 }
 
+bool decimal_number(const std::string& text) {
+  static const std::regex decimal(R"([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)");
+  return std::regex_match(text, decimal);
+}
+
 namespace {
 CLI::Validator number_rule(const std::string& description, bool integer, bool allow_zero) {
   return CLI::Validator(
@@ -116,7 +123,8 @@ CLI::Validator number_rule(const std::string& description, bool integer, bool al
         try {
           std::size_t used = 0;
           double value = integer ? static_cast<double>(std::stoll(input, &used)) : std::stod(input, &used);
-          if (used != input.size() || !std::isfinite(value) || value < 0.0 || (!allow_zero && value == 0.0))
+          if (used != input.size() || !decimal_number(input) || !std::isfinite(value) || value < 0.0 ||
+              (!allow_zero && value == 0.0))
             return "must be " + description + ", got '" + input + "'";
         } catch (const std::exception&) {
           return "must be " + description + ", got '" + input + "'";

@@ -66,9 +66,14 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 // stops the job before any work instead of after it.
 extern const CLI::Validator OutputFile;
 
+// Whether `text` is a number in decimal notation (digits, at most one point, an optional exponent), as
+// every numeric flag is written: strtod also reads C's hexadecimal forms ("0x10" is 16, "0x1p16"), which
+// a reader of the command line would not take for numbers.
+bool decimal_number(const std::string& text);
+
 // Validators whose messages name the rule that was broken.
 extern const CLI::Validator PositiveInteger;  // >= 1
-extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite
+extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite, in decimal notation
 extern const CLI::Validator NonNegativeFinite;
 extern const CLI::Validator Seed;             // 0 .. 2^64-1, digits only
 

@@ -56,7 +56,7 @@ void add_precision_options(CLI::App& app, PrecisionOptions& options) {
             char* end = nullptr;
             const float value = std::strtof(text.c_str(), &end);
             int exponent = 0;
-            if (text.empty() || *end != '\0' || !(value >= 1.0f && value <= 0x1p100f) ||
+            if (text.empty() || *end != '\0' || !decimal_number(text) || !(value >= 1.0f && value <= 0x1p100f) ||
                 std::frexp(value, &exponent) != 0.5f)
               return std::string("must be a power of two from 1 to 2^100, got ") + text;
             return std::string();
