@@ -1,7 +1,8 @@
 // Every command a chapter's README shows in its code blocks, run as written, in the README's order: with
-// the --allow-run-as-root the READMEs ask for as root and the --oversubscribe they ask for beyond the
-// cores, the build folder and scripts/ found from the source tree, and /tmp/ moved into a scratch folder
-// (so that nothing lands in the source tree or collides with another test). Each must end with the exit
+// the --allow-run-as-root the READMEs ask for as root (a command beyond 2 ranks must carry its own
+// --oversubscribe, so that it runs as written on a 2-core machine), the build folder and scripts/ found
+// from the source tree, and /tmp/ moved into a scratch folder (so that nothing lands in the source tree
+// or collides with another test). Each must end with the exit
 // code its README implies (1 where it shows a fault failing, 0 otherwise), and every output line the
 // README shows under it must appear in its output, numbers masked (timings and rounding vary; the words,
 // the order of fields and the verdicts may not). A block introduced by "Expected output" belongs to the
@@ -147,6 +148,9 @@ std::string adapted(std::string text, const fs::path& scratch) {
   return text;
 }
 
+// The cores of the machine the course is written for (a 2-core laptop or CI runner).
+constexpr int kCoursesCores = 2;
+
 void run_readme(const std::string& chapter) {
   const std::string readme = std::string(SOURCE_ROOT) + "/" + chapter + "/README.md";
   const Readme parsed = commands_of(readme);
@@ -167,6 +171,13 @@ void run_readme(const std::string& chapter) {
       continue;
     }
     if (c.text.find("--hostfile") != std::string::npos) continue;  // needs the machines it names
+    // As written, on the course's 2-core machine: more ranks than that need --oversubscribe in the text.
+    static const std::regex ranks(R"(^mpirun -np (\d+))");
+    std::smatch n;
+    if (std::regex_search(c.text, n, ranks) && std::stoi(n[1]) > kCoursesCores)
+      EXPECT_NE(c.text.find("--oversubscribe"), std::string::npos)
+          << "the command runs " << n[1] << " ranks, more than a " << kCoursesCores
+          << "-core machine has cores, and lacks --oversubscribe";
     const fs::path script = scratch / "command.sh";
     { std::ofstream(script) << environment << text << "\n"; }
     const auto r = run_process("bash " + script.string());
