@@ -116,6 +116,8 @@ def main():
         parser.error(f"--max-restarts: {args.max_restarts} must be 0 or more")
     if not 1 <= min_ranks <= args.np:
         parser.error(f"--min-ranks: {min_ranks} must be between 1 and --np {args.np}")
+    if shutil.which(args.mpirun) is None:
+        parser.error(f"--mpirun: {args.mpirun} is not a program that can be run")
 
     ranks, folder = args.np, checkpoint_folder(program)
     history = []

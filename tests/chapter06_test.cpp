@@ -166,6 +166,12 @@ TEST(Chapter06, TheLauncherPassesSignalsOnAndDoesNotRetryALaunchFailure) {
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.out.find("mpirun could not start the job"), std::string::npos) << missing.out;
   EXPECT_EQ(missing.out.find("attempt 2"), std::string::npos) << missing.out;
+  // A launcher that is not there: a usage error naming --mpirun (exit code 2), not a traceback.
+  auto no_mpirun = run_process(std::string("python3 ") + FAILOVER_PY + " --np 1 --mpirun /nonexistent/mpirun -- /bin/true");
+  EXPECT_EQ(no_mpirun.exit_code, 2) << no_mpirun.out << no_mpirun.err;
+  EXPECT_NE(no_mpirun.err.find("--mpirun: /nonexistent/mpirun is not a program that can be run"), std::string::npos)
+      << no_mpirun.err;
+  EXPECT_EQ(no_mpirun.err.find("Traceback"), std::string::npos) << no_mpirun.err;
   const std::string dir = fresh_folder();
   auto stopped = run_process(std::string("( python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
                              with_defaults("--ckpt-dir " + dir + " --steps 1000000 --log-every 1000000") +
