@@ -40,6 +40,12 @@ std::string text(const char* format, auto... values) {
   return buffer;
 }
 
+// Whether every value in [begin, end) is finite.
+template <class Iterator>
+bool finite(Iterator begin, Iterator end) {
+  return std::all_of(begin, end, [](float v) { return std::isfinite(v); });
+}
+
 // Every value moved by one unit in the last place, up or down as a hash of its index and the step
 // says: a perturbation of every term of the computation by one rounding.
 std::vector<float> nudged(std::vector<float> values, std::int64_t step) {
@@ -167,7 +173,6 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
   all[2 * count] = static_cast<float>(loss);
   all[2 * count + 1] = static_cast<float>(loss_magnitude);
   if (!gather_step(all, run_gradient)) return;
-  const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
   // The run: R parts, each of up to `terms` terms that it may add in any order, R terms - 1 additions
   // and the scaling (in 16 bits, each part's conversion too). The reference: its float32 sum over the
   // ranks, one rounding per rank and one for the result.
@@ -316,7 +321,6 @@ void Lockstep::check_whole(std::int64_t step, float run_loss, const PrecisionPie
   }
   reduce(all);
   if (!judges() || skipping_) return;  // a skipped float16 step: check_parts judged its overflow
-  const auto finite = [](auto begin, auto end) { return std::all_of(begin, end, [](float v) { return std::isfinite(v); }); };
   // The whole model's float16 parts may overflow where the run's, split, do not: no floor this step.
   if (!finite(all.begin() + static_cast<long>(count), all.begin() + static_cast<long>(2 * count))) return;
   if (is_16bit(reduce_dtype))  // the run's sums end in the reduce type, with the parts' loss scale
