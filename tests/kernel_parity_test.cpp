@@ -19,8 +19,8 @@ namespace course::testing {
 namespace {
 
 // Where the two devices add in different orders: cuBLAS and the CPU's BLAS in their GEMMs, a GPU's tree
-// and the CPU's loop in a sum over a whole tensor, the attention and cross-entropy kernels' own sums
-// (one thread per row on the GPU, lanes on the CPU). 1e-5 relative is a few float32 ulps accumulated over
+// and the CPU's loop in a sum over a whole tensor (a mean's), the attention kernels' own sums (one thread
+// per row on the GPU, lanes on the CPU). 1e-5 relative is a few float32 ulps accumulated over
 // this table's small shapes.
 constexpr double kParityTolerance = 1e-5;
 
@@ -283,6 +283,47 @@ TEST(KernelParity, ColumnSumsGiveTheSameBitsOnEveryDevice) {
     expect_same_bits(results[Device::cuda][0], results[Device::cpu][0], "sum_rows " + shape);
     expect_same_bits(results[Device::cuda][1], results[Device::cpu][1], "layer norm's weight gradient " + shape);
     expect_same_bits(results[Device::cuda][2], results[Device::cpu][2], "layer norm's bias gradient " + shape);
+  }
+}
+
+// Rows in lanes (common/kernels/rows.h): layer norm forward and its input gradient, the cross-entropy and
+// its gradient, a group of kLanes threads to a row on the GPU; at widths below, at and past the lanes,
+// GPT-2's, a vocabulary's, and more rows than one grid holds (65535 blocks of 32 rows). Ignored targets
+// and targets at both edges. The same bits on both devices.
+TEST(KernelParity, RowKernelsGiveTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [rows, cols] : std::vector<std::pair<std::size_t, std::size_t>>{
+           {1, 1}, {3, 7}, {5, 8}, {33, 9}, {4101, 768}, {1027, 50304}, {2100003, 2}}) {
+    const std::string shape = std::to_string(rows) + " x " + std::to_string(cols);
+    const auto n = static_cast<std::int64_t>(rows * cols);
+    const Tensor x = mul(Tensor::randn({n}, 51), Tensor::full({n}, 8.0f)), g = Tensor::randn({n}, 52);
+    const Tensor w = Tensor::randn({static_cast<std::int64_t>(cols)}, 53), b = Tensor::randn(w.shape(), 54);
+    std::vector<float> targets(rows), row_grads(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      targets[r] = r % 4 == 3 ? -100.0f : static_cast<float>(r % 2 ? cols - 1 : (r * 13) % cols);
+      row_grads[r] = 0.25f + static_cast<float>(r % 3);
+    }
+    const auto r64 = static_cast<std::int64_t>(rows);
+    const Tensor t = Tensor::from_host(targets, {r64}), rg = Tensor::from_host(row_grads, {r64});
+    std::map<Device, std::vector<std::vector<float>>> results;
+    for (const Device device : {Device::cpu, Device::cuda}) {
+      const Tensor xd = x.to(device), gd = g.to(device), wd = w.to(device), bd = b.to(device), td = t.to(device),
+                   rgd = rg.to(device);
+      Tensor out = Tensor::empty(x.shape(), device), mean = Tensor::empty({r64}, device), rstd = Tensor::empty({r64}, device),
+             dx = Tensor::empty(x.shape(), device), dw = Tensor::empty(w.shape(), device), db = Tensor::empty(w.shape(), device),
+             losses = Tensor::empty({r64}, device), dlogits = Tensor::empty(x.shape(), device);
+      Kernels& k = kernels(device);
+      k.layer_norm(xd.data(), wd.data(), bd.data(), rows, cols, 1e-5f, out.data(), mean.data(), rstd.data());
+      k.layer_norm_backward(xd.data(), wd.data(), mean.data(), rstd.data(), gd.data(), rows, cols, dx.data(), dw.data(),
+                            db.data());
+      k.cross_entropy(xd.data(), td.data(), rows, cols, losses.data());
+      k.cross_entropy_backward(xd.data(), td.data(), rgd.data(), rows, cols, dlogits.data());
+      results[device] = {out.to_host(), mean.to_host(), rstd.to_host(), dx.to_host(), losses.to_host(), dlogits.to_host()};
+    }
+    const char* names[] = {"layer norm", "layer norm's means", "layer norm's 1/std", "layer norm's input gradient",
+                           "cross-entropy", "cross-entropy's gradient"};
+    for (std::size_t i = 0; i < results[Device::cpu].size(); ++i)
+      expect_same_bits(results[Device::cuda][i], results[Device::cpu][i], std::string(names[i]) + " " + shape);
   }
 }
 

@@ -79,12 +79,14 @@ std::vector<std::string> contractible(const std::string& body) {
   return found;
 }
 
-// The kernels whose formulas the CPU computes too (math.h, half.h): element-wise ones, layer norm's rows
-// and columns and the two stages of column sums (their sums in the same order on both), and the optimizers.
+// The kernels whose formulas the CPU computes too (math.h, rows.h, half.h): element-wise ones, layer norm's
+// and the cross-entropy's rows (in lanes), layer norm's columns and the two stages of column sums (their
+// sums in the same order on both), and the optimizers.
 const std::vector<std::string> kSharedFormulaKernels = {
     "to_half_kernel",  "from_half_kernel", "binary_kernel",   "binary_broadcast_kernel", "scale_kernel",
     "scale_by_kernel", "unary_kernel",     "unary_backward_kernel", "layer_norm_kernel",
-    "layer_norm_backward_x_kernel", "layer_norm_params_chunks_kernel", "sum_rows_chunks_kernel",
+    "layer_norm_backward_x_kernel", "layer_norm_params_chunks_kernel", "cross_entropy_kernel",
+    "cross_entropy_backward_kernel", "sum_rows_chunks_kernel",
     "column_totals_kernel", "sgd_kernel", "adam_kernel",
     "dropout_kernel",  "arange_kernel",    "squares_kernel",  "squares_total_kernel", "clip_coefficient_kernel",
     "inverse_count_kernel"};

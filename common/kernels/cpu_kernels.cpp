@@ -133,14 +133,14 @@ COURSE_CPU_CLONES void unary_backward_loop(UnaryOp op, const float* in, const fl
 COURSE_CPU_CLONES void layer_norm_rows(const float* x, const float* w, const float* b, std::size_t first, std::size_t end,
                                        std::size_t cols, float eps, float* out, float* mean, float* rstd) {
   for (std::size_t r = first; r < end; ++r)
-    math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+    math::layer_norm_row(math::AllLanes{}, x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
 }
 
 COURSE_CPU_CLONES void layer_norm_backward_rows(const float* x, const float* w, const float* mean, const float* rstd,
                                                 const float* g, std::size_t first, std::size_t end, std::size_t cols,
                                                 float* dx) {
   for (std::size_t r = first; r < end; ++r)
-    math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+    math::layer_norm_backward_row(math::AllLanes{}, x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
 }
 
 // Columns [first, end) of a two-stage column sum (math::column_chunks): each chunk's sums read row by row
@@ -176,37 +176,21 @@ COURSE_CPU_CLONES void layer_norm_params_columns(const float* x, const float* me
       [&](int o, std::size_t c, float value) { (o == 0 ? dw : db)[c] = value; });
 }
 
-// Cross-entropy row by row: log-sum-exp minus the target's logit, the max subtracted first so that exp
-// cannot overflow; exp is math::exp_f32 and the sums run in lanes (cpu_vector.h), so the loops vectorise.
+// Cross-entropy row by row (math::cross_entropy_row, the lanes side by side: the loops vectorise).
 COURSE_CPU_CLONES void cross_entropy_rows(const float* logits, const float* targets, std::size_t first, std::size_t end,
                                           std::size_t cols, float* losses) {
-  for (std::size_t r = first; r < end; ++r) {
-    if (targets[r] < 0.0f) {  // an ignored row (ignore_index): no loss
-      losses[r] = 0.0f;
-      continue;
-    }
-    const float* row = logits + r * cols;
-    const float top = cpu::lane_max(row, cols);
-    const double total = cpu::lane_sum(cols, [&](std::size_t c) { return math::exp_f32(row[c] - top); });
-    losses[r] = static_cast<float>(std::log(total) + top - row[static_cast<std::size_t>(targets[r])]);
-  }
+  for (std::size_t r = first; r < end; ++r)  // an ignored row (a negative target, ignore_index): no loss
+    losses[r] = targets[r] < 0.0f ? 0.0f
+                                  : math::cross_entropy_row(math::AllLanes{}, logits + r * cols, cols,
+                                                            static_cast<std::size_t>(targets[r]));
 }
 
-// Its gradient: (softmax - one_hot(target)) times the row's incoming gradient.
 COURSE_CPU_CLONES void cross_entropy_backward_rows(const float* logits, const float* targets, const float* g,
                                                    std::size_t first, std::size_t end, std::size_t cols, float* out) {
   for (std::size_t r = first; r < end; ++r) {
     float* dst = out + r * cols;
-    if (targets[r] < 0.0f) {  // an ignored row: no gradient
-      std::fill(dst, dst + cols, 0.0f);
-      continue;
-    }
-    const float* row = logits + r * cols;
-    const float top = cpu::lane_max(row, cols);
-    const double total = cpu::lane_sum(cols, [&](std::size_t c) { return math::exp_f32(row[c] - top); });
-    const auto scale = static_cast<float>(g[r] / total);
-    for (std::size_t c = 0; c < cols; ++c) dst[c] = math::exp_f32(row[c] - top) * scale;
-    dst[static_cast<std::size_t>(targets[r])] -= g[r];
+    if (targets[r] < 0.0f) std::fill(dst, dst + cols, 0.0f);  // an ignored row: no gradient
+    else math::cross_entropy_backward_row(math::AllLanes{}, logits + r * cols, cols, static_cast<std::size_t>(targets[r]), g[r], dst);
   }
 }
 

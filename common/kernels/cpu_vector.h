@@ -3,7 +3,7 @@
 #pragma once
 #include <cstddef>
 
-#include "common/kernels/math.h"
+#include "common/kernels/rows.h"
 
 // The loops are also compiled for AVX2 (x86-64-v3), 8 floats at a time; the CPU picks the version when
 // the program loads. Floating-point contraction is off for the files that use it (CMakeLists.txt), so
@@ -18,18 +18,6 @@ namespace course::cpu {
 
 using math::kLanes;
 using math::lane_sum;  // sum of term(i) for i in [0, n): kLanes float accumulators, added in double
-
-// max of x[0..n), n >= 1 (std::max's rule: a NaN in x may be skipped, as in std::max_element).
-inline float lane_max(const float* x, std::size_t n) {
-  float acc[kLanes];
-  for (std::size_t l = 0; l < kLanes; ++l) acc[l] = x[0];
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (std::size_t l = 0; l < kLanes; ++l) acc[l] = acc[l] < x[i + l] ? x[i + l] : acc[l];
-  for (std::size_t l = 0; i + l < n; ++l) acc[l] = acc[l] < x[i + l] ? x[i + l] : acc[l];
-  float top = acc[0];
-  for (std::size_t l = 1; l < kLanes; ++l) top = top < acc[l] ? acc[l] : top;
-  return top;
-}
+using math::lane_max;  // their maximum, by the same lanes
 
 }  // namespace course::cpu

@@ -14,6 +14,7 @@
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
 #include "common/kernels/math.h"
+#include "common/kernels/rows.h"
 #include "common/tensor/random.h"
 
 namespace course {
@@ -147,47 +148,57 @@ __global__ void sum_to_kernel(const float* in, float* out, std::size_t out_n, Br
   out[j] = static_cast<float>(total);
 }
 
-__device__ double row_exp_sum(const float* row, std::size_t cols, float top) {
-  double total = 0.0;
-  for (std::size_t c = 0; c < cols; ++c) total += exp(static_cast<double>(row[c] - top));
-  return total;
-}
-__device__ float row_max(const float* row, std::size_t cols) {
-  float top = row[0];
-  for (std::size_t c = 1; c < cols; ++c) top = fmaxf(top, row[c]);
-  return top;
+// A row's lanes on the GPU (rows.h): kLanes neighbouring threads of a warp, one lane each, folded with
+// shuffles in lane order, so a row's sums are the CPU's additions, one by one. A warp takes four rows.
+struct GroupLanes {
+  unsigned lane, mask;  // this thread's lane; its group's threads in the warp
+  template <class Term>
+  __device__ double sum(std::size_t n, Term term) const {
+    const float mine = math::lane_partial(n, lane, term);
+    float acc[math::kLanes];
+    for (unsigned l = 0; l < math::kLanes; ++l) acc[l] = __shfl_sync(mask, mine, static_cast<int>(l), math::kLanes);
+    return math::lane_fold(acc);
+  }
+  __device__ float max(const float* x, std::size_t n) const {
+    const float mine = math::lane_max_partial(x, n, lane);
+    float acc[math::kLanes];
+    for (unsigned l = 0; l < math::kLanes; ++l) acc[l] = __shfl_sync(mask, mine, static_cast<int>(l), math::kLanes);
+    return math::lane_max_fold(acc);
+  }
+  __device__ std::size_t first() const { return lane; }
+  __device__ static constexpr std::size_t stride() { return math::kLanes; }
+};
+
+// Calls row(lanes, r) for every row r, a group of kLanes threads to a row (grid-stride: every thread of a
+// group takes the same rows, so a group's shuffles always find all its threads).
+template <class Row>
+__device__ void for_each_row_in_lanes(std::size_t rows, Row row) {
+  const std::size_t thread = blockIdx.x * blockDim.x + threadIdx.x, groups = gridDim.x * blockDim.x / math::kLanes;
+  const auto lane = static_cast<unsigned>(threadIdx.x % math::kLanes);
+  const GroupLanes lanes{lane, 0xFFu << (threadIdx.x % 32 - lane)};
+  for (std::size_t r = thread / math::kLanes; r < rows; r += groups) row(lanes, r);
 }
 
 __global__ void cross_entropy_kernel(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                                      float* losses) {
-  std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target, raised later): no loss
-    losses[r] = 0.0f;
-    return;
-  }
-  const float* row = logits + r * cols;
-  float top = row_max(row, cols);
-  auto target = static_cast<std::size_t>(targets[r]);
-  losses[r] = static_cast<float>(log(row_exp_sum(row, cols, top)) + top - row[target]);
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    // An ignored row (or a bad target, raised later): no loss.
+    const bool valid = math::valid_index(targets[r], cols, NAN);
+    const float loss = valid ? math::cross_entropy_row(lanes, logits + r * cols, cols, static_cast<std::size_t>(targets[r])) : 0.0f;
+    if (lanes.lane == 0) losses[r] = loss;
+  });
 }
 
 __global__ void cross_entropy_backward_kernel(const float* logits, const float* targets, const float* g,
                                               std::size_t rows, std::size_t cols, float* out) {
-  std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target): no gradient
-    for (std::size_t c = 0; c < cols; ++c) out[r * cols + c] = 0.0f;
-    return;
-  }
-  const float* row = logits + r * cols;
-  float top = row_max(row, cols);
-  double total = row_exp_sum(row, cols, top);
-  auto target = static_cast<std::size_t>(targets[r]);
-  for (std::size_t c = 0; c < cols; ++c) {
-    double softmax = exp(static_cast<double>(row[c] - top)) / total;
-    out[r * cols + c] = static_cast<float>((softmax - (c == target ? 1.0 : 0.0)) * g[r]);
-  }
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    float* dst = out + r * cols;
+    if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target): no gradient
+      for (std::size_t c = lanes.first(); c < cols; c += lanes.stride()) dst[c] = 0.0f;
+      return;
+    }
+    math::cross_entropy_backward_row(lanes, logits + r * cols, cols, static_cast<std::size_t>(targets[r]), g[r], dst);
+  });
 }
 
 // One thread per row, the CPU reference's arithmetic (exp and sums in double).
@@ -212,17 +223,19 @@ __global__ void softmax_backward_kernel(const float* y, const float* g, std::siz
   for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = static_cast<float>(y[r * cols + c] * (g[r * cols + c] - dot));
 }
 
-// One thread per row: the same double arithmetic as the CPU reference, row by row.
+// Layer norm's rows in lanes (rows.h): the CPU's arithmetic, addition by addition.
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols,
                                   float eps, float* out, float* mean, float* rstd) {
-  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < rows) math::layer_norm_row(x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    math::layer_norm_row(lanes, x + r * cols, w, b, cols, eps, out + r * cols, mean + r, rstd + r);
+  });
 }
 
 __global__ void layer_norm_backward_x_kernel(const float* x, const float* w, const float* mean, const float* rstd,
                                              const float* g, std::size_t rows, std::size_t cols, float* dx) {
-  const std::size_t r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < rows) math::layer_norm_backward_row(x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    math::layer_norm_backward_row(lanes, x + r * cols, w, mean[r], rstd[r], g + r * cols, cols, dx + r * cols);
+  });
 }
 
 // Stage 1 of the weight's and bias's gradients (math::layer_norm_params_chunk): a thread per column and
@@ -747,13 +760,13 @@ class CudaKernels final : public Kernels {
   void layer_norm(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols, float eps,
                   float* out, float* mean, float* rstd) override {
     if (!rows) return;
-    layer_norm_kernel<<<blocks_for(rows), kThreads>>>(x, w, b, rows, cols, eps, out, mean, rstd);
+    layer_norm_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(x, w, b, rows, cols, eps, out, mean, rstd);
     check_launch();
   }
   void layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
                            std::size_t rows, std::size_t cols, float* dx, float* dw, float* db) override {
     if (rows) {
-      layer_norm_backward_x_kernel<<<blocks_for(rows), kThreads>>>(x, w, mean, rstd, g, rows, cols, dx);
+      layer_norm_backward_x_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(x, w, mean, rstd, g, rows, cols, dx);
       check_launch();
     }
     if (cols) {
@@ -786,13 +799,13 @@ class CudaKernels final : public Kernels {
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                      float* losses) override {
     if (!rows) return;
-    cross_entropy_kernel<<<blocks_for(rows), kThreads>>>(logits, targets, rows, cols, losses);
+    cross_entropy_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(logits, targets, rows, cols, losses);
     check_launch();
   }
   void cross_entropy_backward(const float* logits, const float* targets, const float* g, std::size_t rows,
                               std::size_t cols, float* out) override {
     if (!rows) return;
-    cross_entropy_backward_kernel<<<blocks_for(rows), kThreads>>>(logits, targets, g, rows, cols, out);
+    cross_entropy_backward_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(logits, targets, g, rows, cols, out);
     check_launch();
   }
   void arange(float* out, std::size_t n) override {

@@ -141,49 +141,6 @@ COURSE_HOST_DEVICE inline float unary_backward(UnaryOp op, float x, float g) {
                              : rn::mul(g, op == UnaryOp::gelu ? gelu_erf_grad(x) : gelu_tanh_grad(x));
 }
 
-// A sum that vectorises without reordering float additions: kLanes accumulators each take every
-// kLanes-th term, and the lanes are added at the end, in a fixed order, in double. The same bits on any
-// machine and at any thread count (the order is the code's), and on the GPU (one thread runs the loop).
-constexpr std::size_t kLanes = 8;
-template <class Term>
-COURSE_HOST_DEVICE inline double lane_sum(std::size_t n, Term term) {
-  float acc[kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (std::size_t l = 0; l < kLanes; ++l) acc[l] = rn::add(acc[l], term(i + l));
-  for (std::size_t l = 0; i + l < n; ++l) acc[l] = rn::add(acc[l], term(i + l));
-  double total = 0.0;
-  for (std::size_t l = 0; l < kLanes; ++l) total = rn::add(total, static_cast<double>(acc[l]));
-  return total;
-}
-
-// One row of layer normalisation, for the CPU reference and the CUDA kernel alike: the mean, then the
-// biased variance around it (two passes, as accurate as Welford's for a row), then
-// (x - mean) / sqrt(var + eps) * w + b, every pass a vectorisable loop in float.
-COURSE_HOST_DEVICE inline void layer_norm_row(const float* x, const float* w, const float* b, std::size_t cols,
-                                              float eps, float* out, float* mean, float* rstd) {
-  using namespace rn;
-  const double n = static_cast<double>(cols);
-  const auto mu = static_cast<float>(div(lane_sum(cols, [&](std::size_t c) { return x[c]; }), n));
-  const double var = div(lane_sum(cols, [&](std::size_t c) { return mul(sub(x[c], mu), sub(x[c], mu)); }), n);
-  const auto inv = static_cast<float>(div(1.0, rn::sqrt(add(var, static_cast<double>(eps)))));
-  *mean = mu;
-  *rstd = inv;
-  for (std::size_t c = 0; c < cols; ++c) out[c] = add(mul(mul(sub(x[c], mu), inv), w[c]), b[c]);
-}
-
-// Its input gradient: dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), with dxhat = g w.
-COURSE_HOST_DEVICE inline void layer_norm_backward_row(const float* x, const float* w, float mean, float rstd,
-                                                       const float* g, std::size_t cols, float* dx) {
-  using namespace rn;
-  const double n = static_cast<double>(cols);
-  const auto mean_d = static_cast<float>(div(lane_sum(cols, [&](std::size_t c) { return mul(g[c], w[c]); }), n));
-  const auto mean_dx = static_cast<float>(
-      div(lane_sum(cols, [&](std::size_t c) { return mul(mul(g[c], w[c]), mul(sub(x[c], mean), rstd)); }), n));
-  for (std::size_t c = 0; c < cols; ++c)
-    dx[c] = mul(rstd, sub(sub(mul(g[c], w[c]), mean_d), mul(mul(sub(x[c], mean), rstd), mean_dx)));
-}
-
 // Column sums (a linear layer's bias gradient, layer norm's weight and bias gradients) in two stages, one
 // order on both devices. A thread per column walking every row leaves most of a GPU idle (GPT-2's 768
 // columns against an H100's 270,000 resident threads) for the 8192 rows it reads, so the rows go in chunks
