@@ -86,7 +86,7 @@ const std::vector<std::string> kSharedFormulaKernels = {
     "to_half_kernel",  "from_half_kernel", "binary_kernel",   "binary_broadcast_kernel", "scale_kernel",
     "scale_by_kernel", "unary_kernel",     "unary_backward_kernel", "layer_norm_kernel",
     "layer_norm_backward_x_kernel", "layer_norm_params_chunks_kernel", "cross_entropy_kernel",
-    "cross_entropy_backward_kernel", "sum_rows_chunks_kernel",
+    "cross_entropy_backward_kernel", "attention_softmax_kernel", "attention_softmax_backward_kernel", "sum_rows_chunks_kernel",
     "column_totals_kernel", "sgd_kernel", "adam_kernel",
     "dropout_kernel",  "arange_kernel",    "squares_kernel",  "squares_total_kernel", "clip_coefficient_kernel",
     "inverse_count_kernel"};

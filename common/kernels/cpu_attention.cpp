@@ -43,36 +43,22 @@ std::int64_t visible(const AttentionShape& s, std::int64_t i) { return s.causal 
 
 // Rows [first, first + rows) of the scores, in place: softmax over each row's visible keys, 0 after them
 // up to `width` (the block's keys: the GEMMs read no further, so the rest of probs is left unwritten).
-// exp is math::exp_f32 (arithmetic only, so the loop vectorises; within 2 ulp).
+// The row formula is the GPU's too (kernels/rows.h); its loops vectorise (exp_f32 is arithmetic only).
 COURSE_CPU_CLONES void softmax_rows(float* p, std::int64_t ldp, std::int64_t first, std::int64_t rows,
                                     std::int64_t width, const AttentionShape& s) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = p + r * ldp;
-    const auto n = static_cast<std::size_t>(visible(s, first + r));
-    const float top = lane_max(row, n);
-    const double total = lane_sum(n, [&](std::size_t c) {
-      const float e = math::exp_f32(row[c] - top);
-      row[c] = e;
-      return e;
-    });
-    const auto inverse = static_cast<float>(1.0 / total);
-    for (std::size_t c = 0; c < n; ++c) row[c] *= inverse;
-    std::fill(row + n, row + width, 0.0f);
-  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    math::attention_softmax_row(math::AllLanes{}, p + r * ldp, static_cast<std::size_t>(visible(s, first + r)),
+                                static_cast<std::size_t>(width));
 }
 
 // The softmax's gradient, in place over dp: ds = p (dp - sum_j dp_j p_j) scale on the visible keys, 0 after.
 COURSE_CPU_CLONES void softmax_backward_rows(const float* p, std::int64_t ldp, float* dp, std::int64_t lddp,
                                              std::int64_t first, std::int64_t rows, std::int64_t width, float scale,
                                              const AttentionShape& s) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* prow = p + r * ldp;
-    float* drow = dp + r * lddp;
-    const auto n = static_cast<std::size_t>(visible(s, first + r));
-    const auto dot = static_cast<float>(lane_sum(n, [&](std::size_t c) { return drow[c] * prow[c]; }));
-    for (std::size_t c = 0; c < n; ++c) drow[c] = prow[c] * (drow[c] - dot) * scale;
-    std::fill(drow + n, drow + width, 0.0f);
-  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    math::attention_softmax_backward_row(math::AllLanes{}, p + r * ldp, dp + r * lddp,
+                                         static_cast<std::size_t>(visible(s, first + r)),
+                                         static_cast<std::size_t>(width), scale);
 }
 
 // Dropout on rows [first, first + rows) x keys [0, width) of the probabilities of (sequence, head) `bh`:

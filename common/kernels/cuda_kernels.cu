@@ -223,6 +223,22 @@ __global__ void softmax_backward_kernel(const float* y, const float* g, std::siz
   for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = static_cast<float>(y[r * cols + c] * (g[r * cols + c] - dot));
 }
 
+// Attention's probabilities in lanes (rows.h), over [batch x heads x tokens, tokens] scores: row r is
+// query r % tokens, which sees every key, or with the causal mask keys 0 to itself. The CPU's formula.
+__global__ void attention_softmax_kernel(float* scores, std::size_t rows, std::size_t tokens, bool causal) {
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    math::attention_softmax_row(lanes, scores + r * tokens, causal ? r % tokens + 1 : tokens, tokens);
+  });
+}
+
+__global__ void attention_softmax_backward_kernel(const float* p, float* dp, std::size_t rows, std::size_t tokens,
+                                                  bool causal, float scale) {
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    math::attention_softmax_backward_row(lanes, p + r * tokens, dp + r * tokens, causal ? r % tokens + 1 : tokens,
+                                         tokens, scale);
+  });
+}
+
 // Layer norm's rows in lanes (rows.h): the CPU's arithmetic, addition by addition.
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, std::size_t rows, std::size_t cols,
                                   float eps, float* out, float* mean, float* rstd) {
@@ -695,7 +711,7 @@ class CudaKernels final : public Kernels {
     check_launch();
   }
   // Attention from the library's own pieces: the heads gathered apart, cuBLAS's strided-batched GEMMs over
-  // every (sequence, head), the softmax kernel, the output gathered back into [B, T, C].
+  // every (sequence, head), the CPU's softmax rows in lanes, the output gathered back into [B, T, C].
   void attention(const float* qkv, const AttentionShape& s, float* probs, float* y) override {
     const std::int64_t bh = s.batch * s.heads, t = s.tokens, hs = s.head_size, n = bh * t * hs;
     if (!n) return;
@@ -704,7 +720,9 @@ class CudaKernels final : public Kernels {
     gather(qkv, heads.get(), packed_to_heads(s));
     gemm_batched(false, true, bh, t, t, hs, 1.0f / std::sqrt(static_cast<float>(hs)), q, t * hs, k, t * hs, 0.0f,
                  probs, t * t);
-    softmax(probs, static_cast<std::size_t>(bh * t), static_cast<std::size_t>(t), s.causal, probs);
+    const auto rows = static_cast<std::size_t>(bh * t);
+    attention_softmax_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(probs, rows, static_cast<std::size_t>(t), s.causal);
+    check_launch();
     DeviceBuffer dropped(s.dropout > 0.0f ? static_cast<std::size_t>(bh * t * t) : 0);
     const float* weights = s.dropout > 0.0f ? apply_dropout_mask(probs, s, dropped.get()) : probs;
     gemm_batched(false, false, bh, t, hs, t, 1.0f, weights, t * t, v, t * hs, 0.0f, out.get(), t * hs);
@@ -750,10 +768,12 @@ class CudaKernels final : public Kernels {
     gemm_batched(true, false, bh, t, hs, t, 1.0f, weights, t * t, dy.get(), t * hs, 0.0f, dv, t * hs);  // p^T dy
     gemm_batched(false, true, bh, t, t, hs, 1.0f, dy.get(), t * hs, v, t * hs, 0.0f, dp.get(), t * t);  // dy v^T
     if (s.dropout > 0.0f) apply_dropout_mask(dp.get(), s, dp.get());
-    softmax_backward(probs, dp.get(), static_cast<std::size_t>(bh * t), static_cast<std::size_t>(t), dp.get());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    gemm_batched(false, false, bh, t, hs, t, scale, dp.get(), t * t, k, t * hs, 0.0f, dq, t * hs);  // ds k
-    gemm_batched(true, false, bh, t, hs, t, scale, dp.get(), t * t, q, t * hs, 0.0f, dk, t * hs);   // ds^T q
+    const auto rows = static_cast<std::size_t>(bh * t);  // ds, the scale 1/sqrt(hs) inside, as on the CPU
+    attention_softmax_backward_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(
+        probs, dp.get(), rows, static_cast<std::size_t>(t), s.causal, 1.0f / std::sqrt(static_cast<float>(hs)));
+    check_launch();
+    gemm_batched(false, false, bh, t, hs, t, 1.0f, dp.get(), t * t, k, t * hs, 0.0f, dq, t * hs);  // ds k
+    gemm_batched(true, false, bh, t, hs, t, 1.0f, dp.get(), t * t, q, t * hs, 0.0f, dk, t * hs);   // ds^T q
     gather(grads.get(), grad_qkv, heads_to_packed(s));
   }
 

@@ -178,4 +178,31 @@ COURSE_HOST_DEVICE inline void cross_entropy_backward_row(const Lanes& lanes, co
   }
 }
 
+// One row of attention's probabilities, in place over its scores: softmax over the first `visible` (the
+// keys the mask lets the query see), 0 from there up to `width`. exp is exp_f32, stored as it is summed,
+// then scaled by the sum's reciprocal.
+template <class Lanes>
+COURSE_HOST_DEVICE inline void attention_softmax_row(const Lanes& lanes, float* row, std::size_t visible,
+                                                     std::size_t width) {
+  const float top = lanes.max(row, visible);
+  const double total = lanes.sum(visible, [&](std::size_t c) {
+    const float e = exp_f32(rn::sub(row[c], top));
+    row[c] = e;
+    return e;
+  });
+  const auto inverse = static_cast<float>(rn::div(1.0, total));
+  for (std::size_t c = lanes.first(); c < width; c += lanes.stride()) row[c] = c < visible ? rn::mul(row[c], inverse) : 0.0f;
+}
+
+// Its gradient, in place over dp (the gradient of the probabilities p): ds = p (dp - sum_j dp_j p_j) scale
+// on the visible keys, 0 after them up to `width`.
+template <class Lanes>
+COURSE_HOST_DEVICE inline void attention_softmax_backward_row(const Lanes& lanes, const float* p, float* dp,
+                                                              std::size_t visible, std::size_t width, float scale) {
+  using namespace rn;
+  const auto dot = static_cast<float>(lanes.sum(visible, [&](std::size_t c) { return mul(dp[c], p[c]); }));
+  for (std::size_t c = lanes.first(); c < width; c += lanes.stride())
+    dp[c] = c < visible ? mul(mul(p[c], sub(dp[c], dot)), scale) : 0.0f;
+}
+
 }  // namespace course::math
