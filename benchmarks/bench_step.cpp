@@ -8,7 +8,8 @@
 // With --block-size the GPT reads random tokens of --vocab characters (65, a character model's) in
 // windows of that length: the shapes people train, where attention, layer norm and the embeddings
 // weigh more than on the addition task's 8-token problems. --profile prints the step op by op,
-// forward and backward (common/autograd/profiler.h).
+// forward and backward (common/autograd/profiler.h). The GPT's step also prints tokens/s, TFLOP/s and MFU
+// (common/metrics/mfu.h: nanoGPT's FLOP count; the peak from the GPU's name, or --peak-tflops).
 // --save-init FILE writes the initial weights and the batch (safetensors, with the run's settings in its
 // metadata): benchmarks/peer/peer_step.py loads them into PyTorch, runs the same step, and compares
 // both the time and the first losses.
@@ -29,6 +30,7 @@
 #include "common/core/cuda_runtime.h"
 #include "common/kernels/cpu_gemm.h"
 #include "common/kernels/kernels.h"
+#include "common/metrics/mfu.h"
 #include "common/nn/tasks.h"
 #include "common/ops/autocast.h"
 #include "common/optim/grad_scaler.h"
@@ -49,6 +51,7 @@ struct Options {
   int steps = 30, warmup = 3, check_steps = 3;
   std::string save_init;
   bool json = false;
+  double peak_tflops = 0;  // the device's peak for MFU; 0: from the GPU's name (common/metrics/mfu.h)
   cli::CommonOptions common;
   cli::PrecisionOptions precision;  // --precision: the forward under autocast, fp16's loss scale
 };
@@ -126,6 +129,8 @@ int run(const Options& o) {
                              {"recompute", recompute[static_cast<int>(o.gpt.recompute)]}};
   std::vector<Gemm> gemms;
   checkpoint::NamedTensors inputs;
+  double flops_per_step = 0;  // the GPT's, counted as nanoGPT's estimate_mfu
+  std::int64_t tokens = 0;
 
   if (o.model == "mlp") {
     model = nn::make_mlp(kMlpFeatures, o.width, kMlpHiddenLayers, 1, nn::Activation::relu, device, o.common.seed);
@@ -170,6 +175,10 @@ int run(const Options& o) {
       targets = Tensor::from_host(next, {o.batch * c.block_size}, device);
     }
     model = std::make_shared<nn::GPT>(c, device, o.common.seed);
+    tokens = ids.numel();
+    flops_per_step = metrics::gpt_flops_per_token({model->parameter_count(), c.block_size * c.n_embd, c.n_layer,
+                                                   c.n_head, c.n_embd, c.block_size}) *
+                     static_cast<double>(tokens);
     loss = [&model, ids, targets] { return cross_entropy((*model)(ids), targets, data::AdditionTask::kIgnore); };
     optimizer = std::make_unique<optim::Adam>(optim::weight_decay_groups(model->parameters(), kGptWeightDecay), kGptLr,
                                               0.9f, 0.95f, 1e-8f, true);
@@ -226,6 +235,22 @@ int run(const Options& o) {
   result["step_ms"] = median(step_ms);
   result["activation_peak_bytes"] = activation_peak;
   result["losses"] = losses;
+  // Throughput and MFU: the model's FLOPs per step over the median step, against the device's peak for the
+  // GEMMs' type (a GPU's from its name, or --peak-tflops; a CPU's only from --peak-tflops).
+  std::string peak_source = "--peak-tflops";
+  double peak = o.peak_tflops;
+#if COURSE_HAVE_CUDA
+  if (peak == 0 && device == Device::cuda) {
+    peak_source = cuda::device_product_name();
+    peak = metrics::peak_tflops(peak_source, o.precision.dtype(), allow_tf32());
+  }
+#endif
+  const double achieved_tflops = flops_per_step > 0 ? flops_per_step / (median(step_ms) * 1e-3) / 1e12 : 0.0;
+  if (tokens > 0) {
+    result["tokens_per_second"] = static_cast<double>(tokens) / (median(step_ms) * 1e-3);
+    result["tflops"] = achieved_tflops;
+    if (peak > 0) result.update({{"peak_tflops", peak}, {"peak_of", peak_source}, {"mfu", achieved_tflops / peak}});
+  }
   if (!gemm_ms.empty()) {
     result["gemm_ms"] = median(gemm_ms);
     result["step_over_gemm"] = median(step_ms) / median(gemm_ms);
@@ -250,6 +275,12 @@ int run(const Options& o) {
                 static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
     std::printf("  %s, recompute %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
                 recompute[static_cast<int>(o.gpt.recompute)], static_cast<double>(activation_peak) / (1024.0 * 1024.0));
+    if (tokens > 0) {
+      std::printf("  %.0f tokens/s, %.3g TFLOP/s (nanoGPT's count, %.3g GFLOP a step)", result["tokens_per_second"].get<double>(),
+                  achieved_tflops, flops_per_step / 1e9);
+      if (peak > 0) std::printf("; MFU %.3f of %.1f TFLOP/s (%s)", achieved_tflops / peak, peak, peak_source.c_str());
+      std::printf("\n");
+    }
     if (!gemm_ms.empty())
       std::printf("  its GEMMs alone (same library, same shapes): %.3f ms; step / GEMMs = %.2f\n", median(gemm_ms),
                   median(step_ms) / median(gemm_ms));
@@ -299,6 +330,9 @@ int main(int argc, char** argv) {
   app.add_option("--check-steps", o.check_steps, "losses reported, from the first step")->check(CLI::NonNegativeNumber);
   app.add_option("--save-init", o.save_init, "write the initial weights and the batch here (safetensors)");
   app.add_flag("--json", o.json, "one JSON line instead of text");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "the device's peak TFLOP/s for the GPT's MFU (default: a GPU's from its name; none on a CPU)")
+      ->check(cli::PositiveFinite);
   cli::add_common_options(app, o.common);
   return cli::run(app, argc, argv, [&] { return run(o); });
 }

@@ -95,9 +95,10 @@ for precision in fp32 bf16; do
     --warmup 2 --steps 5 --json
   line=$(tail -n 1 "$out/bench_step_$precision.log")
   ms=$(printf '%s' "$line" | python3 -c 'import json, sys; print(round(json.load(sys.stdin)["step_ms"], 1))' 2>/dev/null)
+  mfu=$(printf '%s' "$line" | python3 -c 'import json, sys; print(round(json.load(sys.stdin).get("mfu", 0), 3))' 2>/dev/null)
   [ -z "$ms" ] && status=FAIL
-  record "bench_step_$precision" "$status" "$seconds" "GPT-2 124M, batch 8 x 1024: ${ms:-?} ms a step" \
-    "\"step_ms\": ${ms:-null}"
+  record "bench_step_$precision" "$status" "$seconds" "GPT-2 124M, batch 8 x 1024: ${ms:-?} ms a step, MFU ${mfu:-?}" \
+    "\"step_ms\": ${ms:-null}, \"mfu\": ${mfu:-null}"
   step "bench_step_${precision}_profile" 180 "$build/benchmarks/bench_step" "${shape[@]}" --precision "$precision" \
     --warmup 1 --steps 2 --profile
   record "bench_step_${precision}_profile" "$status" "$seconds" "op by op in bench_step_${precision}_profile.log"

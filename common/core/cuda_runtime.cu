@@ -33,6 +33,12 @@ int current_device() {
 
 void synchronize() { COURSE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+std::string device_product_name() {
+  cudaDeviceProp properties{};
+  COURSE_CUDA_CHECK(cudaGetDeviceProperties(&properties, current_device()));
+  return properties.name;
+}
+
 namespace {
 // Blocks are rounded up to 512 bytes and kept in per-size free lists, per device.
 constexpr std::size_t kBlockRounding = 512;

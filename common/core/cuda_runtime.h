@@ -10,6 +10,7 @@ int device_count(std::string* error);  // 0 with the reason in *error when no GP
 void set_device(int index);
 int current_device();
 void synchronize();
+std::string device_product_name();  // the current GPU's, as "NVIDIA H100 80GB HBM3"
 
 // Device memory through a small caching pool: cudaFree synchronises the whole device, so freed
 // blocks are kept for reuse instead of being returned (the idea behind PyTorch's caching allocator).
