@@ -241,6 +241,7 @@ std::int64_t resume(const Options& o, const checkpoint::ShardedFolder& folder, c
   if (step > o.training.steps)
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " is fewer than the checkpoint's " +
                      std::to_string(step));
+  checkpoint::remove_dead_writes(group, [&] { return folder.remove_incomplete(); });  // resumed: now they may go
   return step;
 }
 

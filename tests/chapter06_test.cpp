@@ -238,7 +238,7 @@ TEST(Chapter06, AKillDuringASaveLeavesThePreviousCheckpoint) {
 
   Outcome resumed = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --resume --verify");
   expect_passed(resumed);
-  EXPECT_NE(resumed.process.out.find("a checkpoint whose writer died"), std::string::npos) << resumed.process.out;
+  EXPECT_NE(resumed.process.out.find("what a checkpoint writer that died left behind"), std::string::npos) << resumed.process.out;
   EXPECT_NE(resumed.process.out.find("resumed from step 10"), std::string::npos) << resumed.process.out;
   expect_same_result(resumed.summary, reference);
   for (const auto& e : fs::directory_iterator(dir))

@@ -527,6 +527,45 @@ TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
   EXPECT_FALSE(fs::exists(missing));
 }
 
+// A run that refuses removes nothing: with `latest` naming a step whose index is missing, a fresh run is
+// refused and every file is still there, a killed writer's temporaries too. A resume then removes those,
+// once it has resumed, and an index that lists fewer shards than the run's layout is rejected on every
+// rank alike (the resume falls back to the older step instead of failing on the rank with no shard).
+TEST(Chapter07, ARefusedRunRemovesNothingAndAResumeClearsADeadWritersFiles) {
+  const std::string dir = fresh("ch07_refused");
+  ASSERT_EQ(train(MPIRUN_NP2, "--stage 3 --steps 4 --ckpt-every 2 --ckpt-dir " + dir).process.exit_code, 0);
+  fs::remove(dir + "/step_00000004/index.json");
+  const std::vector<std::string> kept = {dir + "/step_00000004/shard_00000_of_00002.safetensors",
+                                         dir + "/step_00000004/shard_00001_of_00002.safetensors"};
+  const std::vector<std::string> temporaries = {dir + "/.latest.tmp.4242",
+                                                dir + "/step_00000002/.shard_00001_of_00002.safetensors.tmp.4242"};
+  for (const auto& t : temporaries) std::ofstream(t) << "half";
+  Trained refused = train(MPIRUN_NP2, "--stage 3 --steps 4 --ckpt-dir " + dir);
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("already holds checkpoints"), std::string::npos) << refused.process.err;
+  EXPECT_EQ(refused.process.out.find("removed"), std::string::npos) << refused.process.out;
+  for (const auto& f : kept) EXPECT_TRUE(fs::exists(f)) << f << " was removed by a run that refused";
+  for (const auto& t : temporaries) EXPECT_TRUE(fs::exists(t)) << t << " was removed by a run that refused";
+
+  Trained resumed = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + dir);
+  EXPECT_EQ(resumed.process.exit_code, 0) << resumed.process.out << resumed.process.err;
+  EXPECT_NE(resumed.process.out.find("resumed from step 2"), std::string::npos) << resumed.process.out;
+  for (const auto& t : temporaries) EXPECT_FALSE(fs::exists(t)) << t << " outlived the resume";
+  EXPECT_NE(resumed.process.out.find("removed " + dir + "/step_00000004"), std::string::npos) << resumed.process.out;
+  EXPECT_TRUE(fs::exists(dir + "/step_00000004/index.json"));  // written again, whole, by the resumed run
+
+  // An index listing one shard where the layout has two: rejected alike on both ranks, step 2 resumed.
+  const std::string index_path = dir + "/step_00000004/index.json";
+  auto index = nlohmann::json::parse(read_file(index_path));
+  index["shards"].erase(1);
+  std::ofstream(index_path) << index.dump();
+  Trained fallback = train(MPIRUN_NP2, "--stage 3 --steps 4 --resume --verify --ckpt-dir " + dir);
+  EXPECT_EQ(fallback.process.exit_code, 0) << fallback.process.out << fallback.process.err;
+  EXPECT_NE(fallback.process.out.find("index.json: lists 1 shards where this run's layout has 2; trying an older one"),
+            std::string::npos) << fallback.process.out;
+  EXPECT_NE(fallback.process.out.find("resumed from step 2"), std::string::npos) << fallback.process.out;
+}
+
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {
   for (const std::string flags : {"--stage 4", "--stage -1", "--mem-limit-mb 0",
                                   "--mem-limit-mb 1e-7",  // under a byte: it had rounded to no budget at all

@@ -65,40 +65,51 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
   return found;
 }
 
+namespace {
+void remove_logged(const std::function<std::vector<std::string>()>& remove_partial) {
+  for (const auto& name : remove_partial())
+    log("removed %s: what a checkpoint writer that died left behind\n", name.c_str());
+}
+}  // namespace
+
 void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir, bool resume,
                                const std::function<std::vector<std::string>()>& remove_partial,
                                const std::function<bool()>& holds) {
   namespace fs = std::filesystem;
   std::string error;
   if (group.rank() == 0) {
+    // Every reason to refuse first: a run that refuses removes nothing.
     std::error_code e;
     const bool exists = fs::exists(fs::symlink_status(dir, e));
+    const fs::path pointer = fs::path(dir) / "latest";
+    const auto pointed = fs::symlink_status(pointer, e);
     if (exists && !fs::is_directory(dir, e)) {
       error = "--ckpt-dir: " + dir + " is not a folder";
     } else if (resume && !exists) {
       error = "--resume: the folder " + dir + " does not exist";
-    } else {
-      if (exists)
-        for (const auto& name : remove_partial())
-          log("removed %s: a checkpoint whose writer died before finishing it\n", name.c_str());
-      const fs::path pointer = fs::path(dir) / "latest";
-      const auto pointed = fs::symlink_status(pointer, e);
-      if (fs::exists(pointed) && !fs::is_regular_file(pointed)) {
-        error = "--ckpt-dir: " + pointer.string() + " is not a regular file (the pointer to the newest checkpoint "
-                "is); remove it";
-      } else if (!resume && holds()) {
-        error = "--ckpt-dir: " + dir + " already holds checkpoints; pass --resume to continue from them, or choose "
-                "another folder";
-      } else if (!resume) {
-        fs::create_directories(dir, e);
-        if (e || !fs::is_directory(dir)) error = "--ckpt-dir: " + dir + " cannot be created (" + e.message() + ")";
-      }
-      if (error.empty() && ::access(dir.c_str(), W_OK | X_OK) != 0)
+    } else if (exists && fs::exists(pointed) && !fs::is_regular_file(pointed)) {
+      error = "--ckpt-dir: " + pointer.string() + " is not a regular file (the pointer to the newest checkpoint "
+              "is); remove it";
+    } else if (!resume && exists && holds()) {
+      error = "--ckpt-dir: " + dir + " already holds checkpoints; pass --resume to continue from them, or choose "
+              "another folder";
+    } else if (exists && ::access(dir.c_str(), W_OK | X_OK) != 0) {
+      error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
+    } else if (!resume) {  // a fresh run goes ahead: clear what a dead writer left, or make the folder
+      if (exists) remove_logged(remove_partial);
+      fs::create_directories(dir, e);
+      if (e || !fs::is_directory(dir)) error = "--ckpt-dir: " + dir + " cannot be created (" + e.message() + ")";
+      else if (::access(dir.c_str(), W_OK | X_OK) != 0)
         error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
     }
   }
   comm::broadcast_string(group, error, 0);
   if (!error.empty()) throw UsageError(error);
+}
+
+void remove_dead_writes(comm::Communicator& group, const std::function<std::vector<std::string>()>& remove_partial) {
+  if (group.rank() == 0) remove_logged(remove_partial);
+  group.barrier();
 }
 
 }  // namespace course::checkpoint

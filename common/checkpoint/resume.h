@@ -24,13 +24,17 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
                                         const std::function<void(const std::string&)>& report, std::string* why);
 
 // At start-up, before any training, the same for every rank of `group` (rank 0 looks, the others learn
-// the outcome; a problem is a UsageError naming the flag, thrown on every rank): removes what writers that
-// died left behind (`remove_partial`, each logged: temporaries, never a complete checkpoint); then a fresh
-// run refuses a folder that already `holds` checkpoints and creates its folder, --resume refuses one that
-// does not exist; and either refuses a folder it cannot write into, rather than failing at the first
-// checkpoint, and a `latest` pointer that is not a regular file. Chapters 06 and 07.
+// the outcome; a problem is a UsageError naming the flag, thrown on every rank): a fresh run refuses a
+// folder that already `holds` checkpoints, --resume one that does not exist; either refuses a folder it
+// cannot write into, rather than failing at the first checkpoint, and a `latest` pointer that is not a
+// regular file. Only then does a fresh run remove what writers that died left behind (`remove_partial`,
+// each logged: temporaries, never a complete checkpoint) and create its folder: a run that refuses has
+// removed nothing. A resumed run removes them once it has resumed (remove_dead_writes). Chapters 06, 07.
 void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir, bool resume,
                                const std::function<std::vector<std::string>()>& remove_partial,
                                const std::function<bool()>& holds);
+
+// After a successful resume: rank 0 removes and logs what writers that died left behind. Collective.
+void remove_dead_writes(comm::Communicator& group, const std::function<std::vector<std::string>()>& remove_partial);
 
 }  // namespace course::checkpoint

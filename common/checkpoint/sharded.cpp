@@ -148,11 +148,27 @@ std::vector<std::int64_t> ShardedFolder::complete_steps() const {
   return steps;
 }
 
+bool ShardedFolder::is_complete(const std::string& path) const {
+  std::error_code error;
+  return fs::exists(fs::path(path) / kIndex, error);
+}
+
 std::vector<std::string> ShardedFolder::remove_incomplete() const {
   std::vector<std::string> removed;
   std::error_code error;
-  for (const auto& [step, path] : steps_on_disk())
-    if (!fs::exists(fs::path(path) / kIndex, error) && fs::remove_all(path, error) > 0) removed.push_back(path);
+  auto remove_temporaries = [&](const fs::path& folder) {
+    for (const auto& entry : fs::directory_iterator(folder, error))
+      if (is_partial_write(entry.path().filename().string()) && fs::remove(entry.path(), error))
+        removed.push_back(entry.path().string());
+  };
+  remove_temporaries(dir());
+  for (const auto& [step, path] : steps_on_disk()) {
+    if (!is_complete(path)) {
+      if (fs::remove_all(path, error) > 0) removed.push_back(path);
+    } else {
+      remove_temporaries(path);
+    }
+  }
   return removed;
 }
 

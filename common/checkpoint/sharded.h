@@ -41,8 +41,9 @@ class ShardedFolder : public StepFolder {
   // Every step whose index is in place, the one `latest` names first, then newest first: what a resume
   // tries in turn when a newer one turns out damaged.
   std::vector<std::int64_t> complete_steps() const;
-  // Removes the step folders without an index (their writers died before the commit: temporaries, as
-  // chapter 06's ".tmp" files); returns what it removed.
+  // Removes what writers that died left: the step folders without an index (killed before the commit),
+  // and the temporaries of an atomic write (".latest.tmp.PID", a shard's ".tmp" file in a complete
+  // step), as chapter 06 removes its ".tmp" files; returns what it removed.
   std::vector<std::string> remove_incomplete() const;
   // The index of `step`. Throws CheckpointError naming the file.
   nlohmann::json index(std::int64_t step) const;
@@ -51,6 +52,9 @@ class ShardedFolder : public StepFolder {
   // the index's checksum. Every rank learns whether all succeeded: if any failed, all throw
   // CheckpointError with the first rank's message, so none hangs waiting for the others.
   Loaded load_shard(comm::Communicator& group, std::int64_t step) const;
+
+ protected:
+  bool is_complete(const std::string& path) const override;
 };
 
 // Puts the shards of the checkpoint in `step_dir` back together and writes every parameter, under its

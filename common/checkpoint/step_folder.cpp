@@ -64,7 +64,10 @@ std::vector<std::pair<std::int64_t, std::string>> StepFolder::steps_on_disk() co
 
 bool StepFolder::has_checkpoints() const {
   std::error_code error;
-  return fs::exists(fs::symlink_status(latest_pointer(), error)) || !steps_on_disk().empty();
+  if (fs::exists(fs::symlink_status(latest_pointer(), error))) return true;
+  for (const auto& [step, path] : steps_on_disk())
+    if (is_complete(path)) return true;
+  return false;
 }
 
 void StepFolder::commit(std::int64_t step) const {

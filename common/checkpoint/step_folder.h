@@ -25,13 +25,17 @@ class StepFolder {
   // What `latest` names: nullopt when there is no pointer; an empty string when it is not a regular
   // file (never a pipe to wait on, nor a folder) or holds nothing.
   std::optional<std::string> latest_name() const;
-  // Whether the folder holds any step or pointer (a fresh run refuses to overwrite them).
+  // Whether the folder holds a pointer or any complete step (a fresh run refuses to overwrite them; what a
+  // writer that died left half-written is not a checkpoint).
   bool has_checkpoints() const;
+  virtual ~StepFolder() = default;
 
  protected:
   // Points `latest` at `step` (complete and durable by now), then removes all but the newest `keep`.
   void commit(std::int64_t step) const;
   std::vector<std::pair<std::int64_t, std::string>> steps_on_disk() const;  // newest first
+  // Whether the step at `path` was completed (a folder a step is complete once its index is in place).
+  virtual bool is_complete(const std::string& path) const { return !path.empty(); }
 
  private:
   std::string dir_;

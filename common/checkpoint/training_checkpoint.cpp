@@ -50,6 +50,7 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
                      std::to_string(state.step));
   restore(found->path, found->loaded, model, optimizer);
   if (also_restore) also_restore(found->path, found->loaded);
+  remove_dead_writes(group, [&] { return folder.remove_partial_writes(); });  // resumed: now they may go
   log("resumed from step %lld (%s, saved at %d ranks; sample position %lld, epoch %lld)\n",
       static_cast<long long>(state.step), found->path.c_str(), state.world_size,
       static_cast<long long>(state.samples_seen), static_cast<long long>(state.epoch));

@@ -56,6 +56,12 @@ std::int64_t resume_zero_checkpoint(const checkpoint::ShardedFolder& folder, com
         throw checkpoint::CheckpointError(folder.step_dir(step) + ": optimizer_step " + saved.at("optimizer_step") +
                                           " and " + std::to_string(scaler.skipped) + " skipped steps do not add up to step " +
                                           std::to_string(step));
+      const std::size_t listed = index.at("shards").size();  // every rank reads the same index: all agree
+      if (index.at("world_size").get<int>() == group.size() &&  // another world size: load_shard says so
+          listed != static_cast<std::size_t>(zero.layout().shards()))
+        throw checkpoint::CheckpointError(folder.step_dir(step) + "/index.json: lists " + std::to_string(listed) +
+                                          " shards where this run's layout has " +
+                                          std::to_string(zero.layout().shards()));
       loaded = folder.load_shard(group, step);  // every rank throws alike when any shard is damaged
       zero.load_state_shard(loaded.tensors, optimizer_step);
       zero.load_scaler_state(scaler);
