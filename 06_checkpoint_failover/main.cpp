@@ -65,7 +65,7 @@ int run(Options& o, cli::Session& session) {
     state.loss_scale = trainer.recipe->scaler().state();  // fp16: whether the next steps skip depends on it
     if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
     // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
-    if (state.step % o.checkpoints.every == 0 || state.step == o.training.steps)
+    if (checkpoint::writes_checkpoint_at(state.step, o.training.steps, o.checkpoints.every))
       checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, trainer.optimizer(),
                                              session.metrics, o.kill.during_save_of(state.step, group.rank()),
                                              checks.writer_fault(step)));

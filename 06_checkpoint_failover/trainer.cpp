@@ -45,7 +45,7 @@ checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& t
   // A run in another precision rounds differently and, in fp16, carries a loss scale: another run.
   if (o.precision.precision != "fp32") s << R"(,"precision":")" << o.precision.precision << R"(")";
   s << "}";
-  return {s.str(), o.common.seed, global_batch, o.training.steps};
+  return {s.str(), o.common.seed, global_batch, o.training.steps, o.checkpoints.every};
 }
 
 

@@ -137,7 +137,7 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     }
     if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
       log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
-    if (folder && ((step + 1) % o.checkpoints.every == 0 || step + 1 == o.training.steps))
+    if (folder && checkpoint::writes_checkpoint_at(step + 1, o.training.steps, o.checkpoints.every))
       save(o, *folder, group, zero, *model, step + 1, settings(o, stage, task, global_batch));
   }
   // What the run measured, against the formulas (report.cpp).
@@ -192,7 +192,12 @@ int run(const Options& o, cli::Session& session) {
     const checkpoint::ShardedFolder folder(o.checkpoints.dir, o.checkpoints.keep);
     checkpoint::prepare_checkpoint_folder(
         group, o.checkpoints.dir, o.checkpoints.resume, [&] { return folder.remove_incomplete(); },
-        [&] { return folder.has_checkpoints(); });
+        [&] { return folder.has_checkpoints(); },
+        [&] {
+          return folder.obstruction([&](std::int64_t step) {
+            return checkpoint::writes_checkpoint_at(step, o.training.steps, o.checkpoints.every);
+          });
+        });
   }
   bool passed = true;
   std::vector<StageRun> runs;

@@ -8,6 +8,8 @@
 // survives a killed rank bit for bit and a change of world size in lock-step.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -201,6 +203,36 @@ TEST(Chapter06, WhatADeadWriterLeftIsRemovedAndALatestFolderRefused) {
   Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + other + " --steps 10");
   EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out;
   EXPECT_NE(refused.process.err.find("latest is not a regular file"), std::string::npos) << refused.process.err;
+}
+
+// Something in the way of a later checkpoint (a folder, a pipe or a link where the file goes) is found
+// before training, not after 20 steps when that checkpoint is due: exit code 2 naming it, nothing trained
+// and nothing removed. A name the run will not write (step 35 at --ckpt-every 10) is not in its way.
+TEST(Chapter06, SomethingInTheWayOfALaterCheckpointIsRefusedBeforeTraining) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --ckpt-every 10"));
+  std::ofstream(dir + "/.step_00000030.safetensors.tmp.4242") << "half";
+  for (const std::string kind : {"folder", "pipe", "link"}) {
+    const std::string blocked = dir + "/step_00000040.safetensors";
+    if (kind == "folder") {
+      fs::create_directories(blocked);
+    } else if (kind == "pipe") {
+      ASSERT_EQ(::mkfifo(blocked.c_str(), 0600), 0);
+    } else {
+      fs::create_symlink(dir + "/step_00000020.safetensors", blocked);
+    }
+    Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --ckpt-every 10 --resume");
+    EXPECT_EQ(refused.process.exit_code, 2) << kind << "\n" << refused.process.out << refused.process.err;
+    EXPECT_NE(refused.process.err.find("--ckpt-dir: " + blocked + " is in the way of a checkpoint this run will write"),
+              std::string::npos) << kind << ": " << refused.process.err;
+    EXPECT_EQ(refused.process.out.find("step "), std::string::npos) << kind << ": trained before refusing\n"
+                                                                     << refused.process.out;
+    EXPECT_TRUE(fs::exists(dir + "/.step_00000030.safetensors.tmp.4242")) << kind << ": removed by a run that refused";
+    fs::remove_all(blocked);
+  }
+  fs::create_directories(dir + "/step_00000035.safetensors");
+  Outcome free = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --ckpt-every 10 --resume");
+  EXPECT_EQ(free.process.exit_code, 0) << free.process.out << free.process.err;
 }
 
 // Killed halfway through the very first checkpoint: nothing to resume from, the restart starts afresh,

@@ -564,6 +564,15 @@ TEST(Chapter07, ARefusedRunRemovesNothingAndAResumeClearsADeadWritersFiles) {
   EXPECT_NE(fallback.process.out.find("index.json: lists 1 shards where this run's layout has 2; trying an older one"),
             std::string::npos) << fallback.process.out;
   EXPECT_NE(fallback.process.out.find("resumed from step 2"), std::string::npos) << fallback.process.out;
+
+  // A folder where a later step's shard goes: refused before training, naming it (not after step 5).
+  const std::string blocked = dir + "/step_00000006/shard_00001_of_00002.safetensors";
+  fs::create_directories(blocked);
+  Trained in_the_way = train(MPIRUN_NP2, "--stage 3 --steps 6 --ckpt-every 2 --resume --ckpt-dir " + dir);
+  EXPECT_EQ(in_the_way.process.exit_code, 2) << in_the_way.process.out << in_the_way.process.err;
+  EXPECT_NE(in_the_way.process.err.find("--ckpt-dir: " + blocked + " is in the way of a checkpoint this run will write"),
+            std::string::npos) << in_the_way.process.err;
+  EXPECT_EQ(in_the_way.process.out.find("resumed"), std::string::npos) << in_the_way.process.out;
 }
 
 TEST(Chapter07, BadInputIsOneLineAndExitCodeTwo) {

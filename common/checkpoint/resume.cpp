@@ -74,7 +74,7 @@ void remove_logged(const std::function<std::vector<std::string>()>& remove_parti
 
 void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir, bool resume,
                                const std::function<std::vector<std::string>()>& remove_partial,
-                               const std::function<bool()>& holds) {
+                               const std::function<bool()>& holds, const std::function<std::string()>& obstruction) {
   namespace fs = std::filesystem;
   std::string error;
   if (group.rank() == 0) {
@@ -93,6 +93,9 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
     } else if (!resume && exists && holds()) {
       error = "--ckpt-dir: " + dir + " already holds checkpoints; pass --resume to continue from them, or choose "
               "another folder";
+    } else if (const std::string in_the_way = exists ? obstruction() : ""; !in_the_way.empty()) {
+      error = "--ckpt-dir: " + in_the_way + " is in the way of a checkpoint this run will write (a folder, a link "
+              "or a pipe where the checkpoint goes); remove it";
     } else if (exists && ::access(dir.c_str(), W_OK | X_OK) != 0) {
       error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
     } else if (!resume) {  // a fresh run goes ahead: clear what a dead writer left, or make the folder

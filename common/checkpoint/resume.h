@@ -30,9 +30,11 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
 // regular file. Only then does a fresh run remove what writers that died left behind (`remove_partial`,
 // each logged: temporaries, never a complete checkpoint) and create its folder: a run that refuses has
 // removed nothing. A resumed run removes them once it has resumed (remove_dead_writes). Chapters 06, 07.
+// `obstruction` names the first thing in the way of a checkpoint the run will write (StepFolder::obstruction),
+// so that the run refuses now instead of failing at that checkpoint, after training up to it.
 void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir, bool resume,
                                const std::function<std::vector<std::string>()>& remove_partial,
-                               const std::function<bool()>& holds);
+                               const std::function<bool()>& holds, const std::function<std::string()>& obstruction);
 
 // After a successful resume: rank 0 removes and logs what writers that died left behind. Collective.
 void remove_dead_writes(comm::Communicator& group, const std::function<std::vector<std::string>()>& remove_partial);

@@ -62,6 +62,26 @@ std::vector<std::pair<std::int64_t, std::string>> StepFolder::steps_on_disk() co
   return found;
 }
 
+std::string StepFolder::obstruction(const std::function<bool(std::int64_t)>& written) const {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir_, error)) {
+    const std::int64_t step = step_in(entry.path().filename().string());
+    if (step < 0 || !written(step)) continue;
+    const auto status = fs::symlink_status(entry.path(), error);
+    if (!folders_) {
+      if (!fs::is_regular_file(status)) return entry.path().string();
+      continue;
+    }
+    if (!fs::is_directory(status)) return entry.path().string();
+    for (const auto& inner : fs::directory_iterator(entry.path(), error)) {
+      const std::string name = inner.path().filename().string();
+      if ((name == "index.json" || name.rfind("shard_", 0) == 0) && !fs::is_regular_file(fs::symlink_status(inner.path(), error)))
+        return inner.path().string();
+    }
+  }
+  return {};
+}
+
 bool StepFolder::has_checkpoints() const {
   std::error_code error;
   if (fs::exists(fs::symlink_status(latest_pointer(), error))) return true;

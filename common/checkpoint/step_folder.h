@@ -4,12 +4,19 @@
 // only the newest K steps. A crash at any moment leaves the previous step complete and named.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace course::checkpoint {
+
+// Whether a run of `steps` steps writes a checkpoint once `step` steps are done: every `every` steps,
+// and at the end (--ckpt-every, chapters 06 and 07).
+inline bool writes_checkpoint_at(std::int64_t step, std::int64_t steps, std::int64_t every) {
+  return step >= 1 && step <= steps && (step % every == 0 || step == steps);
+}
 
 class StepFolder {
  public:
@@ -25,6 +32,11 @@ class StepFolder {
   // What `latest` names: nullopt when there is no pointer; an empty string when it is not a regular
   // file (never a pipe to wait on, nor a folder) or holds nothing.
   std::optional<std::string> latest_name() const;
+  // The first thing in the way of a checkpoint the run will write (`written(step)`): something at a step's
+  // name that is not what the write makes there (a folder, a link or a pipe where a file goes; for a
+  // folder a step, anything but a folder, or an index or shard name inside it that is not a regular
+  // file). Empty when nothing is: the run may train, knowing every save will find its names free.
+  std::string obstruction(const std::function<bool(std::int64_t)>& written) const;
   // Whether the folder holds a pointer or any complete step (a fresh run refuses to overwrite them; what a
   // writer that died left half-written is not a checkpoint).
   bool has_checkpoints() const;

@@ -19,7 +19,11 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
   start.state.seed = run.seed;
   start.state.global_batch = run.global_batch;
   prepare_checkpoint_folder(
-      group, folder.dir(), resume, [&] { return folder.remove_partial_writes(); }, [&] { return folder.has_checkpoints(); });
+      group, folder.dir(), resume, [&] { return folder.remove_partial_writes(); }, [&] { return folder.has_checkpoints(); },
+      [&] {
+        return folder.obstruction(
+            [&](std::int64_t step) { return writes_checkpoint_at(step, run.steps, run.checkpoint_every); });
+      });
   if (!resume) {
     start.state.world_history = std::to_string(ranks) + "@0";
     start.state.world_size = ranks;

@@ -23,6 +23,7 @@ struct RunIdentity {
   std::uint64_t seed = 0;
   std::int64_t global_batch = 0;
   std::int64_t steps = 0;
+  std::int64_t checkpoint_every = 1;  // not matched: which steps the run writes (--ckpt-every)
 };
 
 struct Start {
