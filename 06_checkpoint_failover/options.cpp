@@ -22,6 +22,12 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)
       ->capture_default_str();
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
+  cli::refuse_inert(app, "--fault", [&app, &o] {  // zero-saved-moments breaks the writes, the others a resume
+    return o.faults.fault == "none" || o.faults.fault == "zero-saved-moments" || o.checkpoints.resume ||
+                   app.count("--fault-from-step") > 0
+               ? std::string()
+               : o.faults.fault + " breaks a resume: add --resume, or --fault-from-step N to break step N of this run";
+  });
   app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
                                                "(Young's approximation)")
       ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();

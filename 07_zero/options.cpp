@@ -42,6 +42,11 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--consolidate", o.consolidate, "Write the checkpoint in this step folder as one ordinary "
                                                  "safetensors file (--save), without training");
   app.add_flag("--prefetch", o.prefetch, "Stage 3: gather the next unit while this one computes");
+  cli::refuse_inert(app, "--prefetch", [&o] {
+    return o.stage == 3 || o.compare ? std::string()
+                                     : "gathers stage 3's parameters ahead; --stage is " + std::to_string(o.stage) +
+                                           " (add --stage 3, or --compare)";
+  });
   app.add_flag("--verify", o.verify, "Check every step in lock-step against the whole model: the averaged gradient, "
                                      "the loss and the update");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");

@@ -39,6 +39,14 @@ void add_options(CLI::App& app, Options& o) {
                                            "model chunks per rank) or zero-bubble (ZB-H1: backward split in two, the "
                                            "weights' half filling the idle time)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zero-bubble"}))->capture_default_str();
+  cli::refuse_inert(app, "--schedule", [&o] {
+    return o.pp > 1 ? std::string() : "orders a pipeline's micro-batches; --pp is 1 (add --pp 2 or more)";
+  });
+  cli::refuse_inert(app, "--cp-method", [&o] {
+    return o.models.model == "mlp" ? "chooses how attention sees a split sequence; --model mlp has no attention"
+           : o.cp == 1             ? "chooses how attention sees a split sequence; --cp is 1 (add --cp 2 or more)"
+                                   : "";
+  });
   app.add_option("--virtual-stages", o.virtual_stages, "Model chunks per pipeline rank, with --schedule interleaved "
                                                        "(Megatron-LM's virtual pipeline stages)")
       ->check(CLI::Range(1, 64))->capture_default_str();
@@ -108,6 +116,9 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
       cli::global_batch_for(o.training, dp, o.micro_batches, task.task.size, "DP", "--micro-batches");
   if (o.sequence_parallel && tp < 2)
     throw UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+  if (o.precision.reduce_dtype != "fp32" && topology.dp_cp_group().size() < 2)
+    throw UsageError("--reduce-dtype: averages the gradients of data or context parallelism, which this grid has none "
+                     "of (--dp or --cp 2 or more)");
   const int pp = topology.pp_size(), v = o.virtual_stages;
   if ((o.schedule == "interleaved") != (v > 1))
     throw UsageError(v > 1 ? "--virtual-stages: " + std::to_string(v) + " chunks per rank need --schedule interleaved"

@@ -174,6 +174,15 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--virtual-stages", one.virtual_stages, "With --calibration: chunks per pipeline rank")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  for (const char* flag : {"--shape", "--grid", "--micro-batch", "--zero", "--recompute", "--sequence-parallel",
+                           "--threads", "--virtual-stages"})
+    cli::refuse_inert(app, flag, [&calibration_path] {
+      return calibration_path.empty() ? "describes the one configuration --calibration prices; add --calibration FILE"
+                                      : "";
+    });
+  cli::refuse_inert(app, "--link", [&calibrate, &calibration_path] {
+    return calibrate.empty() && calibration_path.empty() ? "is read by --calibrate or --calibration; add one of them" : "";
+  });
   return cli::run(app, argc, argv, [&] {
     const DType dtype = precision == "fp32" ? DType::float32 : precision == "fp16" ? DType::float16 : DType::bfloat16;
     if (!calibrate.empty()) {
@@ -212,7 +221,8 @@ int main(int argc, char** argv) {
       const Cluster cluster = this_machine(c, one.gpus(), threads);
       const Prediction p = predict(w, cluster, one);
       metrics::MetricsWriter metrics(metrics_path);
-      if (!p.rejected.empty()) throw UsageError("--grid: " + p.rejected);
+      if (!p.rejected.empty())  // the model itself, or the grid on it
+        throw UsageError((p.rejected.rfind("the heads", 0) == 0 ? "--shape: " : "--grid: ") + p.rejected);
       std::printf("%s on %s: step %.2f ms (compute %.2f, TP %.2f, CP %.2f, PP %.2f, DP %.2f, bubble %.2f, optimizer %.2f); "
                   "memory %.3f MiB (parameters %.3f, gradients %.3f, optimizer %.3f, activations %.3f, buffers %.3f)\n",
                   describe(one).c_str(), cluster.name.c_str(), 1e3 * p.time.total(), 1e3 * p.time.compute,

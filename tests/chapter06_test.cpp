@@ -436,12 +436,22 @@ TEST(Chapter06Gpt, AnotherScheduleOrModelIsNeverLoaded) {
   expect_passed(run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 20"));
   Outcome longer = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 40 --resume");
   EXPECT_EQ(longer.process.exit_code, 2) << longer.process.out;
-  EXPECT_NE(longer.process.out.find("\"schedule_steps\":20"), std::string::npos) << longer.process.out;
+  EXPECT_NE(longer.process.out.find("was saved by another run: --steps: 40 differs from the checkpoint's 20"),
+            std::string::npos) << longer.process.out;
   Outcome wider = run(MPIRUN_NP2, gpt_flags(64) + "--ckpt-dir " + dir + " --steps 20 --resume");
   EXPECT_EQ(wider.process.exit_code, 2) << wider.process.out;
-  EXPECT_NE(wider.process.out.find("was saved for another model"), std::string::npos) << wider.process.out;
+  EXPECT_NE(wider.process.out.find("was saved by another run: --n-embd: 64 differs from the checkpoint's 32"),
+            std::string::npos) << wider.process.out;
   Outcome mlp = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --resume");
   EXPECT_EQ(mlp.process.exit_code, 2) << mlp.process.out;
+  EXPECT_NE(mlp.process.out.find("was saved by another run: --model: mlp differs from the checkpoint's gpt"),
+            std::string::npos) << mlp.process.out;
+  // Another precision is named as the flag and both values, not as both runs' settings.
+  Outcome bf16 = run(MPIRUN_NP2, kGpt + "--ckpt-dir " + dir + " --steps 20 --resume --precision bf16");
+  EXPECT_EQ(bf16.process.exit_code, 2) << bf16.process.out;
+  EXPECT_NE(bf16.process.err.find("the last: " + dir + "/step_00000010.safetensors: was saved by another run: "
+                                  "--precision: bf16 differs from the checkpoint's fp32)"),
+            std::string::npos) << bf16.process.err;
 }
 
 // ---- damaged checkpoints ------------------------------------------------------------------------------
@@ -563,7 +573,8 @@ TEST(Chapter06, NothingGoodToResumeFromFailsCleanly) {
   // Another model: every checkpoint is rejected, each named, and nothing is loaded.
   Outcome other = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --hidden 16");
   expect_usage_error(other.process, "--resume: no good checkpoint in " + dir);
-  EXPECT_NE(other.process.out.find("was saved for another model"), std::string::npos) << other.process.out;
+  EXPECT_NE(other.process.out.find("was saved by another run: --hidden: 16 differs from the checkpoint's 32"),
+            std::string::npos) << other.process.out;
   EXPECT_TRUE(other.summary.is_null());
   // Every checkpoint damaged.
   for (const auto& e : fs::directory_iterator(dir))

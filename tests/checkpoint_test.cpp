@@ -134,7 +134,12 @@ TEST(TrainingCheckpoint, WhatDoesNotFitIsRejectedWithTheReason) {
   {
     Saved s;
     s.config = R"({"model":"mlp","hidden":8})";
-    expect_rejected(s, "was saved for another model");
+    expect_rejected(s, "was saved by another run: --hidden: 8 differs from the checkpoint's 4");
+  }
+  {
+    Saved s;  // a key one run lacks has its default: fp32 is written as no precision at all
+    s.config = R"({"model":"mlp","hidden":4,"precision":"bf16"})";
+    expect_rejected(s, "was saved by another run: --precision: bf16 differs from the checkpoint's fp32");
   }
   {
     Saved s;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -185,6 +186,58 @@ void try_every_flag(const Chapter& c) {
   auto unknown = run_process(c.binary + " --no-such-flag 3");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(count_lines(unknown.err), 1) << unknown.err;
+  std::filesystem::remove_all(scratch);
+}
+
+// A flag that does nothing in a combination is refused with one line naming it and the flag that makes
+// it inert (exit code 2), and the same flag in a combination where it acts runs to its verdict.
+TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
+  const std::string ch04 = std::string(CHAPTER04_BINARY) + " --device cpu --steps 2 --samples 64 --global-batch 8 --hidden 8";
+  const std::string ch05 = std::string(CHAPTER05_BINARY) + " --device cpu --steps 2 --layers 2 --hidden 16 --features 4 "
+                           "--samples 64 --global-batch 8";
+  const std::string ch06 = std::string(CHAPTER06_BINARY) + " --device cpu --steps 2 --hidden 8 --samples 64 --global-batch 8";
+  const std::string ch07 = std::string(CHAPTER07_BINARY) + " --device cpu --steps 2 --hidden 8 --layers 2 --global-batch 8";
+  const std::string ch08 = std::string(CHAPTER08_BINARY) + " --device cpu --steps 2 --global-batch 8 --micro-batches 2 "
+                           "--n-layer 2 --n-embd 16 --n-head 2";
+  const std::string np2 = std::string(MPIRUN_NP2) + " ";
+  const auto scratch = std::filesystem::temp_directory_path() / ("course_inert_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  const std::string link = (scratch / "link.jsonl").string();
+  std::ofstream(link) << "{}\n";
+  struct Case {
+    std::string command, flag, other;
+  };
+  const std::vector<Case> refused = {
+      {ch04 + " --loss-scale 1024", "--loss-scale", "--precision"},
+      {ch05 + " --loss-scale 1024 --precision bf16", "--loss-scale", "--precision"},
+      {ch06 + " --ckpt-dir " + (scratch / "a").string() + " --loss-scale 1024", "--loss-scale", "--precision"},
+      {ch07 + " --loss-scale 1024", "--loss-scale", "--precision"},
+      {ch08 + " --loss-scale 1024", "--loss-scale", "--precision"},
+      {ch06 + " --ckpt-dir " + (scratch / "b").string() + " --fault repeat-batch", "--fault", "--resume"},
+      {ch07 + " --stage 1 --prefetch", "--prefetch", "--stage"},
+      {ch08 + " --schedule gpipe", "--schedule", "--pp"},
+      {ch08 + " --cp-method ulysses", "--cp-method", "--cp"},
+      {ch08 + " --model mlp --cp-method ulysses", "--cp-method", "--model"},
+      {ch08 + " --reduce-dtype bf16", "--reduce-dtype", "--dp"},
+      {np2 + ch08 + " --tp 2 --reduce-dtype bf16", "--reduce-dtype", "--dp"},
+      {std::string(PLAN_BINARY) + " --shape 2,64,4,16,64", "--shape", "--calibration"},
+      {std::string(PLAN_BINARY) + " --grid 1,1,1,1", "--grid", "--calibration"},
+      {std::string(PLAN_BINARY) + " --link " + link, "--link", "--calibrat"}};
+  for (const Case& c : refused) {
+    const auto r = run_process(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << "\n" << r.out << r.err;
+    EXPECT_EQ(error_lines(r.err), 1) << c.command << "\n" << r.err;
+    EXPECT_NE(r.err.find("error: " + c.flag + ": "), std::string::npos) << c.command << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.other), std::string::npos) << c.command << ": does not name " << c.other << "\n" << r.err;
+  }
+  // Where each acts, the same flag runs.
+  for (const std::string& command :
+       {ch05 + " --loss-scale 1024 --precision fp16", ch07 + " --stage 3 --prefetch",
+        np2 + ch08 + " --pp 2 --schedule gpipe", np2 + ch08 + " --cp 2 --cp-method ulysses",
+        np2 + ch08 + " --reduce-dtype bf16"}) {
+    const auto r = run_process(command);
+    EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.out << r.err;
+  }
   std::filesystem::remove_all(scratch);
 }
 

@@ -96,6 +96,13 @@ TEST(Plan, PricesOneConfigurationOnACalibratedMachine) {
   EXPECT_GT(j["step_seconds"].get<double>(), 0);
   EXPECT_GT(j["pp_seconds"].get<double>(), 0);  // two stages
   EXPECT_GT(j["tp_seconds"].get<double>(), 0);  // two TP ranks
+  // A model chapter 08 refuses is refused (3 heads on a width of 64), one it trains is priced (an odd
+  // sequence without context parallelism).
+  const auto heads = run_process(kPlan + " --calibration " + file + " --shape 2,64,3,8,12 --grid 1,1,1,1");
+  EXPECT_EQ(heads.exit_code, 2) << heads.out;
+  EXPECT_NE(heads.err.find("--shape: the heads do not divide the width"), std::string::npos) << heads.err;
+  const auto odd = run_process(kPlan + " --calibration " + file + " --shape 2,64,4,9,12 --grid 1,1,1,1");
+  EXPECT_EQ(odd.exit_code, 0) << odd.out << odd.err;
   nlohmann::json broken = planner::to_json(c);
   broken["one_thread"].erase("attention_seconds_per_head");
   std::ofstream(file) << broken.dump();

@@ -293,6 +293,20 @@ TEST(CostModel, EachRejectionSaysWhy) {
   EXPECT_EQ(single.rejected.rfind("out of memory:", 0), 0u);
   EXPECT_NEAR(single.memory.parameters + single.memory.gradients + single.memory.optimizer, 16 * parameters(kGpt3),
               1e-9 * 16 * parameters(kGpt3));
+  // Models chapter 08 refuses are refused (heads that do not divide the width), and those it trains are
+  // priced: an odd sequence needs no chunks without context parallelism.
+  const Cluster one{"one", cluster.device, 1, 1, {}, {}};
+  auto small = [&](std::int64_t heads, std::int64_t sequence, int cp) {
+    ParallelConfig c = grid(1, 1, 1);
+    c.cp = cp;
+    const Cluster cluster_of_cp{"cp", cluster.device, 1, cp, {}, {}};
+    return predict({{2, 64, heads, sequence, 64}, 2, DType::bfloat16}, cp == 1 ? one : cluster_of_cp, c).rejected;
+  };
+  EXPECT_EQ(small(3, 16, 1).rfind("the heads do not divide the width: 3 heads on a width of 64", 0), 0u) << small(3, 16, 1);
+  EXPECT_EQ(small(128, 16, 1).rfind("the heads do not divide the width:", 0), 0u) << small(128, 16, 1);
+  EXPECT_EQ(small(4, 15, 1), "");
+  EXPECT_EQ(small(4, 16, 1), "");
+  EXPECT_EQ(small(4, 18, 2).rfind("CP does not divide the sequence:", 0), 0u) << small(4, 18, 2);
 }
 
 // The calibration's GEMM curve: timings made from a known curve, (F0 + F) / rate, give it back.

@@ -42,7 +42,8 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
     } else {
       s["why"] = candidates.empty() && problems.empty()
                      ? "no checkpoint in " + folder.dir()
-                     : "no good checkpoint in " + folder.dir() + " (" + std::to_string(problems.size()) + " rejected)";
+                     : "no good checkpoint in " + folder.dir() + " (" + std::to_string(problems.size()) +
+                           " rejected; the last: " + problems.back() + ")";
     }
     summary = s.dump();
   }

@@ -7,6 +7,8 @@
 #include <map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/core/fnv.h"
 
 namespace course::checkpoint {
@@ -15,6 +17,50 @@ namespace {
 constexpr const char* kTrainingStateFormat = "course-training-checkpoint-1";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kStateDigest = "state_digest";
+
+// The flag that sets a key of a run's configuration (training_checkpoint.h: RunIdentity::config), as
+// the user wrote it: n_layer is --n-layer, schedule_steps (the GPT's learning-rate schedule) --steps.
+std::string flag_of(const std::string& key) {
+  if (key == "schedule_steps") return "--steps";
+  std::string flag = "--" + key;
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  return flag;
+}
+
+// The first setting in which two configurations differ, as "--flag: ours differs from the checkpoint's
+// theirs"; a key one lacks is its default ("precision" is fp32). The data's description follows from the
+// other settings, so it is named only when nothing else differs. Empty when the texts are not JSON.
+std::string first_difference(const nlohmann::ordered_json& saved, const nlohmann::ordered_json& ours,
+                             const std::string& data_key) {
+  std::string data_difference;
+  auto value = [](const nlohmann::ordered_json& j, const std::string& key) {
+    if (!j.contains(key)) return key == "precision" ? std::string("fp32") : std::string("(none)");
+    return j.at(key).is_string() ? j.at(key).get<std::string>() : j.at(key).dump();
+  };
+  std::vector<std::string> keys;  // in the order the run writes them: the model first
+  for (const auto& [key, v] : ours.items()) keys.push_back(key);
+  for (const auto& [key, v] : saved.items())
+    if (!ours.contains(key)) keys.push_back(key);
+  for (const std::string& key : keys) {
+    if (saved.contains(key) && ours.contains(key) && saved.at(key).is_object() && ours.at(key).is_object()) {
+      const std::string inner = first_difference(saved.at(key), ours.at(key), data_key);
+      if (!inner.empty()) return inner;
+      continue;
+    }
+    if (value(saved, key) == value(ours, key)) continue;
+    const std::string line = flag_of(key) + ": " + value(ours, key) + " differs from the checkpoint's " + value(saved, key);
+    if (key == data_key) data_difference = line;
+    else return line;
+  }
+  return data_difference;
+}
+
+std::string config_difference(const std::string& saved, const std::string& ours) {
+  const auto a = nlohmann::ordered_json::parse(saved, nullptr, false), b = nlohmann::ordered_json::parse(ours, nullptr, false);
+  const std::string named = a.is_object() && b.is_object() ? first_difference(a, b, "data") : "";
+  return named.empty() ? saved + "; this run's is " + ours : named;
+}
 
 std::int64_t integer(const std::string& path, const Metadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
@@ -123,7 +169,7 @@ TrainingState check_training_checkpoint(const std::string& path, const Loaded& l
   if (text(path, m, "model_config_hash") != config_hash(text(path, m, "model_config")))
     throw CheckpointError(path, "model_config does not match its hash");
   if (m.at("model_config_hash") != config_hash(model_config))
-    throw CheckpointError(path, "was saved for another model: " + m.at("model_config") + "; this run's is " + model_config);
+    throw CheckpointError(path, "was saved by another run: " + config_difference(m.at("model_config"), model_config));
   if (text(path, m, "optimizer") != optimizer.name())
     throw CheckpointError(path, "holds " + m.at("optimizer") + " state; this run uses " + optimizer.name());
   TrainingState s;

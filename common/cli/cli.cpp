@@ -184,6 +184,22 @@ const CLI::Validator Decimal(
     },
     "", "");
 
+namespace {
+struct InertRule {
+  const CLI::App* app;
+  std::string flag;
+  std::function<std::string()> why_inert;
+};
+std::vector<InertRule>& inert_rules() {
+  static std::vector<InertRule> rules;
+  return rules;
+}
+}  // namespace
+
+void refuse_inert(CLI::App& app, const std::string& flag, std::function<std::string()> why_inert) {
+  inert_rules().push_back({&app, flag, std::move(why_inert)});
+}
+
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   try {
     for (CLI::Option* option : app.get_options()) {
@@ -202,6 +218,9 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     return report_and_leave(e.what(), 2);
   }
   try {
+    for (const InertRule& rule : inert_rules())
+      if (rule.app == &app && app.count(rule.flag) > 0)
+        if (const std::string why = rule.why_inert(); !why.empty()) throw UsageError(rule.flag + ": " + why);
     return body();
   } catch (const ReportedError& e) {
     if (!comm::meet_before_leaving()) MPI_Abort(MPI_COMM_WORLD, e.code);

@@ -77,6 +77,12 @@ extern const CLI::Validator PositiveFinite;   // > 0 and not NaN or infinite, in
 extern const CLI::Validator NonNegativeFinite;
 extern const CLI::Validator Seed;             // 0 .. 2^64-1, digits only
 
+// A flag that does nothing in some combination of the others is refused, not ignored: once the flags
+// are parsed, if `flag` was given and `why_inert()` returns a reason (empty: the flag acts), cli::run
+// stops with "flag: reason" and exit code 2, before any work. The reason names the other flag and its
+// value, e.g. "does nothing without --precision fp16 (--precision is bf16)".
+void refuse_inert(CLI::App& app, const std::string& flag, std::function<std::string()> why_inert);
+
 // Parses the flags and runs `body`. --help prints the help and returns 0; a parse error or a
 // UsageError prints "error: <message>" on one line (rank 0) and returns 2. Any other exception is
 // printed by the rank that raised it; under mpirun with several ranks that rank then aborts the

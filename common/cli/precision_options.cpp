@@ -63,6 +63,11 @@ void add_precision_options(CLI::App& app, PrecisionOptions& options) {
           },
           "POWER OF TWO"))
       ->capture_default_str();
+  refuse_inert(app, "--loss-scale", [&options] {
+    return options.precision == "fp16" ? std::string()
+                                       : "does nothing without --precision fp16 (the loss scale is fp16's; --precision is " +
+                                             options.precision + ")";
+  });
   app.add_flag("--tf32", options.tf32,
                "GPU: float32 matrix products on tensor cores in TF32 (a 10-bit mantissa; PyTorch's allow_tf32); off "
                "by default, so results stay comparable with the CPU's");

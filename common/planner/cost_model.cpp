@@ -74,10 +74,13 @@ std::string structural_rejection(const Workload& w, const Cluster& c, const Para
   if (p.tp > c.gpus_per_node)
     return "TP across nodes: TP " + to_string(p.tp) + " on nodes of " + to_string(c.gpus_per_node) +
            " GPUs (its all-reduces, four a layer, would cross InfiniBand)";
+  if (g.heads < 1 || g.hidden % g.heads != 0)
+    return "the heads do not divide the width: " + to_string(g.heads) + " heads on a width of " + to_string(g.hidden) +
+           " (each head takes width / heads channels)";
   if (g.heads % p.tp != 0) return "TP does not divide the heads: TP " + to_string(p.tp) + ", " + to_string(g.heads) + " heads";
   if (g.vocabulary % p.tp != 0) return "TP does not divide the vocabulary: TP " + to_string(p.tp);
   if (p.sequence_parallel && p.tp == 1) return "sequence parallelism without TP: it splits what TP repeats";
-  if (g.sequence % (2 * p.cp) != 0)
+  if (p.cp > 1 && g.sequence % (2 * p.cp) != 0)
     return "CP does not divide the sequence: CP " + to_string(p.cp) + " needs 2 x CP equal chunks (the balanced causal layout)";
   if (g.layers % (p.pp * p.virtual_stages) != 0)
     return "PP does not divide the layers: PP " + to_string(p.pp) + " x " + to_string(p.virtual_stages) + " chunks, " +
