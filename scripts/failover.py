@@ -9,7 +9,8 @@ with --resume when its --ckpt-dir holds a checkpoint, so it continues from the n
 --min-ranks below --np the restart is elastic: it assumes the failed rank's machine is gone and
 restarts with one rank fewer each time, never fewer than --min-ranks. A usage error (exit code 2)
 is not retried: the same flags would fail again; nor is a job that mpirun could not start at all (a
-missing program, too few slots). SIGTERM and SIGINT sent to the launcher go to the job, as torchrun
+missing program, too few slots), nor one that ran to a FAILED verdict (its check found a wrong result:
+not a crash, and a restart would repeat it). SIGTERM and SIGINT sent to the launcher go to the job, as torchrun
 passes them to its workers, and end the launcher without a restart. Standard library only.
 """
 import argparse
@@ -21,6 +22,8 @@ import subprocess
 import sys
 
 RESUMED = re.compile(r"resumed from step (\d+)")
+# A chapter's verdict, its last line (rank 0's log): the job ran to the end and checked its result.
+VERDICT = re.compile(r"^(PASSED|FAILED)$")
 # What mpirun says when it cannot start the job at all (its exit code then means nothing of signals).
 LAUNCH_FAILED = re.compile(r"mpirun was unable to (launch|find)|processes failed to start|not enough slots available|"
                            r"mpirun could not find")
@@ -77,10 +80,10 @@ def describe_exit(code):
 
 def run_attempt(command, attempt):
     """Runs one attempt, passing its output through; returns (exit code, step resumed from or None,
-    whether mpirun could not start it)."""
+    whether mpirun could not start it, its verdict or None)."""
     global current_job
     env = dict(os.environ, COURSE_RESTART_COUNT=str(attempt))
-    resumed, launch_failed = None, False
+    resumed, launch_failed, verdict = None, False, None
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                           bufsize=1) as job:
         current_job = job
@@ -93,8 +96,11 @@ def run_attempt(command, attempt):
             if match:
                 resumed = int(match.group(1))
             launch_failed = launch_failed or LAUNCH_FAILED.search(line) is not None
+            found = VERDICT.match(line.strip())
+            if found:
+                verdict = found.group(1)
     current_job = None
-    return job.returncode, resumed, launch_failed
+    return job.returncode, resumed, launch_failed, verdict
 
 
 def main():
@@ -128,7 +134,7 @@ def main():
         if attempt > 0 and has_checkpoint(folder) and "--resume" not in program:
             command = program + ["--resume"]
         say(f"attempt {attempt + 1} of {args.max_restarts + 1}: {ranks} ranks: {' '.join(command)}")
-        code, resumed, launch_failed = run_attempt(mpirun_command(args.mpirun, ranks, command), attempt)
+        code, resumed, launch_failed, verdict = run_attempt(mpirun_command(args.mpirun, ranks, command), attempt)
         if resumed is not None:
             say(f"attempt {attempt + 1} resumed from step {resumed}")
             history.append(f"attempt {attempt + 1} resumed from step {resumed} at {ranks} ranks")
@@ -142,6 +148,10 @@ def main():
         if code == 2:
             say("the job rejected its flags (exit code 2); restarting would not help")
             return 2
+        if verdict == "FAILED":
+            say(f"the job ran to its verdict, FAILED (exit code {code}): its check found a wrong result, which is "
+                "not a crash; restarting would repeat it")
+            return code if code != 0 else 1
         if launch_failed:
             say(f"mpirun could not start the job (exit code {code}; see its message above); restarting would not help")
             return code

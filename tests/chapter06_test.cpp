@@ -161,8 +161,9 @@ TEST(Chapter06, TheLauncherRecoversFromAKilledRank) {
   expect_same_result(summary[0], reference);
 }
 
-// The launcher as torchrun's: a job that mpirun could not start at all is not retried; SIGTERM sent to
-// the launcher reaches the job, which ends at once, and the launcher ends too, without a restart.
+// The launcher as torchrun's: a job that mpirun could not start at all is not retried, nor one that ran
+// to a FAILED verdict; SIGTERM sent to the launcher reaches the job, which ends at once, and the launcher
+// ends too, without a restart.
 TEST(Chapter06, TheLauncherPassesSignalsOnAndDoesNotRetryALaunchFailure) {
   auto missing = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 --max-restarts 3 -- /nonexistent/program");
   EXPECT_NE(missing.exit_code, 0);
@@ -174,6 +175,13 @@ TEST(Chapter06, TheLauncherPassesSignalsOnAndDoesNotRetryALaunchFailure) {
   EXPECT_NE(no_mpirun.err.find("--mpirun: /nonexistent/mpirun is not a program that can be run"), std::string::npos)
       << no_mpirun.err;
   EXPECT_EQ(no_mpirun.err.find("Traceback"), std::string::npos) << no_mpirun.err;
+  // A run that ends in a FAILED verdict found a wrong result: not a crash, not retried.
+  auto failed = run_process(std::string("python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
+                            with_defaults("--ckpt-dir " + fresh_folder() + " --steps 8 --verify --fault repeat-batch "
+                                          "--fault-from-step 5"));
+  EXPECT_EQ(failed.exit_code, 1) << failed.out << failed.err;
+  EXPECT_NE(failed.out.find("the job ran to its verdict, FAILED (exit code 1)"), std::string::npos) << failed.out;
+  EXPECT_EQ(failed.out.find("attempt 2"), std::string::npos) << failed.out;
   const std::string dir = fresh_folder();
   auto stopped = run_process(std::string("( python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
                              with_defaults("--ckpt-dir " + dir + " --steps 1000000 --log-every 1000000") +
