@@ -347,6 +347,15 @@ TEST(Chapter04, HelpAndBadInput) {
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
   }
+  // The message says what was wrong, and that alone: a value with a space is not a number (not also
+  // "Value 4  not in range"), a flag given twice is named as such.
+  for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
+           {"--steps '4 '", "error: --steps: must be a positive integer, got '4 '\n"},
+           {"--steps 4 --steps 5", "error: --steps: given 2 times; give it once\n"}}) {
+    auto r = run_process(kBinary + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(r.err, line) << args;
+  }
   // Divisibility depends on the rank count: 3 ranks cannot split a global batch of 100.
   auto r = run_process(std::string(MPIRUN_NP3) + " " + kBinary + " --device cpu --global-batch 100");
   EXPECT_NE(r.exit_code, 0);

@@ -122,7 +122,7 @@ TEST(Chapter05, AnUnwritableTraceIsRefusedBeforeTraining) {
   // A trace that cannot be written in full (a full disk) is an error, not a PASSED run.
   auto full = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --trace /dev/full");
   EXPECT_EQ(full.exit_code, 1) << full.out << full.err;
-  EXPECT_NE(full.err.find("/dev/full: the trace could not be written"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("--trace: /dev/full: the trace could not be written"), std::string::npos) << full.err;
   const auto here = std::filesystem::current_path();
   const auto scratch = std::filesystem::temp_directory_path() / ("ch05_cwd_" + std::to_string(::getpid()));
   std::filesystem::create_directories(scratch);

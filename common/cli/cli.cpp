@@ -14,7 +14,6 @@
 #include <climits>
 #include <regex>
 #include <unistd.h>
-#include <regex>
 #include <string>
 
 #include <mpi.h>
@@ -123,13 +122,14 @@ CLI::Validator number_rule(const std::string& description, bool integer, bool al
         try {
           std::size_t used = 0;
           double value = integer ? static_cast<double>(std::stoll(input, &used)) : std::stod(input, &used);
-          if (used != input.size() || !decimal_number(input) || !std::isfinite(value) || value < 0.0 ||
-              (!allow_zero && value == 0.0))
-            return "must be " + description + ", got '" + input + "'";
+          if (used == input.size() && decimal_number(input) && std::isfinite(value) && value >= 0.0 &&
+              (allow_zero || value != 0.0))
+            return {};
         } catch (const std::exception&) {
-          return "must be " + description + ", got '" + input + "'";
         }
-        return {};
+        // Thrown, not returned: a range checked beside this rule (PositiveInteger & CLI::Range) then adds
+        // nothing to the message, which CLI11 would join with " AND " to the range's verdict on the same text.
+        throw CLI::ValidationError("must be " + description + ", got '" + input + "'");
       },
       description, description);
 }
@@ -214,6 +214,14 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
   } catch (const CLI::CallForAllHelp&) {
     std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
     return 0;
+  } catch (const CLI::ArgumentMismatch& e) {  // CLI11 says "--steps: At Most 1 required but received 2"
+    static const std::regex twice(R"(^(\S+): At Most 1 required but received (\d+)$)");
+    std::smatch m;
+    const std::string what = e.what();
+    return report_and_leave(std::regex_match(what, m, twice)
+                                ? m[1].str() + ": given " + m[2].str() + " times; give it once"
+                                : what,
+                            2);
   } catch (const CLI::ParseError& e) {
     return report_and_leave(e.what(), 2);
   }

@@ -28,13 +28,13 @@ void ChromeTrace::add(int rank, const std::string& lane, const std::string& name
                      {"dur", (end_ms - begin_ms) * 1000.0}, {"args", args}});
 }
 
-void ChromeTrace::write(const std::string& path) const {
+void ChromeTrace::write(const std::string& path, const std::string& flag) const {
   std::ofstream out(path);
-  if (!out) throw UsageError(path + ": cannot open for writing");
+  if (!out) throw UsageError(flag + ": " + path + ": cannot open for writing");
   nlohmann::json doc = {{"traceEvents", events_}, {"displayTimeUnit", "ms"}, {"metadata", {{"label", label_}}}};
   out << doc.dump(1) << '\n';
   out.flush();
-  if (!out) throw std::runtime_error(path + ": the trace could not be written (" + std::strerror(errno) + ")");
+  if (!out) throw std::runtime_error(flag + ": " + path + ": the trace could not be written (" + std::strerror(errno) + ")");
 }
 
 }  // namespace course::metrics

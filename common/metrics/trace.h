@@ -15,7 +15,8 @@ class ChromeTrace {
            const nlohmann::json& args = nlohmann::json::object());
   void label(const std::string& text) { label_ = text; }  // shown in the trace's metadata
   // Writes the file; throws UsageError when it cannot be written.
-  void write(const std::string& path) const;
+  // Writes the trace to `path`, which `flag` named (a failure names both).
+  void write(const std::string& path, const std::string& flag = "--trace") const;
   const nlohmann::json& events() const { return events_; }
 
  private:
