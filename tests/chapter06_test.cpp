@@ -8,12 +8,16 @@
 // survives a killed rank bit for bit and a change of world size in lock-step.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/gpu_runs.h"
@@ -139,7 +143,8 @@ TEST(Chapter06, KeepDeletesTheOldest) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000030.safetensors", "step_00000040.safetensors"}));
+  // The newest two, the pointer, and the lock that keeps a second job out of the folder.
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "latest", "step_00000030.safetensors", "step_00000040.safetensors"}));
 }
 
 TEST(Chapter06, TheLauncherRecoversFromAKilledRank) {
@@ -241,6 +246,32 @@ TEST(Chapter06, SomethingInTheWayOfALaterCheckpointIsRefusedBeforeTraining) {
   fs::create_directories(dir + "/step_00000035.safetensors");
   Outcome free = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 40 --ckpt-every 10 --resume");
   EXPECT_EQ(free.process.exit_code, 0) << free.process.out << free.process.err;
+}
+
+// One job at a time in a folder: a job that finds another's lock (here this test's, standing for a
+// killed job whose ranks are still ending) waits for it, and goes on once it is let go; held on, the
+// folder is refused (exit code 2) after the wait, with nothing trained.
+TEST(Chapter06, AJobWaitsForTheLockOfOneStillEndingAndRefusesALiveOne) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10"));
+  const int fd = ::open((dir + "/.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  std::thread release([fd] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    ::flock(fd, LOCK_UN);
+  });
+  Outcome waited = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --resume");
+  release.join();
+  expect_passed(waited);
+  EXPECT_NE(waited.process.out.find("waiting for another job's lock on " + dir), std::string::npos) << waited.process.out;
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("--ckpt-dir: " + dir + " is in use by another job"), std::string::npos)
+      << refused.process.err;
+  EXPECT_EQ(refused.process.out.find("resumed"), std::string::npos) << refused.process.out;
+  ::close(fd);
 }
 
 // Killed halfway through the very first checkpoint: nothing to resume from, the restart starts afresh,

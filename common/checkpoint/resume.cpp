@@ -1,7 +1,12 @@
 // Finding and broadcasting the checkpoint to resume from.
 #include "common/checkpoint/resume.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstring>
 #include <filesystem>
@@ -67,6 +72,35 @@ std::optional<Resumed> load_latest_good(comm::Communicator& group, const Checkpo
 }
 
 namespace {
+
+// One job at a time in a checkpoint folder. After mpirun is killed its ranks run on for a moment (about a
+// second) and may still be checkpointing; a restart that started writing meanwhile would share the folder
+// with them. So rank 0 holds an exclusive lock on dir/.lock for its whole life (flock: the kernel lets
+// go when the process ends, however it ends), and a new job waits for a dying one's lock, for at most
+// kFolderLockWaitSeconds, then refuses. Returns false when the lock stayed held.
+constexpr int kFolderLockWaitSeconds = 10;
+
+bool lock_folder(const std::string& dir) {
+  static int held = -1;  // open until the process ends; one folder a process
+  if (held >= 0) return true;
+  const std::string path = dir + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return true;  // an unwritable folder: refused next, by the writability check
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(kFolderLockWaitSeconds);
+  bool waited = false;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (std::chrono::steady_clock::now() >= give_up) {
+      ::close(fd);
+      return false;
+    }
+    if (!waited) log("waiting for another job's lock on %s (a job killed a moment ago may still be ending)\n", dir.c_str());
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  held = fd;
+  return true;
+}
+
 void remove_logged(const std::function<std::vector<std::string>()>& remove_partial) {
   for (const auto& name : remove_partial())
     log("removed %s: what a checkpoint writer that died left behind\n", name.c_str());
@@ -88,6 +122,9 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
       error = "--ckpt-dir: " + dir + " is not a folder";
     } else if (resume && !exists) {
       error = "--resume: the folder " + dir + " does not exist";
+    } else if (exists && !lock_folder(dir)) {
+      error = "--ckpt-dir: " + dir + " is in use by another job (it holds " + dir + "/.lock for " +
+              std::to_string(kFolderLockWaitSeconds) + " s and more); stop that job, or choose another folder";
     } else if (exists && fs::exists(pointed) && !fs::is_regular_file(pointed)) {
       error = "--ckpt-dir: " + pointer.string() + " is not a regular file (the pointer to the newest checkpoint "
               "is); remove it";
@@ -105,6 +142,8 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
       if (e || !fs::is_directory(dir)) error = "--ckpt-dir: " + dir + " cannot be created (" + e.message() + ")";
       else if (::access(dir.c_str(), W_OK | X_OK) != 0)
         error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
+      else if (!lock_folder(dir))
+        error = "--ckpt-dir: " + dir + " is in use by another job (it holds " + dir + "/.lock); choose another folder";
     }
   }
   comm::broadcast_string(group, error, 0);
