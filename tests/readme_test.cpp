@@ -174,10 +174,11 @@ void run_readme(const std::string& chapter) {
     // As written, on the course's 2-core machine: more ranks than that need --oversubscribe in the text.
     static const std::regex ranks(R"(^mpirun -np (\d+))");
     std::smatch n;
-    if (std::regex_search(c.text, n, ranks) && std::stoi(n[1]) > kCoursesCores)
+    if (std::regex_search(c.text, n, ranks) && std::stoi(n[1]) > kCoursesCores) {
       EXPECT_NE(c.text.find("--oversubscribe"), std::string::npos)
           << "the command runs " << n[1] << " ranks, more than a " << kCoursesCores
           << "-core machine has cores, and lacks --oversubscribe";
+    }
     const fs::path script = scratch / "command.sh";
     { std::ofstream(script) << environment << text << "\n"; }
     const auto r = run_process("bash " + script.string());
@@ -212,7 +213,8 @@ void run_readme(const std::string& chapter) {
 // "`name` (line N)" of its walk through main.cpp pointing at a line of main.cpp that holds that name (so the
 // walk cannot drift from the code). The chapters rewritten as handouts so far; the others follow.
 constexpr std::size_t kHandoutWords = 1500;
-const std::vector<std::string> kHandouts = {"01_single_gpu", "02_grad_accumulation", "03_collectives"};
+const std::vector<std::string> kHandouts = {"01_single_gpu", "02_grad_accumulation", "03_collectives", "04_ddp",
+                                            "05_bucketing_overlap"};
 
 TEST(Readme, HandoutsFollowTheSkeleton) {
   const std::vector<std::string> sections = {"## Goal", "## Run it", "## Expected output", "## Read the code",
