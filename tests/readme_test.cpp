@@ -250,6 +250,22 @@ TEST(Readme, HandoutsFollowTheSkeleton) {
   }
 }
 
+// The course's README: an index of at most kCourseReadmeWords words that links every chapter's handout,
+// and gives the test command CI runs (.ci/run calls it, exactly).
+constexpr std::size_t kCourseReadmeWords = 2500;
+
+TEST(Readme, HandoutsTheCourseReadmeIsAnIndex) {
+  const std::string text = read_file(std::string(SOURCE_ROOT) + "/README.md");
+  std::istringstream words(text);
+  EXPECT_LE(static_cast<std::size_t>(std::distance(std::istream_iterator<std::string>(words),
+                                                   std::istream_iterator<std::string>())), kCourseReadmeWords);
+  for (const std::string& chapter : kHandouts)
+    EXPECT_NE(text.find("](" + chapter + "/README.md)"), std::string::npos) << chapter << " is not linked";
+  const std::string ci = read_file(std::string(SOURCE_ROOT) + "/.ci/run");
+  EXPECT_NE(text.find("\n./scripts/run_tests.sh "), std::string::npos) << "the README gives no test command";
+  EXPECT_NE(ci.find("\n./scripts/run_tests.sh\n"), std::string::npos) << ".ci/run does not call the README's test command";
+}
+
 TEST(Readme, Chapter01) { run_readme("01_single_gpu"); }
 TEST(Readme, Chapter02) { run_readme("02_grad_accumulation"); }
 TEST(Readme, Chapter03) { run_readme("03_collectives"); }
