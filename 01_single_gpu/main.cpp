@@ -18,7 +18,6 @@
 #include "common/metrics/timer.h"       // step timing
 #include "common/nn/layers.h"           // Linear, make_mlp
 #include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
-#include "common/ops/autocast.h"        // the forward's matrix products in 16 bits
 #include "common/ops/ops.h"             // mse_loss
 #include "common/optim/recipe.h"        // SGD, in the run's precision
 
@@ -115,13 +114,8 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
     for (auto& indices : batches) {
       data::Batch batch = data::make_batch(dataset, indices, device);
       timer.start();
-      Tensor loss;
-      {
-        Autocast autocast(sgd.precision());                 // --precision bf16|fp16; fp32: off
-        loss = mse_loss((*model)(batch.x), batch.y);        // forward
-      }
-      sgd.scale_loss(loss).backward();                      // backward: fills .grad (fp16: of the scaled loss)
-      sgd.step(step++);                                     // update (unscaled first), then clear .grad
+      sgd.forward_backward([&] { return mse_loss((*model)(batch.x), batch.y); });  // forward, then backward: fills .grad
+      sgd.step(step++);                                                            // update, then clear .grad
       double ms = timer.stop_ms();
       if (epoch > 1 || &indices != &batches.front()) {      // the first step warms caches up
         train_ms += ms;

@@ -20,7 +20,6 @@
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/nn/layers.h"           // make_mlp
 #include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
-#include "common/ops/autocast.h"        // the forward's matrix products in 16 bits
 #include "common/ops/ops.h"             // mse_loss, scale
 #include "common/optim/recipe.h"        // SGD, in the run's precision
 #include "common/verify/compare.h"      // max_abs_diff, the noise floor
@@ -59,17 +58,11 @@ Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::ve
   return mse_loss(model(batch.x), batch.y);
 }
 
-// One micro-batch's weighted loss, forward and backward, in the recipe's precision (--precision: the
-// forward under autocast, fp16's loss scaled). Returns the loss.
+// One micro-batch's weighted loss, forward and backward. Returns the loss.
 float micro_batch_step(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& micro,
                        float weight, Device device, const optim::Recipe& training) {
-  Tensor loss;
-  {
-    Autocast autocast(training.precision());  // fp32: off
-    loss = scale(batch_loss(model, dataset, micro, device), weight);
-  }
-  training.scale_loss(loss).backward();  // gradients accumulate (+=) across micro-batches
-  return loss.item();
+  // Backward adds into .grad (+=), so the micro-batches' gradients accumulate.
+  return training.forward_backward([&] { return scale(batch_loss(model, dataset, micro, device), weight); }).item();
 }
 
 // One optimizer step's gradient: the global batch in micro-batches, each loss weighted by its share.

@@ -18,7 +18,6 @@
 #include "common/comm/simulated_network.h"        // --sim-network: an alpha-beta delay per message
 #include "common/core/log.h"                      // rank 0 prints
 #include "common/nn/tasks.h"                      // the MLP or the GPT, and its loss
-#include "common/ops/autocast.h"                  // --precision bf16|fp16: the forward's matrix products in 16 bits
 #include "common/optim/recipe.h"                  // SGD, in the run's precision
 #include "common/parallel/comm_hooks.h"           // --comm-hook: fp16 and bf16 compression
 #include "common/parallel/ddp.h"                  // DistributedDataParallel over the Reducer's buckets
@@ -98,12 +97,8 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
     if (step == 1) bytes_before = bytes(ddp);
     group.barrier();  // every rank starts the step together, so the times compare
     const auto begin = Clock::now();
-    Tensor loss;
-    {
-      Autocast autocast(training.precision());  // --precision bf16|fp16; fp32: off
-      loss = task.loss(model, share);
-    }
-    training.scale_loss(loss).backward();  // with the Reducer, the buckets' all-reduces run inside, overlapped or at its end
+    // With the Reducer, the buckets' all-reduces run inside backward, overlapped or at its end.
+    const Tensor loss = training.forward_backward([&] { return task.loss(model, share); });
     synchronise(ddp);  // chapter 04's all-reduces run here
     training.unscale_();  // fp16: the averaged gradients divided by the loss scale again
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();

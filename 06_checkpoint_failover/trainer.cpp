@@ -5,7 +5,6 @@
 
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/nn/gpt.h"
-#include "common/ops/autocast.h"
 #include "common/parallel/distributed_sampler.h"
 
 namespace course::chapter06 {
@@ -62,13 +61,8 @@ float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stre
                     std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check) {
   if (check) check->begin_step(step, *model);
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
-  Tensor loss;
-  {
-    Autocast autocast(recipe->precision());  // --precision bf16|fp16; fp32: off
-    loss = task.loss(*model, share);
-  }
-  recipe->scale_loss(loss).backward();  // DDP averages the gradients across ranks
-  recipe->unscale_();                   // fp16: divided by the loss scale again
+  const Tensor loss = recipe->forward_backward([&] { return task.loss(*model, share); });  // DDP averages in backward
+  recipe->unscale_();  // fp16: divided by the loss scale again
   const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
   if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global, *recipe);
   const Tensor norm = recipe->step(step);

@@ -34,13 +34,18 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
   }
 }
 
-float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {
-  Tensor value;
+Tensor Recipe::forward_backward(const std::function<Tensor()>& forward) const {
+  Tensor loss;
   {
     Autocast autocast(precision_);  // float32: off
-    value = loss();
+    loss = forward();
   }
-  scale_loss(value).backward();
+  scale_loss(loss).backward();
+  return loss;
+}
+
+float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {
+  const Tensor value = forward_backward(loss);
   scaler_.unscale_gradients(params);
   return value.item();
 }

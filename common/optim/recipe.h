@@ -31,6 +31,11 @@ class Recipe {
   Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps,
          DType precision = DType::float32, comm::Communicator* group = nullptr, float init_scale = 65536.0f);
 
+  // Forward and backward in the recipe's precision, so that a training loop reads forward-backward, step:
+  // `forward` runs under autocast (off in float32) and returns the loss; backward starts from it times
+  // the loss scale (float16), or from the loss itself. Returns the loss. The steps inside are the ones
+  // chapter 04 writes out, where mixed precision is taught.
+  Tensor forward_backward(const std::function<Tensor()>& forward) const;
   // What backward starts from: the loss times the loss scale (float16), or the loss itself.
   Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
   // float16: divides the gradients by the loss scale and finds whether any is inf or NaN (on any rank of
