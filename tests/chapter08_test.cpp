@@ -415,8 +415,9 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
     EXPECT_EQ(faulty.exit_code, 1) << flags << "\n" << faulty.out << faulty.err;
     EXPECT_NE(faulty.out.find("FAILED at step " + std::to_string(from) + ": the gradient of 'transformer"), std::string::npos)
         << flags << faulty.out;
-    if (flags.find("bf16") != std::string::npos)
+    if (flags.find("bf16") != std::string::npos) {
       EXPECT_NE(faulty.out.find("from the whole model's in float32"), std::string::npos) << flags << faulty.out;
+    }
   }
   // TP's fault begins at step 999, so its run passes 999 steps first; the ring's runs whole.
   auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " --cp 3");
@@ -579,7 +580,7 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --schedule interleaved", "--schedule"},          // how many chunks?
            {MPIRUN_NP2, "--pp 2 --virtual-stages 2", "--virtual-stages"},       // 1F1B runs one chunk
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 4", "--virtual-stages"},  // 4 layers, 8 chunks
-           {MPIRUN_NP2, "--tp 2 --schedule interleaved --virtual-stages 2", "--virtual-stages"},  // no pipeline
+           {MPIRUN_NP2, "--tp 2 --schedule interleaved --virtual-stages 2", "--schedule"},  // no pipeline: --pp is 1
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --micro-batches 3", "--micro-batches"},
            {MPIRUN_NP2, "--pp 2 --schedule interleaved --virtual-stages 2 --fault lose-micro-batch", "--fault"},
            {MPIRUN_NP4, "--pp 2 --dp 2 --schedule zero-bubble", "--schedule"},  // DDP waits for the weights
