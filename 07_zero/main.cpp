@@ -32,6 +32,7 @@
 #include "common/nn/tasks.h"                     // the model, its data and its loss
 #include "common/ops/autocast.h"                 // --precision bf16|fp16: the forward's matrix products in 16 bits
 #include "common/ops/ops.h"                      // scale
+#include "common/optim/recipe.h"                 // kGpt2AdamW: GPT-2's AdamW settings
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
 #include "common/parallel/zero.h"                // ZeroOptimizer, stages 0-3
@@ -74,8 +75,8 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   parallel::ZeroOptions options;
   options.stage = stage;
   options.lr = o.training.lr;
-  options.beta2 = 0.95f;
-  options.weight_decay = 0.1f;
+  options.beta1 = optim::kGpt2AdamW.beta1, options.beta2 = optim::kGpt2AdamW.beta2;
+  options.eps = optim::kGpt2AdamW.eps, options.weight_decay = optim::kGpt2AdamW.weight_decay;
   options.max_grad_norm = o.clip;
   options.prefetch = plan.prefetch;
   // Mixed precision: 16-bit parameters and gradients, float32 masters beside Adam's moments (K = 12).

@@ -25,10 +25,11 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
   } else if (name == "adam") {
     optimizer_ = std::make_unique<Adam>(params, lr);
   } else if (name == "adamw") {
-    optimizer_ = std::make_unique<Adam>(weight_decay_groups(params, 0.1f), lr, 0.9f, 0.95f, 1e-8f, true);
+    const AdamWSettings& a = kGpt2AdamW;
+    optimizer_ = std::make_unique<Adam>(weight_decay_groups(params, a.weight_decay), lr, a.beta1, a.beta2, a.eps, true);
     const std::int64_t warmup = std::min<std::int64_t>(100, total_steps / 10);
     if (total_steps > warmup) schedule_ = warmup_cosine(lr, warmup, total_steps, lr / 10);
-    clip_ = 1.0;
+    clip_ = a.max_grad_norm;
   } else {
     throw std::invalid_argument("unknown training recipe '" + name + "' (sgd, adam or adamw)");
   }

@@ -23,6 +23,14 @@
 
 namespace course::optim {
 
+// GPT-2's AdamW (as nanoGPT trains it), one home for its numbers: the adamw recipe uses them, and so
+// does chapter 07's ZeRO optimizer, which runs the same update on shards.
+struct AdamWSettings {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  double max_grad_norm = 1.0;
+};
+inline constexpr AdamWSettings kGpt2AdamW{};
+
 class Recipe {
  public:
   // Throws std::invalid_argument for a name other than sgd, adam or adamw.
