@@ -143,14 +143,9 @@ int run(const Options& o, cli::Session& session) {
   const nn::TrainingTask task = cli::training_task(o.models, o.mlp, o.training.global_batch, o.verify ? 2 : 1,
                                                    world.local_size(), session.device, o.common.seed);
   const std::int64_t global_batch = cli::global_batch_for(o.training, world.size(), 1, task.size);
-  std::unique_ptr<comm::Communicator> simulated;
-  std::string label;
-  if (!o.sim_network.empty()) {
-    auto network = comm::parse_network(o.sim_network);
-    simulated = comm::simulate_network(world.split(0, world.rank()), network);
-    label = " (simulated network: " + comm::describe(network) + ")";
-  }
-  comm::Communicator& group = simulated ? *simulated : world;
+  const comm::SimulatedWorld simulated = comm::simulated_world(world, o.sim_network);  // --sim-network
+  const std::string label = simulated.communicator ? " (simulated network: " + simulated.description + ")" : "";
+  comm::Communicator& group = simulated.communicator ? *simulated.communicator : world;
   log("Chapter 05: %d ranks, %s, global batch %lld, %lld steps, %s, comm hook %s%s\n", group.size(),
       task.description.c_str(), static_cast<long long>(global_batch), static_cast<long long>(o.training.steps),
       cli::precision_description(o.precision).c_str(), o.comm_hook.c_str(), label.c_str());

@@ -163,15 +163,10 @@ int run(const Options& o, cli::Session& session) {
     parallel::on_rank0(world, [&] { consolidate(o); });
     return 0;
   }
-  std::unique_ptr<comm::Communicator> simulated;
-  std::string network, label;  // "alpha 10 us, 1.25 GB/s"; ", simulated network: ..." for the log
-  if (!o.sim_network.empty()) {
-    const auto model = comm::parse_network(o.sim_network);
-    simulated = comm::simulate_network(world.split(0, world.rank()), model);
-    network = comm::describe(model);
-    label = ", simulated network: " + network;
-  }
-  comm::Communicator& group = simulated ? *simulated : world;
+  const comm::SimulatedWorld simulated = comm::simulated_world(world, o.sim_network);  // --sim-network
+  const std::string& network = simulated.description;  // "alpha 10 us, 1.25 GB/s"
+  const std::string label = network.empty() ? "" : ", simulated network: " + network;  // for the log
+  comm::Communicator& group = simulated.communicator ? *simulated.communicator : world;
   const Device device = session.device;
   const int ranks = group.size();
   check_options(o, ranks);

@@ -134,12 +134,9 @@ int run(Options o, cli::Session& session) {
   // (chapter 05's decorator), so each group, TP, PP and DP, pays it on its own link.
   std::unique_ptr<parallel::Topology> simulated;
   std::string network;  // ", simulated network: alpha 10 us, 1.25 GB/s"
-  if (!o.sim_network.empty()) {
-    const auto model = comm::parse_network(o.sim_network);
-    comm::Communicator& world = session.topology->world();
-    simulated = std::make_unique<parallel::Topology>(comm::simulate_network(world.split(0, world.rank()), model),
-                                                     parallel::GridShape{o.tp, o.pp, o.dp, o.cp});
-    network = ", simulated network: " + comm::describe(model);
+  if (comm::SimulatedWorld world = comm::simulated_world(session.topology->world(), o.sim_network); world.communicator) {
+    simulated = std::make_unique<parallel::Topology>(std::move(world.communicator), parallel::GridShape{o.tp, o.pp, o.dp, o.cp});
+    network = ", simulated network: " + world.description;
   }
   parallel::Topology& topology = simulated ? *simulated : *session.topology;
   const Device device = session.device;

@@ -94,4 +94,10 @@ std::unique_ptr<Communicator> simulate_network(std::unique_ptr<Communicator> inn
   return std::make_unique<SimulatedNetwork>(std::move(inner), model);
 }
 
+SimulatedWorld simulated_world(Communicator& world, const std::string& flag_value) {
+  if (flag_value.empty()) return {};
+  const NetworkModel model = parse_network(flag_value);
+  return {simulate_network(world.split(0, world.rank()), model), describe(model)};
+}
+
 }  // namespace course::comm

@@ -31,4 +31,13 @@ std::string describe(const NetworkModel& model);
 
 std::unique_ptr<Communicator> simulate_network(std::unique_ptr<Communicator> inner, NetworkModel model);
 
+// --sim-network's whole set-up, as chapters 05, 07 and 08 take it: nothing when `flag_value` is empty;
+// otherwise a copy of `world` (split off it, so the world itself keeps its speed) whose every message
+// takes at least the network's alpha-beta time, and the network's description. Collective over `world`.
+struct SimulatedWorld {
+  std::unique_ptr<Communicator> communicator;  // null without --sim-network
+  std::string description;                     // "alpha 10 us, 1.25 GB/s"; empty without it
+};
+SimulatedWorld simulated_world(Communicator& world, const std::string& flag_value);
+
 }  // namespace course::comm
