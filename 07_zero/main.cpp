@@ -13,9 +13,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <optional>
 
+#include "07_zero/checkpoints.h"                 // --ckpt-dir's sharded checkpoints, loaded and saved
 #include "07_zero/options.h"                     // the chapter's flags
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards
@@ -30,13 +29,11 @@
 #include "common/core/log.h"                     // rank 0 prints
 #include "common/core/memory.h"                  // the per-category counters, the budget
 #include "common/nn/tasks.h"                     // the model, its data and its loss
-#include "common/ops/autocast.h"                 // --precision bf16|fp16: the forward's matrix products in 16 bits
 #include "common/ops/ops.h"                      // scale
 #include "common/optim/recipe.h"                 // kGpt2AdamW: GPT-2's AdamW settings
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
 #include "common/parallel/zero.h"                // ZeroOptimizer, stages 0-3
-#include "common/parallel/zero_checkpoint.h"     // sharded checkpoints
 #include "common/verify/compare.h"               // max_abs_diff
 
 using namespace course;
@@ -44,6 +41,10 @@ using namespace course::chapter07;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+double ms_since(Clock::time_point begin) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+}
 
 // One run of a stage: which, and what applies to it.
 struct RunPlan {
@@ -53,104 +54,45 @@ struct RunPlan {
   bool verified = false;      // checked in lock-step against the whole model
 };
 
-checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTask& task, std::int64_t global_batch);
-std::int64_t resume(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,
-                    parallel::ZeroOptimizer& zero, const checkpoint::Metadata& settings);
-void save(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,
-          parallel::ZeroOptimizer& zero, const nn::Module& model, std::int64_t step, const checkpoint::Metadata& settings);
-
 // One run at `plan.stage`. The chosen stage's run writes --ckpt-dir's checkpoints and, with --resume,
 // starts from the newest.
 StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& task, std::int64_t global_batch,
                comm::Communicator& group, Device device, metrics::MetricsWriter& metrics) {
-  const int ranks = group.size(), stage = plan.stage;
-  StageRun run;
-  run.stage = stage;
-  run.prefetch = plan.prefetch && stage == 3;
-  const MemoryStats before = memory_stats(device), host_before = memory_stats(Device::cpu);
+  StageRun run = begin_run(device);  // the memory counters before it, to measure the run against
   auto model = task.make_model(o.common.seed);  // every rank makes it alike; ZeRO keeps each rank's part
-  run.psi = static_cast<double>(model->parameter_count());
   // The stages are one option: what each rank keeps only its part of, the optimizer state (1), the
-  // gradients (2), the parameters (3). AdamW as GPT-2 trains (betas 0.9, 0.95, decay 0.1), clipped.
-  parallel::ZeroOptions options;
-  options.stage = stage;
-  options.lr = o.training.lr;
-  options.beta1 = optim::kGpt2AdamW.beta1, options.beta2 = optim::kGpt2AdamW.beta2;
-  options.eps = optim::kGpt2AdamW.eps, options.weight_decay = optim::kGpt2AdamW.weight_decay;
-  options.max_grad_norm = o.clip;
-  options.prefetch = plan.prefetch;
-  // Mixed precision: 16-bit parameters and gradients, float32 masters beside Adam's moments (K = 12).
-  options.precision = o.precision.dtype();
-  options.init_scale = o.precision.loss_scale;
-  // ZeRO-Offload: Adam's state and the float32 masters in host memory, AdamW on the CPU (--offload).
-  options.offload = offload_of(o);
+  // gradients (2), the parameters (3). The rest (AdamW, clipping, precision, offload) is every stage's.
+  parallel::ZeroOptions options = zero_options(o);
+  options.stage = plan.stage, options.prefetch = plan.prefetch;
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
-  const std::int64_t local_batch = global_batch / ranks;
-  std::optional<checkpoint::ShardedFolder> folder;
-  if (plan.checkpointed && !o.checkpoints.dir.empty()) folder.emplace(o.checkpoints.dir, o.checkpoints.keep);
-  if (folder && o.checkpoints.resume) run.first_step = resume(o, *folder, group, zero, settings(o, stage, task, global_batch));
-  std::unique_ptr<ZeroCheck> check;
-  if (plan.verified)
-    check = std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed, global_batch, o.accum,
-                                        run.first_step);
+  const std::int64_t local_batch = global_batch / group.size();
+  Checkpoints checkpoints(o, plan.checkpointed, group, zero, *model, task.description, global_batch);
+  run.first_step = checkpoints.load();  // 0, or with --resume the newest good checkpoint's step
+  auto check = plan.verified ? std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed,
+                                                           global_batch, o.accum, run.first_step) : nullptr;
   reset_peak_memory(device);
-  double total_ms = 0;
   for (std::int64_t step = run.first_step; step < o.training.steps; ++step) {
     if (plan.checkpointed) o.kill.at_step_start(step, group.rank());  // a node lost, when asked
     const auto begin = Clock::now();
-    double checking_ms = 0;  // the verification's own work, left out of the step time
-    auto checking = [&](auto&& work) {
-      const auto t = Clock::now();
-      work();
-      checking_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-    };
-    if (check) checking([&] { check->begin_step(step); });
+    if (check) check->begin_step(step);
     const auto share = sampler.batch(step, local_batch);
-    // --fault skip-rank-share: the last rank's share of the step is lost (its loss weighted 0), as a
-    // reduction that forgot one rank would.
-    const bool lose_my_share = o.faults.at("skip-rank-share", step) && group.rank() == ranks - 1;
+    const bool lost = o.faults.at("skip-rank-share", step) && group.rank() == group.size() - 1;  // --fault: weight 0
     double local_loss = 0;
     for (const auto& batch : data::split_batches(share, (local_batch + o.accum - 1) / o.accum)) {
-      const float weight = lose_my_share ? 0.0f : static_cast<float>(batch.size()) / static_cast<float>(share.size());
-      Tensor loss;
-      {
-        Autocast autocast(zero.precision());  // fp32: off
-        loss = scale(task.loss(*model, batch), weight);
-      }
-      local_loss += loss.item();
-      // fp16: backward from the loss times the loss scale. Stages 2 and 3 reduce-scatter each unit's
-      // gradients as soon as they are complete.
-      zero.scale_loss(loss).backward();
+      const float weight = lost ? 0.0f : static_cast<float>(batch.size()) / static_cast<float>(share.size());
+      local_loss += zero.forward_backward([&] { return scale(task.loss(*model, batch), weight); }).item();
     }
-    zero.reduce_gradients();  // stage 0 all-reduces; stages 1-3 reduce-scatter, each rank keeping its part
+    zero.reduce_gradients();  // 0 all-reduces; 1 reduce-scatters; 2 and 3 did, unit by unit, during backward
     const float loss = comm::all_reduce_scalar(group, static_cast<float>(local_loss), comm::ReduceOp::average);
-    if (check) checking([&] { check->check_gradient(step, loss); });
+    if (check) check->check_gradient(step, loss);
     const double norm = zero.apply();  // clip, AdamW on this rank's part (skipped by fp16 on overflow), all-gather
-    if (check) checking([&] { check->check_update(step, norm); });
+    if (check) check->check_update(step, norm);
     zero.zero_grad();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count() - checking_ms;
-    if (step > 0 || o.training.steps == 1) total_ms += ms;
-    run.losses.push_back(loss);
-    if (run.ring_bytes == 0 && std::isfinite(norm)) {  // a step taken whole
-      run.ring_bytes = zero.ring_bytes_last_step();
-      run.host_traffic = zero.host_traffic_last_step();
-    }
-    if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
-      log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), run.losses.back(), ms);
-    if (folder && checkpoint::writes_checkpoint_at(step + 1, o.training.steps, o.checkpoints.every))
-      save(o, *folder, group, zero, *model, step + 1, settings(o, stage, task, global_batch));
+    record_step(o, run, zero, step, loss, ms_since(begin) - (check ? check->take_ms() : 0.0), norm);
+    checkpoints.save_if_due(step + 1);
   }
-  // What the run measured, against the formulas (report.cpp).
-  run.step_ms = total_ms / static_cast<double>(std::max<std::int64_t>(1, o.training.steps - run.first_step - 1));
-  run.precision = zero.precision();
-  run.skipped_steps = zero.scaler().skipped_steps();
-  const MemoryStats after = memory_stats(device), host_after = memory_stats(Device::cpu);
-  run.offload = options.offload;
-  run.parameters = zero.full_parameters();
-  if (check) run.check = check->finish(run.parameters);
-  if (plan.checkpointed && !o.save.empty()) save_gathered(o, run, *model, group);
-  measure(run, {before, after}, {host_before, host_after}, ranks, o.sim_network, metrics);
+  finish_run(o, run, zero, check.get(), plan.checkpointed, *model, group, device, metrics);
   return run;
 }
 
@@ -218,43 +160,6 @@ int run(const Options& o, cli::Session& session) {
   }
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;
-}
-
-// What a run's checkpoints must match to be resumed: every setting that decides a step.
-checkpoint::Metadata settings(const Options& o, int stage, const nn::TrainingTask& task, std::int64_t global_batch) {
-  auto text = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.9g", v);
-    return std::string(b);
-  };
-  return {{"stage", std::to_string(stage)},        {"model", task.description},
-          {"seed", std::to_string(o.common.seed)}, {"global-batch", std::to_string(global_batch)},
-          {"accum", std::to_string(o.accum)},      {"lr", text(o.training.lr)},
-          {"clip", text(o.clip)},                  {"precision", o.precision.precision}};
-  // --offload is left out: where the state lives changes no bit of it, so a run may resume either way.
-}
-
-std::int64_t resume(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,
-                    parallel::ZeroOptimizer& zero, const checkpoint::Metadata& settings) {
-  const std::int64_t step = parallel::resume_zero_checkpoint(folder, group, zero, settings);
-  log("resumed from step %lld (%s, %d shards)\n", static_cast<long long>(step), folder.step_dir(step).c_str(),
-      zero.layout().shards());
-  if (step > o.training.steps)
-    throw UsageError("--steps: " + std::to_string(o.training.steps) + " is fewer than the checkpoint's " +
-                     std::to_string(step));
-  checkpoint::remove_dead_writes(group, [&] { return folder.remove_incomplete(); });  // resumed: now they may go
-  return step;
-}
-
-// Every rank writes its shard of step `step`, and rank 0 the index (common/parallel/zero_checkpoint.h).
-void save(const Options& o, const checkpoint::ShardedFolder& folder, comm::Communicator& group,
-          parallel::ZeroOptimizer& zero, const nn::Module& model, std::int64_t step, const checkpoint::Metadata& settings) {
-  const auto begin = Clock::now();
-  const std::size_t bytes =
-      parallel::save_zero_checkpoint(folder, group, zero, model, step, settings, o.kill.during_save_of(step, group.rank()));
-  log("checkpoint of step %lld: %s, %s from this rank in %.1f ms\n", static_cast<long long>(step),
-      folder.step_dir(step).c_str(), format_bytes(static_cast<std::int64_t>(bytes)).c_str(),
-      std::chrono::duration<double, std::milli>(Clock::now() - begin).count());
 }
 
 }  // namespace

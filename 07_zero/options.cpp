@@ -6,6 +6,7 @@
 #include "common/cli/limits.h"
 
 #include "common/core/errors.h"
+#include "common/optim/recipe.h"
 
 namespace course::chapter07 {
 
@@ -57,6 +58,18 @@ void add_options(CLI::App& app, Options& o) {
 parallel::ZeroOptions::Offload offload_of(const Options& o) {
   using Offload = parallel::ZeroOptions::Offload;
   return o.offload == "parameters" ? Offload::parameters : o.offload == "optimizer" ? Offload::optimizer : Offload::none;
+}
+
+parallel::ZeroOptions zero_options(const Options& o) {
+  parallel::ZeroOptions options;
+  options.lr = o.training.lr;
+  options.beta1 = optim::kGpt2AdamW.beta1, options.beta2 = optim::kGpt2AdamW.beta2;
+  options.eps = optim::kGpt2AdamW.eps, options.weight_decay = optim::kGpt2AdamW.weight_decay;
+  options.max_grad_norm = o.clip;
+  options.precision = o.precision.dtype();
+  options.init_scale = o.precision.loss_scale;
+  options.offload = offload_of(o);
+  return options;
 }
 
 void check_options(const Options& o) {

@@ -38,6 +38,10 @@ struct Options {
 
 void add_options(CLI::App& app, Options& o);
 parallel::ZeroOptions::Offload offload_of(const Options& o);  // --offload
+// What every stage's run shares: GPT-2's AdamW (optim::kGpt2AdamW) at --lr, clipped at --clip; --precision
+// (16-bit parameters and gradients over float32 masters, K = 12) and fp16's --loss-scale; --offload
+// (ZeRO-Offload: Adam's state and the masters in host memory, AdamW on the CPU). The stage is the caller's.
+parallel::ZeroOptions zero_options(const Options& o);
 // What the flags cannot check one by one, before and after the world is known; throws UsageError
 // naming the flag.
 void check_options(const Options& o);

@@ -1,8 +1,12 @@
 // Chapter 07's measurements against the formulas, the verdict, and the files it writes.
 #include "07_zero/report.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+
+#include "07_zero/verify_zero.h"
 
 #include "common/checkpoint/safetensors.h"
 #include "common/checkpoint/sharded.h"
@@ -21,6 +25,40 @@ parallel::ZeroOptimizer::HostTraffic host_traffic_theory(int stage, double psi, 
   if (offload == Offload::none) return {};
   const double part = static_cast<double>(element_size(precision)) * (stage == 0 ? psi : psi / n);
   return {static_cast<std::int64_t>(part), static_cast<std::int64_t>((offload == Offload::parameters ? 2 : 1) * part)};
+}
+
+StageRun begin_run(Device device) {
+  StageRun run;
+  run.device_before = memory_stats(device), run.host_before = memory_stats(Device::cpu);
+  return run;
+}
+
+void record_step(const Options& o, StageRun& run, const parallel::ZeroOptimizer& zero, std::int64_t step, float loss,
+                 double ms, double norm) {
+  if (step > 0 || o.training.steps == 1) run.timed_ms += ms;
+  run.losses.push_back(loss);
+  if (run.ring_bytes == 0 && std::isfinite(norm)) {  // a step taken whole
+    run.ring_bytes = zero.ring_bytes_last_step();
+    run.host_traffic = zero.host_traffic_last_step();
+  }
+  if (!o.compare && (step % o.log_every == 0 || step + 1 == o.training.steps))
+    log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), loss, ms);
+}
+
+void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero, ZeroCheck* check, bool save,
+                const nn::Module& model, comm::Communicator& group, Device device, metrics::MetricsWriter& metrics) {
+  run.stage = zero.options().stage;
+  run.prefetch = zero.options().prefetch && run.stage == 3;
+  run.psi = static_cast<double>(model.parameter_count());
+  run.step_ms = run.timed_ms / static_cast<double>(std::max<std::int64_t>(1, o.training.steps - run.first_step - 1));
+  run.precision = zero.precision();
+  run.skipped_steps = zero.scaler().skipped_steps();
+  const MemoryStats after = memory_stats(device), host_after = memory_stats(Device::cpu);  // before the gather
+  run.offload = zero.options().offload;
+  run.parameters = zero.full_parameters();
+  if (check) run.check = check->finish(run.parameters);
+  if (save && !o.save.empty()) save_gathered(o, run, model, group);
+  measure(run, {run.device_before, after}, {run.host_before, host_after}, group.size(), o.sim_network, metrics);
 }
 
 void measure(StageRun& run, const Snapshots& device, const Snapshots& host, int ranks, const std::string& sim_network,

@@ -18,6 +18,8 @@
 
 namespace course::chapter07 {
 
+class ZeroCheck;  // verify_zero.h
+
 struct StageRun {
   int stage = 0;
   bool prefetch = false;        // stage 3 gathered the next unit ahead
@@ -33,9 +35,11 @@ struct StageRun {
   std::uint64_t checksum = 0;   // of the final parameters
   nlohmann::json record;        // the zero_stage metric
   double step_ms = 0;           // without the verification's own work
+  double timed_ms = 0;          // the steps' sum that step_ms averages (the first step left out: it allocates)
   DType precision = DType::float32;  // of the parameters and gradients (mixed: over float32 masters)
   std::int64_t skipped_steps = 0;    // fp16: steps whose gradients overflowed, skipped
   verify::LockstepSummary check;
+  MemoryStats device_before, host_before;  // the counters before the run (begin_run)
 };
 
 // The model states per rank are the ZeRO paper's formulas, planner::zero_model_states (one home for them:
@@ -61,6 +65,18 @@ struct Snapshots {
 // CPU-only run the same counters).
 void measure(StageRun& run, const Snapshots& device, const Snapshots& host, int ranks,
              const std::string& sim_network, metrics::MetricsWriter& metrics);
+// A stage's run before it starts: the memory counters (the device's and the host's) that measure()
+// compares the run's against.
+StageRun begin_run(Device device);
+// After each step: its loss and time (`ms`, the check's own work left out), the bytes and host traffic of
+// the first step taken whole, and the log line (every --log-every steps and the last, unless --compare).
+void record_step(const Options& o, StageRun& run, const parallel::ZeroOptimizer& zero, std::int64_t step, float loss,
+                 double ms, double norm);
+// After the last step: the stage, the step time, the memory against the formulas and the metric (measure), then
+// --verify's last check of the gathered parameters (`check` when verified) and, when `save`, --save.
+void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero,
+                ZeroCheck* check, bool save, const nn::Module& model, comm::Communicator& group, Device device,
+                metrics::MetricsWriter& metrics);
 // --save: rank 0 writes the gathered parameters under `model`'s names and shapes. Collective-free.
 void save_gathered(const Options& o, const StageRun& run, const nn::Module& model, comm::Communicator& group);
 void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network);

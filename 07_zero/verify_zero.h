@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "common/nn/tasks.h"
 #include "common/optim/optimizer.h"
@@ -30,7 +31,10 @@ class ZeroCheck {
   // After reduce_gradients, before apply: the averaged gradient and the loss. Collective.
   void check_gradient(std::int64_t step, float loss);
   // After apply: the update (`norm`: the one the run clipped by).
-  void check_update(std::int64_t step, double norm) { check_->check_update(step, norm); }
+  void check_update(std::int64_t step, double norm);
+  // The milliseconds the three calls above took since the last call of this: the check's own work,
+  // which the run leaves out of its step time.
+  double take_ms() { return std::exchange(ms_, 0.0); }
   // The final parameters (every rank's whole copy) against the last prediction and each other. Collective.
   verify::LockstepSummary finish(const std::vector<float>& final_parameters) {
     check_->check_replicas(check_->next_step(), final_parameters, group_);
@@ -52,6 +56,7 @@ class ZeroCheck {
   std::shared_ptr<nn::Module> working_;    // mixed precision: the masters' 16-bit roundings
   std::unique_ptr<optim::Adam> adam_;
   std::unique_ptr<verify::Lockstep> check_;
+  double ms_ = 0;  // the check's own time, since take_ms
 };
 
 }  // namespace course::chapter07

@@ -13,6 +13,7 @@
 #include "common/kernels/kernels.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
+#include "common/ops/autocast.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/zero_units.h"
 
@@ -302,6 +303,16 @@ const char* offload_name(ZeroOptions::Offload offload) {
     case ZeroOptions::Offload::parameters: return "parameters";
   }
   return "none";
+}
+
+Tensor ZeroOptimizer::forward_backward(const std::function<Tensor()>& forward) const {
+  Tensor loss;
+  {
+    Autocast autocast(options_.precision);  // float32: off
+    loss = forward();
+  }
+  scale_loss(loss).backward();
+  return loss;
 }
 
 }  // namespace course::parallel

@@ -123,11 +123,15 @@ class ZeroOptimizer {
 
   // The loss to call backward on: times float16's loss scale (unchanged in float32 and bfloat16).
   Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
+  // Forward and backward in the run's precision, as optim::Recipe::forward_backward: `forward` under
+  // autocast (off in float32), backward from its loss times the loss scale. Returns the loss.
+  Tensor forward_backward(const std::function<Tensor()>& forward) const;
   // float16's loss scaler: its scale, and the steps it skipped because a gradient overflowed.
   const optim::GradScaler& scaler() const { return scaler_; }
   optim::GradScalerState scaler_state() const { return scaler_.state(); }
   void load_scaler_state(const optim::GradScalerState& state) { scaler_.load_state(state); }
   DType precision() const { return options_.precision; }
+  const ZeroOptions& options() const { return options_; }
 
   // After backward on this rank's share (the loss a mean over it): average the gradients over the
   // group, clip, update, and leave every rank with the same new parameters. Returns the gradient norm
