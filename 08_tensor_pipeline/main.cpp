@@ -140,39 +140,11 @@ int run(Options o, cli::Session& session) {
   }
   parallel::Topology& topology = simulated ? *simulated : *session.topology;
   const Device device = session.device;
-  const int dp = topology.dp_size();
   const ChapterTask task = make_task(o, device);
   o.training.global_batch = check_grid(o, task, topology);  // the default rounded up to fit the grid
   const std::string limit = cli::apply_memory_limit(o.mem_limit_mb, device);  // --mem-limit-mb
-  // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
-  // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it, so
-  // 16 bits are checked by their parts, against a reference that repeats the run's roundings.
-  if (o.verify && !verifiable(o, topology, task)) {
-    const std::string sixteen = o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype;
-    throw UsageError(o.precision.tf32
-                         ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a "
-                           "few noise floors of that; verify without --tf32"
-                         : "--verify: checks " + sixteen + " on NCCL at up to " +
-                               std::to_string(kMostNcclTensorParallelRanksIn16Bits) +
-                               " TP ranks: more add in an order NCCL's ring chooses, which no reference repeats; use "
-                               "--tp 2, --backend mpi, or --precision fp32 --reduce-dtype fp32");
-  }
-  const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
-  if (task.sequence != task.tokens_per_sample())
-    log("context parallelism: sequences of %lld tokens padded to %lld, which %d ranks split (%s); the padding's "
-        "targets ignored\n", static_cast<long long>(task.tokens_per_sample()), static_cast<long long>(task.sequence),
-        topology.cp_size(), o.cp_method.c_str());
-  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s%s\n",
-      topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
-      task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
-      static_cast<long long>(micro),
-      topology.pp_size() > 1 ? (" (" + o.schedule + " schedule" +
-                                (o.virtual_stages > 1 ? ", " + std::to_string(o.virtual_stages) + " chunks per rank" : "") + ")")
-                                   .c_str()
-                             : "",
-      static_cast<long long>(o.training.steps),
-      (cli::precision_description(o.precision) == "fp32" ? "" : ", " + cli::precision_description(o.precision)).c_str(),
-      network.c_str(), limit.c_str());
+  if (o.verify) check_verifiable(o, topology);  // 16 bits by their parts, where a reference can repeat them
+  log_start(o, task, topology, network, limit);
   if (o.sweep) {
     if (topology.pp_size() < 2) throw UsageError("--sweep: needs a pipeline (--pp 2 or more)");
     return sweep(o, task, topology, device, session.metrics, network);
@@ -181,31 +153,7 @@ int run(Options o, cli::Session& session) {
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
   cli::check_fault_options(o.faults, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
-  if (topology.pp_size() > 1) {
-    report_stages(run, o.micro_batches, o.schedule, session.metrics, "pipeline_stage", network);
-  } else {
-    log("peak activations: %s per rank\n", format_bytes(static_cast<std::int64_t>(run.peak_activations[0])).c_str());
-    session.metrics.write({{"event", "activations"}, {"peak_activation_bytes", run.peak_activations[0]},
-                           {"sequence_parallel", o.sequence_parallel}});
-  }
-  const std::string grid = topology.describe().substr(0, topology.describe().rfind("-Rank"));
-  const double per_step = static_cast<double>(o.training.global_batch * task.tokens_per_sample());
-  const char* unit = task.is_gpt() ? "tokens" : "samples";
-  log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
-      unit, run.step_ms, network.c_str());
-  if (run.cp) report_context_parallel(o, task, topology, *run.cp, run.cp_bytes, session.metrics);
-  if (o.precision.dtype() == DType::float16)
-    log("fp16: %lld of %lld steps skipped for gradients that overflowed (the loss scale halved at each)\n",
-        static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
-  session.metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
-                         {"precision", o.precision.precision}, {"reduce_dtype", o.precision.reduce_dtype}, {"skipped_steps", run.skipped_steps},
-                         {"recompute", o.models.recompute}, {"peak_activation_bytes", run.peak_activations},  // per stage
-                         {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
-                         {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
-                         {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
-  if (!o.trace.empty() && topology.rank() == 0)
-    write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
-                                     std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
+  report_run(o, task, topology, run, network, session.metrics);
   const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology),
                                                      checked_on_split_layers(o, topology, task), topology.tp_size() * topology.cp_size(),
                                                      session.metrics);

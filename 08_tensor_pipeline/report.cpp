@@ -63,4 +63,54 @@ void report_context_parallel(const Options& o, const ChapterTask& task, parallel
                  {"formula_bytes_per_step", formula}});
 }
 
+void log_start(const Options& o, const ChapterTask& task, const parallel::Topology& topology, const std::string& network,
+               const std::string& limit) {
+  const int dp = topology.dp_size();
+  const std::int64_t local_batch = o.training.global_batch / dp, micro = local_batch / o.micro_batches;
+  if (task.sequence != task.tokens_per_sample())
+    log("context parallelism: sequences of %lld tokens padded to %lld, which %d ranks split (%s); the padding's "
+        "targets ignored\n", static_cast<long long>(task.tokens_per_sample()), static_cast<long long>(task.sequence),
+        topology.cp_size(), o.cp_method.c_str());
+  log("Chapter 08: %s%s; %s; global batch %lld = DP %d x %d micro-batches of %lld%s; %lld steps%s%s%s\n",
+      topology.describe().c_str(), o.sequence_parallel ? " with sequence parallelism" : "",
+      task.task.description.c_str(), static_cast<long long>(o.training.global_batch), dp, o.micro_batches,
+      static_cast<long long>(micro),
+      topology.pp_size() > 1 ? (" (" + o.schedule + " schedule" +
+                                (o.virtual_stages > 1 ? ", " + std::to_string(o.virtual_stages) + " chunks per rank" : "") + ")")
+                                   .c_str()
+                             : "",
+      static_cast<long long>(o.training.steps),
+      (cli::precision_description(o.precision) == "fp32" ? "" : ", " + cli::precision_description(o.precision)).c_str(),
+      network.c_str(), limit.c_str());
+}
+
+void report_run(const Options& o, const ChapterTask& task, parallel::Topology& topology, const GridRun& run,
+                const std::string& network, metrics::MetricsWriter& metrics) {
+  if (topology.pp_size() > 1) {
+    report_stages(run, o.micro_batches, o.schedule, metrics, "pipeline_stage", network);
+  } else {
+    log("peak activations: %s per rank\n", format_bytes(static_cast<std::int64_t>(run.peak_activations[0])).c_str());
+    metrics.write({{"event", "activations"}, {"peak_activation_bytes", run.peak_activations[0]},
+                           {"sequence_parallel", o.sequence_parallel}});
+  }
+  const std::string grid = topology.describe().substr(0, topology.describe().rfind("-Rank"));
+  const double per_step = static_cast<double>(o.training.global_batch * task.tokens_per_sample());
+  const char* unit = task.is_gpt() ? "tokens" : "samples";
+  log("throughput: %.0f %s/s (step %.2f ms, the slowest rank's mean after the first%s)\n", per_step / (run.step_ms / 1000.0),
+      unit, run.step_ms, network.c_str());
+  if (run.cp) report_context_parallel(o, task, topology, *run.cp, run.cp_bytes, metrics);
+  if (o.precision.dtype() == DType::float16)
+    log("fp16: %lld of %lld steps skipped for gradients that overflowed (the loss scale halved at each)\n",
+        static_cast<long long>(run.skipped_steps), static_cast<long long>(o.training.steps));
+  metrics.write({{"event", "throughput"}, {"grid", grid}, {"sequence_parallel", o.sequence_parallel},
+                         {"precision", o.precision.precision}, {"reduce_dtype", o.precision.reduce_dtype}, {"skipped_steps", run.skipped_steps},
+                         {"recompute", o.models.recompute}, {"peak_activation_bytes", run.peak_activations},  // per stage
+                         {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
+                         {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
+                         {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
+  if (!o.trace.empty() && topology.rank() == 0)
+    write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
+                                     std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
+}
+
 }  // namespace course::chapter08

@@ -16,6 +16,15 @@ void write_timeline(const GridRun& run, const std::string& path, const std::stri
 void report_stages(const GridRun& run, int m, const std::string& schedule, metrics::MetricsWriter& metrics,
                    const char* event, const std::string& network);
 
+// The run's first lines: its grid, model and batch (the padding context parallelism adds to a sequence,
+// the schedule, the precision, the simulated network and the memory budget, where they apply).
+void log_start(const Options& o, const ChapterTask& task, const parallel::Topology& topology, const std::string& network,
+               const std::string& limit);
+// After the run: each stage's bubble (or, without stages, the peak activations), the throughput, the
+// context-parallel bytes, fp16's skipped steps, the "throughput" metric and, with --trace, the timeline.
+void report_run(const Options& o, const ChapterTask& task, parallel::Topology& topology, const GridRun& run,
+                const std::string& network, metrics::MetricsWriter& metrics);
+
 // With --cp: what attention handed the context-parallel group per step on this rank, beside the
 // method's formula (ContextParallel::bytes_per_attention, for each of this rank's layers and
 // micro-batches), logged and written as a "context_parallel" metric.

@@ -49,9 +49,24 @@ bool checked_on_split_layers(const Options& o, const parallel::Topology& topolog
   return checked_by_parts(o, topology) && (topology.tp_size() > 1 || topology.cp_size() > 1 || !task.is_gpt());
 }
 
-bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask&) {
+bool verifiable(const Options& o, const parallel::Topology& topology) {
   const bool float32 = o.precision.dtype() == DType::float32 && o.precision.reduce() == DType::float32;
   return !o.precision.tf32 && (float32 || checked_by_parts(o, topology));
+}
+
+void check_verifiable(const Options& o, const parallel::Topology& topology) {
+  // The grid's lock-step check compares against the step's noise floor (verify_grid.h); in 16 bits that
+  // floor is thousands of times float32's, and a lost micro-batch comes within a few floors of it, so
+  // 16 bits are checked by their parts, against a reference that repeats the run's roundings.
+  if (verifiable(o, topology)) return;
+  const std::string sixteen = o.precision.dtype() != DType::float32 ? o.precision.precision : o.precision.reduce_dtype;
+  throw UsageError(o.precision.tf32
+                       ? "--verify: TF32 rounds every product's inputs to 10 bits, and a lost micro-batch comes within a "
+                         "few noise floors of that; verify without --tf32"
+                       : "--verify: checks " + sixteen + " on NCCL at up to " +
+                             std::to_string(kMostNcclTensorParallelRanksIn16Bits) +
+                             " TP ranks: more add in an order NCCL's ring chooses, which no reference repeats; use "
+                             "--tp 2, --backend mpi, or --precision fp32 --reduce-dtype fp32");
 }
 
 // The whole vectors put together for the check count as its memory, not the run's.

@@ -67,7 +67,9 @@ constexpr int kMostNcclTensorParallelRanksIn16Bits = 2;
 // CP, or the MLP).
 bool checked_by_parts(const Options& o, const parallel::Topology& topology);
 bool checked_on_split_layers(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
-bool verifiable(const Options& o, const parallel::Topology& topology, const ChapterTask& task);
+bool verifiable(const Options& o, const parallel::Topology& topology);
+// --verify on a run it cannot check is refused (UsageError naming the flag, and why).
+void check_verifiable(const Options& o, const parallel::Topology& topology);
 
 // Logs the verdict in one line and writes the verify metric; true when it passed. `by_parts`: the run was
 // checked by its parts (checked_by_parts); `split`: against the run's split model (checked_on_split_layers)
