@@ -73,13 +73,8 @@ data::AdditionTask::Batch ChapterTask::batch(const std::vector<std::int64_t>& pa
   return {Tensor::from_host(padded_ids, {n, sequence}, device), Tensor::from_host(padded_targets, {n * sequence}, device)};
 }
 
-bool counts_once(const GridRun& run, parallel::Topology& topology, const std::string& name) {
-  const bool tied_copy = run.stage && name == "transformer.wte.weight" && run.stage->is_last() && !run.stage->is_first();
-  return (topology.tp_size() == 1 || run.model->is_split(name) || topology.tp_rank() == 0) && !tied_copy;
-}
-
 // optim::clip_grad_norm_ over the whole model, which no rank holds: each rank counts the parts that
-// count once (counts_once), the sums are added over the TP group and then the pipeline, and every rank
+// count once (TensorParallelModule::counts_once), the sums are added over the TP group and then the pipeline, and every rank
 // scales its gradients by the same factor. Replicas agree after the DP average, so each computes the
 // same norm. Returns it.
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
@@ -87,7 +82,7 @@ Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, do
   for (const auto& [name, p] : run.model->named_parameters()) {
     if (!p.grad().defined()) continue;
     all.push_back(p.grad());
-    if (counts_once(run, topology, name)) counted.push_back(p.grad());
+    if (run.model->counts_once(name)) counted.push_back(p.grad());
   }
   return optim::clip_grad_norm_(counted, all, max_norm, {&topology.tp_group(), &topology.pp_group()});
 }

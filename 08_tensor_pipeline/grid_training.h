@@ -106,7 +106,8 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
                                   const std::vector<std::vector<std::int64_t>>& parts, const optim::Recipe& training,
                                   Device device);
 
-// torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (counts_once). Returns the norm.
+// torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (each rank counts what its model
+// says counts once: TensorParallelModule::counts_once). Returns the norm.
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
 
 // The run's figures: each step's time without --verify's work, the stage's busy time and peak
@@ -133,9 +134,5 @@ class StepFigures {
   std::vector<parallel::TimedAction> last_;
 };
 
-// Whether this rank's copy of parameter `name` is the one that counts in sums over the TP group and the
-// pipeline (clipping's norm, the whole model of --verify): a part TP splits, on every TP rank; what TP
-// keeps whole, on TP rank 0 only; the tied table, on the first stage only.
-bool counts_once(const GridRun& run, parallel::Topology& topology, const std::string& name);
 
 }  // namespace course::chapter08

@@ -20,7 +20,7 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
                                                          [&](const std::string& name) {
                                                            return topology.dp_rank() == 0 && topology.cp_rank() == 0 &&
-                                                                  counts_once(run, topology, name);
+                                                                  run.model->counts_once(name);
                                                          });
   lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);

@@ -243,6 +243,8 @@ TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
     const bool tied_copy = name == "transformer.wte.weight" && stage.is_last() && !stage.is_first();
     return (stage.is_split(name) || tp->rank() == 0) && !tied_copy;
   };
+  for (const auto& [name, p] : stage.named_parameters())  // the model's own rule is the one written here
+    EXPECT_EQ(stage.counts_once(name), responsible(name)) << name << " on stage " << pp->rank() << ", TP rank " << tp->rank();
   parallel::WholeModelGather gather(stage, full, world(), responsible);
   const auto parameters = gather.parameters();
   if (world().rank() == 0) {

@@ -141,6 +141,11 @@ Shape PipelineStageGPT::activation_shape(std::int64_t batch, std::int64_t t) con
 
 bool PipelineStageGPT::is_split(const std::string& name) const { return tp_ && gpt_cut(name) != GptCut::whole; }
 
+bool PipelineStageGPT::counts_once(const std::string& name) const {
+  const bool tied_copy = name == "transformer.wte.weight" && last_ && !first_;  // the first stage's counts
+  return (!tp_ || tp_->size() == 1 || is_split(name) || tp_->rank() == 0) && !tied_copy;
+}
+
 Tensor PipelineStageGPT::part_of(const std::string& name, const Tensor& whole) const {
   return tp_ ? gpt_part(name, whole, *tp_) : whole;
 }

@@ -59,6 +59,7 @@ class PipelineStageGPT : public TensorParallelModule {
   // What a stage receives for a micro-batch of `batch` sequences of `t` tokens (not the first stage).
   Shape activation_shape(std::int64_t batch, std::int64_t t) const;
   bool is_split(const std::string& name) const override;
+  bool counts_once(const std::string& name) const override;
   Tensor part_of(const std::string& name, const Tensor& whole) const override;
   // The last stage's loss of its logits: the mean cross-entropy (the parallel one with TP) of the
   // targets [B, T] (or [B * T]; [B, T] with context parallelism). With context parallelism, this rank's

@@ -52,6 +52,11 @@ void all_reduce_gradients(const std::vector<Tensor>& parameters, comm::Communica
 class TensorParallelModule : public nn::Module {
  public:
   virtual bool is_split(const std::string& name) const = 0;
+  // Whether this rank's tensor `name` counts once in a sum over the whole model (a clip's norm, the one
+  // copy of each element a check gathers): a part the TP group splits counts on every rank, a tensor every
+  // TP rank holds whole on TP rank 0 alone, and a copy another stage also holds (the tied table's, on the
+  // last stage) nowhere but the first.
+  virtual bool counts_once(const std::string& name) const = 0;
   // This rank's part of `whole` (the whole model's tensor named `name`); `whole` itself if not split.
   virtual Tensor part_of(const std::string& name, const Tensor& whole) const = 0;
   // After backward, what a model split this way must still add up (finish_gradients): with sequence

@@ -24,6 +24,7 @@ class TensorParallelMLP : public TensorParallelModule {
   TensorParallelMLP(const nn::Sequential& full, comm::Communicator& tp);
   Tensor forward(const Tensor& x) override;
   bool is_split(const std::string& name) const override;
+  bool counts_once(const std::string& name) const override { return tp_.size() == 1 || is_split(name) || tp_.rank() == 0; }
   Tensor part_of(const std::string& name, const Tensor& whole) const override;
 
  private:
