@@ -1,7 +1,6 @@
 // The training recipes.
 #include "common/optim/recipe.h"
 
-#include "common/ops/autocast.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -36,13 +35,7 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
 }
 
 Tensor Recipe::forward_backward(const std::function<Tensor()>& forward) const {
-  Tensor loss;
-  {
-    Autocast autocast(precision_);  // float32: off
-    loss = forward();
-  }
-  scale_loss(loss).backward();
-  return loss;
+  return optim::forward_backward(precision_, scaler_, forward);
 }
 
 float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {

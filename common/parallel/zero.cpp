@@ -13,7 +13,6 @@
 #include "common/kernels/kernels.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
-#include "common/ops/autocast.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/zero_units.h"
 
@@ -306,13 +305,7 @@ const char* offload_name(ZeroOptions::Offload offload) {
 }
 
 Tensor ZeroOptimizer::forward_backward(const std::function<Tensor()>& forward) const {
-  Tensor loss;
-  {
-    Autocast autocast(options_.precision);  // float32: off
-    loss = forward();
-  }
-  scale_loss(loss).backward();
-  return loss;
+  return optim::forward_backward(options_.precision, scaler_, forward);
 }
 
 }  // namespace course::parallel
