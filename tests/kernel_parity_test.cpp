@@ -357,6 +357,45 @@ TEST(KernelParity, AttentionProbabilitiesAreTheSameBitsWhereTheScoresAreExact) {
     }
 }
 
+// FlashAttention-2's kernels against their CPU model (kernels/flash.h, the same tiles and the same
+// explicitly rounded operations): y, each row's log-sum-exp and the whole gradient, bit for bit. Shapes
+// that are not multiples of the tiles, T from 1 to 2048, heads 1 to 16, head sizes 16 to 128 and ones
+// that do not fill their D, causal and not, with dropout (a sequence slice's index included).
+TEST(KernelParity, FlashAttentionIsTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    std::int64_t batch, tokens, heads, head_size;
+    bool causal;
+    float dropout;
+    std::int64_t first_sequence;
+  };
+  for (const Case& c : std::vector<Case>{{1, 1, 1, 16, true, 0, 0},     {2, 7, 3, 8, true, 0, 0},
+                                         {1, 33, 16, 24, true, 0, 0},   {2, 64, 2, 64, false, 0, 0},
+                                         {3, 65, 2, 32, true, 0.2f, 5}, {1, 130, 2, 128, true, 0, 0},
+                                         {1, 300, 4, 40, false, 0.1f, 0}, {1, 2048, 1, 64, true, 0, 0},
+                                         {2, 1000, 12, 64, true, 0, 0}}) {
+    AttentionShape s;
+    s.batch = c.batch, s.tokens = c.tokens, s.heads = c.heads, s.head_size = c.head_size, s.causal = c.causal;
+    s.dropout = c.dropout, s.seed = 11, s.first_sequence = c.first_sequence;
+    const std::int64_t width = s.heads * s.head_size, n = s.batch * s.tokens * width;
+    const Tensor qkv = Tensor::randn({3 * n}, 61), dy = Tensor::randn({n}, 62);
+    std::map<Device, std::vector<std::vector<float>>> results;
+    for (const Device device : {Device::cpu, Device::cuda}) {
+      const Tensor in = qkv.to(device), g = dy.to(device);
+      Tensor y = Tensor::empty({n}, device), lse = Tensor::empty({s.batch * s.heads * s.tokens}, device),
+             grad = Tensor::empty({3 * n}, device);
+      kernels(device).flash_attention(in.data(), s, lse.data(), y.data());
+      kernels(device).flash_attention_backward(in.data(), y.data(), lse.data(), g.data(), s, grad.data());
+      results[device] = {y.to_host(), lse.to_host(), grad.to_host()};
+    }
+    const std::string shape = std::to_string(c.batch) + "x" + std::to_string(c.tokens) + " tokens, " +
+                              std::to_string(c.heads) + " heads of " + std::to_string(c.head_size) +
+                              (c.causal ? ", causal" : ", full") + (c.dropout > 0 ? ", dropout" : "");
+    const char* names[] = {"flash attention's y", "flash attention's lse", "flash attention's gradient"};
+    for (std::size_t i = 0; i < 3; ++i) expect_same_bits(results[Device::cuda][i], results[Device::cpu][i], std::string(names[i]) + " " + shape);
+  }
+}
+
 TEST(KernelParity, CudaReductionsAreBitwiseDeterministic) {
   SKIP_WITHOUT_GPU();
   Tensor x = Tensor::randn({1 << 20}, 9, Device::cuda);

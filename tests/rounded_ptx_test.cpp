@@ -33,12 +33,18 @@ std::string kernel_name(const std::string& mangled) {
   return mangled;
 }
 
-// Each kernel's body, by the kernel's name.
+// Each kernel's body, by the kernel's name (a template's instances together), from every PTX file
+// (COURSE_KERNELS_PTX lists them, separated by ':', as PATH does).
 std::map<std::string, std::string> kernel_bodies() {
-  std::ifstream in(COURSE_KERNELS_PTX);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string ptx = text.str();
+  std::string ptx;
+  std::stringstream files(COURSE_KERNELS_PTX);
+  for (std::string file; std::getline(files, file, ':');) {
+    std::ifstream in(file);
+    EXPECT_TRUE(in.good()) << "cannot read " << file;
+    std::stringstream text;
+    text << in.rdbuf();
+    ptx += text.str();
+  }
   std::map<std::string, std::string> bodies;
   const std::regex entry(R"(\.entry\s+(_ZN\w+))");
   std::vector<std::pair<std::size_t, std::string>> starts;
@@ -79,9 +85,9 @@ std::vector<std::string> contractible(const std::string& body) {
   return found;
 }
 
-// The kernels whose formulas the CPU computes too (math.h, rows.h, half.h): element-wise ones, layer norm's
-// and the cross-entropy's rows (in lanes), layer norm's columns and the two stages of column sums (their
-// sums in the same order on both), and the optimizers.
+// The kernels whose formulas the CPU computes too (math.h, rows.h, half.h, flash.h): element-wise ones,
+// layer norm's and the cross-entropy's rows (in lanes), layer norm's columns and the two stages of column
+// sums (their sums in the same order on both), the optimizers, and FlashAttention's tiles.
 const std::vector<std::string> kSharedFormulaKernels = {
     "to_half_kernel",  "from_half_kernel", "binary_kernel",   "binary_broadcast_kernel", "scale_kernel",
     "scale_by_kernel", "unary_kernel",     "unary_backward_kernel", "layer_norm_kernel",
@@ -89,7 +95,8 @@ const std::vector<std::string> kSharedFormulaKernels = {
     "cross_entropy_backward_kernel", "attention_softmax_kernel", "attention_softmax_backward_kernel", "sum_rows_chunks_kernel",
     "column_totals_kernel", "sgd_kernel", "adam_kernel",
     "dropout_kernel",  "arange_kernel",    "squares_kernel",  "squares_total_kernel", "clip_coefficient_kernel",
-    "inverse_count_kernel"};
+    "inverse_count_kernel", "flash_forward_kernel", "flash_delta_kernel", "flash_grad_kv_kernel",
+    "flash_grad_q_kernel"};
 
 TEST(RoundedPtx, SharedFormulaKernelsHoldNoContractibleOperation) {
   const auto bodies = kernel_bodies();

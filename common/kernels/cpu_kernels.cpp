@@ -9,6 +9,7 @@
 
 #include "common/kernels/cpu_attention.h"
 #include "common/kernels/cpu_attention_block.h"
+#include "common/kernels/cpu_flash_attention.h"
 #include "common/kernels/cpu_gemm.h"
 #include "common/kernels/cpu_vector.h"
 #include "common/kernels/half.h"
@@ -387,6 +388,13 @@ class CpuKernels final : public Kernels {
   void attention_backward(const float* qkv, const float* probs, const float* grad_y, const AttentionShape& shape,
                           float* grad_qkv) override {
     cpu::attention_backward(qkv, probs, grad_y, shape, grad_qkv);
+  }
+  void flash_attention(const float* qkv, const AttentionShape& shape, float* lse, float* y) override {
+    cpu::flash_attention(qkv, shape, lse, y);
+  }
+  void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
+                                const AttentionShape& shape, float* grad_qkv) override {
+    cpu::flash_attention_backward(qkv, y, lse, grad_y, shape, grad_qkv);
   }
   void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
                        const AttentionBlockShape& shape, float* row_max, float* row_sum, float* out) override {

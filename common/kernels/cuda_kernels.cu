@@ -11,6 +11,7 @@
 #include "common/core/cuda_runtime.h"
 #include "common/core/index_check.h"
 #include "common/kernels/cublas_library.h"
+#include "common/kernels/cuda_flash_attention.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
 #include "common/kernels/math.h"
@@ -727,6 +728,14 @@ class CudaKernels final : public Kernels {
     const float* weights = s.dropout > 0.0f ? apply_dropout_mask(probs, s, dropped.get()) : probs;
     gemm_batched(false, false, bh, t, hs, t, 1.0f, weights, t * t, v, t * hs, 0.0f, out.get(), t * hs);
     gather(out.get(), y, heads_to_tokens(s));
+  }
+  void flash_attention(const float* qkv, const AttentionShape& s, float* lse, float* y) override {
+    cuda_flash::forward(qkv, s, lse, y);
+  }
+  void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
+                                const AttentionShape& s, float* grad_qkv) override {
+    DeviceBuffer delta(static_cast<std::size_t>(s.batch * s.heads * s.tokens));
+    cuda_flash::backward(qkv, y, lse, grad_y, s, delta.get(), grad_qkv);
   }
   void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
                        const AttentionBlockShape& s, float* row_max, float* row_sum, float* out) override {

@@ -121,6 +121,14 @@ class Kernels {
   // Its gradient: grad_qkv (overwritten, qkv's layout) from grad_y and the forward's probs.
   virtual void attention_backward(const float* qkv, const float* probs, const float* grad_y,
                                   const AttentionShape& shape, float* grad_qkv) = 0;
+  // FlashAttention-2 (Dao, 2023; kernels/flash.h): y as attention's, and lse [batch, heads, tokens], each
+  // query row's log-sum-exp, in place of the probabilities; nothing tokens x tokens is stored. Head sizes
+  // up to math::kFlashMaxHeadSize. The CPU's is the model of the GPU's tiles, the same bits.
+  virtual void flash_attention(const float* qkv, const AttentionShape& shape, float* lse, float* y) = 0;
+  // Its gradient: grad_qkv (overwritten, qkv's layout) from y, lse and grad_y, the probabilities computed
+  // again; deterministic (dQ in a pass of its own, no atomics).
+  virtual void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
+                                        const AttentionShape& shape, float* grad_qkv) = 0;
   // Ring attention's block (AttentionBlockShape): row_max and row_sum [batch, heads, queries] (start at
   // -inf and 0) and out (starts at 0) are the running maximum score, the running sum of exp(score - max)
   // and the running sum of those weights times v; each call takes one more block of keys in.

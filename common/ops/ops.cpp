@@ -12,6 +12,7 @@
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
+#include "common/ops/sdpa_kernel.h"
 
 namespace course {
 using autograd::profiler::RecordFunction;
@@ -459,6 +460,9 @@ struct Slices {
   Tensor tokens(const Tensor& t, std::int64_t width) const {  // [B, T, width] -> [count, T, width]
     return t.view(static_cast<std::size_t>(first * whole.tokens * width), {count, whole.tokens, width});
   }
+  Tensor rows(const Tensor& t) const {  // [B, H, T] -> [count, H, T]: each query row's figure
+    return t.view(static_cast<std::size_t>(first * whole.heads * whole.tokens), {count, whole.heads, whole.tokens});
+  }
   Tensor probs(const Tensor& t) const {  // [B, H, T, T] -> [count, H, T, T]
     const std::int64_t per = whole.heads * whole.tokens * whole.tokens;
     return t.view(static_cast<std::size_t>(first * per), {count, whole.heads, whole.tokens, whole.tokens});
@@ -495,6 +499,35 @@ Tensor attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& y) 
   return probs;
 }
 
+// FlashAttention (sdpa_kernel.h): y as attention_forward's, and each row's log-sum-exp [B, H, T] in float32,
+// all that its backward keeps beside qkv and y.
+Tensor flash_attention(const Tensor& qkv, const AttentionShape& s, Tensor& y) {
+  Tensor lse = Tensor::empty({s.batch, s.heads, s.tokens}, qkv.device());
+  for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
+    Tensor y32 = at.tokens(y, s.heads * s.head_size);
+    if (is_16bit(qkv.dtype())) y32 = Tensor::empty(y32.shape(), qkv.device());
+    kernels(qkv.device()).flash_attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part,
+                                          at.rows(lse).data(), y32.data());
+    if (is_16bit(qkv.dtype())) at.tokens(y, s.heads * s.head_size).copy_from(y32);
+  });
+  return lse;
+}
+
+Tensor flash_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& g,
+                                const AttentionShape& s) {
+  Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
+  for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
+    Tensor g32 = is_16bit(grad.dtype()) ? Tensor::empty({part.batch, s.tokens, qkv.dim(2)}, qkv.device())
+                                        : at.tokens(grad, qkv.dim(2));
+    const std::int64_t c = s.heads * s.head_size;
+    kernels(qkv.device()).flash_attention_backward(wide(at.tokens(qkv, qkv.dim(2))).data(), wide(at.tokens(y, c)).data(),
+                                                   at.rows(lse).data(), wide(at.tokens(g, c)).data(), part,
+                                                   g32.data());
+    if (is_16bit(grad.dtype())) at.tokens(grad, qkv.dim(2)).copy_from(g32);
+  });
+  return grad;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, bool is_causal, float dropout_p,
@@ -511,6 +544,12 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
   s.batch = qkv.dim(0), s.tokens = qkv.dim(1), s.heads = n_head, s.head_size = qkv.dim(2) / (3 * n_head);
   s.causal = is_causal, s.dropout = dropout_p, s.seed = seed;
   Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), qkv.dtype());
+  if (sdp_backend(qkv.device(), s.head_size) == SdpBackend::flash_attention) {
+    const Tensor lse = flash_attention(qkv, s, y);
+    return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), y = y.detach(), lse, s](const Tensor& g) {
+      return std::vector<Tensor>{flash_attention_backward(qkv, y, lse, g, s)};
+    });
+  }
   Tensor probs = attention_forward(qkv, s, y);
   if (!keep_probabilities) probs = Tensor();  // selective recomputation: computed again in backward
   return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), kept = probs, s](const Tensor& g) {

@@ -46,6 +46,8 @@ Tensor softmax(const Tensor& x, bool causal = false);
 // split, the views and the transposes around PyTorch's call are not needed: the kernel reads the packed
 // layout in place. Scores are scaled by 1/sqrt(head_size); dropout_p drops probabilities with a mask drawn
 // from `seed` as the dropout op draws it. Ours differs from PyTorch's in taking q, k and v packed.
+// Two kernels compute it (sdpa_kernel.h): FlashAttention, which keeps only each row's log-sum-exp (a GPU's
+// default), and the math kernel, which keeps the probabilities (the CPU's). For the math kernel,
 // `keep_probabilities` false is selective recomputation (Korthikanti et al., "Reducing Activation
 // Recomputation in Large Transformer Models", 2022): the [B, H, T, T] probabilities, the largest thing
 // attention keeps, are not kept but computed again in backward from qkv (the same bits: the same

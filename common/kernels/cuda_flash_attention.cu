@@ -1,0 +1,212 @@
+// FlashAttention-2 on the GPU (Dao, 2023), in fp32 on the CUDA cores: a block of kFlashRows threads per
+// (tile of rows, sequence-head), one thread per row, the other side's rows staged kFlashTile at a time in
+// shared memory (read from global memory once per block instead of once per row). The arithmetic is
+// kernels/flash.h's, explicitly rounded, so the CPU model (cpu_flash_attention.cpp) walks the same tiles
+// to the same bits. A tensor-core version would add in an order of the hardware's; this one keeps the
+// course's rule of the same bits everywhere, and stores nothing tokens x tokens.
+#include "common/kernels/cuda_flash_attention.h"
+
+#include "common/core/cuda_check.h"
+#include "common/kernels/flash.h"
+
+namespace course::cuda_flash {
+namespace {
+
+using math::kFlashRows;
+using math::kFlashTile;
+
+__device__ math::FlashDropout dropout_of(const AttentionShape& s, std::int64_t b, std::int64_t h) {
+  math::FlashDropout drop;
+  drop.p = s.dropout, drop.seed = s.seed, drop.tokens = s.tokens;
+  drop.base = static_cast<std::uint64_t>(((s.first_sequence + b) * s.heads + h) * s.tokens * s.tokens);
+  return drop;
+}
+
+// Rows [first, first + n) of a matrix whose rows lie `ld` apart, `hs` wide, into shared memory at
+// stride D (zeros past hs), by the whole block (consecutive threads read consecutive floats).
+template <int D>
+__device__ void stage(const float* from, std::int64_t ld, std::int64_t first, int n, int hs, float* to) {
+  for (int e = threadIdx.x; e < kFlashTile * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    to[e] = r < n && d < hs ? from[(first + r) * ld + d] : 0.0f;
+  }
+}
+
+__device__ int visible_in_tile(const AttentionShape& s, std::int64_t i, std::int64_t j0) {
+  const std::int64_t n = min(static_cast<std::int64_t>(kFlashTile), s.tokens - j0);
+  return static_cast<int>(s.causal ? min(n, i - j0 + 1) : n);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFlashRows) flash_forward_kernel(const float* qkv, AttentionShape s, float scale,
+                                                                   float* lse, float* y) {
+  __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
+  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
+                     h = bh % s.heads, i0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
+  const int hs = static_cast<int>(s.head_size);
+  const float* base = qkv + b * t * ld + h * hs;
+  const math::FlashDropout drop = dropout_of(s, b, h);
+  float q[D], o[D];
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d) q[d] = i < t && d < hs ? base[i * ld + d] : 0.0f, o[d] = 0.0f;
+  math::FlashRowState st;
+  const std::int64_t last = s.causal ? min(t, i0 + kFlashRows) : t;
+  for (std::int64_t j0 = 0; j0 < last; j0 += kFlashTile) {
+    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), last - j0));
+    __syncthreads();  // the last tile read by every thread
+    stage<D>(base + c, ld, j0, n, hs, ks);
+    stage<D>(base + 2 * c, ld, j0, n, hs, vs);
+    __syncthreads();
+    if (i < t) math::flash_forward_tile<D>(q, hs, scale, ks, vs, D, visible_in_tile(s, i, j0), i, j0, drop, o, st);
+  }
+  if (i >= t) return;
+  lse[bh * t + i] = math::flash_finish_row<D>(st, hs, o);
+  float* out = y + (b * t + i) * c + h * hs;
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d)
+    if (d < hs) out[d] = o[d];
+}
+
+// delta_i = dy_i . y_i, a thread per query row.
+template <int D>
+__global__ void flash_delta_kernel(const float* y, const float* grad_y, AttentionShape s, float* delta) {
+  const std::int64_t t = s.tokens, c = s.heads * s.head_size, rows = s.batch * s.heads * t;
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t bh = r / t, i = r % t, b = bh / s.heads, h = bh % s.heads, at = (b * t + i) * c + h * s.head_size;
+    delta[r] = math::flash_dot<D>(grad_y + at, y + at, static_cast<int>(s.head_size));
+  }
+}
+
+// dK and dV, a thread per key row, the queries staged a tile at a time with their lse and delta.
+template <int D>
+__global__ void __launch_bounds__(kFlashRows) flash_grad_kv_kernel(const float* qkv, const float* grad_y,
+                                                                   const float* lse, const float* delta,
+                                                                   AttentionShape s, float scale, float* grad_qkv) {
+  __shared__ float qs[kFlashTile * D], gs[kFlashTile * D], ls[kFlashTile], ds[kFlashTile];
+  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
+                     h = bh % s.heads, j0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, j = j0 + threadIdx.x;
+  const int hs = static_cast<int>(s.head_size);
+  const float* base = qkv + b * t * ld + h * hs;
+  const float* g = grad_y + b * t * c + h * hs;
+  const math::FlashDropout drop = dropout_of(s, b, h);
+  float k[D], v[D], dk[D], dv[D];
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d) {
+    k[d] = j < t && d < hs ? base[j * ld + c + d] : 0.0f;
+    v[d] = j < t && d < hs ? base[j * ld + 2 * c + d] : 0.0f;
+    dk[d] = dv[d] = 0.0f;
+  }
+  for (std::int64_t i0 = s.causal ? j0 / kFlashTile * kFlashTile : 0; i0 < t; i0 += kFlashTile) {
+    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), t - i0));
+    __syncthreads();
+    stage<D>(base, ld, i0, n, hs, qs);
+    stage<D>(g, c, i0, n, hs, gs);
+    if (threadIdx.x < n) ls[threadIdx.x] = lse[bh * t + i0 + threadIdx.x], ds[threadIdx.x] = delta[bh * t + i0 + threadIdx.x];
+    __syncthreads();
+    if (j < t) {
+      const int from = s.causal ? static_cast<int>(max(static_cast<std::int64_t>(0), min(j - i0, static_cast<std::int64_t>(n)))) : 0;
+      math::flash_grad_kv_tile<D>(k, v, hs, scale, qs, gs, D, ls, ds, from, n, i0, j, drop, dk, dv);
+    }
+  }
+  if (j >= t) return;
+  float* out = grad_qkv + b * t * ld + j * ld + h * hs;
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d)
+    if (d < hs) out[c + d] = dk[d], out[2 * c + d] = dv[d];
+}
+
+// dQ, a thread per query row, the keys staged a tile at a time as forward.
+template <int D>
+__global__ void __launch_bounds__(kFlashRows) flash_grad_q_kernel(const float* qkv, const float* grad_y,
+                                                                  const float* lse, const float* delta,
+                                                                  AttentionShape s, float scale, float* grad_qkv) {
+  __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
+  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
+                     h = bh % s.heads, i0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
+  const int hs = static_cast<int>(s.head_size);
+  const float* base = qkv + b * t * ld + h * hs;
+  const math::FlashDropout drop = dropout_of(s, b, h);
+  float q[D], dy[D], dq[D];
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d) {
+    q[d] = i < t && d < hs ? base[i * ld + d] : 0.0f;
+    dy[d] = i < t && d < hs ? grad_y[(b * t + i) * c + h * hs + d] : 0.0f;
+    dq[d] = 0.0f;
+  }
+  const float row_lse = i < t ? lse[bh * t + i] : 0.0f, row_delta = i < t ? delta[bh * t + i] : 0.0f;
+  const std::int64_t last = s.causal ? min(t, i0 + kFlashRows) : t;
+  for (std::int64_t j0 = 0; j0 < last; j0 += kFlashTile) {
+    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), last - j0));
+    __syncthreads();
+    stage<D>(base + c, ld, j0, n, hs, ks);
+    stage<D>(base + 2 * c, ld, j0, n, hs, vs);
+    __syncthreads();
+    if (i < t)
+      math::flash_grad_q_tile<D>(q, dy, row_lse, row_delta, hs, scale, ks, vs, D, visible_in_tile(s, i, j0), i, j0,
+                                 drop, dq);
+  }
+  if (i >= t) return;
+  float* out = grad_qkv + b * t * ld + i * ld + h * hs;
+COURSE_UNROLL
+  for (int d = 0; d < D; ++d)
+    if (d < hs) out[d] = dq[d];
+}
+
+dim3 grid_of(const AttentionShape& s) {
+  return dim3(static_cast<unsigned>((s.tokens + kFlashRows - 1) / kFlashRows), static_cast<unsigned>(s.batch * s.heads));
+}
+
+void check_shape(const AttentionShape& s) {
+  if (s.head_size > math::kFlashMaxHeadSize || s.batch * s.heads > 65535)
+    throw std::invalid_argument("flash attention: head size " + std::to_string(s.head_size) + " (at most " +
+                                std::to_string(math::kFlashMaxHeadSize) + ") or " + std::to_string(s.batch * s.heads) +
+                                " sequence-heads (at most 65535)");
+}
+
+template <int D>
+void forward_for(const float* qkv, const AttentionShape& s, float* lse, float* y) {
+  flash_forward_kernel<D><<<grid_of(s), kFlashRows>>>(qkv, s, math::flash_scale(s.head_size), lse, y);
+  COURSE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void backward_for(const float* qkv, const float* y, const float* lse, const float* grad_y, const AttentionShape& s,
+                  float* delta, float* grad_qkv) {
+  const float scale = math::flash_scale(s.head_size);
+  const std::int64_t rows = s.batch * s.heads * s.tokens;
+  flash_delta_kernel<D><<<static_cast<unsigned>(min(static_cast<std::int64_t>(65535), (rows + 255) / 256)), 256>>>(
+      y, grad_y, s, delta);
+  COURSE_CUDA_CHECK(cudaGetLastError());
+  flash_grad_kv_kernel<D><<<grid_of(s), kFlashRows>>>(qkv, grad_y, lse, delta, s, scale, grad_qkv);
+  COURSE_CUDA_CHECK(cudaGetLastError());
+  flash_grad_q_kernel<D><<<grid_of(s), kFlashRows>>>(qkv, grad_y, lse, delta, s, scale, grad_qkv);
+  COURSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void forward(const float* qkv, const AttentionShape& s, float* lse, float* y) {
+  if (s.batch * s.heads * s.tokens * s.head_size == 0) return;
+  check_shape(s);
+  switch (math::flash_width(s.head_size)) {
+    case 16: return forward_for<16>(qkv, s, lse, y);
+    case 32: return forward_for<32>(qkv, s, lse, y);
+    case 64: return forward_for<64>(qkv, s, lse, y);
+    default: return forward_for<128>(qkv, s, lse, y);
+  }
+}
+
+void backward(const float* qkv, const float* y, const float* lse, const float* grad_y, const AttentionShape& s,
+              float* delta, float* grad_qkv) {
+  if (s.batch * s.heads * s.tokens * s.head_size == 0) return;
+  check_shape(s);
+  switch (math::flash_width(s.head_size)) {
+    case 16: return backward_for<16>(qkv, y, lse, grad_y, s, delta, grad_qkv);
+    case 32: return backward_for<32>(qkv, y, lse, grad_y, s, delta, grad_qkv);
+    case 64: return backward_for<64>(qkv, y, lse, grad_y, s, delta, grad_qkv);
+    default: return backward_for<128>(qkv, y, lse, grad_y, s, delta, grad_qkv);
+  }
+}
+
+}  // namespace course::cuda_flash
