@@ -5,6 +5,7 @@
 //   bench_step --model mlp --width 1024 --threads 2
 //   bench_step --model gpt --threads 1 --json                  the chapters' default GPT on addition
 //   bench_step --model gpt --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch 8 --profile
+//   bench_step --model gpt ... --sdpa math                     attention keeping its probabilities
 // With --block-size the GPT reads random tokens of --vocab characters (65, a character model's) in
 // windows of that length: the shapes people train, where attention, layer norm and the embeddings
 // weigh more than on the addition task's 8-token problems. --profile prints the step op by op,
@@ -29,10 +30,12 @@
 #include "common/core/errors.h"
 #include "common/core/cuda_runtime.h"
 #include "common/kernels/cpu_gemm.h"
+#include "common/kernels/flash.h"
 #include "common/kernels/kernels.h"
 #include "common/metrics/mfu.h"
 #include "common/nn/tasks.h"
 #include "common/ops/autocast.h"
+#include "common/ops/sdpa_kernel.h"
 #include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "common/tensor/random.h"
@@ -50,6 +53,7 @@ struct Options {
   int threads = 1;
   int steps = 30, warmup = 3, check_steps = 3;
   std::string save_init;
+  std::string sdpa = "auto";  // the GPT's attention kernel: auto (the device's default), math or flash
   bool json = false;
   double peak_tflops = 0;  // the device's peak for MFU; 0: from the GPU's name (common/metrics/mfu.h)
   cli::CommonOptions common;
@@ -129,6 +133,7 @@ int run(const Options& o) {
                              {"recompute", recompute[static_cast<int>(o.gpt.recompute)]}};
   std::vector<Gemm> gemms;
   checkpoint::NamedTensors inputs;
+  SdpBackend attention = SdpBackend::math;
   double flops_per_step = 0;  // the GPT's, counted as nanoGPT's estimate_mfu
   std::int64_t tokens = 0;
 
@@ -174,6 +179,14 @@ int run(const Options& o) {
       ids = Tensor::from_host(in, {o.batch, c.block_size}, device);
       targets = Tensor::from_host(next, {o.batch * c.block_size}, device);
     }
+    const std::int64_t head_size = c.n_embd / c.n_head;
+    if (o.sdpa == "flash" && head_size > math::kFlashMaxHeadSize)
+      throw UsageError("--sdpa: flash takes head sizes up to " + std::to_string(math::kFlashMaxHeadSize) + ", got " +
+                       std::to_string(head_size) + " (--n-embd / --n-head)");
+    attention = o.sdpa == "math"    ? SdpBackend::math
+                : o.sdpa == "flash" ? SdpBackend::flash_attention
+                                    : sdp_backend(device, head_size);
+    settings["attention"] = attention == SdpBackend::flash_attention ? "flash_attention" : "math";
     model = std::make_shared<nn::GPT>(c, device, o.common.seed);
     tokens = ids.numel();
     flops_per_step = metrics::gpt_flops_per_token({model->parameter_count(), c.block_size * c.n_embd, c.n_layer,
@@ -198,6 +211,7 @@ int run(const Options& o) {
 
   std::vector<double> losses, step_ms, gemm_ms;
   std::unique_ptr<autograd::profiler::Profile> profile;
+  SdpaKernel attention_kernel(attention);  // the GPT's choice for every step (the MLP has no attention)
   optim::GradScalerOptions scaling;
   scaling.enabled = o.precision.dtype() == DType::float16;
   scaling.init_scale = o.precision.loss_scale;
@@ -273,8 +287,10 @@ int run(const Options& o) {
                 o.model.c_str(), device_name(device), device == Device::cpu ? ", GEMMs on " : "",
                 device == Device::cpu ? cpu::gemm_library() : "", o.threads, cores.allowed, cores.machine,
                 static_cast<long long>(model->parameter_count()), median(step_ms), o.steps);
-    std::printf("  %s, recompute %s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
-                recompute[static_cast<int>(o.gpt.recompute)], static_cast<double>(activation_peak) / (1024.0 * 1024.0));
+    std::printf("  %s, recompute %s%s; activations at their peak %.2f MiB\n", cli::precision_description(o.precision).c_str(),
+                recompute[static_cast<int>(o.gpt.recompute)],
+                o.model == "gpt" ? (attention == SdpBackend::flash_attention ? ", FlashAttention" : ", math attention") : "",
+                static_cast<double>(activation_peak) / (1024.0 * 1024.0));
     if (tokens > 0) {
       std::printf("  %.0f tokens/s, %.3g TFLOP/s (nanoGPT's count, %.3g GFLOP a step)", result["tokens_per_second"].get<double>(),
                   achieved_tflops, flops_per_step / 1e9);
@@ -322,6 +338,11 @@ int main(int argc, char** argv) {
          "the GPT's activation recomputation: none, selective or full")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->default_str("none");
+  app.add_option("--sdpa", o.sdpa,
+                 "the GPT's attention kernel, as torch's sdpa_kernel: flash (FlashAttention-2), math (keeps the "
+                 "probabilities) or auto (a GPU's flash, the CPU's math)")
+      ->check(CLI::IsMember({"auto", "math", "flash"}));
+  cli::refuse_inert(app, "--sdpa", [&o] { return o.model == "gpt" ? std::string() : "does nothing without --model gpt (the MLP has no attention)"; });
   app.add_flag("--profile", o.profile, "time the step op by op, forward and backward");
   cli::add_precision_options(app, o.precision);
   app.add_option("--threads", o.threads, "CPU threads (GEMM and element-wise kernels)")->check(cli::PositiveInteger);

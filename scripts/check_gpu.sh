@@ -9,7 +9,8 @@
 #      sharing the GPU on MPI; a GPU test that skips on a GPU machine fails the check;
 #   3. compute-sanitizer memcheck over the GPU kernel tests, where the tool is installed;
 #   4. bench_step at GPT-2 124M's shape (12 x 768, 12 heads, 1024 tokens, 8 sequences, vocabulary 50304),
-#      fp32 and bf16, timed, then once more with --profile (op by op, forward and backward);
+#      fp32 and bf16, timed, then once more with --profile (op by op, forward and backward); bf16 also
+#      with the math attention kernel (--sdpa math), FlashAttention's figure beside it;
 #   5. benchmarks/peer/peer_step.py --device cuda against PyTorch eager, fp32 and bf16, where PyTorch and
 #      safetensors import (.venv-peer's python, else python3).
 # Results: $COURSE_GPU_OUT (default runs/check_gpu)/results.jsonl, one JSON line per check with the date and
@@ -90,15 +91,21 @@ fi
 
 # 4. The course's step at GPT-2 124M's shape.
 shape=(--model gpt --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --vocab 50304 --batch 8 --device cuda)
-for precision in fp32 bf16; do
-  step "bench_step_$precision" 180 "$build/benchmarks/bench_step" "${shape[@]}" --precision "$precision" \
-    --warmup 2 --steps 5 --json
-  line=$(tail -n 1 "$out/bench_step_$precision.log")
+for run in fp32 bf16 bf16_math; do
+  precision=${run%_math}
+  extra=()
+  [ "$run" = bf16_math ] && extra=(--sdpa math)
+  step "bench_step_$run" 180 "$build/benchmarks/bench_step" "${shape[@]}" --precision "$precision" \
+    --warmup 2 --steps 5 --json "${extra[@]}"
+  line=$(tail -n 1 "$out/bench_step_$run.log")
   ms=$(printf '%s' "$line" | python3 -c 'import json, sys; print(round(json.load(sys.stdin)["step_ms"], 1))' 2>/dev/null)
   mfu=$(printf '%s' "$line" | python3 -c 'import json, sys; print(round(json.load(sys.stdin).get("mfu", 0), 3))' 2>/dev/null)
+  attention=$(printf '%s' "$line" | python3 -c 'import json, sys; print(json.load(sys.stdin)["attention"])' 2>/dev/null)
   [ -z "$ms" ] && status=FAIL
-  record "bench_step_$precision" "$status" "$seconds" "GPT-2 124M, batch 8 x 1024: ${ms:-?} ms a step, MFU ${mfu:-?}" \
-    "\"step_ms\": ${ms:-null}, \"mfu\": ${mfu:-null}"
+  record "bench_step_$run" "$status" "$seconds" \
+    "GPT-2 124M, batch 8 x 1024, ${attention:-?}: ${ms:-?} ms a step, MFU ${mfu:-?}" \
+    "\"step_ms\": ${ms:-null}, \"mfu\": ${mfu:-null}, \"attention\": \"${attention:-}\""
+  [ "$run" = bf16_math ] && continue
   step "bench_step_${precision}_profile" 180 "$build/benchmarks/bench_step" "${shape[@]}" --precision "$precision" \
     --warmup 1 --steps 2 --profile
   record "bench_step_${precision}_profile" "$status" "$seconds" "op by op in bench_step_${precision}_profile.log"

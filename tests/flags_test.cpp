@@ -222,7 +222,8 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {np2 + ch08 + " --tp 2 --reduce-dtype bf16", "--reduce-dtype", "--dp"},
       {std::string(PLAN_BINARY) + " --shape 2,64,4,16,64", "--shape", "--calibration"},
       {std::string(PLAN_BINARY) + " --grid 1,1,1,1", "--grid", "--calibration"},
-      {std::string(PLAN_BINARY) + " --link " + link, "--link", "--calibrat"}};
+      {std::string(PLAN_BINARY) + " --link " + link, "--link", "--calibrat"},
+      {std::string(BENCH_STEP_BINARY) + " --sdpa flash", "--sdpa", "--model"}};
   for (const Case& c : refused) {
     const auto r = run_process(c.command);
     EXPECT_EQ(r.exit_code, 2) << c.command << "\n" << r.out << r.err;
@@ -234,7 +235,8 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
   for (const std::string& command :
        {ch05 + " --loss-scale 1024 --precision fp16", ch07 + " --stage 3 --prefetch",
         np2 + ch08 + " --pp 2 --schedule gpipe", np2 + ch08 + " --cp 2 --cp-method ulysses",
-        np2 + ch08 + " --reduce-dtype bf16"}) {
+        np2 + ch08 + " --reduce-dtype bf16",
+        std::string(BENCH_STEP_BINARY) + " --model gpt --sdpa flash --batch 2 --steps 1 --warmup 0"}) {
     const auto r = run_process(command);
     EXPECT_EQ(r.exit_code, 0) << command << "\n" << r.out << r.err;
   }
