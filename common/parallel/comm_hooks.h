@@ -7,13 +7,20 @@
 // average_hook(dtype) is the hook of DDP's reduce_dtype (ReducerOptions, chapter 04's --reduce-dtype):
 // mixed precision's choice of the type gradients are averaged in, which is the same arithmetic.
 #pragma once
+#include <functional>
 #include <string>
 
+#include "common/comm/communicator.h"
 #include "common/core/dtype.h"
 #include "common/kernels/kernels.h"
-#include "common/parallel/reducer.h"
+#include "common/tensor/tensor.h"
 
 namespace course::parallel {
+
+// How a bucket is synchronised (PyTorch's register_comm_hook): start the communication of `bucket`
+// (a flat buffer) and return its work; when the work completes, the buffer must hold the group's
+// average. The default all-reduces with ReduceOp::average.
+using CommHook = std::function<comm::WorkHandle(comm::Communicator& group, Tensor& bucket)>;
 
 CommHook allreduce_hook();
 CommHook compress_hook(HalfFormat format);

@@ -1,7 +1,6 @@
 // DistributedDataParallel: broadcast at start, gradient averaging (through the Reducer) as backward runs.
 #include "common/parallel/ddp.h"
 
-#include <chrono>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
@@ -31,17 +30,8 @@ void DistributedDataParallel::on_gradient_ready(std::size_t index) {
 
 void DistributedDataParallel::finish_backward() {
   pass_started_ = false;
-  auto begin = std::chrono::steady_clock::now();
   reducer_.finalize(sync_enabled_);
-  if (!sync_enabled_) return;
-  communication_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
-  ++synchronisations_;
-}
-
-double DistributedDataParallel::take_communication_ms() {
-  double ms = communication_ms_;
-  communication_ms_ = 0;
-  return ms;
+  if (sync_enabled_) ++synchronisations_;
 }
 
 bool DistributedDataParallel::parameters_identical() { return parallel::parameters_identical(comm_, parameters_); }

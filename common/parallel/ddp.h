@@ -52,8 +52,8 @@ class DistributedDataParallel {
   // True when every rank of the group holds bit-identical parameters (parallel::parameters_identical).
   bool parameters_identical();
 
-  // Wall time spent in gradient all-reduces since the last call (milliseconds), and their count.
-  double take_communication_ms();
+  // How many times the gradients were synchronised (once per backward outside no_sync). How long the
+  // communication took is the reducer's to say, by its one clock: reducer().exposed_ms(), last_timeline().
   long synchronisations() const { return synchronisations_; }
 
  private:
@@ -66,7 +66,6 @@ class DistributedDataParallel {
   Reducer reducer_;
   bool pass_started_ = false;  // a gradient became ready in this pass: the end-of-backward callback is queued
   bool sync_enabled_ = true;
-  double communication_ms_ = 0;
   long synchronisations_ = 0;
 };
 

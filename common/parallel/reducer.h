@@ -23,6 +23,7 @@
 #include "common/comm/communicator.h"
 #include "common/core/dtype.h"
 #include "common/nn/module.h"
+#include "common/parallel/comm_hooks.h"
 
 namespace course::parallel {
 
@@ -38,11 +39,6 @@ struct ReducerOptions {
   // widened back (comm_hooks.h: average_hook). A registered hook replaces it.
   DType reduce_dtype = DType::float32;
 };
-
-// How a bucket is synchronised (PyTorch's register_comm_hook): start the communication of `bucket`
-// (a flat buffer) and return its work; when the work completes, the buffer must hold the group's
-// average. The default all-reduces with ReduceOp::average.
-using CommHook = std::function<comm::WorkHandle(comm::Communicator& group, Tensor& bucket)>;
 
 struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the parameter list, in bucket order
