@@ -5,7 +5,7 @@
 #include <cmath>
 #include <optional>
 
-#include "common/comm/agree.h"  // all_reduce_scalar
+#include "common/comm/agree.h"                     // all_reduce_scalar, all_gather_values
 #include "common/autograd/autograd.h"              // NoGradGuard, for clipping
 #include "common/comm/faults.h"                    // --fault skip-tp-all-reduce
 #include "common/parallel/comm_hooks.h"            // --reduce-dtype
@@ -243,42 +243,29 @@ void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& resu
 }
 
 void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
-  // Each stage's figures, from its first TP rank of the first replica, to every rank: [bubble, peak,
-  // then per action: op, micro-batch, chunk, begin, end].
-  const int p = topology.pp_size();
-  constexpr std::size_t kFields = 5;
-  const std::size_t per_stage = 2 + kFields * last_.size();
-  std::vector<float> mine(per_stage * static_cast<std::size_t>(p), 0.0f);
-  if (topology.tp_rank() == 0 && topology.dp_rank() == 0 && topology.cp_rank() == 0) {
-    float* at = mine.data() + per_stage * static_cast<std::size_t>(topology.pp_rank());
-    at[0] = pipeline_ms_ > 0 ? static_cast<float>(1.0 - busy_ms_ / pipeline_ms_) : 0.0f;
-    at[1] = static_cast<float>(peak_);
-    for (std::size_t k = 0; k < last_.size(); ++k) {
-      float* action = at + 2 + kFields * k;
-      action[0] = static_cast<float>(static_cast<int>(last_[k].action.op));  // forward, backward, weight
-      action[1] = static_cast<float>(last_[k].action.micro_batch);
-      action[2] = static_cast<float>(last_[k].action.chunk);
-      action[3] = static_cast<float>(last_[k].begin_ms);
-      action[4] = static_cast<float>(last_[k].end_ms);
-    }
-  }
-  Tensor all = Tensor::from_host(mine, {static_cast<std::int64_t>(mine.size())});
-  topology.world().all_reduce(all, comm::ReduceOp::sum);
-  const auto v = all.to_host();
+  // Each stage's figures, from its first TP rank of the first replica, gathered on every rank: [the rank
+  // speaks for its stage (1 or 0), the stage, bubble, peak, then per action: op, micro-batch, chunk,
+  // begin, end].
+  const bool speaks = topology.tp_rank() == 0 && topology.dp_rank() == 0 && topology.cp_rank() == 0;
+  std::vector<double> mine = {speaks ? 1.0 : 0.0, static_cast<double>(topology.pp_rank()),
+                              pipeline_ms_ > 0 ? 1.0 - busy_ms_ / pipeline_ms_ : 0.0, static_cast<double>(peak_)};
+  for (const auto& timed : last_)
+    mine.insert(mine.end(), {static_cast<double>(static_cast<int>(timed.action.op)),  // forward, backward, weight
+                             static_cast<double>(timed.action.micro_batch), static_cast<double>(timed.action.chunk),
+                             timed.begin_ms, timed.end_ms});
+  const auto all = comm::all_gather_values(topology.world(), mine);
   const double mean_ms = whole_ms_ / static_cast<double>(std::max<std::int64_t>(1, steps_ - 1));
   run.step_ms = comm::all_reduce_scalar(topology.world(), static_cast<float>(mean_ms), comm::ReduceOp::max);  // the slowest
-  run.timeline.assign(static_cast<std::size_t>(p), {});
-  for (int s = 0; s < p; ++s) {
-    const float* at = v.data() + per_stage * static_cast<std::size_t>(s);
-    run.bubble.push_back(at[0]);
-    run.peak_activations.push_back(at[1]);
-    for (std::size_t k = 0; k < last_.size(); ++k) {
-      const float* action = at + 2 + kFields * k;
-      run.timeline[static_cast<std::size_t>(s)].push_back(
-          {{static_cast<parallel::PipeOp>(static_cast<int>(action[0])), static_cast<int>(action[1]),
-            static_cast<int>(action[2])},
-           action[3], action[4]});
-    }
+  const auto p = static_cast<std::size_t>(topology.pp_size());
+  run.bubble.assign(p, 0.0), run.peak_activations.assign(p, 0.0), run.timeline.assign(p, {});
+  for (const auto& figures : all) {
+    if (figures[0] == 0.0) continue;
+    const auto s = static_cast<std::size_t>(figures[1]);
+    run.bubble[s] = figures[2], run.peak_activations[s] = figures[3];
+    for (std::size_t at = 4; at + 5 <= figures.size(); at += 5)
+      run.timeline[s].push_back({{static_cast<parallel::PipeOp>(static_cast<int>(figures[at])), static_cast<int>(figures[at + 1]),
+                                  static_cast<int>(figures[at + 2])},
+                                 figures[at + 3], figures[at + 4]});
   }
 }
 

@@ -2,6 +2,7 @@
 // Inputs are small integers in float, so every sum is exact and results are compared exactly.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -283,7 +284,7 @@ TEST(SimulatedNetwork, SameResultsAtLeastTheModelsTimeOneMessageAtATime) {
   EXPECT_NE(half->backend_name().find("simulated network"), std::string::npos);
 }
 
-// One number, one string and one failure, agreed by every rank.
+// One number, every rank's figures, one string and one failure, agreed by every rank.
 TEST(Agree, ScalarsStringsAndTheFirstError) {
   const int me = world().rank(), n = world().size();
   EXPECT_EQ(comm::all_reduce_scalar(world(), static_cast<float>(me), ReduceOp::max), static_cast<float>(n - 1));
@@ -299,6 +300,18 @@ TEST(Agree, ScalarsStringsAndTheFirstError) {
   EXPECT_TRUE(first.any());
   EXPECT_EQ(first.rank, 1);
   EXPECT_EQ(first.message, "rank 1 failed");
+  // Every rank's figures, exactly: a byte count past float32's 2^24, a time, a NaN's payload, a negative zero.
+  const std::vector<double> mine = {static_cast<double>(me), 123456789012.0 + me, 0.1 * me, std::nan("7"), -0.0};
+  const auto all = comm::all_gather_values(world(), mine);
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const std::vector<double> theirs = {static_cast<double>(r), 123456789012.0 + r, 0.1 * r, std::nan("7"), -0.0};
+    ASSERT_EQ(all[static_cast<std::size_t>(r)].size(), theirs.size());
+    for (std::size_t i = 0; i < theirs.size(); ++i)
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(all[static_cast<std::size_t>(r)][i]), std::bit_cast<std::uint64_t>(theirs[i]))
+          << "rank " << r << "'s value " << i;
+  }
+  EXPECT_EQ(comm::all_gather_values(world(), {}).size(), static_cast<std::size_t>(n));
 }
 
 // bfloat16 and float16 tensors travel as their type (half the bytes) and reduce in it: the small

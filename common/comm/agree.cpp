@@ -1,4 +1,4 @@
-// One number, one string and one failure, agreed over a group.
+// One number, every rank's figures, one string and one failure, agreed over a group.
 #include "common/comm/agree.h"
 
 #include <cstdint>
@@ -11,6 +11,21 @@ float all_reduce_scalar(Communicator& group, float value, ReduceOp op) {
   Tensor t = Tensor::from_host({value}, {1});
   group.all_reduce(t, op);
   return t.item();
+}
+
+std::vector<std::vector<double>> all_gather_values(Communicator& group, const std::vector<double>& values) {
+  const std::size_t slots = 2 * values.size();
+  std::vector<float> mine(slots);
+  if (!values.empty()) std::memcpy(mine.data(), values.data(), values.size() * sizeof(double));
+  std::vector<std::vector<double>> all(static_cast<std::size_t>(group.size()), std::vector<double>(values.size()));
+  if (values.empty()) return all;
+  const Tensor input = Tensor::from_host(mine, {static_cast<std::int64_t>(slots)});
+  Tensor output = Tensor::empty({static_cast<std::int64_t>(slots) * group.size()});
+  group.all_gather(input, output);
+  const auto gathered = output.to_host();
+  for (std::size_t r = 0; r < all.size(); ++r)
+    std::memcpy(all[r].data(), gathered.data() + r * slots, values.size() * sizeof(double));
+  return all;
 }
 
 void broadcast_string(Communicator& group, std::string& text, int root) {
