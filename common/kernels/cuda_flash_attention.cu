@@ -22,6 +22,25 @@ __device__ math::FlashDropout dropout_of(const AttentionShape& s, std::int64_t b
   return drop;
 }
 
+// A block's place: its (sequence, head), its first row and this thread's, where the head's q begins in the
+// packed projection [B, T, 3, H, hs] (k and v c and 2c further), and its dropout draws.
+struct BlockPlace {
+  std::int64_t t, c, ld, bh, b, h, first, row;
+  int hs;
+  const float* base;
+  math::FlashDropout drop;
+};
+
+__device__ BlockPlace place_of(const float* qkv, const AttentionShape& s) {
+  BlockPlace p;
+  p.t = s.tokens, p.c = s.heads * s.head_size, p.ld = 3 * p.c, p.bh = blockIdx.y, p.b = p.bh / s.heads;
+  p.h = p.bh % s.heads, p.first = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, p.row = p.first + threadIdx.x;
+  p.hs = static_cast<int>(s.head_size);
+  p.base = qkv + p.b * p.t * p.ld + p.h * p.hs;
+  p.drop = dropout_of(s, p.b, p.h);
+  return p;
+}
+
 // Rows [first, first + n) of a matrix whose rows lie `ld` apart, `hs` wide, into shared memory at
 // stride D (zeros past hs), by the whole block (consecutive threads read consecutive floats).
 template <int D>
@@ -41,11 +60,11 @@ template <int D>
 __global__ void __launch_bounds__(kFlashRows) flash_forward_kernel(const float* qkv, AttentionShape s, float scale,
                                                                    float* lse, float* y) {
   __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
-  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
-                     h = bh % s.heads, i0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
-  const int hs = static_cast<int>(s.head_size);
-  const float* base = qkv + b * t * ld + h * hs;
-  const math::FlashDropout drop = dropout_of(s, b, h);
+  const BlockPlace p = place_of(qkv, s);
+  const std::int64_t t = p.t, c = p.c, ld = p.ld, bh = p.bh, b = p.b, h = p.h, i0 = p.first, i = p.row;
+  const int hs = p.hs;
+  const float* base = p.base;
+  const math::FlashDropout& drop = p.drop;
   float q[D], o[D];
 COURSE_UNROLL
   for (int d = 0; d < D; ++d) q[d] = i < t && d < hs ? base[i * ld + d] : 0.0f, o[d] = 0.0f;
@@ -84,12 +103,12 @@ __global__ void __launch_bounds__(kFlashRows) flash_grad_kv_kernel(const float* 
                                                                    const float* lse, const float* delta,
                                                                    AttentionShape s, float scale, float* grad_qkv) {
   __shared__ float qs[kFlashTile * D], gs[kFlashTile * D], ls[kFlashTile], ds[kFlashTile];
-  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
-                     h = bh % s.heads, j0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, j = j0 + threadIdx.x;
-  const int hs = static_cast<int>(s.head_size);
-  const float* base = qkv + b * t * ld + h * hs;
-  const float* g = grad_y + b * t * c + h * hs;
-  const math::FlashDropout drop = dropout_of(s, b, h);
+  const BlockPlace p = place_of(qkv, s);
+  const std::int64_t t = p.t, c = p.c, ld = p.ld, bh = p.bh, b = p.b, j0 = p.first, j = p.row;
+  const int hs = p.hs;
+  const float* base = p.base;
+  const float* g = grad_y + b * t * c + p.h * hs;
+  const math::FlashDropout& drop = p.drop;
   float k[D], v[D], dk[D], dv[D];
 COURSE_UNROLL
   for (int d = 0; d < D; ++d) {
@@ -110,7 +129,7 @@ COURSE_UNROLL
     }
   }
   if (j >= t) return;
-  float* out = grad_qkv + b * t * ld + j * ld + h * hs;
+  float* out = grad_qkv + b * t * ld + j * ld + p.h * hs;
 COURSE_UNROLL
   for (int d = 0; d < D; ++d)
     if (d < hs) out[c + d] = dk[d], out[2 * c + d] = dv[d];
@@ -122,11 +141,11 @@ __global__ void __launch_bounds__(kFlashRows) flash_grad_q_kernel(const float* q
                                                                   const float* lse, const float* delta,
                                                                   AttentionShape s, float scale, float* grad_qkv) {
   __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
-  const std::int64_t t = s.tokens, c = s.heads * s.head_size, ld = 3 * c, bh = blockIdx.y, b = bh / s.heads,
-                     h = bh % s.heads, i0 = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
-  const int hs = static_cast<int>(s.head_size);
-  const float* base = qkv + b * t * ld + h * hs;
-  const math::FlashDropout drop = dropout_of(s, b, h);
+  const BlockPlace p = place_of(qkv, s);
+  const std::int64_t t = p.t, c = p.c, ld = p.ld, bh = p.bh, b = p.b, h = p.h, i0 = p.first, i = p.row;
+  const int hs = p.hs;
+  const float* base = p.base;
+  const math::FlashDropout& drop = p.drop;
   float q[D], dy[D], dq[D];
 COURSE_UNROLL
   for (int d = 0; d < D; ++d) {
