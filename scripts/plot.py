@@ -131,6 +131,68 @@ def summary(path):
     return "no summary record"
 
 
+def verdict(records):
+    """PASSED or FAILED from the run's last record that carries a verdict; None when none does."""
+    judged = [r for r in records if isinstance(r.get("passed"), bool)]
+    return None if not judged else ("PASSED" if judged[-1]["passed"] else "FAILED")
+
+
+def size(n):
+    """A byte count as people read it: B, KiB, MiB or GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def figures(records):
+    """The few figures that carry a run's lesson, each beside what it is measured against:
+    (what, measured, expected) rows, from the same records as summary()."""
+    rows = []
+    final = (events(records, "final") or [None])[-1]
+    if final and "true_weights" in final:
+        rows.append(("weights, bias", ", ".join(f"{x:.3f}" for x in final["weights"]) + f"; {final['bias']:.3f}",
+                     ", ".join(f"{x:g}" for x in final["true_weights"]) + f"; {final['true_bias']:g} (the data's)"))
+    acc = (events(records, "accumulation") or [None])[-1]
+    if acc:
+        rows.append(("accumulated gradient against one big batch", f"{acc['gradient_bound_ratio']:.2f} of the fp32 bound",
+                     "at most 1"))
+    bench = events(records, "bench")
+    if bench:
+        rows.append(("collectives with a wrong result", str(sum(r["wrong"] for r in bench)), "0"))
+    ddp = (events(records, "ddp_summary") or [None])[-1]
+    if ddp:
+        if ddp["verified"]:
+            rows.append(("averaged gradients against one rank's", f"{ddp['gradient_bound_ratio']:.2f} of the fp32 bound",
+                         "at most 1"))
+        rows.append(("parameters identical on every rank", "yes" if ddp["identical"] else "no", "yes"))
+    for mode in events(records, "mode"):
+        rows.append((f"{mode['mode']}: step", f"{mode['step_ms']:.2f} ms", ""))
+    overlap = (events(records, "overlap_summary") or [None])[-1]
+    if overlap:
+        rows.append(("communication left exposed by overlap", f"{overlap['exposed_fraction']:.2f}", "below 1"))
+    failover = (events(records, "failover_summary") or [None])[-1]
+    if failover:
+        rows.append(("resumed from step", str(failover["start_step"]) if failover["resumed_from"] else "none", ""))
+        if failover["verified"] and failover["same_world"]:
+            rows.append(("bit-identical to the uninterrupted run", "yes" if failover["passed"] else "no", "yes"))
+    for r in events(records, "zero_stage"):
+        measured = r["params_bytes"] + r["grads_bytes"] + r["adam_bytes"]
+        formula = r["formula_params"] + r["formula_grads"] + r["formula_adam"]
+        rows.append((f"stage {r['stage']}: model states per rank", size(measured), f"{size(formula)} (the ZeRO paper's formula)"))
+    for r in events(records, "pipeline_stage"):
+        rows.append((f"stage {r.get('stage', '?')}: bubble", f"{r['bubble']:.3f}", f"{r['theory']:.3f} (theory)"))
+    context = (events(records, "context_parallel") or [None])[-1]
+    if context:
+        rows.append(("bytes per step to the CP group", size(context["bytes_per_step"]),
+                     f"{size(context['formula_bytes_per_step'])} (formula)"))
+    verify = (events(records, "verify") or [None])[-1]
+    if verify and "gradient_ratio" in verify:
+        rows.append((f"{verify['steps']} steps in lock-step", f"{verify['gradient_ratio']:.2g} of the tolerance",
+                     "at most 1"))
+    return rows
+
+
 def loss_chart(path, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -329,19 +391,26 @@ def pipeline_charts(path, prefix):
     fig.savefig(f"{prefix}_activations.png", dpi=120)
 
 
-def timeline_chart(trace_path, out):
-    plt = plt_module()
-    with open(trace_path) as f:
-        doc = json.load(f)
+def trace_lanes(doc):
+    """A Chrome trace (chapter 05's buckets, chapter 08's stages) read once for the chart and the page:
+    its complete spans, its lanes (pid, tid) in order, each lane's name, and whether the spans are a
+    pipeline's actions (F3, B3; interleaved F3.1, micro-batch 3 through chunk 1; zero bubble's W3)."""
     spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     lanes = sorted({(e["pid"], e["tid"]) for e in spans})
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
              if e.get("ph") == "M" and e["name"] == "thread_name"}
+    pipeline = bool(spans) and all(re.fullmatch(r"[FBW]\d+(\.\d+)?", e["name"]) for e in spans)
+    return spans, lanes, names, pipeline
+
+
+def timeline_chart(trace_path, out):
+    plt = plt_module()
+    with open(trace_path) as f:
+        doc = json.load(f)
+    spans, lanes, names, pipeline = trace_lanes(doc)
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(lanes)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    # A pipeline's actions (F3, B3; interleaved F3.1, micro-batch 3 through chunk 1; zero bubble's W3) are
-    # coloured by pass; other spans take turns.
-    pipeline = all(re.fullmatch(r"[FBW]\d+(\.\d+)?", e["name"]) for e in spans)
+    # A pipeline's actions are coloured by pass; other spans take turns.
     for row, lane in enumerate(lanes):
         for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
             color = colors["FBW".index(e["name"][0])] if pipeline else colors[i % len(colors)]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Command 1: sets up, then runs every chapter with its default settings under mpirun, on the GPU
 # when one is usable and on the CPU otherwise. Prints one line per chapter and writes each
-# chapter's output, metrics and charts under runs/.
+# chapter's output, metrics and charts under runs/, then the page that shows them all,
+# runs/index.html (scripts/report.py).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 "$COURSE_ROOT/scripts/setup.sh" || exit 1
@@ -16,13 +17,19 @@ summary_line() {
     "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$3/metrics.jsonl" 2>/dev/null || echo "no metrics")" "${3#$COURSE_ROOT/}"
 }
 
+# record_run DIR STATUS SECONDS RANKS: the verdict, time and rank count report.py puts beside the metrics.
+record_run() {
+  printf '{"status": "%s", "seconds": %s, "ranks": %s, "date": "%s"}\n' "$2" "$3" "$4" "$(date '+%F %T')" >"$1/run.json"
+}
+
 # run_chapter NAME RANKS [ARGS...]: runs one chapter, then prints its summary line.
 run_chapter() {
   local name=$1 ranks=$2; shift 2
-  local dir="$RUNS/$name" bin="$COURSE_BUILD/$name/$name" status=PASSED
+  local dir="$RUNS/$name" bin="$COURSE_BUILD/$name/$name" status=PASSED start=$SECONDS
   [ -x "$bin" ] || return 0
   mkdir -p "$dir"
   course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1 || { status=FAILED; failed=1; }
+  record_run "$dir" "$status" $((SECONDS - start)) "$ranks"
   "$PY" "$COURSE_ROOT/scripts/plot.py" loss "$dir/metrics.jsonl" "$dir/loss.png" >/dev/null 2>&1 || true
   summary_line "$name" "$status" "$dir"
 }
@@ -30,10 +37,11 @@ run_chapter() {
 # run_variant LABEL NAME SUBDIR RANKS [ARGS...]: one more run of a chapter, into SUBDIR of its folder.
 run_variant() {
   local label=$1 name=$2 sub=$3 ranks=$4; shift 4
-  local dir="$RUNS/$name/$sub" bin="$COURSE_BUILD/$name/$name" status=PASSED
+  local dir="$RUNS/$name/$sub" bin="$COURSE_BUILD/$name/$name" status=PASSED start=$SECONDS
   [ -x "$bin" ] || return 0
   rm -rf "$dir"; mkdir -p "$dir"
   course_mpirun "$ranks" "$bin" --metrics "$dir/metrics.jsonl" "$@" >"$dir/output.txt" 2>&1 || { status=FAILED; failed=1; }
+  record_run "$dir" "$status" $((SECONDS - start)) "$ranks"
   summary_line "$label" "$status" "$dir"
 }
 
@@ -59,6 +67,7 @@ if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
   # resumes from its step-40 checkpoint and must finish bit-identical to the uninterrupted run.
   dir="$RUNS/06_checkpoint_failover"
   rm -rf "$dir"; mkdir -p "$dir"
+  start=$SECONDS
   if "$PY" "$COURSE_ROOT/scripts/failover.py" --np 2 --max-restarts 2 -- \
       "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" --ckpt-dir "$dir/checkpoints" \
       --fail-at-step 50 --fail-rank 1 --verify --metrics "$dir/metrics.jsonl" >"$dir/output.txt" 2>&1; then
@@ -66,6 +75,7 @@ if [ -x "$COURSE_BUILD/06_checkpoint_failover/06_checkpoint_failover" ]; then
   else
     status=FAILED; failed=1
   fi
+  record_run "$dir" "$status" $((SECONDS - start)) 2
   printf '%-24s %-7s %s   (%s)\n' 06_checkpoint_failover "$status" \
     "$(grep -c '^failover: attempt [0-9]* failed' "$dir/output.txt") failure(s), $("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/metrics.jsonl" 2>/dev/null || echo "no metrics")" \
     "${dir#$COURSE_ROOT/}"
@@ -88,14 +98,14 @@ run_chapter 07_zero 4 --compare
 # ZeRO-Offload (--offload optimizer): every stage verified in lock-step, its model states on the device
 # and on the host side by side.
 run_variant "07 --offload" 07_zero offload 2 --compare --offload optimizer --precision bf16
-run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify
+run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify --trace "$RUNS/08_tensor_pipeline/trace.json"
 # Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
 run_variant "08 interleaved" 08_tensor_pipeline interleaved 2 --pp 2 --n-layer 4 --micro-batches 4 \
-  --schedule interleaved --virtual-stages 2 --verify
+  --schedule interleaved --virtual-stages 2 --verify --trace "$RUNS/08_tensor_pipeline/interleaved/trace.json"
 # Zero bubble: backward split into the activations' half and the weights', the latter filling the idle
 # time; verified in lock-step, its bubble beside the theory.
 run_variant "08 zero-bubble" 08_tensor_pipeline zero_bubble 2 --pp 2 --n-layer 4 --micro-batches 4 \
-  --schedule zero-bubble --verify
+  --schedule zero-bubble --verify --trace "$RUNS/08_tensor_pipeline/zero_bubble/trace.json"
 # Context parallelism: every sequence split across two ranks, attention by the ring, verified in
 # lock-step, its bytes beside the formula.
 run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify
@@ -105,5 +115,11 @@ if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   else
     printf '%-24s %-7s %s\n' "04_ddp speedup chart" "FAILED" "see ${RUNS#$COURSE_ROOT/}/04_ddp/sweep.txt"; failed=1
   fi
+fi
+# The page: every chapter's verdict, figures, charts and timelines (open it in a browser, from the disk).
+if "$PY" "$COURSE_ROOT/scripts/report.py" "$RUNS" >/dev/null; then
+  printf '%-24s %-7s %s\n' "the course's page" "written" "${RUNS#$COURSE_ROOT/}/index.html"
+else
+  printf '%-24s %-7s %s\n' "the course's page" "FAILED" "scripts/report.py ${RUNS#$COURSE_ROOT/}"; failed=1
 fi
 exit $failed

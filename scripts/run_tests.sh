@@ -6,7 +6,6 @@
 # ./scripts/run_tests.sh -L 04_ddp, which grades one chapter, long tests included).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-"$COURSE_ROOT/scripts/setup.sh"
 selection=(-LE "long|flags")
 case "${1:-}" in
   --long) selection=(-L "long|flags"); shift ;;
@@ -14,4 +13,10 @@ case "${1:-}" in
   "") ;;
   *) selection=() ;;  # the caller chooses
 esac
+# The long tests include the page's browser test: their setup installs Chromium too.
+if [ ${#selection[@]} -eq 2 ] && [ "${selection[0]}" = "-LE" ]; then
+  "$COURSE_ROOT/scripts/setup.sh"
+else
+  "$COURSE_ROOT/scripts/setup.sh" --test-packages
+fi
 ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$COURSE_TEST_JOBS" ${selection[@]+"${selection[@]}"} "$@"

@@ -3,11 +3,13 @@
 # ask for), then configures and builds in Release: CUDA when nvcc is found, CPU only otherwise.
 #   scripts/setup.sh                  packages, then the Release build
 #   scripts/setup.sh --packages-only  packages alone
+#   scripts/setup.sh --test-packages  also what only the tests use (Chromium, for the page's browser test)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp libdnnl-dev ocl-icd-opencl-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libbenchmark-dev python3 python3-matplotlib)
+[ "${1:-}" = "--test-packages" ] && packages+=(chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
