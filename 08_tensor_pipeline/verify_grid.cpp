@@ -12,6 +12,11 @@ namespace course::chapter08 {
 
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
     : o_(o), task_(task), run_(run), topology_(topology), stream_(task.task.size, o.common.seed) {
+  // The tensor-parallel group's sums are inside each micro-batch's computation, so a reference that
+  // repeats a 16-bit micro-batch in one process (verify/model_parallel_reference.h) must add its float32
+  // ones in the same order too: a mode of the check, made before the first step on every rank alike; an
+  // unchecked run adds as its backend likes.
+  if (topology.tp_size() > 1) topology.tp_group().add_in_ring_order();
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
   trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps,
                                               o.precision.dtype());

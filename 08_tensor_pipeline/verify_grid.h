@@ -54,9 +54,9 @@ class GridCheck {
 };
 
 // The most TP ranks whose sums a reference in one process can repeat on NCCL: two values add alike in
-// either order, and beyond, NCCL's ring adds in an order of its own choosing. The MPI backend adds a
-// tensor-parallel group's sums, float32 and 16-bit, in the ring's fixed order
-// (Communicator::add_in_ring_order), which the in-process groups repeat at any size. Adding the float32
+// either order, and beyond, NCCL's ring adds in an order of its own choosing. Under --verify the MPI
+// backend adds a tensor-parallel group's sums, float32 and 16-bit, in the ring's fixed order
+// (Communicator::add_in_ring_order, which GridCheck turns on), which the in-process groups repeat at any size. Adding the float32
 // ones in MPI's order instead, a correct 1000-step TP 4 run with sequence parallelism in bf16 failed at
 // step 176: one float32 rounding of the vocabulary-parallel loss flips 16-bit roundings downstream.
 constexpr int kMostNcclTensorParallelRanksIn16Bits = 2;

@@ -40,10 +40,6 @@ Topology::Topology(std::unique_ptr<comm::Communicator> world, GridShape shape)
   pp_ = make(PP, (at.dp * CP + at.cp) * TP + at.tp, at.pp, owned_pp_);
   dp_ = make(shape_.dp, (at.pp * CP + at.cp) * TP + at.tp, at.dp, owned_dp_);
   dp_cp_ = CP == 1 ? dp_ : make(shape_.dp * CP, at.pp * TP + at.tp, at.dp * CP + at.cp, owned_dp_cp_);
-  // The tensor-parallel group's sums are inside each micro-batch's computation, so a reference that
-  // repeats a 16-bit micro-batch in one process (verify/model_parallel_reference.h) must add its float32
-  // ones in the same order too.
-  if (TP > 1) tp_->add_in_ring_order();
 }
 
 int Topology::world_rank(const Coordinates& at) const {
