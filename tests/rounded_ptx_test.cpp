@@ -96,7 +96,7 @@ const std::vector<std::string> kSharedFormulaKernels = {
     "column_totals_kernel", "sgd_kernel", "adam_kernel",
     "dropout_kernel",  "arange_kernel",    "squares_kernel",  "squares_total_kernel", "clip_coefficient_kernel",
     "inverse_count_kernel", "flash_forward_kernel", "flash_delta_kernel", "flash_grad_kv_kernel",
-    "flash_grad_q_kernel"};
+    "flash_grad_q_kernel", "embedding_runs_kernel"};
 
 TEST(RoundedPtx, SharedFormulaKernelsHoldNoContractibleOperation) {
   const auto bodies = kernel_bodies();

@@ -11,6 +11,7 @@
 #include "common/core/cuda_runtime.h"
 #include "common/core/index_check.h"
 #include "common/kernels/cublas_library.h"
+#include "common/kernels/cuda_embedding_backward.h"
 #include "common/kernels/cuda_flash_attention.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
@@ -276,14 +277,6 @@ __global__ void embedding_kernel(const float* ids, const float* weight, std::siz
 
 // One thread per column d walks the positions in order, so each sum is added in increasing i, as on
 // the CPU, with no atomics: deterministic.
-__global__ void embedding_backward_kernel(const float* ids, const float* g, std::size_t n, std::size_t dim,
-                                          std::size_t vocab, float* dw) {
-  const std::size_t d = blockIdx.x * blockDim.x + threadIdx.x;
-  if (d >= dim) return;
-  for (std::size_t i = 0; i < n; ++i)
-    if (math::valid_index(ids[i], vocab, NAN)) dw[static_cast<std::size_t>(ids[i]) * dim + d] += g[i * dim + d];
-}
-
 __global__ void sgd_kernel(float* p, const float* g, float* buf, std::size_t n, SgdParams s) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
   {
@@ -820,10 +813,7 @@ class CudaKernels final : public Kernels {
   }
   void embedding_backward(const float* ids, const float* g, std::size_t n, std::size_t dim, std::size_t vocab,
                           float* dw) override {
-    fill(dw, vocab * dim, 0.0f);
-    if (!n || !dim) return;
-    embedding_backward_kernel<<<blocks_for(dim), kThreads>>>(ids, g, n, dim, vocab, dw);
-    check_launch();
+    cuda_embedding::backward(ids, g, n, dim, vocab, dw);
   }
   void cross_entropy(const float* logits, const float* targets, std::size_t rows, std::size_t cols,
                      float* losses) override {
