@@ -117,7 +117,7 @@ COURSE_CPU_CLONES void backward_head(const float* qkv, const float* y, const flo
   }
 }
 
-// The head size's D (flash_width), one task per (sequence, head).
+// One task per (sequence, head).
 template <class Body>
 void for_each_head(const AttentionShape& s, std::size_t cost, Body body) {
   parallel_for(static_cast<std::size_t>(s.batch * s.heads), cost, [&](std::size_t first, std::size_t end) {
@@ -130,12 +130,7 @@ void for_each_head(const AttentionShape& s, std::size_t cost, Body body) {
 void flash_attention(const float* qkv, const AttentionShape& s, float* lse, float* y) {
   const auto cost = static_cast<std::size_t>(2 * s.tokens * s.tokens * s.head_size);
   for_each_head(s, cost, [&](std::int64_t bh) {
-    switch (math::flash_width(s.head_size)) {
-      case 16: return forward_head<16>(qkv, s, bh, lse, y);
-      case 32: return forward_head<32>(qkv, s, bh, lse, y);
-      case 64: return forward_head<64>(qkv, s, bh, lse, y);
-      default: return forward_head<128>(qkv, s, bh, lse, y);
-    }
+    math::with_flash_width(s.head_size, [&](auto d) { forward_head<decltype(d)::value>(qkv, s, bh, lse, y); });
   });
 }
 
@@ -143,12 +138,7 @@ void flash_attention_backward(const float* qkv, const float* y, const float* lse
                               const AttentionShape& s, float* grad_qkv) {
   const auto cost = static_cast<std::size_t>(7 * s.tokens * s.tokens * s.head_size);
   for_each_head(s, cost, [&](std::int64_t bh) {
-    switch (math::flash_width(s.head_size)) {
-      case 16: return backward_head<16>(qkv, y, lse, grad_y, s, bh, grad_qkv);
-      case 32: return backward_head<32>(qkv, y, lse, grad_y, s, bh, grad_qkv);
-      case 64: return backward_head<64>(qkv, y, lse, grad_y, s, bh, grad_qkv);
-      default: return backward_head<128>(qkv, y, lse, grad_y, s, bh, grad_qkv);
-    }
+    math::with_flash_width(s.head_size, [&](auto d) { backward_head<decltype(d)::value>(qkv, y, lse, grad_y, s, bh, grad_qkv); });
   });
 }
 

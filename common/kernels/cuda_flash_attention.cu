@@ -56,31 +56,39 @@ __device__ int visible_in_tile(const AttentionShape& s, std::int64_t i, std::int
   return static_cast<int>(s.causal ? min(n, i - j0 + 1) : n);
 }
 
+// Forward's and dQ's walk: the keys a block of queries needs (none after its last query when causal),
+// staged kFlashTile at a time into ks and vs by the whole block; body(j0, visible) for this thread's row,
+// where it is one (visible: the keys of the tile from j0 that it sees).
+template <int D, class Body>
+__device__ void for_each_key_tile(const AttentionShape& s, const BlockPlace& p, float* ks, float* vs, Body body) {
+  const std::int64_t last = s.causal ? min(p.t, p.first + kFlashRows) : p.t;
+  for (std::int64_t j0 = 0; j0 < last; j0 += kFlashTile) {
+    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), last - j0));
+    __syncthreads();  // the last tile read by every thread
+    stage<D>(p.base + p.c, p.ld, j0, n, p.hs, ks);
+    stage<D>(p.base + 2 * p.c, p.ld, j0, n, p.hs, vs);
+    __syncthreads();
+    if (p.row < p.t) body(j0, visible_in_tile(s, p.row, j0));
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kFlashRows) flash_forward_kernel(const float* qkv, AttentionShape s, float scale,
                                                                    float* lse, float* y) {
   __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
   const BlockPlace p = place_of(qkv, s);
-  const std::int64_t t = p.t, c = p.c, ld = p.ld, bh = p.bh, b = p.b, h = p.h, i0 = p.first, i = p.row;
+  const std::int64_t t = p.t, i = p.row;
   const int hs = p.hs;
-  const float* base = p.base;
-  const math::FlashDropout& drop = p.drop;
   float q[D], o[D];
 COURSE_UNROLL
-  for (int d = 0; d < D; ++d) q[d] = i < t && d < hs ? base[i * ld + d] : 0.0f, o[d] = 0.0f;
+  for (int d = 0; d < D; ++d) q[d] = i < t && d < hs ? p.base[i * p.ld + d] : 0.0f, o[d] = 0.0f;
   math::FlashRowState st;
-  const std::int64_t last = s.causal ? min(t, i0 + kFlashRows) : t;
-  for (std::int64_t j0 = 0; j0 < last; j0 += kFlashTile) {
-    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), last - j0));
-    __syncthreads();  // the last tile read by every thread
-    stage<D>(base + c, ld, j0, n, hs, ks);
-    stage<D>(base + 2 * c, ld, j0, n, hs, vs);
-    __syncthreads();
-    if (i < t) math::flash_forward_tile<D>(q, hs, scale, ks, vs, D, visible_in_tile(s, i, j0), i, j0, drop, o, st);
-  }
+  for_each_key_tile<D>(s, p, ks, vs, [&](std::int64_t j0, int visible) {
+    math::flash_forward_tile<D>(q, hs, scale, ks, vs, D, visible, i, j0, p.drop, o, st);
+  });
   if (i >= t) return;
-  lse[bh * t + i] = math::flash_finish_row<D>(st, hs, o);
-  float* out = y + (b * t + i) * c + h * hs;
+  lse[p.bh * t + i] = math::flash_finish_row<D>(st, hs, o);
+  float* out = y + (p.b * t + i) * p.c + p.h * hs;
 COURSE_UNROLL
   for (int d = 0; d < D; ++d)
     if (d < hs) out[d] = o[d];
@@ -142,31 +150,21 @@ __global__ void __launch_bounds__(kFlashRows) flash_grad_q_kernel(const float* q
                                                                   AttentionShape s, float scale, float* grad_qkv) {
   __shared__ float ks[kFlashTile * D], vs[kFlashTile * D];
   const BlockPlace p = place_of(qkv, s);
-  const std::int64_t t = p.t, c = p.c, ld = p.ld, bh = p.bh, b = p.b, h = p.h, i0 = p.first, i = p.row;
+  const std::int64_t t = p.t, i = p.row;
   const int hs = p.hs;
-  const float* base = p.base;
-  const math::FlashDropout& drop = p.drop;
   float q[D], dy[D], dq[D];
 COURSE_UNROLL
   for (int d = 0; d < D; ++d) {
-    q[d] = i < t && d < hs ? base[i * ld + d] : 0.0f;
-    dy[d] = i < t && d < hs ? grad_y[(b * t + i) * c + h * hs + d] : 0.0f;
+    q[d] = i < t && d < hs ? p.base[i * p.ld + d] : 0.0f;
+    dy[d] = i < t && d < hs ? grad_y[(p.b * t + i) * p.c + p.h * hs + d] : 0.0f;
     dq[d] = 0.0f;
   }
-  const float row_lse = i < t ? lse[bh * t + i] : 0.0f, row_delta = i < t ? delta[bh * t + i] : 0.0f;
-  const std::int64_t last = s.causal ? min(t, i0 + kFlashRows) : t;
-  for (std::int64_t j0 = 0; j0 < last; j0 += kFlashTile) {
-    const int n = static_cast<int>(min(static_cast<std::int64_t>(kFlashTile), last - j0));
-    __syncthreads();
-    stage<D>(base + c, ld, j0, n, hs, ks);
-    stage<D>(base + 2 * c, ld, j0, n, hs, vs);
-    __syncthreads();
-    if (i < t)
-      math::flash_grad_q_tile<D>(q, dy, row_lse, row_delta, hs, scale, ks, vs, D, visible_in_tile(s, i, j0), i, j0,
-                                 drop, dq);
-  }
+  const float row_lse = i < t ? lse[p.bh * t + i] : 0.0f, row_delta = i < t ? delta[p.bh * t + i] : 0.0f;
+  for_each_key_tile<D>(s, p, ks, vs, [&](std::int64_t j0, int visible) {
+    math::flash_grad_q_tile<D>(q, dy, row_lse, row_delta, hs, scale, ks, vs, D, visible, i, j0, p.drop, dq);
+  });
   if (i >= t) return;
-  float* out = grad_qkv + b * t * ld + i * ld + h * hs;
+  float* out = grad_qkv + p.b * t * p.ld + i * p.ld + p.h * hs;
 COURSE_UNROLL
   for (int d = 0; d < D; ++d)
     if (d < hs) out[d] = dq[d];
@@ -208,24 +206,14 @@ void backward_for(const float* qkv, const float* y, const float* lse, const floa
 void forward(const float* qkv, const AttentionShape& s, float* lse, float* y) {
   if (s.batch * s.heads * s.tokens * s.head_size == 0) return;
   check_shape(s);
-  switch (math::flash_width(s.head_size)) {
-    case 16: return forward_for<16>(qkv, s, lse, y);
-    case 32: return forward_for<32>(qkv, s, lse, y);
-    case 64: return forward_for<64>(qkv, s, lse, y);
-    default: return forward_for<128>(qkv, s, lse, y);
-  }
+  math::with_flash_width(s.head_size, [&](auto d) { forward_for<decltype(d)::value>(qkv, s, lse, y); });
 }
 
 void backward(const float* qkv, const float* y, const float* lse, const float* grad_y, const AttentionShape& s,
               float* delta, float* grad_qkv) {
   if (s.batch * s.heads * s.tokens * s.head_size == 0) return;
   check_shape(s);
-  switch (math::flash_width(s.head_size)) {
-    case 16: return backward_for<16>(qkv, y, lse, grad_y, s, delta, grad_qkv);
-    case 32: return backward_for<32>(qkv, y, lse, grad_y, s, delta, grad_qkv);
-    case 64: return backward_for<64>(qkv, y, lse, grad_y, s, delta, grad_qkv);
-    default: return backward_for<128>(qkv, y, lse, grad_y, s, delta, grad_qkv);
-  }
+  math::with_flash_width(s.head_size, [&](auto d) { backward_for<decltype(d)::value>(qkv, y, lse, grad_y, s, delta, grad_qkv); });
 }
 
 }  // namespace course::cuda_flash

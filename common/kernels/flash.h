@@ -16,6 +16,7 @@
 // the CPU model walks the same tiles as the GPU's blocks.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "common/kernels/math.h"
 #include "common/kernels/rounded.h"
@@ -40,6 +41,17 @@ constexpr int kFlashTile = 32;  // the other side's rows staged at a time (keys 
 constexpr std::int64_t kFlashMaxHeadSize = 128;
 COURSE_HOST_DEVICE constexpr int flash_width(std::int64_t head_size) {
   return head_size <= 16 ? 16 : head_size <= 32 ? 32 : head_size <= 64 ? 64 : 128;
+}
+
+// f(std::integral_constant<int, D>{}) for the head size's D: how both devices pick their compiled width.
+template <class F>
+decltype(auto) with_flash_width(std::int64_t head_size, F f) {
+  switch (flash_width(head_size)) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    default: return f(std::integral_constant<int, 128>{});
+  }
 }
 
 // The scores' scale, 1/sqrt(head size), correctly rounded on both devices.
