@@ -360,7 +360,8 @@ TEST(KernelParity, AttentionProbabilitiesAreTheSameBitsWhereTheScoresAreExact) {
 // FlashAttention-2's kernels against their CPU model (kernels/flash.h, the same tiles and the same
 // explicitly rounded operations): y, each row's log-sum-exp and the whole gradient, bit for bit. Shapes
 // that are not multiples of the tiles, T from 1 to 2048, heads 1 to 16, head sizes 16 to 128 and ones
-// that do not fill their D, causal and not, with dropout (a sequence slice's index included).
+// that do not fill their D, causal and not, with dropout (a sequence slice's index included), and more
+// sequence-heads than one grid dimension's 65535.
 TEST(KernelParity, FlashAttentionIsTheSameBitsOnEveryDevice) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -373,7 +374,9 @@ TEST(KernelParity, FlashAttentionIsTheSameBitsOnEveryDevice) {
                                          {1, 33, 16, 24, true, 0, 0},   {2, 64, 2, 64, false, 0, 0},
                                          {3, 65, 2, 32, true, 0.2f, 5}, {1, 130, 2, 128, true, 0, 0},
                                          {1, 300, 4, 40, false, 0.1f, 0}, {1, 2048, 1, 64, true, 0, 0},
-                                         {2, 1000, 12, 64, true, 0, 0}}) {
+                                         {2, 1000, 12, 64, true, 0, 0},
+                                         // More sequence-heads than a grid's y may hold (65535).
+                                         {4100, 3, 16, 16, true, 0, 0}}) {
     AttentionShape s;
     s.batch = c.batch, s.tokens = c.tokens, s.heads = c.heads, s.head_size = c.head_size, s.causal = c.causal;
     s.dropout = c.dropout, s.seed = 11, s.first_sequence = c.first_sequence;

@@ -33,8 +33,8 @@ struct BlockPlace {
 
 __device__ BlockPlace place_of(const float* qkv, const AttentionShape& s) {
   BlockPlace p;
-  p.t = s.tokens, p.c = s.heads * s.head_size, p.ld = 3 * p.c, p.bh = blockIdx.y, p.b = p.bh / s.heads;
-  p.h = p.bh % s.heads, p.first = static_cast<std::int64_t>(blockIdx.x) * kFlashRows, p.row = p.first + threadIdx.x;
+  p.t = s.tokens, p.c = s.heads * s.head_size, p.ld = 3 * p.c, p.bh = blockIdx.x, p.b = p.bh / s.heads;
+  p.h = p.bh % s.heads, p.first = static_cast<std::int64_t>(blockIdx.y) * kFlashRows, p.row = p.first + threadIdx.x;
   p.hs = static_cast<int>(s.head_size);
   p.base = qkv + p.b * p.t * p.ld + p.h * p.hs;
   p.drop = dropout_of(s, p.b, p.h);
@@ -170,15 +170,19 @@ COURSE_UNROLL
     if (d < hs) out[d] = dq[d];
 }
 
+std::int64_t row_tiles(const AttentionShape& s) { return (s.tokens + kFlashRows - 1) / kFlashRows; }
+
+// The sequence-heads along x (up to 2^31 - 1 blocks), the tiles of rows along y (up to 65535).
 dim3 grid_of(const AttentionShape& s) {
-  return dim3(static_cast<unsigned>((s.tokens + kFlashRows - 1) / kFlashRows), static_cast<unsigned>(s.batch * s.heads));
+  return dim3(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>(row_tiles(s)));
 }
 
 void check_shape(const AttentionShape& s) {
-  if (s.head_size > math::kFlashMaxHeadSize || s.batch * s.heads > 65535)
+  if (s.head_size > math::kFlashMaxHeadSize || row_tiles(s) > 65535 || s.batch * s.heads > 2147483647)
     throw std::invalid_argument("flash attention: head size " + std::to_string(s.head_size) + " (at most " +
-                                std::to_string(math::kFlashMaxHeadSize) + ") or " + std::to_string(s.batch * s.heads) +
-                                " sequence-heads (at most 65535)");
+                                std::to_string(math::kFlashMaxHeadSize) + "), " + std::to_string(s.tokens) +
+                                " tokens (at most " + std::to_string(65535 * kFlashRows) + ") or " +
+                                std::to_string(s.batch * s.heads) + " sequence-heads (at most 2^31 - 1)");
 }
 
 template <int D>

@@ -22,8 +22,10 @@
 #include "common/kernels/rounded.h"
 #include "common/kernels/rows.h"
 
-// nvcc unrolls the loops over a row's D values, so that the row stays in registers; the host compiler
-// does as it likes (the order of the operations is the same either way).
+// nvcc unrolls the loops over a row's D values, so that the row stays in registers, and not the loops
+// over a tile's keys or queries: unrolled too, the forward kernel alone took nvcc minutes to compile
+// for every width, and a tile's 32 scores sit in (cached) local memory as well as in registers. The host
+// compiler does as it likes; the order of the operations is the same either way.
 #ifdef __CUDA_ARCH__
 #define COURSE_UNROLL _Pragma("unroll")
 #define COURSE_UNROLL_NOT _Pragma("unroll 1")
@@ -96,7 +98,7 @@ COURSE_HOST_DEVICE inline void flash_forward_tile(const float* q, int hs, float 
   if (visible <= 0) return;
   float s[kFlashTile];
   float top = st.m;
-COURSE_UNROLL
+COURSE_UNROLL_NOT
   for (int j = 0; j < kFlashTile; ++j)
     if (j < visible) {
       s[j] = mul(flash_dot<D>(q, k + j * ld, hs), scale);
@@ -107,7 +109,7 @@ COURSE_UNROLL
   float l = mul(st.l, correction);
 COURSE_UNROLL
   for (int d = 0; d < D; ++d) o[d] = mul(o[d], correction);
-COURSE_UNROLL
+COURSE_UNROLL_NOT
   for (int j = 0; j < kFlashTile; ++j)
     if (j < visible) {
       const float p = exp_f32(sub(s[j], top));
