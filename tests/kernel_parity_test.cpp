@@ -139,6 +139,35 @@ TEST(KernelParity, LargeShapesAndOptimizers) {
   }
 }
 
+// AdamW over a list in one launch (multi-tensor apply): 300 tensors of sizes around the chunk's, two
+// launches' worth, against the CPU's walk of the same chunks, bit for bit.
+TEST(KernelParity, AdamOverAListIsTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  std::map<Device, std::vector<Tensor>> state;  // p, g, m, v per tensor
+  std::map<Device, std::vector<AdamTensor>> lists;
+  for (int t = 0; t < 300; ++t) {
+    const std::int64_t n = (t % 5) * 4096 + t % 3 - (t % 5 == 0 ? 0 : 1) + 1;
+    std::vector<float> moments = Tensor::randn({2 * n}, 2000 + t).to_host();
+    for (std::int64_t i = 0; i < n; ++i) moments[i] *= 0.1f, moments[n + i] *= 0.01f * moments[n + i];  // v >= 0
+    const Tensor p = Tensor::randn({n}, 100 + t), g = Tensor::randn({n}, 1000 + t);
+    const Tensor m = Tensor::from_host(std::vector<float>(moments.begin(), moments.begin() + n), {n});
+    const Tensor v = Tensor::from_host(std::vector<float>(moments.begin() + n, moments.end()), {n});
+    for (const Device device : {Device::cpu, Device::cuda}) {
+      auto& s = state[device];
+      for (const Tensor& x : {p, g, m, v}) s.push_back(x.to(device).clone());
+      const std::size_t at = s.size() - 4;
+      lists[device].push_back({s[at].data(), s[at + 1].data(), s[at + 2].data(), s[at + 3].data(),
+                               static_cast<std::size_t>(n), 0.05f * static_cast<float>(t % 3)});
+    }
+  }
+  const AdamParams a{3e-4f, 0.9f, 0.95f, 1e-8f, true, 0.19f, 0.0975f};
+  for (const Device device : {Device::cpu, Device::cuda}) kernels(device).adam_step(lists[device], a);
+  for (std::size_t i = 0; i < state[Device::cpu].size(); ++i)
+    if (i % 4 != 1)
+      expect_same_bits(state[Device::cuda][i].to_host(), state[Device::cpu][i].to_host(),
+                       std::string("adamw over a list, tensor ") + std::to_string(i / 4) + (i % 4 == 0 ? " p" : i % 4 == 2 ? " m" : " v"));
+}
+
 // Element-wise work on a million values of every magnitude (the normal's tails, exponents from 2^-30 to
 // 2^30): AdamW and SGD, GELU both ways and their gradients, the 16-bit casts, the grad scaler's unscale
 // and its inf check, dropout, layer norm over long rows. The same bits on both devices.

@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "common/kernels/kernels.h"
+#include "common/kernels/math.h"
+#include "common/kernels/multi_tensor.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
 #include "common/optim/grad_scaler.h"
@@ -50,6 +53,75 @@ TEST(Optim, AdamAndAdamW) {
     }
     EXPECT_NEAR(p.item(), w, 1e-6) << (decoupled ? "AdamW" : "Adam");
   }
+}
+
+// Tensors of the awkward sizes: empty ones (first, last and between), one element, a chunk less one, a
+// chunk, a chunk and one; 600 of them, so the list takes three launches.
+std::vector<std::size_t> awkward_sizes() {
+  const std::size_t c = math::kMultiTensorChunk;
+  const std::size_t pattern[] = {0, 1, c - 1, c, c + 1, 3, 0, 0, 2 * c + 17, 100};
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 600; ++i) sizes.push_back(pattern[(i * 7) % 10] + (i % 3 == 0 ? i % 5 : 0));
+  sizes.push_back(0);
+  return sizes;
+}
+
+// The GPU's multi-tensor chunking (kernels/multi_tensor.h): every element of every tensor is in exactly one
+// chunk of one launch, and no chunk is longer than kMultiTensorChunk.
+TEST(MultiTensor, EveryElementIsInExactlyOneChunk) {
+  struct Sized {
+    std::size_t n;
+  };
+  std::vector<Sized> list;
+  for (std::size_t n : awkward_sizes()) list.push_back({n});
+  std::vector<std::vector<int>> seen(list.size());
+  for (std::size_t t = 0; t < list.size(); ++t) seen[t].assign(list[t].n, 0);
+  int launches = 0;
+  math::for_each_multi_tensor_launch(list, [&](const Sized* tensors, int count, const math::MultiTensorChunks& c) {
+    ++launches;
+    ASSERT_LE(count, math::kMultiTensorLaunch);
+    const std::size_t from = static_cast<std::size_t>(tensors - list.data());
+    for (std::size_t chunk = 0; chunk < c.first[count]; ++chunk) {
+      const math::ChunkRange r = math::multi_tensor_range(c, tensors, chunk);
+      ASSERT_GE(r.tensor, 0);
+      ASSERT_LT(r.tensor, count);
+      ASSERT_LT(r.begin, r.end) << "chunk " << chunk << " of launch " << launches << " is empty";
+      ASSERT_LE(r.end - r.begin, math::kMultiTensorChunk);
+      for (std::size_t i = r.begin; i < r.end; ++i) ++seen[from + r.tensor].at(i);
+    }
+  });
+  EXPECT_EQ(launches, 3);
+  for (std::size_t t = 0; t < list.size(); ++t)
+    for (std::size_t i = 0; i < list[t].n; ++i)
+      ASSERT_EQ(seen[t][i], 1) << "element " << i << " of tensor " << t << " (" << list[t].n << " elements)";
+}
+
+// One list of 601 tensors, each with its own weight decay, updated in one call: each element gets the
+// update rule's bits with its own tensor's decay, as if every tensor had been stepped alone.
+TEST(MultiTensor, AdamOverAListIsEachTensorsOwnUpdate) {
+  const AdamParams a{1e-3f, 0.9f, 0.95f, 1e-8f, true, 0.1f, 0.0975f};
+  const std::vector<std::size_t> sizes = awkward_sizes();
+  std::vector<std::vector<float>> p(sizes.size()), g(p.size()), m(p.size()), v(p.size());
+  std::vector<AdamTensor> list;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      p[t].push_back(std::sin(0.37f * static_cast<float>(i + t)));
+      g[t].push_back(std::cos(0.11f * static_cast<float>(3 * i + t)));
+      m[t].push_back(0.01f * static_cast<float>(i % 7));
+      v[t].push_back(0.001f * static_cast<float>(i % 5));
+    }
+    list.push_back({p[t].data(), g[t].data(), m[t].data(), v[t].data(), sizes[t], 0.01f * static_cast<float>(t % 4)});
+  }
+  auto want_p = p, want_m = m, want_v = v;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i)
+      want_p[t][i] = math::adam_update(want_p[t][i], g[t][i], want_m[t][i], want_v[t][i], a.lr, a.beta1, a.beta2,
+                                       a.eps, list[t].weight_decay, true, a.bias_correction1, a.bias_correction2);
+  kernels(Device::cpu).adam_step(list, a);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i)
+      ASSERT_TRUE(p[t][i] == want_p[t][i] && m[t][i] == want_m[t][i] && v[t][i] == want_v[t][i])
+          << "element " << i << " of tensor " << t << ": " << p[t][i] << " against " << want_p[t][i];
 }
 
 TEST(Optim, LoadedStateContinuesBitForBit) {

@@ -15,6 +15,7 @@
 #include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/math.h"
+#include "common/kernels/multi_tensor.h"
 #include "common/kernels/parallel.h"
 
 namespace course {
@@ -461,10 +462,19 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, const AdamParams& a) override {
-    elementwise(n, [&](std::size_t i) {
-      p[i] = math::adam_update(p[i], g[i], m[i], v[i], a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                               a.decoupled_weight_decay, a.bias_correction1, a.bias_correction2);
+  // The GPU's chunks (multi_tensor.h), each chunk's elements in order.
+  void adam_step(const std::vector<AdamTensor>& list, const AdamParams& a) override {
+    math::for_each_multi_tensor_launch(list, [&](const AdamTensor* tensors, int, const math::MultiTensorChunks& chunks) {
+      parallel_for(chunks.first[chunks.count], 1, [&](std::size_t first, std::size_t last) {
+        for (std::size_t chunk = first; chunk < last; ++chunk) {
+          const math::ChunkRange r = math::multi_tensor_range(chunks, tensors, chunk);
+          const AdamTensor& x = tensors[r.tensor];
+          for (std::size_t i = r.begin; i < r.end; ++i)
+            x.param[i] = math::adam_update(x.param[i], x.grad[i], x.m[i], x.v[i], a.lr, a.beta1, a.beta2, a.eps,
+                                           x.weight_decay, a.decoupled_weight_decay, a.bias_correction1,
+                                           a.bias_correction2);
+        }
+      });
     });
   }
 };

@@ -16,6 +16,7 @@
 #include "common/kernels/kernels.h"
 #include "common/kernels/half.h"
 #include "common/kernels/math.h"
+#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rows.h"
 #include "common/tensor/random.h"
 
@@ -285,10 +286,22 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, std::size_t n, 
   }
 }
 
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::size_t n, AdamParams a) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    p[i] = math::adam_update(p[i], g[i], m[i], v[i], a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                             a.decoupled_weight_decay, a.bias_correction1, a.bias_correction2);
+// Up to kMultiTensorLaunch tensors in the kernel's parameters (__grid_constant__: read where they lie, a
+// tensor picked at run time without copying the table to each thread).
+struct AdamLaunch {
+  AdamTensor tensors[math::kMultiTensorLaunch];
+  math::MultiTensorChunks chunks;
+};
+
+__global__ void adam_kernel(const __grid_constant__ AdamLaunch list, AdamParams a) {
+  for (std::size_t chunk = blockIdx.x; chunk < list.chunks.first[list.chunks.count]; chunk += gridDim.x) {
+    const math::ChunkRange r = math::multi_tensor_range(list.chunks, list.tensors, chunk);
+    const AdamTensor& x = list.tensors[r.tensor];
+    for (std::size_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+      x.param[i] = math::adam_update(x.param[i], x.grad[i], x.m[i], x.v[i], a.lr, a.beta1, a.beta2, a.eps,
+                                     x.weight_decay, a.decoupled_weight_decay, a.bias_correction1,
+                                     a.bias_correction2);
+  }
 }
 
 __global__ void arange_kernel(float* out, std::size_t n) {
@@ -869,10 +882,16 @@ class CudaKernels final : public Kernels {
     sgd_kernel<<<blocks_for(n), kThreads>>>(p, g, buf, n, s);
     check_launch();
   }
-  void adam_step(float* p, const float* g, float* m, float* v, std::size_t n, const AdamParams& a) override {
-    if (!n) return;
-    adam_kernel<<<blocks_for(n), kThreads>>>(p, g, m, v, n, a);
-    check_launch();
+  void adam_step(const std::vector<AdamTensor>& list, const AdamParams& a) override {
+    math::for_each_multi_tensor_launch(list, [&](const AdamTensor* tensors, int count, const math::MultiTensorChunks& chunks) {
+      const std::size_t total = chunks.first[count];
+      if (!total) return;
+      AdamLaunch launch;
+      std::copy(tensors, tensors + count, launch.tensors);
+      launch.chunks = chunks;
+      adam_kernel<<<static_cast<unsigned>(std::min<std::size_t>(total, 1u << 20)), kThreads>>>(launch, a);
+      check_launch();
+    });
   }
 };
 

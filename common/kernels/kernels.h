@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/core/device.h"
 #include "common/core/index_check.h"
@@ -20,9 +21,18 @@ struct SgdParams {
   float lr, momentum, weight_decay;
 };
 struct AdamParams {
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr, beta1, beta2, eps;
   bool decoupled_weight_decay;       // AdamW (Loshchilov & Hutter, 2019) when true
   float bias_correction1, bias_correction2;  // 1 - beta^t, computed by the optimizer
+};
+// One tensor of an Adam step (or one piece of one: a ZeRO shard's segment), with its group's weight decay.
+struct AdamTensor {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  std::size_t n;
+  float weight_decay;
 };
 
 // Causal (or full) multi-head self-attention on the packed projection [batch, tokens, 3, heads, head_size]
@@ -193,8 +203,9 @@ class Kernels {
   // momentum_buffer may be null when momentum is 0.
   virtual void sgd_step(float* param, const float* grad, float* momentum_buffer, std::size_t n,
                         const SgdParams& p) = 0;
-  virtual void adam_step(float* param, const float* grad, float* m, float* v, std::size_t n,
-                         const AdamParams& p) = 0;
+  // Adam over every tensor of the list: on a GPU one launch for up to kMultiTensorLaunch tensors
+  // (kernels/multi_tensor.h), instead of one a tensor.
+  virtual void adam_step(const std::vector<AdamTensor>& tensors, const AdamParams& p) = 0;
 };
 
 Kernels& kernels(Device device);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "common/kernels/kernels.h"
@@ -158,17 +159,20 @@ std::vector<std::pair<std::string, Tensor>> Adam::allocate_state() {
 void Adam::step() {
   allocate_state();
   ++steps_;
-  AdamParams a{lr_, beta1_, beta2_, eps_, 0.0f, decoupled_,
-               static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
-               static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_))};
+  const AdamParams a{lr_, beta1_, beta2_, eps_, decoupled_,
+                     static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
+                     static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_))};
   const bool broken = broken_from_ > 0 && steps_ >= broken_from_ && decoupled_;  // --fault adamw-decay
+  // Every tensor of a device in one list: on a GPU, one launch (multi-tensor apply) instead of one a tensor.
+  std::map<Device, std::vector<AdamTensor>> lists;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    a.weight_decay = broken ? weight_decay_[i] / lr_ : weight_decay_[i];
-    kernels(params_[i].device()).adam_step(params_[i].data(), g.data(), exp_avg_[i].data(), exp_avg_sq_[i].data(),
-                                           static_cast<std::size_t>(params_[i].numel()), a);
+    lists[params_[i].device()].push_back({params_[i].data(), g.data(), exp_avg_[i].data(), exp_avg_sq_[i].data(),
+                                          static_cast<std::size_t>(params_[i].numel()),
+                                          broken ? weight_decay_[i] / lr_ : weight_decay_[i]});
   }
+  for (const auto& [device, list] : lists) kernels(device).adam_step(list, a);
 }
 
 Settings Adam::settings() const {

@@ -243,23 +243,23 @@ double ZeroOptimizer::clip(const Tensor& grads) {
 // of them at stage 0) with the same arithmetic as optim::Adam; in mixed precision on the masters.
 void ZeroOptimizer::update(const Tensor& grads) {
   ++steps_;
-  AdamParams a{options_.lr, options_.beta1, options_.beta2, options_.eps, 0.0f, true,
-               static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), steps_)),
-               static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), steps_))};
+  const AdamParams a{options_.lr, options_.beta1, options_.beta2, options_.eps, true,
+                     static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), steps_)),
+                     static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta2), steps_))};
   const int me = options_.stage == 0 ? 0 : group_.rank();
-  Kernels& k = kernels(grads.device());
+  std::vector<AdamTensor> list;  // every segment this rank owns, one launch on a GPU
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
     for (const FlatSegment& s : layout_.segments(u, me)) {
       const std::int64_t flat = unit.offset + me * unit.part + s.part_offset, shard = unit.shard_offset + s.part_offset;
-      a.weight_decay = weight_decay_[s.param];
       float* param = has_master() ? master_.data() + shard
                      : options_.stage == 3 ? param_shard_.data() + shard
                                            : flat_params_.data() + flat;
-      k.adam_step(param, grads.data() + shard, exp_avg_.data() + shard,
-                  exp_avg_sq_.data() + shard, static_cast<std::size_t>(s.length), a);
+      list.push_back({param, grads.data() + shard, exp_avg_.data() + shard, exp_avg_sq_.data() + shard,
+                      static_cast<std::size_t>(s.length), weight_decay_[s.param]});
     }
   }
+  kernels(grads.device()).adam_step(list, a);
 }
 
 // The masters into the parameters the model computes with: rounded to 16 bits in mixed precision, and
