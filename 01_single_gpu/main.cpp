@@ -17,9 +17,8 @@
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/metrics/timer.h"       // step timing
 #include "common/nn/layers.h"           // Linear, make_mlp
-#include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
 #include "common/ops/ops.h"             // mse_loss
-#include "common/optim/recipe.h"        // SGD, in the run's precision
+#include "common/cli/sgd_options.h"   // --lr and the flags of the run's arithmetic: the SGD recipe
 
 using namespace course;
 
@@ -33,11 +32,10 @@ struct Options {
   cli::CommonOptions common;
   std::string model = "linear";
   int epochs = 10;
-  float lr = 0.01f;
   std::int64_t batch_size = 1;
   cli::MlpOptions mlp;  // --samples 1000 (both models), --features 16, --hidden 256, --layers 3 (mlp)
   std::string activation = "relu";
-  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16 (chapter 04 explains it)
+  cli::SgdOptions sgd;  // --lr, and the flags chapter 04 explains
   std::string save;
 };
 
@@ -97,11 +95,10 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = mlp ? data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed)
                               : data::make_house_prices(o.mlp.samples, o.common.seed);
   auto model = build_model(o, device, dataset.features);
-  optim::Recipe sgd("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
-  log("Training %s (%lld parameters) on %lld samples, batch %lld, lr %g, %d epochs on %s, %s\n", o.model.c_str(),
+  optim::Recipe sgd = cli::make_sgd(model->parameters(), o.sgd);  // plain SGD at --lr
+  log("Training %s (%lld parameters) on %lld samples, batch %lld, %d epochs on %s, %s\n", o.model.c_str(),
       static_cast<long long>(model->parameter_count()), static_cast<long long>(dataset.size),
-      static_cast<long long>(o.batch_size), o.lr, o.epochs, device_name(device),
-      cli::precision_description(o.precision).c_str());
+      static_cast<long long>(o.batch_size), o.epochs, device_name(device), cli::describe(o.sgd).c_str());
   float initial = evaluate(*model, dataset, device);
   log("epoch %3d  loss %.6f\n", 0, initial);
   out.write({{"event", "epoch"}, {"epoch", 0}, {"loss", initial}});
@@ -177,12 +174,11 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "linear (the house-price model) or mlp (wider data, timed)")
       ->check(CLI::IsMember({"linear", "mlp"}))->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
+  cli::add_sgd_options(app, o.sgd);  // --lr, --precision, --loss-scale, --tf32
   app.add_option("--batch-size", o.batch_size, "Samples per step (1 = one sample per step, as in the lesson)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
-  cli::add_precision_options(app, o.precision);
   return cli::run(app, argc, argv, [&] {
     const bool mlp = o.model == "mlp";
     cli::check_memory(cli::mlp_training_bytes(o.mlp.samples, mlp ? o.mlp.features : 2, mlp ? o.mlp.hidden : 0, mlp ? o.mlp.layers : 0,
@@ -190,7 +186,7 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --batch-size " + std::to_string(o.batch_size) +
                           (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
-    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
+    cli::apply(o.sgd, session.device);  // --tf32 on a GPU
     if (o.model == "linear") worked_example(session.device, session.metrics);
     return train(o, session.device, session.metrics);
   });

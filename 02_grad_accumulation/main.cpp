@@ -19,9 +19,8 @@
 #include "common/data/house_prices.h"   // the wide house-price data and batching
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/nn/layers.h"           // make_mlp
-#include "common/cli/precision_options.h"  // --precision fp32|bf16|fp16
 #include "common/ops/ops.h"             // mse_loss, scale
-#include "common/optim/recipe.h"        // SGD, in the run's precision
+#include "common/cli/sgd_options.h"   // --lr and the flags of the run's arithmetic: the SGD recipe
 #include "common/verify/compare.h"      // max_abs_diff, the noise floor
 #include "common/verify/lockstep.h"     // the step-by-step check against the big batch
 
@@ -34,9 +33,8 @@ struct Options {
   std::int64_t micro_batch = 16;
   int accum = 4;
   int epochs = 3;
-  float lr = 0.01f;
   cli::MlpOptions mlp;  // --samples 1000, --features 16, --hidden 128, --layers 2
-  cli::PrecisionOptions precision;  // --precision fp32|bf16|fp16
+  cli::SgdOptions sgd;  // --lr, and the flags chapter 04 explains
   std::string save;
 };
 
@@ -83,7 +81,7 @@ float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, cons
 RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum,
               bool reversed = false) {
   auto model = make_model(o, dataset, device);
-  optim::Recipe training("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
+  optim::Recipe training = cli::make_sgd(model->parameters(), o.sgd);  // plain SGD at --lr
   reset_peak_memory(device);
   RunResult result;
   const std::int64_t global_batch = micro_batch * accum;
@@ -92,7 +90,7 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
     for (auto& global : data::split_batches(order, global_batch)) {  // the last one may be partial
       if (reversed) std::reverse(global.begin(), global.end());
       accumulate_gradients(*model, dataset, global, micro_batch, device, training);
-      training.step(result.optimizer_steps);  // fp16: unscaled first, skipped if it overflowed
+      training.step(result.optimizer_steps);  // update, then clear the gradients
       ++result.optimizer_steps;
     }
   }
@@ -112,9 +110,9 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
 // the update against SGD's from it (verify/lockstep.h).
 verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
   auto model = make_model(o, dataset, device);
-  optim::Recipe training("sgd", model->parameters(), o.lr, 0, o.precision.dtype(), nullptr, o.precision.loss_scale);
+  optim::Recipe training = cli::make_sgd(model->parameters(), o.sgd);
   auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
-  optim::SGD reference_sgd(reference->parameters(), o.lr);
+  optim::SGD reference_sgd(reference->parameters(), o.sgd.lr);
   verify::Lockstep check(reference, [&](std::int64_t) {
     reference_sgd.step();
     reference_sgd.zero_grad();
@@ -149,7 +147,7 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   const std::int64_t global_batch = o.micro_batch * o.accum;
   log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s, %s\n",
       o.accum, static_cast<long long>(o.micro_batch), static_cast<long long>(global_batch),
-      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device), cli::precision_description(o.precision).c_str());
+      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device), cli::precision_description(o.sgd.precision).c_str());
   RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum);
   RunResult big = run(o, dataset, device, global_batch, 1);
   RunResult reordered = run(o, dataset, device, global_batch, 1, true);
@@ -185,7 +183,7 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
              {"global_batch", global_batch}, {"samples", o.mlp.samples}, {"device", device_name(device)},
-             {"precision", o.precision.precision},
+             {"precision", o.sgd.precision.precision},
              {"max_weight_diff", drift.difference}, {"noise_floor", drift.noise_floor}, {"drift_ratio", drift.ratio()},
              {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
              {"gradient_bound_ratio", check.worst_gradient_ratio},
@@ -205,13 +203,12 @@ int main(int argc, char** argv) {
   o.mlp.samples = 1000;
   o.mlp.hidden = 128;
   cli::add_mlp_options(app, o.mlp);  // --samples, --features, --hidden, --layers: shared names and bounds
-  cli::add_precision_options(app, o.precision);
+  cli::add_sgd_options(app, o.sgd);  // --lr, --precision, --loss-scale, --tf32
   app.add_option("--micro-batch", o.micro_batch, "Samples per micro-batch (b)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
   return cli::run(app, argc, argv, [&] {
     if (o.micro_batch > o.mlp.samples / o.accum)
       throw UsageError("--micro-batch: " + std::to_string(o.micro_batch) + " x --accum " + std::to_string(o.accum) +
@@ -220,7 +217,7 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --hidden " + std::to_string(o.mlp.hidden) +
                           ", --layers and --micro-batch x --accum");
     cli::Session session = cli::start_session(o.common);
-    cli::apply_precision(o.precision, session.device);  // --tf32 on a GPU
+    cli::apply(o.sgd, session.device);  // --tf32 on a GPU
     return compare(o, session.device, session.metrics);
   });
 }

@@ -250,6 +250,26 @@ TEST(Readme, HandoutsFollowTheSkeleton) {
   }
 }
 
+// Mixed precision is taught once, in chapter 04: the lessons before it (main.cpp above its fence, the
+// "// ----" line) show none of it, their recipe built from their flags in one call (cli/sgd_options.h).
+TEST(Readme, LessonsBeforeChapter04ShowNoPrecision) {
+  static const std::regex plumbing(R"(precision|[Aa]utocast|scale_loss|GradScaler|loss_scale|dtype\(\))");
+  for (const std::string chapter : {"01_single_gpu", "02_grad_accumulation", "03_collectives"}) {
+    std::istringstream source(read_file(std::string(SOURCE_ROOT) + "/" + chapter + "/main.cpp"));
+    int number = 0;
+    bool fenced = false;
+    for (std::string line; std::getline(source, line);) {
+      ++number;
+      if (line.find("// ----") != std::string::npos) {
+        fenced = true;
+        break;
+      }
+      EXPECT_FALSE(std::regex_search(line, plumbing)) << chapter << "/main.cpp:" << number << " is precision plumbing:\n" << line;
+    }
+    EXPECT_TRUE(fenced) << chapter << "/main.cpp has no fence between its lesson and its diagnostics";
+  }
+}
+
 // The course's README: an index of at most kCourseReadmeWords words that links every chapter's handout,
 // and gives the test command CI runs (.ci/run calls it, exactly).
 constexpr std::size_t kCourseReadmeWords = 2500;
