@@ -18,7 +18,7 @@
 #include "common/metrics/timer.h"       // step timing
 #include "common/nn/layers.h"           // Linear, make_mlp
 #include "common/ops/ops.h"             // mse_loss
-#include "common/cli/sgd_options.h"   // --lr and the flags of the run's arithmetic: the SGD recipe
+#include "common/cli/sgd_options.h"    // --lr and the flags of the run's arithmetic: the SGD recipe
 
 using namespace course;
 

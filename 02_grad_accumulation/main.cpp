@@ -20,9 +20,10 @@
 #include "common/metrics/metrics.h"     // JSON-lines metrics
 #include "common/nn/layers.h"           // make_mlp
 #include "common/ops/ops.h"             // mse_loss, scale
-#include "common/cli/sgd_options.h"   // --lr and the flags of the run's arithmetic: the SGD recipe
+#include "common/cli/sgd_options.h"    // --lr and the flags of the run's arithmetic: the SGD recipe
 #include "common/verify/compare.h"      // max_abs_diff, the noise floor
 #include "common/verify/lockstep.h"     // the step-by-step check against the big batch
+#include "common/verify/step_check.h"   // behind the course's one check interface
 
 using namespace course;
 
@@ -107,39 +108,70 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
 // report. The lesson is above: accumulate_gradients and the run that steps once per k micro-batches.
 
 // From the same weights at every step, the accumulated gradient against the exact sum of its parts, and
-// the update against SGD's from it (verify/lockstep.h).
+// the update against SGD's from it (verify/lockstep.h), behind the course's one check interface
+// (verify/step_check.h).
+class AccumulationCheck final : public verify::StepCheck {
+ public:
+  AccumulationCheck(const Options& o, const data::Dataset& dataset, Device device, const nn::Module& model,
+                    const optim::Recipe& training)
+      : o_(o), dataset_(dataset), device_(device), model_(model), training_(training) {
+    auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
+    reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.sgd.lr);
+    lockstep_ = std::make_unique<verify::Lockstep>(reference, [this](std::int64_t) {
+      reference_sgd_->step();
+      reference_sgd_->zero_grad();
+    }, nullptr);
+    lockstep_->set_optimizer(*reference_sgd_);  // and SGD's formula itself (verify/reference_optimizer.h)
+  }
+  void set_batch(const std::vector<std::int64_t>& global) { global_ = global; }  // the step's, before its gradient
+
+ protected:
+  void on_begin_step(std::int64_t step) override { lockstep_->begin_step(step, model_); }
+  // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
+  // accumulated .grad must be their sum, up to the rounding of the += additions.
+  void on_check_gradient(std::int64_t step, float loss) override {
+    auto micro = data::split_batches(global_, o_.micro_batch);
+    lockstep_->check_parts(step, model_, loss, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
+      const float part = micro_batch_step(reference, dataset_, micro[m],
+                                          static_cast<float>(micro[m].size()) / static_cast<float>(global_.size()),
+                                          device_, training_);
+      training_.scaler().unscale_gradients(reference.parameters());  // as the run unscales the sum
+      return part;
+    });
+  }
+  void on_check_update(std::int64_t step, double) override { lockstep_->check_update(step); }
+  verify::LockstepSummary on_finish() override { return lockstep_->finish(model_); }
+
+ private:
+  const Options& o_;
+  const data::Dataset& dataset_;
+  Device device_;
+  const nn::Module& model_;
+  const optim::Recipe& training_;
+  std::vector<std::int64_t> global_;
+  std::unique_ptr<optim::SGD> reference_sgd_;
+  std::unique_ptr<verify::Lockstep> lockstep_;
+};
+
+// The accumulated run again, checked at every step.
 verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
   auto model = make_model(o, dataset, device);
   optim::Recipe training = cli::make_sgd(model->parameters(), o.sgd);
-  auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
-  optim::SGD reference_sgd(reference->parameters(), o.sgd.lr);
-  verify::Lockstep check(reference, [&](std::int64_t) {
-    reference_sgd.step();
-    reference_sgd.zero_grad();
-  }, nullptr);
-  check.set_optimizer(reference_sgd);  // and SGD's formula itself (verify/reference_optimizer.h)
+  AccumulationCheck check(o, dataset, device, *model, training);
   std::int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
     for (auto& global : data::split_batches(order, o.micro_batch * o.accum)) {
-      check.begin_step(step, *model);
-      float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device, training);
+      check.begin_step(step);
+      check.set_batch(global);
+      const float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device, training);
       training.unscale_();  // fp16: the accumulated gradient divided by the loss scale again
-      // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
-      // accumulated .grad must be their sum, up to the rounding of the += additions.
-      auto micro = data::split_batches(global, o.micro_batch);
-      check.check_parts(step, *model, accumulated, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
-        const float loss = micro_batch_step(reference, dataset, micro[m],
-                                            static_cast<float>(micro[m].size()) / static_cast<float>(global.size()),
-                                            device, training);
-        training.scaler().unscale_gradients(reference.parameters());  // as the run unscales the sum
-        return loss;
-      });
+      check.check_gradient(step, accumulated);
       training.step(step);
-      check.check_update(step++);
+      check.check_update(step++, 0.0);  // SGD, unclipped
     }
   }
-  return check.finish(*model);
+  return check.finish();
 }
 
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <thread>
+#include <utility>
 
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/checkpoint/parameters.h"
@@ -26,7 +27,7 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
                          std::int64_t total_steps, optim::Recipe& training, ShareStep share_step)
     : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
       global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
-      training_(training), share_step_(std::move(share_step)) {
+      training_(training) {
   if (o.faults.fault == "stray-replica" && group_.size() < 2)
     throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
   if (o.faults.fault == "adamw-decay" && o.optimizer != "adamw")
@@ -38,22 +39,13 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
   // --fault adamw-decay: a slip in the optimizer class itself (the run's; with --verify the reference's too).
   if (o.faults.fault == "adamw-decay")
     dynamic_cast<optim::Adam&>(training.optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
-  if (!o.verify) return;
-  // A single-rank reference beside the run, re-synced to the run's parameters every step, with the
-  // run's own optimizer to repeat its updates.
-  auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
-  reference_training_ = std::make_unique<optim::Recipe>(o.optimizer, reference->parameters(), o.training.lr, total_steps);
-  lockstep_ = std::make_unique<verify::Lockstep>(
-      reference, [this](std::int64_t s) { reference_training_->update(s); }, &group_, reference_training_->clip());
-  lockstep_->set_optimizer(reference_training_->optimizer());  // and its paper's formula
-  if (o.faults.fault == "adamw-decay")  // the class's slip is the reference's replay's too
-    dynamic_cast<optim::Adam&>(reference_training_->optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
-  // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
-  lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
+  check_ = verify::check_if(o.verify, [&] {
+    return std::make_unique<DdpCheck>(o, task, group_, sampler, model, local_batch_, total_steps, training, std::move(share_step));
+  });
 }
 
 void Diagnostics::begin_step(std::int64_t step) {
-  if (lockstep_) lockstep_->begin_step(step, model_);
+  check_->begin_step(step);
   // The step's activations at their peak (forward and backward; --recompute's figure). The lock-step
   // reference's memory is counted apart (MemoryCategory::verification).
   activations_before_ = memory_stats(session_.device).current_of(MemoryCategory::activations);
@@ -67,19 +59,7 @@ void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double co
   step_ms_ = ms_since(began_);
   step_comm_ms_ = communication_ms;
   global_loss_ = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);  // the global batch's
-  if (lockstep_) {
-    // The reference: each rank's share of the global batch (positions r, r+R, ...) recomputed from the
-    // global batch as that rank computed it, and averaged exactly.
-    const int ranks = group_.size();
-    const auto global = sampler_.global_batch(step, local_batch_);
-    lockstep_->set_loss_scale(training_.scaler().get_scale());  // fp16: the parts carried it when they were added
-    lockstep_->check_parts(step, model_, global_loss_, static_cast<std::size_t>(ranks), 1.0 / ranks,
-                           [&](nn::Module& reference, std::size_t r) {
-                             const float loss = share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
-                             training_.scaler().unscale_gradients(reference.parameters());  // fp16: as the run unscales
-                             return loss;
-                           });
-  }
+  check_->check_gradient(step, global_loss_);
   began_ = Clock::now();
 }
 
@@ -87,7 +67,7 @@ bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
   step_ms_ += ms_since(began_);
   if (o_.faults.at("stray-replica", step) && group_.rank() == group_.size() - 1)
     parallel::stray_by_one_rounding(model_.parameters().front());  // this replica alone goes astray
-  if (lockstep_) lockstep_->check_update(step, optim::norm_value(norm));
+  check_->check_update(step, optim::norm_value(norm));
   if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
     total_ms_ += step_ms_;
     comm_ms_ += step_comm_ms_;
@@ -141,8 +121,8 @@ int Diagnostics::finish(bool identical) {
   log("parameters identical on all %d ranks: %s\n", ranks, identical ? "yes" : "NO");
   verify::LockstepSummary check;
   verify::Drift drift;
-  if (lockstep_ && !diverged_) {
-    check = lockstep_->finish(model_);
+  if (check_->checks() && !diverged_) {
+    check = check_->finish();
     if (check.passed)
       log("lock-step check, %lld steps: every averaged gradient within its %s bound of the single-rank gradient "
           "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "

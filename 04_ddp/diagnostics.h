@@ -14,12 +14,10 @@
 #include "common/nn/tasks.h"
 #include "common/optim/recipe.h"
 #include "common/parallel/distributed_sampler.h"
-#include "common/verify/lockstep.h"
+#include "04_ddp/verify_ddp.h"  // ShareStep, DdpCheck
+#include "common/verify/step_check.h"
 
 namespace course::chapter04 {
-
-// One rank's forward and backward on a share of the batch (the lesson's own), returning its loss.
-using ShareStep = std::function<float(nn::Module& model, const std::vector<std::int64_t>& share)>;
 
 class Diagnostics {
  public:
@@ -28,8 +26,8 @@ class Diagnostics {
               std::int64_t total_steps, optim::Recipe& training, ShareStep share_step);
 
   void begin_step(std::int64_t step);
-  // The gradients are averaged: --verify checks them (and the loss) against one rank's, outside the
-  // timed step. `communication_ms`: the all-reduces' time in this step.
+  // The gradients are averaged: --verify checks them (and the loss) against one rank's (verify_ddp.h),
+  // outside the timed step. `communication_ms`: the all-reduces' time in this step.
   void gradients_ready(std::int64_t step, float local_loss, double communication_ms);
   // The optimizer has stepped (clipping by `norm`): --verify checks the update; the step is logged.
   // False when the loss is not finite (the run diverged and stops).
@@ -48,9 +46,7 @@ class Diagnostics {
   comm::Communicator& group_;
   std::int64_t global_batch_, local_batch_, total_steps_;
   const optim::Recipe& training_;  // the run's: its precision and loss scale
-  ShareStep share_step_;
-  std::unique_ptr<optim::Recipe> reference_training_;
-  std::unique_ptr<verify::Lockstep> lockstep_;
+  std::unique_ptr<verify::StepCheck> check_;  // --verify's, or unchecked()
   double step_ms_ = 0, step_comm_ms_ = 0, total_ms_ = 0, compute_ms_ = 0, comm_ms_ = 0;
   std::int64_t timed_samples_ = 0;
   std::int64_t activations_before_ = 0, peak_activations_ = 0;  // this rank's, above the step's start

@@ -10,10 +10,8 @@ namespace course::chapter05 {
 
 StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                        const parallel::DistributedSampler& sampler, std::int64_t local_batch,
-                       const optim::Recipe& training)
-    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch), training_(training) {
-  if (!o.verify) return;
-  // One rank's model and SGD beside the run, re-synced to it every step (chapter 04).
+                       const optim::Recipe& training, const nn::Module& model)
+    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch), training_(training), model_(model) {
   auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
   reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.training.lr);
   lockstep_ = std::make_unique<verify::Lockstep>(reference, [this](std::int64_t) {
@@ -26,17 +24,14 @@ StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Com
   if (o.comm_hook == "bf16") lockstep_->set_rounding(verify::kBfloat16Rounding);
 }
 
-void StepChecks::begin_step(std::int64_t step, const nn::Module& model) {
-  if (lockstep_) lockstep_->begin_step(step, model);
-}
+void StepChecks::on_begin_step(std::int64_t step) { lockstep_->begin_step(step, model_); }
 
-void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, float local_loss) {
-  if (!lockstep_) return;
+void StepChecks::on_check_gradient(std::int64_t step, float local_loss) {
   const float global_loss = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);
   const int ranks = group_.size();
   const auto global = sampler_.global_batch(step, local_batch_);
   lockstep_->set_loss_scale(training_.scaler().get_scale());  // fp16: the parts a 16-bit hook adds carried it
-  lockstep_->check_parts(step, model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
+  lockstep_->check_parts(step, model_, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
                          [&](nn::Module& reference, std::size_t r) {
                            const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
                            // In the run's precision, its loss scale undone as the run undoes it.
@@ -45,13 +40,9 @@ void StepChecks::check_gradients(std::int64_t step, const nn::Module& model, flo
                          });
 }
 
-void StepChecks::check_update(std::int64_t step) {
-  if (lockstep_) lockstep_->check_update(step);
-}
+void StepChecks::on_check_update(std::int64_t step, double) { lockstep_->check_update(step); }
 
-void StepChecks::finish(const nn::Module& model, ModeResult& result) {
-  if (lockstep_) result.check = lockstep_->finish(model);
-}
+verify::LockstepSummary StepChecks::on_finish() { return lockstep_->finish(model_); }
 
 parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
                               std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched) {

@@ -14,19 +14,24 @@
 #include "common/parallel/distributed_sampler.h"
 #include "common/parallel/reducer.h"
 #include "common/verify/lockstep.h"
+#include "common/verify/step_check.h"
 
 namespace course::chapter05 {
 
-// Without --verify every call does nothing.
-class StepChecks {
+// --verify: one rank's model and SGD beside the run, re-synced to it every step, as chapter 04 checks DDP.
+// `loss` (check_gradient) is this rank's: the check averages it over the ranks.
+class StepChecks final : public verify::StepCheck {
  public:
   StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
-             const parallel::DistributedSampler& sampler, std::int64_t local_batch, const optim::Recipe& training);
-  void begin_step(std::int64_t step, const nn::Module& model);
-  // The averaged gradients and this rank's loss, against one rank's over the global batch. Collective.
-  void check_gradients(std::int64_t step, const nn::Module& model, float local_loss);
-  void check_update(std::int64_t step);
-  void finish(const nn::Module& model, ModeResult& result);
+             const parallel::DistributedSampler& sampler, std::int64_t local_batch, const optim::Recipe& training,
+             const nn::Module& model);
+
+ protected:
+  void on_begin_step(std::int64_t step) override;
+  // The averaged gradients and the loss, against one rank's over the global batch. Collective.
+  void on_check_gradient(std::int64_t step, float local_loss) override;
+  void on_check_update(std::int64_t step, double norm) override;
+  verify::LockstepSummary on_finish() override;
 
  private:
   const nn::TrainingTask& task_;
@@ -34,6 +39,7 @@ class StepChecks {
   const parallel::DistributedSampler& sampler_;
   std::int64_t local_batch_;
   const optim::Recipe& training_;  // the run's: its precision and loss scale
+  const nn::Module& model_;
   std::unique_ptr<optim::SGD> reference_sgd_;
   std::unique_ptr<verify::Lockstep> lockstep_;
 };

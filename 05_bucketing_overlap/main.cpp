@@ -87,11 +87,13 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
                          o.precision.loss_scale);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = global_batch / group.size();
-  StepChecks checks(o, task, group, sampler, local, training);  // --verify: one rank beside the run, in lock-step
+  const auto check = verify::check_if(o.verify, [&] {  // --verify: one rank beside the run, in lock-step
+    return std::make_unique<StepChecks>(o, task, group, sampler, local, training, model);
+  });
   ModeResult result;
   std::int64_t bytes_before = 0;
   for (step = 0; step < steps; ++step) {
-    checks.begin_step(step, model);
+    check->begin_step(step);
     launched = 0;
     const auto share = sampler.batch(step, local);
     if (step == 1) bytes_before = bytes(ddp);
@@ -107,14 +109,14 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
       result.step_ms += step_ms / static_cast<double>(steps - 1);
       result.exposed_ms += exposed / static_cast<double>(steps - 1);
     }
-    checks.check_gradients(step, model, loss.item());
+    check->check_gradient(step, loss.item());
     training.step(step);  // in fp16, skipped by every rank if the gradient overflowed
-    checks.check_update(step);
+    check->check_update(step, 0.0);  // SGD, unclipped
   }
   result.messages = messages(ddp);
   result.bytes_per_step = (bytes(ddp) - bytes_before) / std::max<std::int64_t>(1, steps - 1);
   result.parameters = model.parameters_to_host();
-  checks.finish(model, result);
+  if (check->checks()) result.check = check->finish();
   return result;
 }
 

@@ -58,7 +58,7 @@ int run(Options& o, cli::Session& session) {
     checks.break_if_asked(step, state);
     // 2. Train: one data-parallel step on the global batch at the saved position, then move on.
     checks.begin_step();
-    const float loss = trainer.step(task, stream, step, state.samples_seen, global_batch, group, checks.lockstep());
+    const float loss = trainer.step(task, stream, step, state.samples_seen, global_batch, group, checks.check());
     state.samples_seen += global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);

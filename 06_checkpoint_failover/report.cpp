@@ -16,18 +16,17 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
                          const data::SampleStream& stream, Trainer& trainer, std::int64_t global_batch)
     : o_(o), session_(session), task_(task), stream_(stream), trainer_(trainer),
       group_(session.topology->dp_group()), global_batch_(global_batch) {
-  if (!o.verify) return;
-  // One rank's model and optimizer beside the run, starting where the run starts (the same
-  // initialisation, or the checkpoint resumed, restored into it on its own).
-  reference_ = verify::make_reference([&] { return task.make_model(o.common.seed); });
-  reference_recipe_ = std::make_unique<optim::Recipe>(recipe_of(o), reference_->parameters(), o.training.lr, o.training.steps);
+  check_ = verify::check_if(o.verify, [&] {
+    auto check = std::make_unique<ResumeCheck>(o, task, stream, trainer, group_, global_batch);
+    resume_check_ = check.get();
+    return check;
+  });
 }
 
 std::function<void(const std::string&, const checkpoint::Loaded&)> Diagnostics::also_restore() {
-  if (!reference_) return {};
+  if (!resume_check_) return {};
   return [this](const std::string& path, const checkpoint::Loaded& loaded) {
-    MemoryCategoryOverride verification(MemoryCategory::verification);
-    checkpoint::restore(path, loaded, *reference_, reference_recipe_->optimizer());  // its digest checked too
+    resume_check_->restore(path, loaded);
     resumed_path_ = path;
     resumed_ = loaded;
   };
@@ -38,12 +37,6 @@ void Diagnostics::begin(const checkpoint::Start& start) {
   start_step_ = start.state.step;
   // --fault breaks the resume itself, or with --fault-from-step K the run at step K.
   fault_step_ = o_.fault_step_given ? o_.faults.from_step : (o_.checkpoints.resume ? start_step_ : -1);
-  if (reference_)
-    lockstep_ = std::make_unique<verify::Lockstep>(
-        reference_, [this](std::int64_t s) { reference_recipe_->update(s); }, &group_, reference_recipe_->clip());
-  if (lockstep_) lockstep_->set_optimizer(reference_recipe_->optimizer());  // and its paper's formula
-  // --reduce-dtype bf16|fp16: the run adds its parts in 16 bits, and the bound follows (verify/compare.h).
-  if (lockstep_) lockstep_->set_rounding(verify::rounding_of(o_.precision.reduce()));
   if (o_.kill.armed()) log("fault injection: %s\n", o_.kill.describe().c_str());
 }
 
@@ -64,8 +57,9 @@ std::function<void(checkpoint::NamedTensors&)> Diagnostics::writer_fault(std::in
 }
 
 bool Diagnostics::end_step(std::int64_t step, float loss) {
+  const double checked_ms = check_->take_ms();  // the check's own time, left out of the step's
   if (step > start_step_) {  // the first step warms up allocators and caches
-    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began_).count();
+    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began_).count() - checked_ms;
     ++timed_steps_;
   }
   if (!std::isfinite(loss)) {  // nothing diverged is ever saved: the last checkpoint stays the newest
@@ -117,8 +111,8 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
   double difference = 0, optimizer_difference = 0;
   verify::LockstepSummary check;
   bool passed = identical && !diverged_;
-  if (lockstep_ && !diverged_) {
-    check = lockstep_->finish(*trainer_.model);
+  if (check_->checks() && !diverged_) {
+    check = check_->finish();
     if (check.passed)
       log("verify: steps %lld-%lld in lock-step against one rank (started from %s): every averaged gradient within its "
           "%s bound (%.3g of it), every update the optimizer's, bit for bit\n",
@@ -142,8 +136,9 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
       uninterrupted.recipe->load_scaler_state(start_.state.loss_scale);
       from = start_step_;
     }
+    const auto unchecked = verify::unchecked();
     for (std::int64_t step = from; step < o_.training.steps; ++step)
-      uninterrupted.step(task_, stream_, step, step * global_batch_, global_batch_, group_);
+      uninterrupted.step(task_, stream_, step, step * global_batch_, global_batch_, group_, *unchecked);
     difference = verify::max_abs_diff(trainer_.model->parameters_to_host(), uninterrupted.model->parameters_to_host());
     optimizer_difference =
         verify::max_abs_diff(trainer_.optimizer_state_to_host(), uninterrupted.optimizer_state_to_host());

@@ -11,6 +11,7 @@
 
 #include "06_checkpoint_failover/options.h"
 #include "06_checkpoint_failover/trainer.h"
+#include "06_checkpoint_failover/verify_resume.h"
 #include "common/checkpoint/training_checkpoint.h"
 #include "common/cli/session.h"
 
@@ -25,7 +26,7 @@ class Diagnostics {
   std::function<void(const std::string& path, const checkpoint::Loaded&)> also_restore();
   // Training starts (or resumes) at `start`: the lock-step check begins there.
   void begin(const checkpoint::Start& start);
-  verify::Lockstep* lockstep() { return lockstep_.get(); }
+  verify::StepCheck& check() { return *check_; }  // --verify's (verify_resume.h), or unchecked()
   // --fault, at the step it was asked for: the optimizer's state lost, or the data back one batch.
   void break_if_asked(std::int64_t step, checkpoint::TrainingState& state);
   // --fault zero-saved-moments from step K on: the checkpoints written after step K and later carry Adam's
@@ -46,9 +47,8 @@ class Diagnostics {
   Trainer& trainer_;
   comm::Communicator& group_;
   std::int64_t global_batch_;
-  std::shared_ptr<nn::Module> reference_;
-  std::unique_ptr<optim::Recipe> reference_recipe_;
-  std::unique_ptr<verify::Lockstep> lockstep_;
+  ResumeCheck* resume_check_ = nullptr;  // --verify: check_, as what it is
+  std::unique_ptr<verify::StepCheck> check_;
   checkpoint::Start start_;
   std::string resumed_path_;      // --verify: the checkpoint resumed, and its contents as loaded
   checkpoint::Loaded resumed_;

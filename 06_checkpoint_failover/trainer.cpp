@@ -8,28 +8,6 @@
 #include "common/parallel/distributed_sampler.h"
 
 namespace course::chapter06 {
-namespace {
-
-// The step's averaged gradient against one rank's: every rank's share of the global batch that step
-// `step` must train on (at position step x global_batch, whatever the run's own bookkeeping says),
-// recomputed as that rank computed it.
-void check_against_one_rank(verify::Lockstep& check, const nn::TrainingTask& task, const data::SampleStream& stream,
-                            std::int64_t step, std::int64_t global_batch, comm::Communicator& group,
-                            const nn::Module& model, float loss, const optim::Recipe& recipe) {
-  const auto global = stream.take(step * global_batch, global_batch);
-  const int ranks = group.size();
-  check.set_loss_scale(recipe.scaler().get_scale());  // fp16: the parts DDP averaged carried it
-  check.check_parts(step, model, loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
-                    [&](nn::Module& reference, std::size_t r) {
-                      // In the run's precision, its loss scale undone as the run undoes it.
-                      return recipe.reference_backward(reference.parameters(), [&] {
-                        return task.loss(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
-                      });
-                    });
-}
-
-}  // namespace
-
 checkpoint::RunIdentity run_identity(const Options& o, const nn::TrainingTask& task, const nn::Module& model,
                                      std::int64_t global_batch) {
   std::ostringstream s;
@@ -58,15 +36,15 @@ Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communica
 }
 
 float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step,
-                    std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check) {
-  if (check) check->begin_step(step, *model);
+                    std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::StepCheck& check) {
+  check.begin_step(step);
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
   const Tensor loss = recipe->forward_backward([&] { return task.loss(*model, share); });  // DDP averages in backward
   recipe->unscale_();  // fp16: divided by the loss scale again
   const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
-  if (check) check_against_one_rank(*check, task, stream, step, global_batch, group, *model, global, *recipe);
+  check.check_gradient(step, global);
   const Tensor norm = recipe->step(step);
-  if (check) check->check_update(step, optim::norm_value(norm));
+  check.check_update(step, optim::norm_value(norm));
   return global;
 }
 

@@ -12,7 +12,7 @@
 #include "common/nn/tasks.h"
 #include "common/optim/recipe.h"
 #include "common/parallel/ddp.h"
-#include "common/verify/lockstep.h"
+#include "common/verify/step_check.h"
 
 namespace course::chapter06 {
 
@@ -33,9 +33,9 @@ struct Trainer {
   optim::Optimizer& optimizer() { return recipe->optimizer(); }
 
   // Step `step` on the global batch at `position` of the sample stream; this rank takes its share.
-  // With `check` (--verify), in lock-step against one rank. Returns the global batch's loss.
+  // `check` (--verify's, or verify::unchecked()) at the step's three points. Returns the global batch's loss.
   float step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step, std::int64_t position,
-             std::int64_t global_batch, comm::Communicator& group, verify::Lockstep* check = nullptr);
+             std::int64_t global_batch, comm::Communicator& group, verify::StepCheck& check);
 
   // --fault lose-optimizer-state: Adam's moments are zeroed and its step count kept, as a restore that
   // forgot them would leave them (the checkpoints it writes then stay consistent, and load).

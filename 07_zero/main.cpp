@@ -69,13 +69,15 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   const std::int64_t local_batch = global_batch / group.size();
   Checkpoints checkpoints(o, plan.checkpointed, group, zero, *model, task.description, global_batch);
   run.first_step = checkpoints.load();  // 0, or with --resume the newest good checkpoint's step
-  auto check = plan.verified ? std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed,
-                                                           global_batch, o.accum, run.first_step) : nullptr;
+  const auto check = verify::check_if(plan.verified, [&] {
+    return std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed, global_batch, o.accum,
+                                       run.first_step);
+  });
   reset_peak_memory(device);
   for (std::int64_t step = run.first_step; step < o.training.steps; ++step) {
     if (plan.checkpointed) o.kill.at_step_start(step, group.rank());  // a node lost, when asked
     const auto begin = Clock::now();
-    if (check) check->begin_step(step);
+    check->begin_step(step);
     const auto share = sampler.batch(step, local_batch);
     const bool lost = o.faults.at("skip-rank-share", step) && group.rank() == group.size() - 1;  // --fault: weight 0
     double local_loss = 0;
@@ -85,14 +87,14 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     }
     zero.reduce_gradients();  // 0 all-reduces; 1 reduce-scatters; 2 and 3 did, unit by unit, during backward
     const float loss = comm::all_reduce_scalar(group, static_cast<float>(local_loss), comm::ReduceOp::average);
-    if (check) check->check_gradient(step, loss);
+    check->check_gradient(step, loss);
     const double norm = zero.apply();  // clip, AdamW on this rank's part (skipped by fp16 on overflow), all-gather
-    if (check) check->check_update(step, norm);
+    check->check_update(step, norm);
     zero.zero_grad();
-    record_step(o, run, zero, step, loss, ms_since(begin) - (check ? check->take_ms() : 0.0), norm);
+    record_step(o, run, zero, step, loss, ms_since(begin) - check->take_ms(), norm);
     checkpoints.save_if_due(step + 1);
   }
-  finish_run(o, run, zero, check.get(), plan.checkpointed, *model, group, device, metrics);
+  finish_run(o, run, zero, *check, plan.checkpointed, *model, group, device, metrics);
   return run;
 }
 

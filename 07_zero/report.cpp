@@ -45,7 +45,7 @@ void record_step(const Options& o, StageRun& run, const parallel::ZeroOptimizer&
     log("step %4lld  loss %.6f  %.2f ms\n", static_cast<long long>(step), loss, ms);
 }
 
-void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero, ZeroCheck* check, bool save,
+void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero, verify::StepCheck& check, bool save,
                 const nn::Module& model, comm::Communicator& group, Device device, metrics::MetricsWriter& metrics) {
   run.stage = zero.options().stage;
   run.prefetch = zero.options().prefetch && run.stage == 3;
@@ -56,7 +56,7 @@ void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero, 
   const MemoryStats after = memory_stats(device), host_after = memory_stats(Device::cpu);  // before the gather
   run.offload = zero.options().offload;
   run.parameters = zero.full_parameters();
-  if (check) run.check = check->finish(run.parameters);
+  if (check.checks()) run.check = check.finish();
   if (save && !o.save.empty()) save_gathered(o, run, model, group);
   measure(run, {run.device_before, after}, {run.host_before, host_after}, group.size(), o.sim_network, metrics);
 }

@@ -15,10 +15,9 @@
 #include "common/parallel/zero.h"
 #include "common/planner/formulas.h"
 #include "common/verify/lockstep.h"
+#include "common/verify/step_check.h"
 
 namespace course::chapter07 {
-
-class ZeroCheck;  // verify_zero.h
 
 struct StageRun {
   int stage = 0;
@@ -73,9 +72,9 @@ StageRun begin_run(Device device);
 void record_step(const Options& o, StageRun& run, const parallel::ZeroOptimizer& zero, std::int64_t step, float loss,
                  double ms, double norm);
 // After the last step: the stage, the step time, the memory against the formulas and the metric (measure), then
-// --verify's last check of the gathered parameters (`check` when verified) and, when `save`, --save.
+// --verify's last check of the gathered parameters (`check`'s finish, when it checks) and, when `save`, --save.
 void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero,
-                ZeroCheck* check, bool save, const nn::Module& model, comm::Communicator& group, Device device,
+                verify::StepCheck& check, bool save, const nn::Module& model, comm::Communicator& group, Device device,
                 metrics::MetricsWriter& metrics);
 // --save: rank 0 writes the gathered parameters under `model`'s names and shapes. Collective-free.
 void save_gathered(const Options& o, const StageRun& run, const nn::Module& model, comm::Communicator& group);

@@ -1,8 +1,6 @@
 // The lock-step check of a ZeRO run against the whole model.
 #include "07_zero/verify_zero.h"
 
-#include <chrono>
-
 #include "common/core/memory.h"
 #include "common/data/sampling.h"
 #include "common/ops/autocast.h"
@@ -33,26 +31,15 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
   check_->set_optimizer(*adam_);  // and AdamW's formula itself
 }
 
-namespace {
-// Adds the time from here to the end of the scope to `total` (the check's own clock).
-class Stopwatch {
- public:
-  explicit Stopwatch(double& total) : total_(total), begin_(std::chrono::steady_clock::now()) {}
-  ~Stopwatch() { total_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_).count(); }
+void ZeroCheck::on_check_update(std::int64_t step, double norm) { check_->check_update(step, norm); }
 
- private:
-  double& total_;
-  std::chrono::steady_clock::time_point begin_;
-};
-}  // namespace
-
-void ZeroCheck::check_update(std::int64_t step, double norm) {
-  Stopwatch clock(ms_);
-  check_->check_update(step, norm);
+verify::LockstepSummary ZeroCheck::on_finish() {
+  const std::vector<float> whole = zero_.full_parameters();
+  check_->check_replicas(check_->next_step(), whole, group_);
+  return check_->finish(whole);
 }
 
-void ZeroCheck::begin_step(std::int64_t step) {
-  Stopwatch clock(ms_);
+void ZeroCheck::on_begin_step(std::int64_t step) {
   // Every rank's whole parameters (gathered from the shards, or held whole below stage 3): rank 0's against
   // the prediction, every other rank's against rank 0's.
   const std::vector<float> whole = zero_.full_parameters();
@@ -90,8 +77,7 @@ float ZeroCheck::part(nn::Module& reference, const std::vector<std::int64_t>& ba
   return l.item();
 }
 
-void ZeroCheck::check_gradient(std::int64_t step, float loss) {
-  Stopwatch clock(ms_);
+void ZeroCheck::on_check_gradient(std::int64_t step, float loss) {
   MemoryCategoryOverride verification(MemoryCategory::verification);  // the gathered copies are the check's
   const int ranks = sampler_.num_replicas();
   const std::int64_t local_batch = global_batch_ / ranks;

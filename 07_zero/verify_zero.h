@@ -18,28 +18,25 @@
 #include "common/parallel/distributed_sampler.h"
 #include "common/parallel/zero.h"
 #include "common/verify/lockstep.h"
+#include "common/verify/step_check.h"
 
 namespace course::chapter07 {
 
-class ZeroCheck {
+class ZeroCheck final : public verify::StepCheck {
  public:
   // `first_step` above 0: the run resumed there, and the reference takes the run's resumed state.
   ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero, const parallel::ZeroOptions& options,
             const parallel::DistributedSampler& sampler, comm::Communicator& group, std::uint64_t seed,
             std::int64_t global_batch, int accum, std::int64_t first_step);
-  void begin_step(std::int64_t step);
-  // After reduce_gradients, before apply: the averaged gradient and the loss. Collective.
-  void check_gradient(std::int64_t step, float loss);
+
+ protected:
+  void on_begin_step(std::int64_t step) override;
+  // After reduce_gradients, before apply: the averaged gradient and the loss over the global batch.
+  void on_check_gradient(std::int64_t step, float loss) override;
   // After apply: the update (`norm`: the one the run clipped by).
-  void check_update(std::int64_t step, double norm);
-  // The milliseconds the three calls above took since the last call of this: the check's own work,
-  // which the run leaves out of its step time.
-  double take_ms() { return std::exchange(ms_, 0.0); }
-  // The final parameters (every rank's whole copy) against the last prediction and each other. Collective.
-  verify::LockstepSummary finish(const std::vector<float>& final_parameters) {
-    check_->check_replicas(check_->next_step(), final_parameters, group_);
-    return check_->finish(final_parameters);
-  }
+  void on_check_update(std::int64_t step, double norm) override;
+  // The final parameters (every rank's whole copy, gathered) against the last prediction and each other.
+  verify::LockstepSummary on_finish() override;
 
  private:
   void start_from_resumed();
@@ -56,7 +53,6 @@ class ZeroCheck {
   std::shared_ptr<nn::Module> working_;    // mixed precision: the masters' 16-bit roundings
   std::unique_ptr<optim::Adam> adam_;
   std::unique_ptr<verify::Lockstep> check_;
-  double ms_ = 0;  // the check's own time, since take_ms
 };
 
 }  // namespace course::chapter07

@@ -227,16 +227,13 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
   return step;
 }
 
-void StepFigures::begin_step() {
-  begin_ = std::chrono::steady_clock::now();
-  apart_ms_ = 0;
-}
+void StepFigures::begin_step() { begin_ = std::chrono::steady_clock::now(); }
 
-void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& result) {
+void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& result, double checked_ms) {
   if (step > 0 || steps_ == 1) {  // the first step warms up allocators
     pipeline_ms_ += result.step_ms;
     for (const auto& a : result.timeline) busy_ms_ += a.end_ms - a.begin_ms;
-    whole_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_).count() - apart_ms_;
+    whole_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_).count() - checked_ms;
   }
   peak_ = std::max(peak_, result.peak_activation_bytes);
   last_ = result.timeline;

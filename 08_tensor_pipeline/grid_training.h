@@ -117,19 +117,14 @@ class StepFigures {
  public:
   explicit StepFigures(std::int64_t steps) : steps_(steps) {}
   void begin_step();
-  template <class Work>
-  void apart(Work&& work) {  // --verify's own work, left out of the step's time
-    const auto t = std::chrono::steady_clock::now();
-    work();
-    apart_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  }
-  void end_step(std::int64_t step, const parallel::PipelineStep& result);
+  // `checked_ms`: --verify's own work in the step (StepCheck::take_ms), left out of its time.
+  void end_step(std::int64_t step, const parallel::PipelineStep& result, double checked_ms);
   void finish(GridRun& run, parallel::Topology& topology) const;
 
  private:
   std::int64_t steps_;
   std::chrono::steady_clock::time_point begin_;
-  double apart_ms_ = 0, busy_ms_ = 0, pipeline_ms_ = 0, whole_ms_ = 0;
+  double busy_ms_ = 0, pipeline_ms_ = 0, whole_ms_ = 0;
   std::int64_t peak_ = 0;
   std::vector<parallel::TimedAction> last_;
 };

@@ -40,8 +40,6 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // This rank's part of the model (its stage's layers, split across its TP group), and DDP on the DP
   // group: every rank made the whole model from the same seed and kept its part.
   GridRun run = make_grid_model(o, task, topology, device, step);
-  std::unique_ptr<GridCheck> check;
-  if (verified) check = std::make_unique<GridCheck>(o, task, run, topology);
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
   // every micro-batch has the same size; each replica takes its share.
   data::SampleStream stream(task.task.size, o.common.seed);
@@ -50,11 +48,13 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // autocast; fp16's loss scale is agreed over the whole grid, every rank skipping the same steps.
   optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps, o.precision.dtype(),
                          &topology.world(), o.precision.loss_scale);
+  // --verify: the unsharded model beside the grid, in lock-step (verify_grid.h); without it, no check.
+  const auto check = verify::check_if(verified, [&] { return std::make_unique<GridCheck>(o, task, run, topology, training); });
   StepFigures figures(o.training.steps);
   const std::int64_t cp_before = run.cp ? run.cp->bytes_sent() : 0;
   for (step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
-    if (check) figures.apart([&] { check->begin_step(step); });
+    check->begin_step(step);
     auto parts = micro_batches(stream.take(step * o.training.global_batch, o.training.global_batch), topology.dp_rank(),
                                topology.dp_size(), m);
     if (o.faults.at("lose-micro-batch", step)) parts.pop_back();  // the step's last micro-batch never runs
@@ -70,12 +70,12 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // The replicas' mean (with --cp each rank's loss is its tokens' share times CP: averaged with them).
     const float loss = comm::all_reduce_scalar(topology.dp_cp_group(), result.loss, comm::ReduceOp::average);
     training.unscale_();  // fp16: the loss scale undone before the check and the clip
-    if (check) figures.apart([&] { check->check_gradient(step, loss, training); });
+    check->check_gradient(step, loss);
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
     //    whose gradients overflowed anywhere in the grid).
     const Tensor norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : Tensor(); });
-    if (check) figures.apart([&] { check->check_update(step, optim::norm_value(norm)); });
-    figures.end_step(step, result);
+    check->check_update(step, optim::norm_value(norm));
+    figures.end_step(step, result, check->take_ms());  // the check's own time left out
     run.losses.push_back(loss);
     if (metrics && (step % o.log_every == 0 || step + 1 == o.training.steps)) {
       log("step %4lld  loss %.6f\n", static_cast<long long>(step), run.losses.back());
@@ -83,7 +83,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     }
   }
   if (run.cp) run.cp_bytes = (run.cp->bytes_sent() - cp_before) / std::max<std::int64_t>(1, o.training.steps);
-  if (check) run.check = check->finish();
+  if (check->checks()) run.check = check->finish();
   run.skipped_steps = training.scaler().skipped_steps();
   figures.finish(run, topology);
   return run;

@@ -10,8 +10,9 @@
 
 namespace course::chapter08 {
 
-GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology)
-    : o_(o), task_(task), run_(run), topology_(topology), stream_(task.task.size, o.common.seed) {
+GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology,
+                     const optim::Recipe& training)
+    : o_(o), task_(task), run_(run), topology_(topology), training_(training), stream_(task.task.size, o.common.seed) {
   // The tensor-parallel group's sums are inside each micro-batch's computation, so a reference that
   // repeats a 16-bit micro-batch in one process (verify/model_parallel_reference.h) must add its float32
   // ones in the same order too: a mode of the check, made before the first step on every rank alike; an
@@ -75,7 +76,7 @@ void check_verifiable(const Options& o, const parallel::Topology& topology) {
 }
 
 // The whole vectors put together for the check count as its memory, not the run's.
-void GridCheck::begin_step(std::int64_t step) {
+void GridCheck::on_begin_step(std::int64_t step) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   lockstep_->begin_step(step, gather_->parameters());
   // The whole model is gathered from one copy of each part; the other replicas (the DP and CP ranks of the
@@ -83,7 +84,8 @@ void GridCheck::begin_step(std::int64_t step) {
   lockstep_->check_replicas(step, run_.model->parameters_to_host(), topology_.dp_cp_group());
 }
 
-void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recipe& training) {
+void GridCheck::on_check_gradient(std::int64_t step, float loss) {
+  const optim::Recipe& training = training_;
   MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
   // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
@@ -142,14 +144,14 @@ void GridCheck::check_gradient(std::int64_t step, float loss, const optim::Recip
   });
 }
 
-void GridCheck::check_update(std::int64_t step, double norm) {
+void GridCheck::on_check_update(std::int64_t step, double norm) {
   comm::Communicator& replicas = topology_.dp_cp_group();
   if (o_.faults.at("stray-replica", step) && replicas.rank() == replicas.size() - 1)
     parallel::stray_by_one_rounding(run_.model->parameters().front());  // this replica alone goes astray
   lockstep_->check_update(step, norm);
 }
 
-verify::LockstepSummary GridCheck::finish() {
+verify::LockstepSummary GridCheck::on_finish() {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   lockstep_->check_replicas(lockstep_->next_step(), run_.model->parameters_to_host(),
                             topology_.dp_cp_group());

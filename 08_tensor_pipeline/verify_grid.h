@@ -24,25 +24,30 @@
 #include "common/parallel/whole_model.h"
 #include "common/verify/lockstep.h"
 #include "common/verify/model_parallel_reference.h"
+#include "common/verify/step_check.h"
 #include "grid_training.h"
 
 namespace course::chapter08 {
 
-class GridCheck {
+class GridCheck final : public verify::StepCheck {
  public:
-  GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology);
-  void begin_step(std::int64_t step);                  // the grid's parameters: the predicted ones?
-  // After the gradient fix-ups and the unscaling, before clipping; `training`: the run's recipe, whose
-  // autocast and loss scale the reference computes with.
-  void check_gradient(std::int64_t step, float loss, const optim::Recipe& training);
-  void check_update(std::int64_t step, double norm);   // after the optimizer step (norm: clipping's)
-  verify::LockstepSummary finish();
+  // `training`: the run's recipe, whose autocast and loss scale the reference computes with.
+  GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology,
+            const optim::Recipe& training);
+
+ protected:
+  void on_begin_step(std::int64_t step) override;  // the grid's parameters: the predicted ones?
+  // After the gradient fix-ups and the unscaling, before clipping; `loss`: the step's over the global batch.
+  void on_check_gradient(std::int64_t step, float loss) override;
+  void on_check_update(std::int64_t step, double norm) override;  // after the optimizer step (norm: clipping's)
+  verify::LockstepSummary on_finish() override;
 
  private:
   const Options& o_;
   const ChapterTask& task_;
   const GridRun& run_;
   parallel::Topology& topology_;
+  const optim::Recipe& training_;
   data::SampleStream stream_;  // the reference's own copy of the sample order
   std::shared_ptr<nn::Module> reference_;
   std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe

@@ -1,0 +1,46 @@
+// The one interface of --verify: the check's clock, and the check of a run without it.
+#include "common/verify/step_check.h"
+
+#include <chrono>
+
+namespace course::verify {
+
+namespace {
+
+// Adds the time `work` takes to `ms`.
+template <class Work>
+void timed(double& ms, Work&& work) {
+  const auto begin = std::chrono::steady_clock::now();
+  work();
+  ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+}
+
+}  // namespace
+
+void StepCheck::begin_step(std::int64_t step) { timed(ms_, [&] { on_begin_step(step); }); }
+void StepCheck::check_gradient(std::int64_t step, float loss) { timed(ms_, [&] { on_check_gradient(step, loss); }); }
+void StepCheck::check_update(std::int64_t step, double norm) { timed(ms_, [&] { on_check_update(step, norm); }); }
+LockstepSummary StepCheck::finish() {
+  LockstepSummary summary;
+  timed(ms_, [&] { summary = on_finish(); });
+  return summary;
+}
+
+namespace {
+
+class Unchecked final : public StepCheck {
+ public:
+  bool checks() const override { return false; }
+
+ protected:
+  void on_begin_step(std::int64_t) override {}
+  void on_check_gradient(std::int64_t, float) override {}
+  void on_check_update(std::int64_t, double) override {}
+  LockstepSummary on_finish() override { return {}; }
+};
+
+}  // namespace
+
+std::unique_ptr<StepCheck> unchecked() { return std::make_unique<Unchecked>(); }
+
+}  // namespace course::verify

@@ -1,0 +1,60 @@
+// --verify behind one interface. A chapter's lock-step check (lockstep.h: the single-rank run of the same
+// computation, restarted every step from the run's own parameters) is called at a step's three points,
+// and its own time is kept apart, for the run to leave out of its step time. Without --verify a chapter
+// holds `unchecked()` (check_if), which does nothing, so its loop reads the same either way:
+//
+//   check->begin_step(step);              // the parameters: the ones the reference predicted?
+//   ... forward, backward, the gradients averaged and unscaled ...
+//   check->check_gradient(step, loss);    // the gradients (and loss): the reference's over the global batch?
+//   ... clip, step ...
+//   check->check_update(step, norm);      // the update: the optimizer's formula's from those gradients?
+//   ...
+//   summary = check->finish();            // the final parameters: the last prediction?
+//
+// Each chapter's check (05's, 07's, 08's) says what its reference computes and how close it must be.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "common/verify/lockstep.h"  // LockstepSummary
+
+namespace course::verify {
+
+class StepCheck {
+ public:
+  virtual ~StepCheck() = default;
+  void begin_step(std::int64_t step);
+  // After the gradients are final (averaged, unscaled), before clipping. `loss` as the chapter's check
+  // says (the step's over the global batch, or this rank's). Collective.
+  void check_gradient(std::int64_t step, float loss);
+  // After the optimizer's step; `norm`: the gradients' norm before clipping (0 without clipping).
+  void check_update(std::int64_t step, double norm);
+  // The final parameters against the last prediction, and the verdict. Collective.
+  LockstepSummary finish();
+  // The milliseconds the calls above took since the last call of this: the check's own work.
+  double take_ms() { return std::exchange(ms_, 0.0); }
+  // False for unchecked(): there is no verdict to report.
+  virtual bool checks() const { return true; }
+
+ protected:
+  virtual void on_begin_step(std::int64_t step) = 0;
+  virtual void on_check_gradient(std::int64_t step, float loss) = 0;
+  virtual void on_check_update(std::int64_t step, double norm) = 0;
+  virtual LockstepSummary on_finish() = 0;
+
+ private:
+  double ms_ = 0;
+};
+
+// A run without --verify: every call does nothing (and takes no time).
+std::unique_ptr<StepCheck> unchecked();
+
+// make() when `verify`, else unchecked(): check_if(o.verify, [&] { return std::make_unique<MyCheck>(...); }).
+template <class Make>
+std::unique_ptr<StepCheck> check_if(bool verify, Make make) {
+  if (!verify) return unchecked();
+  return make();
+}
+
+}  // namespace course::verify
