@@ -11,6 +11,7 @@
 #include "common/core/device.h"
 #include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
+#include "common/kernels/rows.h"
 #include "common/tensor/random.h"
 #include "common/tensor/tensor.h"
 
@@ -104,6 +105,34 @@ TEST(Half, CudaKernelsMatchTheCpu) {
     const DType other = dtype == DType::bfloat16 ? DType::float16 : DType::bfloat16;
     EXPECT_EQ(on_gpu.to(other).to_host(), on_cpu.to(other).to_host()) << dtype_name(dtype);
   }
+}
+
+// The row views the GPU's 16-bit kernels run the float row formulas on (half::In, half::Out): a row read
+// through In is its exact widening, a value stored through Out is rounded once to nearest even, and the
+// cross-entropy's gradient through them is the float row's, narrowed: the same bits as the CPU's kernel,
+// which widens a row into floats first.
+template <HalfFormat F>
+void expect_row_views_exact() {
+  const std::size_t cols = 1003, target = 17;
+  const auto values = Tensor::randn({static_cast<std::int64_t>(cols)}, 9, Device::cpu, 0.0f, 6.0f).to_host();
+  std::vector<std::uint16_t> bits(cols), through(cols), narrowed(cols);
+  std::vector<float> widened(cols), grad(cols);
+  for (std::size_t c = 0; c < cols; ++c) bits[c] = half::narrow<F>(values[c]), widened[c] = half::widen<F>(bits[c]);
+  const half::In<F> in{bits.data()};
+  for (std::size_t c = 0; c < cols; ++c) ASSERT_TRUE(in[c] == widened[c] || (std::isnan(in[c]) && std::isnan(widened[c])));
+  const math::RowExpSum e = math::row_exp_sum(math::AllLanes{}, in, cols), ef = math::row_exp_sum(math::AllLanes{}, widened.data(), cols);
+  EXPECT_EQ(e.top, ef.top);
+  EXPECT_EQ(e.total, ef.total);
+  EXPECT_EQ(math::cross_entropy_of(e, in, target), math::cross_entropy_of(ef, widened.data(), target));
+  math::cross_entropy_backward_of(math::AllLanes{}, e, in, cols, target, 0.75f, half::Out<F>{through.data()});
+  math::cross_entropy_backward_of(math::AllLanes{}, ef, widened.data(), cols, target, 0.75f, grad.data());
+  for (std::size_t c = 0; c < cols; ++c) narrowed[c] = half::narrow<F>(grad[c]);
+  EXPECT_EQ(through, narrowed);
+}
+
+TEST(Half, RowViewsReadExactlyAndRoundOnce) {
+  expect_row_views_exact<HalfFormat::bfloat16>();
+  expect_row_views_exact<HalfFormat::float16>();
 }
 
 }  // namespace

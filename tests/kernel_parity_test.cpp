@@ -356,6 +356,42 @@ TEST(KernelParity, RowKernelsGiveTheSameBitsOnEveryDevice) {
   }
 }
 
+// The cross-entropy on 16-bit logits (Kernels::cross_entropy_half, the fused classifier): the losses, each
+// row's top and total, and the 16-bit gradient, bf16 and fp16, at the row kernels' shapes.
+TEST(KernelParity, SixteenBitCrossEntropyGivesTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  for (const HalfFormat format : {HalfFormat::bfloat16, HalfFormat::float16})
+    for (const auto& [rows, cols] : std::vector<std::pair<std::size_t, std::size_t>>{
+             {1, 1}, {3, 7}, {33, 9}, {1027, 50304}, {2100003, 2}}) {
+      const std::string shape = std::string(format == HalfFormat::bfloat16 ? "bf16 " : "fp16 ") + std::to_string(rows) +
+                                " x " + std::to_string(cols);
+      const auto n = static_cast<std::int64_t>(rows * cols), r64 = static_cast<std::int64_t>(rows);
+      const DType dtype = format == HalfFormat::bfloat16 ? DType::bfloat16 : DType::float16;
+      const Tensor x = mul(Tensor::randn({n}, 55), Tensor::full({n}, 8.0f)).to(dtype);
+      std::vector<float> targets(rows), row_grads(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        targets[r] = r % 4 == 3 ? -100.0f : static_cast<float>(r % 2 ? cols - 1 : (r * 13) % cols);
+        row_grads[r] = 0.25f + static_cast<float>(r % 3);
+      }
+      const Tensor t = Tensor::from_host(targets, {r64}), rg = Tensor::from_host(row_grads, {r64});
+      std::map<Device, std::vector<std::vector<float>>> results;
+      for (const Device device : {Device::cpu, Device::cuda}) {
+        const Tensor xd = x.to(device), td = t.to(device), rgd = rg.to(device);
+        Tensor losses = Tensor::empty({r64}, device), top = Tensor::empty({r64}, device),
+               total = Tensor::empty({2 * r64}, device), grad = Tensor::empty({n}, device, dtype);
+        Kernels& k = kernels(device);
+        k.cross_entropy_half(format, xd.data16(), td.data(), rows, cols, losses.data(), top.data(),
+                             reinterpret_cast<double*>(total.data()));
+        k.cross_entropy_backward_half(format, xd.data16(), td.data(), rgd.data(), top.data(),
+                                      reinterpret_cast<const double*>(total.data()), rows, cols, grad.data16());
+        results[device] = {losses.to_host(), top.to_host(), total.to_host(), grad.to(DType::float32).to_host()};
+      }
+      const char* names[] = {"cross-entropy", "its rows' top", "its rows' totals", "its 16-bit gradient"};
+      for (std::size_t i = 0; i < results[Device::cpu].size(); ++i)
+        expect_same_bits(results[Device::cuda][i], results[Device::cpu][i], std::string(names[i]) + " " + shape);
+    }
+}
+
 // Attention's probabilities: with whole-number queries and keys and head size 16 (scale 1/4), every score
 // is exact whatever order a GEMM adds in, so the softmax rows (kernels/rows.h, lanes on both devices) must
 // give the same bits; causal and not, sequences shorter than, at and past a CPU query block (64).

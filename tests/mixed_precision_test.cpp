@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common/core/memory.h"
 #include "common/kernels/kernels.h"
@@ -267,6 +268,68 @@ TEST(MixedPrecision, ActivationsInBf16AreLittleMoreThanHalfOfFloat32s) {
   std::printf("activations at their peak: float32 %.0f bytes, bf16 %.0f (%.3f)\n", fp32, bf16, bf16 / fp32);
   EXPECT_LE(bf16 / fp32, kMixedActivationRatio);
   EXPECT_GE(bf16 / fp32, 0.5);
+}
+
+// The cross-entropy reads 16-bit logits as they are (Kernels::cross_entropy_half, llm.c's fused
+// classifier): the same losses and, rounded once, the same gradient as the float32 path on their exact
+// widening, bit for bit; under autocast (a float32 loss) and without (a loss of the logits' type). Ignored
+// rows, targets at both edges, widths below, at and past the lanes, and GPT-2's vocabulary.
+TEST(MixedPrecision, CrossEntropyOnSixteenBitLogitsIsTheFloat32PathsBits) {
+  for (const DType dtype : {DType::bfloat16, DType::float16})
+    for (const bool autocast : {true, false})
+      for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {5, 7}, {37, 1000}, {9, 50304}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + (autocast ? " under autocast, " : ", ") + std::to_string(rows) +
+                     " x " + std::to_string(cols));
+        const Tensor logits = mul(Tensor::randn({rows, cols}, 71), Tensor::full({rows, cols}, 8.0f)).to(dtype).set_requires_grad(true);
+        const Tensor widened = logits.detach().to(DType::float32).set_requires_grad(true);
+        std::vector<float> t(static_cast<std::size_t>(rows));
+        for (std::int64_t r = 0; r < rows; ++r)
+          t[static_cast<std::size_t>(r)] = r % 4 == 3 ? -100.0f : static_cast<float>(r % 2 ? cols - 1 : (r * 13) % cols);
+        const Tensor targets = Tensor::from_host(t, {rows});
+        Tensor loss;
+        {
+          Autocast scope(dtype, autocast);
+          loss = cross_entropy_per_row(logits, targets);
+        }
+        ASSERT_EQ(loss.dtype(), autocast ? DType::float32 : dtype);
+        const Tensor g = Tensor::randn({rows}, 72).to(loss.dtype());  // the losses' incoming gradient
+        loss.backward(g);
+        const Tensor reference = cross_entropy_per_row(widened, targets);
+        reference.backward(g.to(DType::float32));
+        // Bit for bit, but for the sign of zero: a leaf's gradient is added into zeros, where -0 becomes +0,
+        // and the reference's float32 gradient is cast to 16 bits after that, so a value that rounds to
+        // -0 in 16 bits is +0 on one side and -0 on the other.
+        const auto same = [](const Tensor& a, const Tensor& b) {
+          auto x = a.to(DType::float32).to_host(), y = b.to(DType::float32).to_host();
+          for (float& v : x) v += 0.0f;
+          for (float& v : y) v += 0.0f;
+          return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same(loss, reference.to(loss.dtype()))) << "the losses differ";
+        ASSERT_EQ(logits.grad().dtype(), dtype);
+        EXPECT_TRUE(same(logits.grad(), widened.grad().to(dtype))) << "the gradients differ";
+      }
+}
+
+// And it keeps no float32 copy: at GPT-2's vocabulary under autocast, what the loss holds for backward
+// beside the 16-bit logits is a few values a row, where the same loss on the logits cast to float32 first
+// holds a float32 copy of them (4 bytes an element; its backward then makes a float32 gradient too).
+TEST(MixedPrecision, CrossEntropyOnSixteenBitLogitsKeepsNoFloat32Copy) {
+  const std::int64_t rows = 16, cols = 50304, elements = rows * cols;
+  std::vector<float> t(static_cast<std::size_t>(rows), 5.0f);
+  const Tensor targets = Tensor::from_host(t, {rows});
+  const Tensor logits = Tensor::randn({rows, cols}, 73).to(DType::bfloat16).set_requires_grad(true);
+  const auto held = [&](bool widened_first) {
+    const auto start = memory_stats(Device::cpu).current_total;
+    Autocast scope(DType::bfloat16);
+    const Tensor loss = cross_entropy(widened_first ? cast(logits, DType::float32) : logits, targets);
+    return memory_stats(Device::cpu).current_total - start;
+  };
+  const auto direct = held(false), widened = held(true);
+  std::printf("cross-entropy over %lld bf16 logits, bytes held for backward: %lld read as they are, %lld widened "
+              "first\n", static_cast<long long>(elements), static_cast<long long>(direct), static_cast<long long>(widened));
+  EXPECT_LE(direct, 64 * rows + 4096);
+  EXPECT_GE(widened, 4 * elements);
 }
 
 }  // namespace

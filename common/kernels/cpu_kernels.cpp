@@ -196,6 +196,34 @@ COURSE_CPU_CLONES void cross_entropy_backward_rows(const float* logits, const fl
   }
 }
 
+// The cross-entropy of one float row (a 16-bit row widened), keeping the row's top and total; and its
+// gradient from them. The float32 kernels' formulas; here so that their loops vectorise as those do.
+COURSE_CPU_CLONES void cross_entropy_stats_row(const float* row, std::size_t cols, float target, float* loss,
+                                               float* top, double* total) {
+  const math::RowExpSum e = math::row_exp_sum(math::AllLanes{}, row, cols);
+  *top = e.top, *total = e.total;
+  *loss = target < 0.0f ? 0.0f : math::cross_entropy_of(e, row, static_cast<std::size_t>(target));
+}
+COURSE_CPU_CLONES void cross_entropy_backward_stats_row(const float* row, std::size_t cols, std::size_t target, float g,
+                                                        float top, double total, float* out) {
+  math::cross_entropy_backward_of(math::AllLanes{}, math::RowExpSum{top, total}, row, cols, target, g, out);
+}
+
+// Rows [first, end) of 16-bit logits through `body(r, widened row, float scratch)`, a row at a time.
+template <class Body>
+void for_each_widened_row(HalfFormat format, const std::uint16_t* logits, std::size_t first, std::size_t end,
+                          std::size_t cols, Body body) {
+  std::vector<float> row(cols), scratch(cols);
+  for (std::size_t r = first; r < end; ++r) {
+    const std::uint16_t* in = logits + r * cols;
+    if (format == HalfFormat::bfloat16)
+      for (std::size_t c = 0; c < cols; ++c) row[c] = half::from_bfloat16(in[c]);
+    else
+      for (std::size_t c = 0; c < cols; ++c) row[c] = half::from_float16(in[c]);
+    body(r, row.data(), scratch.data());
+  }
+}
+
 class CpuKernels final : public Kernels {
  public:
   void fill(float* out, std::size_t n, float value) override {
@@ -422,6 +450,36 @@ class CpuKernels final : public Kernels {
                               std::size_t cols, float* out) override {
     parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
       cross_entropy_backward_rows(logits, targets, g, first, end, cols, out);
+    });
+  }
+
+  // The 16-bit logits a row at a time, widened (exactly) into a float row: the float32 kernels' loops on
+  // it, so the same bits, vectorised as those are; the gradient rounded once into 16 bits.
+  void cross_entropy_half(HalfFormat format, const std::uint16_t* logits, const float* targets, std::size_t rows,
+                          std::size_t cols, float* losses, float* top, double* total) override {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+      for_each_widened_row(format, logits, first, end, cols, [&](std::size_t r, const float* row, float*) {
+        cross_entropy_stats_row(row, cols, targets[r], losses + r, top + r, total + r);
+      });
+    });
+  }
+
+  void cross_entropy_backward_half(HalfFormat format, const std::uint16_t* logits, const float* targets,
+                                   const float* g, const float* top, const double* total, std::size_t rows,
+                                   std::size_t cols, std::uint16_t* out) override {
+    parallel_for(rows, cols, [&](std::size_t first, std::size_t end) {
+      for_each_widened_row(format, logits, first, end, cols, [&](std::size_t r, const float* row, float* grad) {
+        std::uint16_t* dst = out + r * cols;
+        if (targets[r] < 0.0f) {  // an ignored row: no gradient
+          std::fill(dst, dst + cols, std::uint16_t{0});
+          return;
+        }
+        cross_entropy_backward_stats_row(row, cols, static_cast<std::size_t>(targets[r]), g[r], top[r], total[r], grad);
+        if (format == HalfFormat::bfloat16)
+          for (std::size_t c = 0; c < cols; ++c) dst[c] = half::to_bfloat16(grad[c]);
+        else
+          for (std::size_t c = 0; c < cols; ++c) dst[c] = half::to_float16(grad[c]);
+      });
     });
   }
 

@@ -162,7 +162,8 @@ struct GroupLanes {
     for (unsigned l = 0; l < math::kLanes; ++l) acc[l] = __shfl_sync(mask, mine, static_cast<int>(l), math::kLanes);
     return math::lane_fold(acc);
   }
-  __device__ float max(const float* x, std::size_t n) const {
+  template <class Row>
+  __device__ float max(const Row& x, std::size_t n) const {
     const float mine = math::lane_max_partial(x, n, lane);
     float acc[math::kLanes];
     for (unsigned l = 0; l < math::kLanes; ++l) acc[l] = __shfl_sync(mask, mine, static_cast<int>(l), math::kLanes);
@@ -201,6 +202,34 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
       return;
     }
     math::cross_entropy_backward_row(lanes, logits + r * cols, cols, static_cast<std::size_t>(targets[r]), g[r], dst);
+  });
+}
+
+// The same on 16-bit logits (Kernels::cross_entropy_half): each row's top and total kept for backward.
+template <HalfFormat F>
+__global__ void cross_entropy_half_kernel(const std::uint16_t* logits, const float* targets, std::size_t rows,
+                                          std::size_t cols, float* losses, float* top, double* total) {
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    const half::In<F> row{logits + r * cols};
+    const math::RowExpSum e = math::row_exp_sum(lanes, row, cols);
+    const bool valid = math::valid_index(targets[r], cols, NAN);  // an ignored row (or a bad target): no loss
+    const float loss = valid ? math::cross_entropy_of(e, row, static_cast<std::size_t>(targets[r])) : 0.0f;
+    if (lanes.lane == 0) losses[r] = loss, top[r] = e.top, total[r] = e.total;
+  });
+}
+
+template <HalfFormat F>
+__global__ void cross_entropy_backward_half_kernel(const std::uint16_t* logits, const float* targets, const float* g,
+                                                   const float* top, const double* total, std::size_t rows,
+                                                   std::size_t cols, std::uint16_t* out) {
+  for_each_row_in_lanes(rows, [&](const GroupLanes& lanes, std::size_t r) {
+    std::uint16_t* dst = out + r * cols;
+    if (!math::valid_index(targets[r], cols, NAN)) {  // an ignored row (or a bad target): no gradient
+      for (std::size_t c = lanes.first(); c < cols; c += lanes.stride()) dst[c] = 0;
+      return;
+    }
+    math::cross_entropy_backward_of(lanes, math::RowExpSum{top[r], total[r]}, half::In<F>{logits + r * cols}, cols,
+                                    static_cast<std::size_t>(targets[r]), g[r], half::Out<F>{dst});
   });
 }
 
@@ -838,6 +867,25 @@ class CudaKernels final : public Kernels {
                               std::size_t cols, float* out) override {
     if (!rows) return;
     cross_entropy_backward_kernel<<<blocks_for(rows * math::kLanes), kThreads>>>(logits, targets, g, rows, cols, out);
+    check_launch();
+  }
+  void cross_entropy_half(HalfFormat format, const std::uint16_t* logits, const float* targets, std::size_t rows,
+                          std::size_t cols, float* losses, float* top, double* total) override {
+    if (!rows) return;
+    half::with_format(format, [&](auto f) {
+      cross_entropy_half_kernel<decltype(f)::value><<<blocks_for(rows * math::kLanes), kThreads>>>(
+          logits, targets, rows, cols, losses, top, total);
+    });
+    check_launch();
+  }
+  void cross_entropy_backward_half(HalfFormat format, const std::uint16_t* logits, const float* targets, const float* g,
+                                   const float* top, const double* total, std::size_t rows, std::size_t cols,
+                                   std::uint16_t* out) override {
+    if (!rows) return;
+    half::with_format(format, [&](auto f) {
+      cross_entropy_backward_half_kernel<decltype(f)::value><<<blocks_for(rows * math::kLanes), kThreads>>>(
+          logits, targets, g, top, total, rows, cols, out);
+    });
     check_launch();
   }
   void arange(float* out, std::size_t n) override {

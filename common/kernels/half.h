@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/kernels/math.h"
 
@@ -74,5 +75,43 @@ COURSE_HOST_DEVICE inline float from_float16(std::uint16_t h) {
   }
   return float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
+
+// The format as a compile-time constant, so that a loop over 16-bit values has no branch per element.
+template <HalfFormat F>
+COURSE_HOST_DEVICE inline float widen(std::uint16_t h) {
+  if constexpr (F == HalfFormat::bfloat16) return from_bfloat16(h);
+  else return from_float16(h);
+}
+template <HalfFormat F>
+COURSE_HOST_DEVICE inline std::uint16_t narrow(float f) {
+  if constexpr (F == HalfFormat::bfloat16) return to_bfloat16(f);
+  else return to_float16(f);
+}
+
+// f(std::integral_constant<HalfFormat, F>{}) for the run-time `format`.
+template <class Body>
+decltype(auto) with_format(HalfFormat format, Body f) {
+  if (format == HalfFormat::bfloat16) return f(std::integral_constant<HalfFormat, HalfFormat::bfloat16>{});
+  return f(std::integral_constant<HalfFormat, HalfFormat::float16>{});
+}
+
+// A row of 16-bit values seen as floats, for the row formulas written over float rows (rows.h): In
+// reads row[i] exactly; Out stores row[i] = value rounded once to nearest even, as a float32 result's
+// cast would round it. So a 16-bit kernel runs the float32 kernel's arithmetic on the exact widening of
+// its input, without a float32 copy of the input or of the output.
+template <HalfFormat F>
+struct In {
+  const std::uint16_t* bits;
+  COURSE_HOST_DEVICE float operator[](std::size_t i) const { return widen<F>(bits[i]); }
+};
+template <HalfFormat F>
+struct Out {
+  std::uint16_t* bits;
+  struct Slot {
+    std::uint16_t* at;
+    COURSE_HOST_DEVICE void operator=(float value) const { *at = narrow<F>(value); }
+  };
+  COURSE_HOST_DEVICE Slot operator[](std::size_t i) const { return {bits + i}; }
+};
 
 }  // namespace course::half

@@ -161,6 +161,16 @@ class Kernels {
                              float* losses) = 0;
   virtual void cross_entropy_backward(const float* logits, const float* targets, const float* grad_losses,
                                       std::size_t rows, std::size_t cols, float* grad_logits) = 0;
+  // The same on 16-bit logits read where they lie (GPT-2's classifier under autocast; llm.c's fused
+  // classifier): the float32 kernels' arithmetic on their exact widening, so the same losses. Forward
+  // keeps each row's largest logit and sum of exp (`top`, `total`: rows each), so backward reads the
+  // logits once instead of three times, and writes the gradient in 16 bits, rounded once as the float32
+  // gradient's cast would round it. No float32 copy of the logits or of their gradient.
+  virtual void cross_entropy_half(HalfFormat format, const std::uint16_t* logits, const float* targets,
+                                  std::size_t rows, std::size_t cols, float* losses, float* top, double* total) = 0;
+  virtual void cross_entropy_backward_half(HalfFormat format, const std::uint16_t* logits, const float* targets,
+                                           const float* grad_losses, const float* top, const double* total,
+                                           std::size_t rows, std::size_t cols, std::uint16_t* grad_logits) = 0;
   // Layer normalisation over each row of `cols` (Ba et al., 2016), as nn.LayerNorm: the biased variance,
   // eps inside the square root. Forward keeps each row's mean and 1/sqrt(var + eps) for backward.
   virtual void layer_norm(const float* x, const float* weight, const float* bias, std::size_t rows, std::size_t cols,

@@ -46,8 +46,10 @@ COURSE_HOST_DEVICE inline double lane_sum(std::size_t n, Term term) {
 }
 
 // The maximum by the same lanes, for n >= 1: every lane starts at x[0] (std::max's rule: a NaN may be
-// skipped, as in std::max_element), and the lanes are folded in order.
-COURSE_HOST_DEVICE inline float lane_max_partial(const float* x, std::size_t n, std::size_t l) {
+// skipped, as in std::max_element), and the lanes are folded in order. `Row` is a float pointer or
+// anything else that x[i] reads a float from (a row of 16-bit values: HalfRow).
+template <class Row>
+COURSE_HOST_DEVICE inline float lane_max_partial(const Row& x, std::size_t n, std::size_t l) {
   float acc = x[0];
   for (std::size_t i = l; i < n; i += kLanes) acc = acc < x[i] ? x[i] : acc;
   return acc;
@@ -57,7 +59,8 @@ COURSE_HOST_DEVICE inline float lane_max_fold(const float* acc) {
   for (std::size_t l = 1; l < kLanes; ++l) top = top < acc[l] ? acc[l] : top;
   return top;
 }
-COURSE_HOST_DEVICE inline float lane_max(const float* x, std::size_t n) {
+template <class Row>
+COURSE_HOST_DEVICE inline float lane_max(const Row& x, std::size_t n) {
   float acc[kLanes];
   for (std::size_t l = 0; l < kLanes; ++l) acc[l] = x[0];
   std::size_t i = 0;
@@ -73,7 +76,8 @@ COURSE_HOST_DEVICE inline float lane_max(const float* x, std::size_t n) {
 struct AllLanes {
   template <class Term>
   COURSE_HOST_DEVICE double sum(std::size_t n, Term term) const { return lane_sum(n, term); }
-  COURSE_HOST_DEVICE float max(const float* x, std::size_t n) const { return lane_max(x, n); }
+  template <class Row>
+  COURSE_HOST_DEVICE float max(const Row& x, std::size_t n) const { return lane_max(x, n); }
   COURSE_HOST_DEVICE static constexpr std::size_t first() { return 0; }
   COURSE_HOST_DEVICE static constexpr std::size_t stride() { return 1; }
 };
@@ -150,32 +154,42 @@ struct RowExpSum {
   float top;
   double total;
 };
-template <class Lanes>
-COURSE_HOST_DEVICE inline RowExpSum row_exp_sum(const Lanes& lanes, const float* row, std::size_t cols) {
+template <class Lanes, class Row>
+COURSE_HOST_DEVICE inline RowExpSum row_exp_sum(const Lanes& lanes, const Row& row, std::size_t cols) {
   const float top = lanes.max(row, cols);
   return {top, lanes.sum(cols, [&](std::size_t c) { return exp_f32(rn::sub(row[c], top)); })};
 }
 
-// One row's cross-entropy against class `target`: log-sum-exp minus the target's logit.
-template <class Lanes>
-COURSE_HOST_DEVICE inline float cross_entropy_row(const Lanes& lanes, const float* row, std::size_t cols,
-                                                  std::size_t target) {
+// One row's cross-entropy against class `target`: log-sum-exp minus the target's logit. `e`: the row's
+// row_exp_sum, which backward can keep instead of computing it again.
+template <class Row>
+COURSE_HOST_DEVICE inline float cross_entropy_of(const RowExpSum& e, const Row& row, std::size_t target) {
   using namespace rn;
-  const RowExpSum e = row_exp_sum(lanes, row, cols);
   return static_cast<float>(sub(add(log_f64(e.total), static_cast<double>(e.top)), static_cast<double>(row[target])));
 }
+template <class Lanes, class Row>
+COURSE_HOST_DEVICE inline float cross_entropy_row(const Lanes& lanes, const Row& row, std::size_t cols,
+                                                  std::size_t target) {
+  return cross_entropy_of(row_exp_sum(lanes, row, cols), row, target);
+}
 
-// Its gradient: (softmax - one_hot(target)) times the row's incoming gradient g.
-template <class Lanes>
-COURSE_HOST_DEVICE inline void cross_entropy_backward_row(const Lanes& lanes, const float* row, std::size_t cols,
-                                                          std::size_t target, float g, float* out) {
+// Its gradient: (softmax - one_hot(target)) times the row's incoming gradient g, from the row's
+// row_exp_sum `e`. `Out` is a float pointer, or anything out[c] = value stores through (HalfRow: rounded
+// once to 16 bits).
+template <class Lanes, class Row, class Out>
+COURSE_HOST_DEVICE inline void cross_entropy_backward_of(const Lanes& lanes, const RowExpSum& e, const Row& row,
+                                                         std::size_t cols, std::size_t target, float g, Out out) {
   using namespace rn;
-  const RowExpSum e = row_exp_sum(lanes, row, cols);
   const auto scale = static_cast<float>(div(static_cast<double>(g), e.total));
   for (std::size_t c = lanes.first(); c < cols; c += lanes.stride()) {
     const float p = mul(exp_f32(sub(row[c], e.top)), scale);
     out[c] = c == target ? sub(p, g) : p;
   }
+}
+template <class Lanes, class Row, class Out>
+COURSE_HOST_DEVICE inline void cross_entropy_backward_row(const Lanes& lanes, const Row& row, std::size_t cols,
+                                                          std::size_t target, float g, Out out) {
+  cross_entropy_backward_of(lanes, row_exp_sum(lanes, row, cols), row, cols, target, g, out);
 }
 
 // One row of attention's probabilities, in place over its scores: softmax over the first `visible` (the

@@ -636,19 +636,48 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   });
 }
 
+namespace {
+
+// 16-bit logits read as they are (Kernels::cross_entropy_half): the losses and the 16-bit gradient are
+// the bits of the float32 path on their widening (the gradient rounded once, as its cast would round
+// it), without the float32 copies. The loss is float32 under autocast (its float32 policy), else of the
+// logits' type, as the float32 path gives them.
+Tensor cross_entropy_half_rows(const Tensor& logits, const Tensor& targets, std::size_t rows, std::size_t cols) {
+  const Device device = logits.device();
+  Tensor losses = Tensor::empty({logits.dim(0)}, device);
+  Tensor top = Tensor::empty({logits.dim(0)}, device), total = Tensor::empty({2 * logits.dim(0)}, device);  // doubles
+  const HalfFormat format = half_format(logits.dtype());
+  kernels(device).cross_entropy_half(format, logits.data16(), wide(targets).data(), rows, cols, losses.data(),
+                                     top.data(), reinterpret_cast<double*>(total.data()));
+  const DType loss_type = autocast_dtype() == DType::float32 ? logits.dtype() : DType::float32;
+  return autograd::record(losses.to(loss_type), "cross_entropy", {logits, targets},
+                          [logits = logits.detach(), targets = targets.detach(), top, total, format, rows,
+                           cols](const Tensor& g) {
+                            Tensor grad = Tensor::empty(logits.shape(), logits.device(), logits.dtype());
+                            kernels(logits.device())
+                                .cross_entropy_backward_half(format, logits.data16(), wide(targets).data(), wide(g).data(),
+                                                             top.data(), reinterpret_cast<const double*>(total.data()),
+                                                             rows, cols, grad.data16());
+                            return std::vector<Tensor>{grad, Tensor()};
+                          });
+}
+
+}  // namespace
+
 Tensor cross_entropy_per_row(const Tensor& logits_in, const Tensor& targets, int ignore_index) {
   RecordFunction timed("cross_entropy");
-  const Tensor logits = autocast_input("cross_entropy", logits_in);
   if (ignore_index >= 0)
     throw std::invalid_argument("cross_entropy: ignore_index " + std::to_string(ignore_index) +
                                 " must be negative (the kernels skip negative targets)");
-  check_same_device(logits, targets, "cross_entropy");
-  if (logits.shape().size() != 2 || targets.numel() != logits.dim(0))
-    throw std::invalid_argument("cross_entropy: logits " + shape_string(logits.shape()) + " and targets " +
+  check_same_device(logits_in, targets, "cross_entropy");
+  if (logits_in.shape().size() != 2 || targets.numel() != logits_in.dim(0))
+    throw std::invalid_argument("cross_entropy: logits " + shape_string(logits_in.shape()) + " and targets " +
                                 shape_string(targets.shape()) + " do not match");
-  auto rows = static_cast<std::size_t>(logits.dim(0)), cols = static_cast<std::size_t>(logits.dim(1));
+  auto rows = static_cast<std::size_t>(logits_in.dim(0)), cols = static_cast<std::size_t>(logits_in.dim(1));
   kernels(targets.device()).check_indices(IndexCheck::cross_entropy_target, wide(targets).data(), rows, cols,
                                           static_cast<float>(ignore_index));
+  if (is_16bit(logits_in.dtype())) return cross_entropy_half_rows(logits_in, targets, rows, cols);
+  const Tensor logits = autocast_input("cross_entropy", logits_in);
   Tensor losses = Tensor::empty({logits.dim(0)}, logits.device());
   kernels(logits.device()).cross_entropy(wide(logits).data(), wide(targets).data(), rows, cols, losses.data());
   return autograd::record(losses.to(logits.dtype()), "cross_entropy", {logits, targets},
