@@ -46,10 +46,9 @@ int run(Options& o, cli::Session& session) {
   // 1. Resume or start: with --resume, the newest good checkpoint (a damaged or foreign one is named
   //    and skipped) restores the parameters, the optimizer's moments and the place in the data.
   const checkpoint::Start start = checkpoint::resume_training(group, folder, o.checkpoints.resume, identity,
-                                                              *trainer.model, trainer.optimizer(), session.metrics,
+                                                              *trainer.model, *trainer.recipe, session.metrics,
                                                               checks.also_restore());
   checkpoint::TrainingState state = start.state;
-  if (!start.resumed_from.empty()) trainer.recipe->load_scaler_state(state.loss_scale);  // fp16: the scale goes on
   checks.begin(start);
 
   for (std::int64_t step = state.step; step < o.training.steps; ++step) {
@@ -62,11 +61,10 @@ int run(Options& o, cli::Session& session) {
     state.samples_seen += global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
-    state.loss_scale = trainer.recipe->scaler().state();  // fp16: whether the next steps skip depends on it
     if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
     // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
     if (checkpoint::writes_checkpoint_at(state.step, o.training.steps, o.checkpoints.every))
-      checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, trainer.optimizer(),
+      checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, *trainer.recipe,
                                              session.metrics, o.kill.during_save_of(state.step, group.rank()),
                                              checks.writer_fault(step)));
   }

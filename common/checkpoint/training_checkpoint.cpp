@@ -12,8 +12,9 @@
 namespace course::checkpoint {
 
 Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool resume, const RunIdentity& run,
-                      nn::Module& model, optim::Optimizer& optimizer, metrics::MetricsWriter& metrics,
+                      nn::Module& model, optim::Recipe& recipe, metrics::MetricsWriter& metrics,
                       const std::function<void(const std::string&, const Loaded&)>& also_restore) {
+  optim::Optimizer& optimizer = recipe.optimizer();
   const int ranks = group.size();
   Start start;
   start.state.seed = run.seed;
@@ -53,6 +54,7 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
     throw UsageError("--steps: " + std::to_string(run.steps) + " is fewer than the checkpoint's " +
                      std::to_string(state.step));
   restore(found->path, found->loaded, model, optimizer);
+  recipe.load_scaler_state(state.loss_scale);  // fp16: the scale goes on
   if (also_restore) also_restore(found->path, found->loaded);
   remove_dead_writes(group, [&] { return folder.remove_partial_writes(); });  // resumed: now they may go
   log("resumed from step %lld (%s, saved at %d ranks; sample position %lld, epoch %lld)\n",
@@ -71,15 +73,18 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
 }
 
 Saved save_training(comm::Communicator& group, const CheckpointFolder& folder, const TrainingState& state,
-                    const std::string& config, const nn::Module& model, const optim::Optimizer& optimizer,
+                    const std::string& config, const nn::Module& model, const optim::Recipe& recipe,
                     metrics::MetricsWriter& metrics, const WriteProgress& die_halfway,
                     const std::function<void(NamedTensors&)>& writer_fault) {
   Saved saved;
   if (group.rank() != 0) return saved;
+  const optim::Optimizer& optimizer = recipe.optimizer();
+  TrainingState with_scale = state;
+  with_scale.loss_scale = recipe.scaler().state();  // fp16: whether the next steps skip depends on it
   const auto begin = std::chrono::steady_clock::now();
   // What the loader would reject is never written: with --keep it would replace the good ones.
   Loaded outgoing;
-  outgoing.metadata = training_metadata(state, config, model, optimizer);  // the state's digest, from memory
+  outgoing.metadata = training_metadata(with_scale, config, model, optimizer);  // the state's digest, from memory
   outgoing.tensors = training_tensors(model, optimizer);
   if (writer_fault) writer_fault(outgoing.tensors);
   outgoing.checksummed = true;  // the file will carry one

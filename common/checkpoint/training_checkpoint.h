@@ -12,7 +12,7 @@
 #include "common/comm/communicator.h"
 #include "common/metrics/metrics.h"
 #include "common/nn/module.h"
-#include "common/optim/optimizer.h"
+#include "common/optim/recipe.h"
 
 namespace course::checkpoint {
 
@@ -34,14 +34,16 @@ struct Start {
 
 // At start-up, on every rank of `group`: prepares `folder` (prepare_checkpoint_folder: what dead writers
 // left is removed, a fresh run refuses a folder that holds checkpoints). With `resume`, the newest good
-// checkpoint that matches `run` is restored into `model` and `optimizer`, and into a second copy through
-// `also_restore` when given (--verify's reference); the log says where, and a "resume" metric is
-// written. A checkpoint of another run is a UsageError naming the flag that differs. Collective.
+// checkpoint that matches `run` is restored into `model` and `recipe` (its optimizer's state, and fp16's
+// loss scale, whose value decides which later steps skip), and into a second copy through `also_restore`
+// when given (--verify's reference); the log says where, and a "resume" metric is written. A checkpoint
+// of another run is a UsageError naming the flag that differs. Collective.
 Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool resume, const RunIdentity& run,
-                      nn::Module& model, optim::Optimizer& optimizer, metrics::MetricsWriter& metrics,
+                      nn::Module& model, optim::Recipe& recipe, metrics::MetricsWriter& metrics,
                       const std::function<void(const std::string& path, const Loaded&)>& also_restore = {});
 
-// Rank 0 writes the checkpoint of `state` (the ranks hold the same state: one writer, one copy), after
+// Rank 0 writes the checkpoint of `state`, `model` and `recipe` (its optimizer's state and its loss
+// scale; the ranks hold the same state: one writer, one copy), after
 // checking that its own loader accepts it (its values give the digest of the state in memory,
 // training_state.h), logs its size and speed and writes a "checkpoint" metric. `die_halfway`: a kill
 // while writing, when asked (cli::KillOptions); `writer_fault`: a writer's bug, for the check to catch
@@ -52,7 +54,7 @@ struct Saved {
   double ms = 0;
 };
 Saved save_training(comm::Communicator& group, const CheckpointFolder& folder, const TrainingState& state,
-                    const std::string& config, const nn::Module& model, const optim::Optimizer& optimizer,
+                    const std::string& config, const nn::Module& model, const optim::Recipe& recipe,
                     metrics::MetricsWriter& metrics, const WriteProgress& die_halfway = {},
                     const std::function<void(NamedTensors&)>& writer_fault = {});
 
