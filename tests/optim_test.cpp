@@ -99,7 +99,7 @@ TEST(MultiTensor, EveryElementIsInExactlyOneChunk) {
 // One list of 601 tensors, each with its own weight decay, updated in one call: each element gets the
 // update rule's bits with its own tensor's decay, as if every tensor had been stepped alone.
 TEST(MultiTensor, AdamOverAListIsEachTensorsOwnUpdate) {
-  const AdamParams a{1e-3f, 0.9f, 0.95f, 1e-8f, true, 0.1f, 0.0975f};
+  const AdamParams a{1e-3f, 0.9f, 0.95f, 1e-8f, true, 0.1f, 0.0975f, /*zero_grad=*/true};
   const std::vector<std::size_t> sizes = awkward_sizes();
   std::vector<std::vector<float>> p(sizes.size()), g(p.size()), m(p.size()), v(p.size());
   std::vector<AdamTensor> list;
@@ -120,8 +120,47 @@ TEST(MultiTensor, AdamOverAListIsEachTensorsOwnUpdate) {
   kernels(Device::cpu).adam_step(list, a);
   for (std::size_t t = 0; t < sizes.size(); ++t)
     for (std::size_t i = 0; i < sizes[t]; ++i)
-      ASSERT_TRUE(p[t][i] == want_p[t][i] && m[t][i] == want_m[t][i] && v[t][i] == want_v[t][i])
-          << "element " << i << " of tensor " << t << ": " << p[t][i] << " against " << want_p[t][i];
+      ASSERT_TRUE(p[t][i] == want_p[t][i] && m[t][i] == want_m[t][i] && v[t][i] == want_v[t][i] && g[t][i] == 0.0f)
+          << "element " << i << " of tensor " << t << ": " << p[t][i] << " against " << want_p[t][i] << ", gradient "
+          << g[t][i];
+}
+
+// zero_grad folded into Adam's launch: step_and_zero_grad() leaves the parameters and moments of step()
+// then zero_grad(), bit for bit, and every gradient zero (a parameter without one keeps none).
+TEST(Optim, AdamsStepAndZeroGradIsStepThenZeroGrad) {
+  const auto make = [] {
+    std::vector<Tensor> params;
+    for (int i = 0; i < 5; ++i) {
+      Tensor p = Tensor::randn({3 + 40 * i}, 80 + i).set_requires_grad(true);
+      if (i != 2) p.set_grad(Tensor::randn({3 + 40 * i}, 90 + i));
+      params.push_back(p);
+    }
+    return params;
+  };
+  std::vector<Tensor> apart = make(), folded = make();
+  optim::Adam one(optim::weight_decay_groups(apart, 0.1f), 1e-2f, 0.9f, 0.95f, 1e-8f, true),
+      other(optim::weight_decay_groups(folded, 0.1f), 1e-2f, 0.9f, 0.95f, 1e-8f, true);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < apart.size(); ++i) {
+      if (i == 2) continue;  // no gradient
+      apart[i].grad().copy_from(Tensor::randn(apart[i].shape(), 100 + step));
+      folded[i].grad().copy_from(Tensor::randn(folded[i].shape(), 100 + step));
+    }
+    one.step();
+    one.zero_grad();
+    other.step_and_zero_grad();
+    for (std::size_t i = 0; i < apart.size(); ++i) {
+      EXPECT_EQ(apart[i].to_host(), folded[i].to_host()) << "parameter " << i << " at step " << step;
+      if (i == 2) {
+        EXPECT_FALSE(folded[i].grad().defined());
+        continue;
+      }
+      for (float g : folded[i].grad().to_host()) ASSERT_EQ(g, 0.0f) << "parameter " << i << "'s gradient";
+    }
+  }
+  const auto a = one.state(), b = other.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].second.to_host(), b[i].second.to_host()) << a[i].first;
 }
 
 TEST(Optim, LoadedStateContinuesBitForBit) {

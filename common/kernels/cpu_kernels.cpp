@@ -531,6 +531,7 @@ class CpuKernels final : public Kernels {
             x.param[i] = math::adam_update(x.param[i], x.grad[i], x.m[i], x.v[i], a.lr, a.beta1, a.beta2, a.eps,
                                            x.weight_decay, a.decoupled_weight_decay, a.bias_correction1,
                                            a.bias_correction2);
+          if (a.zero_grad) std::fill(x.grad + r.begin, x.grad + r.end, 0.0f);
         }
       });
     });

@@ -326,10 +326,12 @@ __global__ void adam_kernel(const __grid_constant__ AdamLaunch list, AdamParams 
   for (std::size_t chunk = blockIdx.x; chunk < list.chunks.first[list.chunks.count]; chunk += gridDim.x) {
     const math::ChunkRange r = math::multi_tensor_range(list.chunks, list.tensors, chunk);
     const AdamTensor& x = list.tensors[r.tensor];
-    for (std::size_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x)
+    for (std::size_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
       x.param[i] = math::adam_update(x.param[i], x.grad[i], x.m[i], x.v[i], a.lr, a.beta1, a.beta2, a.eps,
                                      x.weight_decay, a.decoupled_weight_decay, a.bias_correction1,
                                      a.bias_correction2);
+      if (a.zero_grad) x.grad[i] = 0.0f;
+    }
   }
 }
 

@@ -11,25 +11,8 @@
 
 namespace course::half {
 
-COURSE_HOST_DEVICE inline std::uint32_t bits_of(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-
-COURSE_HOST_DEVICE inline float float_of(std::uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+using math::bits_of;
+using math::float_of;
 
 // Rounds the low `shift` bits of `value` away, to nearest and ties to even.
 COURSE_HOST_DEVICE inline std::uint32_t round_shift(std::uint32_t value, int shift) {

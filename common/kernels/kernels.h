@@ -24,11 +24,12 @@ struct AdamParams {
   float lr, beta1, beta2, eps;
   bool decoupled_weight_decay;       // AdamW (Loshchilov & Hutter, 2019) when true
   float bias_correction1, bias_correction2;  // 1 - beta^t, computed by the optimizer
+  bool zero_grad = false;            // each gradient element set to 0 once read (zero_grad folded in)
 };
 // One tensor of an Adam step (or one piece of one: a ZeRO shard's segment), with its group's weight decay.
 struct AdamTensor {
   float* param;
-  const float* grad;
+  float* grad;  // written only with AdamParams::zero_grad
   float* m;
   float* v;
   std::size_t n;

@@ -26,15 +26,28 @@ constexpr float kGelu3A = 3.0f * kGeluA;       // rounded once, at compile time,
 // (the next term is below 6e-9, under half a float ulp), and 2^n put straight into exponent bits, in two
 // halves so that n up to 128 fits. Within 2 ulp of the true e^x (tests/cpu_kernels_test.cpp measures it);
 // 0 below -87.3, where only denormals remain, and infinity above 88.72, past the largest float.
-COURSE_HOST_DEVICE inline float pow2_bits(std::int32_t n) {  // 2^n for n in [-126, 127]
-  const std::int32_t bits = (n + 127) << 23;
+// A float's bits, and the float of bits, on either device (half.h builds its formats on them too).
+COURSE_HOST_DEVICE inline std::uint32_t bits_of(float f) {
 #ifdef __CUDA_ARCH__
-  return __int_as_float(bits);
+  return __float_as_uint(f);
 #else
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
 #endif
+}
+COURSE_HOST_DEVICE inline float float_of(std::uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+COURSE_HOST_DEVICE inline float pow2_bits(std::int32_t n) {  // 2^n for n in [-126, 127]
+  return float_of(static_cast<std::uint32_t>(n + 127) << 23);
 }
 
 constexpr float kExpMin = -87.3f, kExpMax = 88.72f;

@@ -156,12 +156,12 @@ std::vector<std::pair<std::string, Tensor>> Adam::allocate_state() {
   return state();
 }
 
-void Adam::step() {
+void Adam::step(bool zero_grad) {
   allocate_state();
   ++steps_;
   const AdamParams a{lr_, beta1_, beta2_, eps_, decoupled_,
                      static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
-                     static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_))};
+                     static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_)), zero_grad};
   const bool broken = broken_from_ > 0 && steps_ >= broken_from_ && decoupled_;  // --fault adamw-decay
   // Every tensor of a device in one list: on a GPU, one launch (multi-tensor apply) instead of one a tensor.
   std::map<Device, std::vector<AdamTensor>> lists;

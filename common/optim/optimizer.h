@@ -26,6 +26,11 @@ class Optimizer {
   virtual std::string name() const = 0;  // "sgd", "adam", "adamw": what a checkpoint records
   virtual Settings settings() const = 0;
   void zero_grad();
+  // step(), then zero_grad(): Adam clears each gradient as its update reads it, in the same launch.
+  virtual void step_and_zero_grad() {
+    step();
+    zero_grad();
+  }
   float lr() const { return lr_; }
   void set_lr(float lr) { lr_ = lr; }
   const std::vector<Tensor>& params() const { return params_; }
@@ -79,7 +84,8 @@ class Adam : public Optimizer {
   // Parameter groups, each with its own weight decay; the parameters are ordered group by group.
   Adam(const std::vector<ParamGroup>& groups, float lr, float beta1, float beta2, float eps,
        bool decoupled_weight_decay);
-  void step() override;
+  void step() override { step(false); }
+  void step_and_zero_grad() override { step(true); }
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   Settings settings() const override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
@@ -91,6 +97,7 @@ class Adam : public Optimizer {
 
  private:
   std::vector<std::pair<std::string, Tensor>> allocate_state() override;
+  void step(bool zero_grad);
   float beta1_, beta2_, eps_;
   std::vector<float> weight_decay_;  // per parameter, from its group
   bool decoupled_;

@@ -71,8 +71,7 @@ double norm_value(const Tensor& norm) { return norm.defined() ? static_cast<doub
 
 void Recipe::update(std::int64_t step) {
   if (schedule_) optimizer_->set_lr(schedule_->lr_at(step));
-  optimizer_->step();
-  optimizer_->zero_grad();
+  optimizer_->step_and_zero_grad();
 }
 
 }  // namespace course::optim
