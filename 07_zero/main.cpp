@@ -69,10 +69,9 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   const std::int64_t local_batch = global_batch / group.size();
   Checkpoints checkpoints(o, plan.checkpointed, group, zero, *model, task.description, global_batch);
   run.first_step = checkpoints.load();  // 0, or with --resume the newest good checkpoint's step
-  const auto check = verify::check_if(plan.verified, [&] {
+  const auto check = verify::check_if(plan.verified, [&] {  // --verify: the whole model beside the shards
     return std::make_unique<ZeroCheck>(task, zero, options, sampler, group, o.common.seed, global_batch, o.accum,
-                                       run.first_step);
-  });
+                                       run.first_step); });
   reset_peak_memory(device);
   for (std::int64_t step = run.first_step; step < o.training.steps; ++step) {
     if (plan.checkpointed) o.kill.at_step_start(step, group.rank());  // a node lost, when asked
