@@ -12,6 +12,7 @@
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/grad_scaler.h"
+#include "common/verify/contribution_magnitudes.h"
 
 namespace course {
 namespace {
@@ -129,7 +130,7 @@ TEST(Autograd, ASecondBackwardThroughAFreedGraphIsNamed) {
 TEST(Autograd, ContributionMagnitudesCountEveryTermOfALeafsGradient) {
   Tensor w = Tensor::from_host({3.0f, -1.0f}, {2}).set_requires_grad(true);
   const Tensor a = Tensor::from_host({1.0f, 2.0f}, {2}), b = Tensor::from_host({-1.0f, 0.5f}, {2});
-  autograd::ContributionMagnitudes terms;
+  verify::ContributionMagnitudes terms;
   sum(add(mul(w, a), mul(w, b))).backward();
   EXPECT_EQ(w.grad().to_host(), (std::vector<float>{0.0f, 2.5f}));
   ASSERT_NE(terms.of(w), nullptr);

@@ -24,6 +24,7 @@
 #include "common/ops/autocast.h"
 #include "common/verify/model_parallel_reference.h"
 #include "common/verify/compare.h"
+#include "common/verify/contribution_magnitudes.h"
 #include "support/mpi_main.h"
 
 namespace course::testing {
@@ -242,7 +243,7 @@ TEST(TensorParallel, TheInProcessReferenceRoundsAsTheRanksDo) {
         },
         full, sequence_parallel);
     full.zero_grad();
-    autograd::ContributionMagnitudes terms;
+    verify::ContributionMagnitudes terms;
     const float reference_loss = reference.backward(full, [&](parallel::TensorParallelModule& part) {
       return backward(dynamic_cast<parallel::PipelineStageGPT&>(part));
     });

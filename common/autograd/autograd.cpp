@@ -87,7 +87,7 @@ void topological_order(const std::shared_ptr<Node>& root, std::vector<std::share
 
 }  // namespace
 
-thread_local ContributionMagnitudes* t_magnitudes = nullptr;
+thread_local LeafGradientObserver* t_observer = nullptr;
 
 namespace {
 
@@ -100,7 +100,7 @@ void add_to_leaf(const Tensor& leaf, const Tensor& g) {
   }
   Tensor grad(impl->grad);
   if (g.defined()) grad.add_(g);
-  if (g.defined() && t_magnitudes) t_magnitudes->add(leaf, g);
+  if (g.defined() && t_observer) t_observer->contributed(leaf, g);
 }
 
 void run_backward(const Tensor& root, const Tensor& grad_output, std::vector<std::function<void()>>* deferred);
@@ -123,43 +123,9 @@ DeferredWeightGradients backward_deferring_weights(const Tensor& root, const Ten
   return out;
 }
 
-ContributionMagnitudes::ContributionMagnitudes() : previous_(t_magnitudes) { t_magnitudes = this; }
-ContributionMagnitudes::~ContributionMagnitudes() { t_magnitudes = previous_; }
-ContributionMagnitudes* ContributionMagnitudes::current() { return t_magnitudes; }
-
-const std::vector<double>* ContributionMagnitudes::of(const Tensor& leaf) const {
-  const auto found = sums_.find(leaf.impl());
-  return found == sums_.end() ? nullptr : &found->second.magnitude;
-}
-
-void ContributionMagnitudes::add(const Tensor& leaf, const Tensor& contribution) {
-  Sums& sums = sums_[leaf.impl()];
-  const std::vector<float> values = contribution.to_host();
-  sums.magnitude.resize(values.size(), 0.0);
-  for (std::size_t i = 0; i < values.size(); ++i) sums.magnitude[i] += std::fabs(static_cast<double>(values[i]));
-  most_ = std::max(most_, ++sums.count);
-}
-
-void ContributionMagnitudes::add(const Tensor& leaf, const std::vector<double>& magnitude, int count) {
-  Sums& sums = sums_[leaf.impl()];
-  sums.magnitude.resize(magnitude.size(), 0.0);
-  for (std::size_t i = 0; i < magnitude.size(); ++i) sums.magnitude[i] += magnitude[i];
-  sums.count += count;
-  most_ = std::max(most_, sums.count);
-}
-
-int ContributionMagnitudes::count(const Tensor& leaf) const {
-  const auto found = sums_.find(leaf.impl());
-  return found == sums_.end() ? 0 : found->second.count;
-}
-
-void ContributionMagnitudes::scale(const std::vector<Tensor>& leaves, double factor) {
-  for (const Tensor& leaf : leaves) {
-    const auto found = sums_.find(leaf.impl());
-    if (found != sums_.end())
-      for (double& m : found->second.magnitude) m *= factor;
-  }
-}
+LeafGradientObserver::LeafGradientObserver() : previous_(t_observer) { t_observer = this; }
+LeafGradientObserver::~LeafGradientObserver() { t_observer = previous_; }
+LeafGradientObserver* LeafGradientObserver::current() { return t_observer; }
 
 bool grad_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) { t_grad_enabled = false; }

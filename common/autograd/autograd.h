@@ -62,39 +62,24 @@ class EnableGradGuard {
   bool previous_;
 };
 
-// While one is alive on this thread, backward also adds up, for every leaf, the absolute values of the
-// contributions its gradient receives, in double, and counts them: what a lock-step check needs where
-// a leaf receives several terms in one backward (a tied table: the embedding's and the output layer's)
-// that a distributed run adds in another order, so that the bound of their sum covers the terms
-// themselves and not only their total, which may cancel (common/verify/lockstep.h). The optimizer's
-// loss scale reaches them too (GradScaler::unscale_gradients scales them with the gradients).
-class ContributionMagnitudes {
+// Sees every contribution to a leaf's gradient as backward adds it, while alive on this thread (the
+// innermost one): a general "gradient ready" hook, one term at a time. GradScaler tells it when it
+// divides gradients by the loss scale, so what it recorded can follow. A lock-step check's record of
+// each leaf's terms is one (verify/contribution_magnitudes.h); autograd knows nothing more of it.
+class LeafGradientObserver {
  public:
-  ContributionMagnitudes();
-  ~ContributionMagnitudes();
-  ContributionMagnitudes(const ContributionMagnitudes&) = delete;
-  ContributionMagnitudes& operator=(const ContributionMagnitudes&) = delete;
-  static ContributionMagnitudes* current();  // this thread's innermost, or null
+  LeafGradientObserver();
+  virtual ~LeafGradientObserver();
+  LeafGradientObserver(const LeafGradientObserver&) = delete;
+  LeafGradientObserver& operator=(const LeafGradientObserver&) = delete;
+  static LeafGradientObserver* current();  // this thread's innermost, or null
 
-  // The sum of |contribution| of each element of `leaf`'s gradient; null if it received none.
-  const std::vector<double>* of(const Tensor& leaf) const;
-  // The most contributions any leaf received.
-  int most_contributions() const { return most_; }
-  void add(const Tensor& leaf, const Tensor& contribution);  // the engine's
-  // Terms computed elsewhere (another thread's backward): `count` contributions to each element of
-  // `leaf`, the sums of their magnitudes.
-  void add(const Tensor& leaf, const std::vector<double>& magnitude, int count);
-  int count(const Tensor& leaf) const;  // how many contributions `leaf` received
-  void scale(const std::vector<Tensor>& leaves, double factor);
+  virtual void contributed(const Tensor& leaf, const Tensor& contribution) = 0;
+  // The gradients of `leaves` were multiplied by `factor` (the loss scale undone).
+  virtual void scaled(const std::vector<Tensor>& leaves, double factor) { (void)leaves, (void)factor; }
 
  private:
-  struct Sums {
-    std::vector<double> magnitude;
-    int count = 0;
-  };
-  std::unordered_map<const TensorImpl*, Sums> sums_;
-  int most_ = 0;
-  ContributionMagnitudes* previous_;
+  LeafGradientObserver* previous_;
 };
 
 // Gives `output` a node when grad mode is on and some input requires a gradient. `deferrable`: which

@@ -72,8 +72,8 @@ void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
     Tensor g = p.grad();
     if (g.defined()) kernels(g.device()).scale(g.data(), 1.0f / scale_, g.data(), static_cast<std::size_t>(g.numel()));
   }
-  // A lock-step check's record of the gradients' terms follows them (autograd::ContributionMagnitudes).
-  if (auto* magnitudes = autograd::ContributionMagnitudes::current()) magnitudes->scale(params, 1.0 / scale_);
+  // Whoever watches the gradients' terms (a lock-step check's record) follows them.
+  if (auto* observer = autograd::LeafGradientObserver::current()) observer->scaled(params, 1.0 / scale_);
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

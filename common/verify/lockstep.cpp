@@ -15,6 +15,7 @@
 #include "common/kernels/kernels.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/replicas.h"
+#include "common/verify/contribution_magnitudes.h"
 
 namespace course::verify {
 namespace {
@@ -149,7 +150,7 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
     reference_->zero_grad();
     // A part's gradient may itself be a sum of terms that cancel (a tied table's two uses), which the run
     // may add in another order, across its parts: the magnitude is that of the terms.
-    autograd::ContributionMagnitudes terms_of;
+    verify::ContributionMagnitudes terms_of;
     const double part_loss = scale * part(*reference_, r);
     terms = std::max(terms, terms_of.most_contributions());
     loss += part_loss;

@@ -13,7 +13,7 @@
 //                   float32 bound of those additions. Where a part's gradient is itself a sum of
 //                   terms (a tied table's two uses, accumulation inside a part), which the run may add
 //                   across parts in another order, the bound counts every term and their magnitudes
-//                   (autograd::ContributionMagnitudes), not only each part's total, which may cancel.
+//                   (verify::ContributionMagnitudes), not only each part's total, which may cancel.
 //                   Where the run adds its parts in 16 bits, their errors must also not lean one way
 //                   over the whole gradient, as rounding to nearest never does (RoundingBias);
 //        reordered: the run reorders the computation itself (tensor and pipeline parallelism): within

@@ -8,6 +8,7 @@
 #include "common/autograd/autograd.h"
 #include "common/core/memory.h"
 #include "common/parallel/whole_model.h"
+#include "common/verify/contribution_magnitudes.h"
 
 namespace course::verify {
 
@@ -68,7 +69,7 @@ float ModelParallelReference::backward(nn::Module& whole, const Backward& backwa
   comm::run_in_turns(*turns_, static_cast<int>(threads), [&](int thread) {
     MemoryCategoryOverride counted(MemoryCategory::verification);
     const auto k = static_cast<std::size_t>(thread);
-    autograd::ContributionMagnitudes terms;
+    verify::ContributionMagnitudes terms;
     losses[k] = backward(*parts_[k]);
     parallel::finish_gradients(*parts_[k]);
     for (std::size_t s = 0; s < slots_.size(); ++s) {
@@ -77,7 +78,7 @@ float ModelParallelReference::backward(nn::Module& whole, const Backward& backwa
       counts[k][s] = terms.count(p);
     }
   });
-  autograd::ContributionMagnitudes* caller = autograd::ContributionMagnitudes::current();
+  verify::ContributionMagnitudes* caller = verify::ContributionMagnitudes::current();
   const auto first = static_cast<std::size_t>(cp_rank * tp_);  // TP rank 0 of this CP rank
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     const Slot& slot = slots_[s];

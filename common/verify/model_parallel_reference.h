@@ -45,7 +45,7 @@ class ModelParallelReference {
   // parameters, runs `backward` on its thread, then parallel::finish_gradients. `whole`'s gradients
   // become those of the TP ranks of `cp_rank` put together (a split element from the part that holds
   // it, the rest from the first, where all agree), and the terms added into each, with their magnitudes,
-  // go to the calling thread's autograd::ContributionMagnitudes (under sequence parallelism an unsplit
+  // go to the calling thread's verify::ContributionMagnitudes (under sequence parallelism an unsplit
   // parameter's gradient is the sum of every TP rank's terms). Returns that CP rank's loss.
   float backward(nn::Module& whole, const Backward& backward, int cp_rank = 0);
 
