@@ -3,9 +3,12 @@
 // (ties to even) found by search in double precision; the CUDA kernels against the CPU's, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/core/device.h"
@@ -133,6 +136,75 @@ void expect_row_views_exact() {
 TEST(Half, RowViewsReadExactlyAndRoundOnce) {
   expect_row_views_exact<HalfFormat::bfloat16>();
   expect_row_views_exact<HalfFormat::float16>();
+}
+
+// The 16-bit element-wise kernels (Kernels::binary_half, ...) against the float32 kernels on the widened
+// values, rounded once: every one of the 65,536 bit patterns through each activation and its gradient,
+// and random pairs through each binary op, with each of the ways binary repeats an operand, at lengths
+// that cut the CPU's blocks of 1,024 and the operands' runs anywhere.
+std::vector<std::uint16_t> composed(HalfFormat format, std::size_t n,
+                                    const std::function<void(float*)>& float32_kernel) {
+  std::vector<float> wide(n);
+  float32_kernel(wide.data());
+  std::vector<std::uint16_t> out(n);
+  kernels(Device::cpu).to_half(format, wide.data(), out.data(), n);
+  return out;
+}
+std::vector<float> widened(HalfFormat format, const std::vector<std::uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  kernels(Device::cpu).from_half(format, bits.data(), out.data(), bits.size());
+  return out;
+}
+void expect_same_bits(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& expected,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  const auto at = std::mismatch(got.begin(), got.end(), expected.begin());
+  EXPECT_TRUE(at.first == got.end()) << what << ": element " << (at.first - got.begin()) << " is 0x" << std::hex
+                                     << *at.first << ", the float32 kernel's rounding 0x" << *at.second;
+}
+
+TEST(Half, SixteenBitElementWiseKernelsAreTheFloat32KernelsOnTheWidenedValues) {
+  Kernels& k = kernels(Device::cpu);
+  std::vector<std::uint16_t> every(1 << 16), shuffled(1 << 16);
+  for (std::size_t i = 0; i < every.size(); ++i) every[i] = static_cast<std::uint16_t>(i);
+  const auto random = Tensor::rand_uniform({1 << 16}, 21, 0.0f, 65536.0f).to_host();
+  for (std::size_t i = 0; i < shuffled.size(); ++i) shuffled[i] = static_cast<std::uint16_t>(random[i]);
+  const std::size_t n = every.size();
+  for (const HalfFormat format : {HalfFormat::bfloat16, HalfFormat::float16}) {
+    const std::string name = format == HalfFormat::bfloat16 ? "bf16 " : "fp16 ";
+    const std::vector<float> x = widened(format, every), g = widened(format, shuffled);
+    for (const auto& [op, op_name] : std::vector<std::pair<UnaryOp, std::string>>{
+             {UnaryOp::relu, "relu"}, {UnaryOp::gelu, "gelu"}, {UnaryOp::gelu_tanh, "gelu_tanh"}}) {
+      const std::string what = name + op_name;
+      std::vector<std::uint16_t> out(n), grad(n);
+      k.unary_half(format, op, every.data(), out.data(), n);
+      expect_same_bits(out, composed(format, n, [&](float* r) { k.unary(op, x.data(), r, n); }), what);
+      k.unary_backward_half(format, op, every.data(), shuffled.data(), grad.data(), n);
+      expect_same_bits(grad, composed(format, n, [&](float* r) { k.unary_backward(op, x.data(), g.data(), r, n); }),
+                       what + "'s gradient");
+    }
+    // a and b of n elements, or one of them a row of 7 (or 1) repeated, or 3 repeated over a length it
+    // does not divide; n = 5,003 leaves a short last block.
+    const std::size_t m = 5003;
+    for (const auto& [an, bn] : std::vector<std::pair<std::size_t, std::size_t>>{{m, m}, {m, 7}, {7, m}, {m, 1}, {1, m}, {m, 3}}) {
+      const std::vector<std::uint16_t> a(every.begin(), every.begin() + static_cast<std::ptrdiff_t>(an)),
+          b(shuffled.end() - static_cast<std::ptrdiff_t>(bn), shuffled.end());
+      const std::vector<float> wa = widened(format, a), wb = widened(format, b);
+      for (const auto& [op, op_name] : std::vector<std::pair<BinaryOp, std::string>>{
+               {BinaryOp::add, "add"}, {BinaryOp::sub, "sub"}, {BinaryOp::mul, "mul"}, {BinaryOp::max, "max"}}) {
+        std::vector<std::uint16_t> out(m);
+        k.binary_half(format, op, a.data(), an, b.data(), bn, out.data(), m);
+        expect_same_bits(out, composed(format, m, [&](float* r) { k.binary(op, wa.data(), an, wb.data(), bn, r, m); }),
+                         name + op_name + ", operands of " +
+                             std::to_string(an) + " and " + std::to_string(bn));
+      }
+    }
+    std::vector<float> acc = Tensor::randn({static_cast<std::int64_t>(n)}, 22).to_host(), expected = acc;
+    k.add_half(format, every.data(), acc.data(), n);
+    k.binary(BinaryOp::add, expected.data(), n, x.data(), n, expected.data(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(math::bits_of(acc[i]), math::bits_of(expected[i])) << name << "add_half, element " << i;
+  }
 }
 
 }  // namespace

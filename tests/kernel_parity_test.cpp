@@ -392,6 +392,56 @@ TEST(KernelParity, SixteenBitCrossEntropyGivesTheSameBitsOnEveryDevice) {
     }
 }
 
+// The 16-bit element-wise kernels read and write 16 bits on both devices (Kernels::binary_half, ...):
+// every bit pattern through each activation and its gradient, random pairs through each binary op with
+// each way of repeating an operand, a 16-bit fill, and a 16-bit gradient added into a float32 one.
+TEST(KernelParity, SixteenBitElementWiseKernelsGiveTheSameBitsOnEveryDevice) {
+  SKIP_WITHOUT_GPU();
+  const std::int64_t n = 1 << 16;
+  std::vector<float> patterns(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < patterns.size(); ++i) patterns[i] = static_cast<float>(i);
+  const Tensor every = Tensor::from_host(patterns, {n}), shuffled = Tensor::rand_uniform({n}, 31, 0.0f, 65536.0f);
+  const Tensor acc0 = Tensor::randn({n}, 32);
+  for (const DType dtype : {DType::bfloat16, DType::float16}) {
+    const HalfFormat format = half_format(dtype);
+    std::map<Device, std::vector<std::vector<float>>> results;
+    for (const Device device : {Device::cpu, Device::cuda}) {
+      // The patterns as 16-bit tensors: each float below 2^16 written as the bits it counts.
+      const auto bits = [&](const Tensor& counts) {
+        std::vector<std::uint16_t> host(static_cast<std::size_t>(n));
+        const auto values = counts.to_host();
+        for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::uint16_t>(values[i]);
+        Tensor t = Tensor::empty({n}, Device::cpu, dtype);
+        std::memcpy(t.data16(), host.data(), host.size() * sizeof(std::uint16_t));
+        return t.to(device);
+      };
+      const Tensor x = bits(every), g = bits(shuffled);
+      Kernels& k = kernels(device);
+      std::vector<std::vector<float>>& out = results[device];
+      const auto keep = [&](const Tensor& t) { out.push_back(t.to(DType::float32).to_host()); };
+      for (const UnaryOp op : {UnaryOp::relu, UnaryOp::gelu, UnaryOp::gelu_tanh}) {
+        Tensor y = Tensor::empty({n}, device, dtype), dx = Tensor::empty({n}, device, dtype);
+        k.unary_half(format, op, x.data16(), y.data16(), static_cast<std::size_t>(n));
+        k.unary_backward_half(format, op, x.data16(), g.data16(), dx.data16(), static_cast<std::size_t>(n));
+        keep(y), keep(dx);
+      }
+      for (const auto& [an, bn] : std::vector<std::pair<std::size_t, std::size_t>>{{65536, 65536}, {65536, 768}, {768, 65536}, {65536, 1}, {65536, 3}})
+        for (const BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::max}) {
+          Tensor y = Tensor::empty({n}, device, dtype);
+          k.binary_half(format, op, x.data16(), an, g.data16() + (65536 - bn), bn, y.data16(), static_cast<std::size_t>(n));
+          keep(y);
+        }
+      keep(Tensor::full({n}, 0.1f, device, dtype));  // fill_bits, the value rounded on the host
+      Tensor acc = acc0.to(device);
+      k.add_half(format, g.data16(), acc.data(), static_cast<std::size_t>(n));
+      keep(acc);
+    }
+    for (std::size_t i = 0; i < results[Device::cpu].size(); ++i)
+      expect_same_bits(results[Device::cuda][i], results[Device::cpu][i],
+                       std::string(dtype_name(dtype)) + " element-wise result " + std::to_string(i));
+  }
+}
+
 // Attention's probabilities: with whole-number queries and keys and head size 16 (scale 1/4), every score
 // is exact whatever order a GEMM adds in, so the softmax rows (kernels/rows.h, lanes on both devices) must
 // give the same bits; causal and not, sequences shorter than, at and past a CPU query block (64).

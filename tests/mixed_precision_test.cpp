@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "common/core/memory.h"
 #include "common/kernels/kernels.h"
@@ -330,6 +331,33 @@ TEST(MixedPrecision, CrossEntropyOnSixteenBitLogitsKeepsNoFloat32Copy) {
               "first\n", static_cast<long long>(elements), static_cast<long long>(direct), static_cast<long long>(widened));
   EXPECT_LE(direct, 64 * rows + 4096);
   EXPECT_GE(widened, 4 * elements);
+}
+
+// The 16-bit element-wise ops read and write their 16-bit tensors (Kernels::unary_half, binary_half): a
+// bf16 GELU, its gradient (with the leaf's) and a bf16 residual add allocate their 16-bit outputs and
+// nothing else (16-bit zeros filled in 16 bits, Kernels::fill_bits), where
+// widening through float32 slices would add an eighth of the tensor in floats twice over; a float32
+// leaf adds a 16-bit gradient without a float32 copy of it (add_half).
+TEST(MixedPrecision, SixteenBitElementWiseOpsAllocateOnlyTheirOutputs) {
+  const std::int64_t n = 1 << 20;
+  for (const DType dtype : {DType::bfloat16, DType::float16}) {
+    const Tensor x = Tensor::randn({n}, 81).to(dtype).set_requires_grad(true), r = Tensor::randn({n}, 82).to(dtype);
+    const Tensor g = Tensor::randn({n}, 83).to(dtype);
+    const auto grown = [](const std::function<void()>& f) {
+      reset_peak_memory(Device::cpu);
+      const auto start = memory_stats(Device::cpu).current_total;
+      f();
+      return memory_stats(Device::cpu).peak_total - start;
+    };
+    const std::int64_t bytes = 2 * n;
+    Tensor y;
+    EXPECT_EQ(grown([&] { y = gelu(x, GeluApproximate::tanh); }), bytes) << dtype_name(dtype) << " gelu";
+    EXPECT_EQ(grown([&] { y.backward(g); }), 2 * bytes) << dtype_name(dtype) << " gelu's gradient and x's";
+    EXPECT_EQ(grown([&] { y = add(y.detach(), r); }), bytes) << dtype_name(dtype) << " add";
+    Tensor acc = Tensor::zeros({n});
+    EXPECT_EQ(grown([&] { acc.add_(g); }), 0) << dtype_name(dtype) << " a 16-bit gradient into a float32 one";
+    EXPECT_EQ(acc.to_host(), g.to(DType::float32).to_host()) << dtype_name(dtype);
+  }
 }
 
 }  // namespace

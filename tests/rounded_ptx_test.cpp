@@ -89,7 +89,8 @@ std::vector<std::string> contractible(const std::string& body) {
 // layer norm's and the cross-entropy's rows (in lanes), layer norm's columns and the two stages of column
 // sums (their sums in the same order on both), the optimizers, and FlashAttention's tiles.
 const std::vector<std::string> kSharedFormulaKernels = {
-    "to_half_kernel",  "from_half_kernel", "binary_kernel",   "binary_broadcast_kernel", "scale_kernel",
+    "to_half_kernel",  "from_half_kernel", "binary_kernel", "binary_half_kernel", "unary_half_kernel",
+    "unary_backward_half_kernel", "add_half_kernel",   "binary_broadcast_kernel", "scale_kernel",
     "scale_by_kernel", "unary_kernel",     "unary_backward_kernel", "layer_norm_kernel",
     "layer_norm_backward_x_kernel", "layer_norm_params_chunks_kernel", "cross_entropy_kernel",
     "cross_entropy_backward_kernel", "cross_entropy_half_kernel", "cross_entropy_backward_half_kernel",

@@ -61,9 +61,9 @@ void fire_hooks(const Tensor& leaf) {
 }
 
 Tensor sum_of(const Tensor& a, const Tensor& b) {
-  Tensor out = a.to(DType::float32).clone();
-  out.add_(b);  // in float32, rounded once: as PyTorch adds two bfloat16 gradients
-  return out.to(a.dtype());
+  Tensor out = a.clone();
+  out.add_(b);  // in float32, rounded once to a's type: as PyTorch adds two bfloat16 gradients
+  return out;
 }
 
 // Post-order depth-first walk over the nodes; reversed it is a valid processing order, since every

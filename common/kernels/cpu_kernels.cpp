@@ -209,18 +209,54 @@ COURSE_CPU_CLONES void cross_entropy_backward_stats_row(const float* row, std::s
   math::cross_entropy_backward_of(math::AllLanes{}, math::RowExpSum{top, total}, row, cols, target, g, out);
 }
 
+// n 16-bit values widened exactly into floats, and floats rounded once into 16 bits: the format a
+// constant of the loop, so that it vectorises. from_half, to_half and every 16-bit kernel's blocks.
+void widen_into(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) {
+  half::with_format(format, [&](auto f) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = half::widen<decltype(f)::value>(in[i]);
+  });
+}
+void narrow_into(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) {
+  half::with_format(format, [&](auto f) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = half::narrow<decltype(f)::value>(in[i]);
+  });
+}
+
 // Rows [first, end) of 16-bit logits through `body(r, widened row, float scratch)`, a row at a time.
 template <class Body>
 void for_each_widened_row(HalfFormat format, const std::uint16_t* logits, std::size_t first, std::size_t end,
                           std::size_t cols, Body body) {
   std::vector<float> row(cols), scratch(cols);
   for (std::size_t r = first; r < end; ++r) {
-    const std::uint16_t* in = logits + r * cols;
-    if (format == HalfFormat::bfloat16)
-      for (std::size_t c = 0; c < cols; ++c) row[c] = half::from_bfloat16(in[c]);
-    else
-      for (std::size_t c = 0; c < cols; ++c) row[c] = half::from_float16(in[c]);
+    widen_into(format, logits + r * cols, row.data(), cols);
     body(r, row.data(), scratch.data());
+  }
+}
+
+// A 16-bit element-wise kernel as its float32 loop on blocks: each thread takes kHalfBlock elements at a
+// time, `body(first, count, results)` widens its operands' values for [first, first + count) and runs the
+// float32 loop into `results`, which are rounded into out once. Blocks change no arithmetic.
+constexpr std::size_t kHalfBlock = 1024;
+template <class Body>
+void in_half_blocks(HalfFormat format, std::uint16_t* out, std::size_t n, Body body) {
+  parallel_for(n, 1, [&](std::size_t begin, std::size_t end) {
+    float results[kHalfBlock];
+    for (std::size_t first = begin; first < end; first += kHalfBlock) {
+      const std::size_t count = std::min(kHalfBlock, end - first);
+      body(first, count, results);
+      narrow_into(format, results, out + first, count);
+    }
+  });
+}
+
+// Values [first, first + count) of a 16-bit operand of `size` elements repeated along the output (as
+// Kernels::binary repeats it), widened into `out`.
+void widen_repeated(HalfFormat format, const std::uint16_t* in, std::size_t size, std::size_t first, std::size_t count,
+                    float* out) {
+  for (std::size_t done = 0; done < count;) {  // runs of the operand that do not wrap round
+    const std::size_t at = (first + done) % size, run = std::min(count - done, size - at);
+    widen_into(format, in + at, out + done, run);
+    done += run;
   }
 }
 
@@ -228,6 +264,9 @@ class CpuKernels final : public Kernels {
  public:
   void fill(float* out, std::size_t n, float value) override {
     parallel_for(n, 1, [&](std::size_t b, std::size_t e) { std::fill(out + b, out + e, value); });
+  }
+  void fill_bits(std::uint16_t* out, std::size_t n, std::uint16_t bits) override {
+    parallel_for(n, 1, [&](std::size_t b, std::size_t e) { std::fill(out + b, out + e, bits); });
   }
   void copy(float* out, const float* in, std::size_t n) override {
     parallel_for(n, 1, [&](std::size_t b, std::size_t e) { std::copy(in + b, in + e, out + b); });
@@ -308,13 +347,48 @@ class CpuKernels final : public Kernels {
   }
 
   void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) override {
-    elementwise(n, [&](std::size_t i) {
-      out[i] = format == HalfFormat::float16 ? half::to_float16(in[i]) : half::to_bfloat16(in[i]);
-    });
+    parallel_for(n, 1, [&](std::size_t b, std::size_t e) { narrow_into(format, in + b, out + b, e - b); });
   }
   void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) override {
-    elementwise(n, [&](std::size_t i) {
-      out[i] = format == HalfFormat::float16 ? half::from_float16(in[i]) : half::from_bfloat16(in[i]);
+    parallel_for(n, 1, [&](std::size_t b, std::size_t e) { widen_into(format, in + b, out + b, e - b); });
+  }
+
+  void binary_half(HalfFormat format, BinaryOp op, const std::uint16_t* a, std::size_t an, const std::uint16_t* b,
+                   std::size_t bn, std::uint16_t* out, std::size_t n) override {
+    if (!n) return;
+    with_binary_op(op, [&](auto f) {
+      in_half_blocks(format, out, n, [&](std::size_t first, std::size_t count, float* results) {
+        float wa[kHalfBlock], wb[kHalfBlock];
+        widen_repeated(format, a, an, first, count, wa);
+        widen_repeated(format, b, bn, first, count, wb);
+        for (std::size_t i = 0; i < count; ++i) results[i] = f(wa[i], wb[i]);
+      });
+    });
+  }
+  void unary_half(HalfFormat format, UnaryOp op, const std::uint16_t* in, std::uint16_t* out, std::size_t n) override {
+    in_half_blocks(format, out, n, [&](std::size_t first, std::size_t count, float* results) {
+      float x[kHalfBlock];
+      widen_into(format, in + first, x, count);
+      unary_loop(op, x, results, 0, count);
+    });
+  }
+  void unary_backward_half(HalfFormat format, UnaryOp op, const std::uint16_t* in, const std::uint16_t* g,
+                           std::uint16_t* out, std::size_t n) override {
+    in_half_blocks(format, out, n, [&](std::size_t first, std::size_t count, float* results) {
+      float x[kHalfBlock], gx[kHalfBlock];
+      widen_into(format, in + first, x, count);
+      widen_into(format, g + first, gx, count);
+      unary_backward_loop(op, x, gx, results, 0, count);
+    });
+  }
+  void add_half(HalfFormat format, const std::uint16_t* in, float* acc, std::size_t n) override {
+    parallel_for(n, 1, [&](std::size_t begin, std::size_t end) {
+      float x[kHalfBlock];
+      for (std::size_t first = begin; first < end; first += kHalfBlock) {
+        const std::size_t count = std::min(kHalfBlock, end - first);
+        widen_into(format, in + first, x, count);
+        for (std::size_t i = 0; i < count; ++i) acc[first + i] = math::binary(BinaryOp::add, acc[first + i], x[i]);
+      }
     });
   }
   void scale(const float* in, float factor, float* out, std::size_t n) override {

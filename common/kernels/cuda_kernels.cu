@@ -32,6 +32,10 @@ __global__ void fill_kernel(float* out, std::size_t n, float value) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = value;
 }
 
+__global__ void fill_bits_kernel(std::uint16_t* out, std::size_t n, std::uint16_t bits) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = bits;
+}
+
 __global__ void to_half_kernel(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     out[i] = format == HalfFormat::float16 ? half::to_float16(in[i]) : half::to_bfloat16(in[i]);
@@ -47,6 +51,34 @@ __global__ void binary_kernel(BinaryOp op, const float* a, std::size_t an, const
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     out[i] = math::binary(op, a[an == n ? i : i % an], b[bn == n ? i : i % bn]);
   }
+}
+
+// The 16-bit element-wise kernels (Kernels::binary_half, ...): the float32 kernels' formulas on the exact
+// widening of each value, each result rounded once; the format a template argument, so no branch per element.
+template <HalfFormat F>
+__global__ void binary_half_kernel(BinaryOp op, const std::uint16_t* a, std::size_t an, const std::uint16_t* b,
+                                   std::size_t bn, std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = half::narrow<F>(math::binary(op, half::widen<F>(a[an == n ? i : i % an]), half::widen<F>(b[bn == n ? i : i % bn])));
+}
+
+template <HalfFormat F>
+__global__ void unary_half_kernel(UnaryOp op, const std::uint16_t* in, std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = half::narrow<F>(math::unary(op, half::widen<F>(in[i])));
+}
+
+template <HalfFormat F>
+__global__ void unary_backward_half_kernel(UnaryOp op, const std::uint16_t* in, const std::uint16_t* g,
+                                           std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    out[i] = half::narrow<F>(math::unary_backward(op, half::widen<F>(in[i]), half::widen<F>(g[i])));
+}
+
+template <HalfFormat F>
+__global__ void add_half_kernel(const std::uint16_t* in, float* acc, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    acc[i] = math::binary(BinaryOp::add, acc[i], half::widen<F>(in[i]));
 }
 
 __global__ void scale_kernel(const float* in, float factor, float* out, std::size_t n) {
@@ -610,6 +642,11 @@ class CudaKernels final : public Kernels {
     fill_kernel<<<blocks_for(n), kThreads>>>(out, n, value);
     check_launch();
   }
+  void fill_bits(std::uint16_t* out, std::size_t n, std::uint16_t bits) override {
+    if (!n) return;
+    fill_bits_kernel<<<blocks_for(n), kThreads>>>(out, n, bits);
+    check_launch();
+  }
   void copy(float* out, const float* in, std::size_t n) override {
     if (n) COURSE_CUDA_CHECK(cudaMemcpy(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice));
   }
@@ -710,6 +747,32 @@ class CudaKernels final : public Kernels {
   void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) override {
     if (!n) return;
     from_half_kernel<<<blocks_for(n), kThreads>>>(format, in, out, n);
+    check_launch();
+  }
+  void binary_half(HalfFormat format, BinaryOp op, const std::uint16_t* a, std::size_t an, const std::uint16_t* b,
+                   std::size_t bn, std::uint16_t* out, std::size_t n) override {
+    if (!n) return;
+    half::with_format(format, [&](auto f) {
+      binary_half_kernel<decltype(f)::value><<<blocks_for(n), kThreads>>>(op, a, an, b, bn, out, n);
+    });
+    check_launch();
+  }
+  void unary_half(HalfFormat format, UnaryOp op, const std::uint16_t* in, std::uint16_t* out, std::size_t n) override {
+    if (!n) return;
+    half::with_format(format, [&](auto f) { unary_half_kernel<decltype(f)::value><<<blocks_for(n), kThreads>>>(op, in, out, n); });
+    check_launch();
+  }
+  void unary_backward_half(HalfFormat format, UnaryOp op, const std::uint16_t* in, const std::uint16_t* g,
+                           std::uint16_t* out, std::size_t n) override {
+    if (!n) return;
+    half::with_format(format, [&](auto f) {
+      unary_backward_half_kernel<decltype(f)::value><<<blocks_for(n), kThreads>>>(op, in, g, out, n);
+    });
+    check_launch();
+  }
+  void add_half(HalfFormat format, const std::uint16_t* in, float* acc, std::size_t n) override {
+    if (!n) return;
+    half::with_format(format, [&](auto f) { add_half_kernel<decltype(f)::value><<<blocks_for(n), kThreads>>>(in, acc, n); });
     check_launch();
   }
   void sum(const float* in, std::size_t n, float* out) override {

@@ -76,6 +76,8 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
   virtual void fill(float* out, std::size_t n, float value) = 0;
+  // Every one of n 16-bit values set to `bits` (a 16-bit tensor's fill, the value rounded by the caller).
+  virtual void fill_bits(std::uint16_t* out, std::size_t n, std::uint16_t bits) = 0;
   virtual void copy(float* out, const float* in, std::size_t n) = 0;
   // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, with op(X) = X or X^T.
   virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
@@ -112,6 +114,18 @@ class Kernels {
   // float32 to 16 bits (round to nearest even) and back; chapter 05's compression hooks.
   virtual void to_half(HalfFormat format, const float* in, std::uint16_t* out, std::size_t n) = 0;
   virtual void from_half(HalfFormat format, const std::uint16_t* in, float* out, std::size_t n) = 0;
+  // Element-wise kernels read and written in 16 bits (every operand in `format`): each value widened
+  // exactly, the float32 kernel's formula, the result rounded once to `format`. The bits of from_half,
+  // the float32 kernel, then to_half, without the float32 copies (a mixed-precision GELU, residual add
+  // or gradient sum moves a third of the bytes). binary_half repeats operands as binary does.
+  virtual void binary_half(HalfFormat format, BinaryOp op, const std::uint16_t* a, std::size_t a_n,
+                           const std::uint16_t* b, std::size_t b_n, std::uint16_t* out, std::size_t n) = 0;
+  virtual void unary_half(HalfFormat format, UnaryOp op, const std::uint16_t* in, std::uint16_t* out,
+                          std::size_t n) = 0;
+  virtual void unary_backward_half(HalfFormat format, UnaryOp op, const std::uint16_t* in,
+                                   const std::uint16_t* grad_out, std::uint16_t* grad_in, std::size_t n) = 0;
+  // acc[i] += in[i] widened: a 16-bit gradient added into a float32 one (a float32 leaf's accumulation).
+  virtual void add_half(HalfFormat format, const std::uint16_t* in, float* acc, std::size_t n) = 0;
   // Deterministic reductions: a fixed summation order, so repeated runs give identical bits.
   virtual void sum(const float* in, std::size_t n, float* out) = 0;
   virtual void sum_rows(const float* in, std::size_t rows, std::size_t cols, float* out) = 0;  // over rows

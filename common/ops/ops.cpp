@@ -1,7 +1,9 @@
 // Primitive ops: each computes its output with a kernel and records the rule for its gradient.
-// Element types: the GEMMs run on 16-bit operands as 16-bit GEMMs (float32 accumulation); every other
-// kernel reads 16-bit operands widened to float32 and its result is rounded once to the op's output
-// type, which is its inputs' widest (PyTorch's type promotion). The engine rounds each gradient to its
+// Element types: the GEMMs run on 16-bit operands as 16-bit GEMMs (float32 accumulation); the
+// element-wise kernels on operands of one 16-bit type read and write 16 bits (Kernels::unary_half,
+// binary_half); every other kernel reads 16-bit operands widened to float32. Either way each value is
+// computed in float32 and rounded once to the op's output type, which is its inputs' widest (PyTorch's
+// type promotion). The engine rounds each gradient to its
 // tensor's type. Autocast (autocast.h) casts the inputs first, by its table.
 #include <algorithm>
 #include <cmath>
@@ -135,9 +137,16 @@ Tensor reduce_to(const Tensor& grad, const Shape& shape) {
 Tensor binary_forward(BinaryOp op, const Tensor& a16, const Tensor& b16, const char* name) {
   check_same_device(a16, b16, name);
   const Shape shape = broadcast_shape(a16.shape(), b16.shape(), name);
+  const bool repeats = repeats_as_suffix(a16.shape(), shape) && repeats_as_suffix(b16.shape(), shape);
+  if (repeats && is_16bit(a16.dtype()) && b16.dtype() == a16.dtype()) {  // read and written in 16 bits
+    Tensor out = Tensor::empty(shape, a16.device(), a16.dtype());
+    kernels(a16.device()).binary_half(half_format(a16.dtype()), op, a16.data16(), count(a16), b16.data16(), count(b16),
+                                      out.data16(), count(out));
+    return out;
+  }
   const Tensor a = wide(a16), b = wide(b16);
   Tensor out = Tensor::empty(shape, a.device());
-  if (repeats_as_suffix(a.shape(), shape) && repeats_as_suffix(b.shape(), shape))
+  if (repeats)
     kernels(a.device()).binary(op, a.data(), count(a), b.data(), count(b), out.data(), count(out));
   else
     kernels(a.device()).binary_broadcast(op, a.data(), b.data(), out.data(), broadcast_index(shape, a.shape(), b.shape()));
@@ -350,14 +359,20 @@ Tensor mean(const Tensor& a) {
 }
 
 namespace {
+// In 16 bits the kernels read and write the 16-bit values themselves (Kernels::unary_half).
 Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
   RecordFunction timed(name);
   Tensor out = Tensor::empty(a.shape(), a.device(), a.dtype());
-  in_wide_slices(out, [&](std::size_t first, std::size_t n, float* result) {
-    kernels(a.device()).unary(op, wide(a.flat_view(first, n)).data(), result, n);
-  });
+  if (is_16bit(a.dtype()))
+    kernels(a.device()).unary_half(half_format(a.dtype()), op, a.data16(), out.data16(), count(a));
+  else
+    kernels(a.device()).unary(op, a.data(), out.data(), count(a));
   return autograd::record(out, name, {a}, [op, a = a.detach()](const Tensor& g) {
     Tensor grad = Tensor::empty(a.shape(), a.device(), a.dtype());
+    if (is_16bit(a.dtype()) && g.dtype() == a.dtype()) {
+      kernels(a.device()).unary_backward_half(half_format(a.dtype()), op, a.data16(), g.data16(), grad.data16(), count(a));
+      return std::vector<Tensor>{grad};
+    }
     in_wide_slices(grad, [&](std::size_t first, std::size_t n, float* result) {
       kernels(a.device()).unary_backward(op, wide(a.flat_view(first, n)).data(), wide(g.flat_view(first, n)).data(),
                                          result, n);

@@ -9,6 +9,7 @@
 #include "common/autograd/autograd.h"
 #include "common/core/cuda_runtime.h"
 #include "common/core/index_check.h"
+#include "common/kernels/half.h"
 #include "common/kernels/kernels.h"
 #include "common/tensor/random.h"
 
@@ -212,10 +213,11 @@ void Tensor::fill_(float value) {
   const auto n = static_cast<std::size_t>(numel());
   if (dtype() == DType::float32) {
     kernels(device()).fill(data(), n, value);
-  } else {
-    Tensor wide = empty(shape(), device());
-    kernels(device()).fill(wide.data(), n, value);
-    copy_from(wide);
+  } else {  // the value rounded here as to_half rounds it, its bits written in place
+    const std::uint16_t bits = half::with_format(half_format(dtype()), [value](auto f) {
+      return half::narrow<decltype(f)::value>(value);
+    });
+    kernels(device()).fill_bits(data16(), n, bits);
   }
 }
 
@@ -223,13 +225,21 @@ Tensor& Tensor::add_(const Tensor& other) {
   const auto n = static_cast<std::size_t>(numel());
   if (other.numel() != numel())
     throw std::invalid_argument("add_: " + std::to_string(other.numel()) + " elements added to " + std::to_string(numel()));
+  const Tensor here = other.device() == device() ? other : other.to(device());
   if (dtype() == DType::float32 && other.dtype() == DType::float32) {
-    const Tensor here = other.device() == device() ? other : other.to(device());
     kernels(device()).binary(BinaryOp::add, data(), n, here.data(), n, data(), n);
     return *this;
   }
+  if (dtype() == DType::float32 && is_16bit(other.dtype())) {  // a 16-bit gradient into a float32 one
+    kernels(device()).add_half(half_format(other.dtype()), here.data16(), data(), n);
+    return *this;
+  }
+  if (is_16bit(dtype()) && other.dtype() == dtype()) {  // read and written in 16 bits, rounded once
+    kernels(device()).binary_half(half_format(dtype()), BinaryOp::add, data16(), n, here.data16(), n, data16(), n);
+    return *this;
+  }
   Tensor sum = to(DType::float32).clone();
-  const Tensor part = other.to(DType::float32).to(device());
+  const Tensor part = here.to(DType::float32);
   kernels(device()).binary(BinaryOp::add, sum.data(), n, part.data(), n, sum.data(), n);
   copy_from(sum);
   return *this;
