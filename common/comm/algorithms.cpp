@@ -102,8 +102,7 @@ void tree_reduce(Communicator& comm, Tensor& t, int root, ReduceOp op) {
 }
 
 namespace {
-// After n-1 steps rank r holds chunk r fully reduced. In step s it sends chunk r-s-1 (which it has
-// reduced s+1 ways) to r+1, and adds chunk r-s-2 from r-1 into its own.
+// The ring's schedule (reduce_scatter_step): after n-1 steps rank r holds chunk r fully reduced.
 //
 // With `segment` > 0 the chunks travel as segments of that many elements, all posted at once: each
 // segment is added as soon as it has arrived, while the later ones are still on their way, and it
@@ -113,15 +112,13 @@ void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op, st
   const auto count = static_cast<std::size_t>(t.numel());
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   Tensor incoming = scratch(t, chunk_of(count, n, 0).size());  // chunk 0 is the largest
-  for (int s = 0; s < n - 1; ++s) {
-    Chunk send = chunk_of(count, n, ((r - s - 1) % n + n) % n);
-    Chunk recv = chunk_of(count, n, ((r - s - 2) % n + n) % n);
+  for_each_reduce_scatter_step(r, n, count, [&](int, Chunk send, Chunk recv) {
     Tensor in = incoming.flat_view(0, recv.size());
     Tensor target = slice(t, recv);
     if (segment == 0) {
       comm.send_recv(slice(t, send), next, in, prev);
       reduce_into(target, target, in, op);
-      continue;
+      return;
     }
     // Segment k is message k (its tag); the peer computes the same segments of the same chunk.
     std::vector<WorkHandle> sends, recvs;
@@ -139,17 +136,17 @@ void ring_reduce_scatter_in_place(Communicator& comm, Tensor& t, ReduceOp op, st
       reduce_into(part, part, in.flat_view(at, size), op);
     }
     for (auto& w : sends) w->wait();
-  }
+  });
 }
 
-// Then each rank passes the newest complete chunk on: in step s, chunk r-s goes to r+1 and chunk
-// r-s-1 arrives from r-1.
+// Then each rank passes the newest complete chunk on (all_gather_step).
 void ring_all_gather_in_place(Communicator& comm, Tensor& t, const std::function<Chunk(int)>& chunk) {
   const int n = comm.size(), r = comm.rank();
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   for (int s = 0; s < n - 1; ++s) {
-    Tensor in = slice(t, chunk(((r - s - 1) % n + n) % n));
-    comm.send_recv(slice(t, chunk(((r - s) % n + n) % n)), next, in, prev);
+    const RingStep at = all_gather_step(r, s, n);
+    Tensor in = slice(t, chunk(at.receive));
+    comm.send_recv(slice(t, chunk(at.send)), next, in, prev);
   }
 }
 }  // namespace
@@ -174,26 +171,25 @@ void ring_all_gather(Communicator& comm, const Tensor& input, Tensor& output) {
 }
 
 // The same ring without touching the input: the partial sum travelling round the ring is the only
-// state, so two chunk-sized buffers suffice. In step s, rank r sends its partial of block r-s-1
-// (its own block, unreduced, in step 0) and combines the arriving partial of block r-s-2 with its
-// own copy of that block; in the last step that block is r, and the result lands in `output`.
+// state, so two chunk-sized buffers suffice. In step s, rank r sends its partial of the step's block
+// (its own block, unreduced, in step 0) and combines the arriving partial with its own copy of the
+// block it receives; in the last step that block is r, and the result lands in `output`.
 void ring_reduce_scatter(Communicator& comm, const Tensor& input, Tensor& output, ReduceOp op) {
   const auto each = static_cast<std::size_t>(output.numel());
   const int n = comm.size(), r = comm.rank();
   if (static_cast<std::size_t>(input.numel()) != each * static_cast<std::size_t>(n))
     throw std::invalid_argument("ring_reduce_scatter: input must hold ranks x output elements");
-  auto block = [&](int c) { return input.flat_view(each * static_cast<std::size_t>((c % n + n) % n), each); };
+  auto block = [&](int c) { return input.flat_view(each * static_cast<std::size_t>(c), each); };
   if (n == 1) {
     output.copy_from(input);
     return;
   }
   Tensor incoming = scratch(input, each), partial = scratch(input, each);
-  Tensor outgoing = block(r - 1);
   for (int s = 0; s < n - 1; ++s) {
-    comm.send_recv(outgoing, (r + 1) % n, incoming, (r - 1 + n) % n);
+    const RingStep at = reduce_scatter_step(r, s, n);
+    comm.send_recv(s == 0 ? block(at.send) : partial, (r + 1) % n, incoming, (r - 1 + n) % n);
     Tensor& target = s == n - 2 ? output : partial;
-    reduce_into(target, block(r - s - 2), incoming, op);
-    outgoing = partial;
+    reduce_into(target, block(at.receive), incoming, op);
   }
   finish_average(comm, output, op);
 }

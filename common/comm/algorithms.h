@@ -32,9 +32,32 @@ struct Chunk {
 };
 Chunk chunk_of(std::size_t count, int ranks, int c);
 
-// The ring's order of addition: chunk c's sum begins at rank c + 1 and goes round to end at rank c, its
-// k-th term (k = 0 .. ranks - 1) coming from rank ring_source(c, k, ranks). The MPI backend adds 16-bit
-// values in this order, as NCCL's ring all-reduce does, and comm::LocalGroup repeats it bit for bit.
-inline int ring_source(int c, int k, int ranks) { return (c + 1 + k) % ranks; }
+// The ring's schedule, the one every ring of the library follows: the collectives above, the MPI
+// backend's ordered sums (Communicator::add_in_ring_order, and every 16-bit sum) and comm::LocalGroup's
+// in-process ones, so that all three add in one order and a reference in one process repeats a run's
+// sums bit for bit. The values are cut into a chunk a rank (chunk_of). In step s = 0 .. ranks - 2 of the
+// reduce-scatter, rank r sends chunk r - s - 1 (its own values at step 0, then the partial sum it made in
+// the step before) to rank r + 1, and adds the partial of chunk r - s - 2 arriving from rank r - 1 to its
+// own values of it: chunk c's sum begins at rank c + 1 and goes round, a rank's term a step, to end
+// complete at rank c. In step s of the all-gather, rank r passes the complete chunk r - s on and
+// receives chunk r - s - 1.
+struct RingStep {
+  int send, receive;  // the chunks' indices
+};
+inline int ring_index(int i, int ranks) { return (i % ranks + ranks) % ranks; }
+inline RingStep reduce_scatter_step(int rank, int step, int ranks) {
+  return {ring_index(rank - step - 1, ranks), ring_index(rank - step - 2, ranks)};
+}
+inline RingStep all_gather_step(int rank, int step, int ranks) {
+  return {ring_index(rank - step, ranks), ring_index(rank - step - 1, ranks)};
+}
+// The reduce-scatter's steps for this rank, whatever carries them: body(step, send chunk, receive chunk).
+template <class Body>
+void for_each_reduce_scatter_step(int rank, int ranks, std::size_t count, Body body) {
+  for (int s = 0; s + 1 < ranks; ++s) {
+    const RingStep at = reduce_scatter_step(rank, s, ranks);
+    body(s, chunk_of(count, ranks, at.send), chunk_of(count, ranks, at.receive));
+  }
+}
 
 }  // namespace course::comm::algorithms

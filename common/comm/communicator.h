@@ -113,13 +113,13 @@ class Communicator {
   std::unique_ptr<Communicator> split(int color, int key);
 
   // From now on this group adds float32 values (sums and averages) in the ring's fixed order too
-  // (comm::algorithms::ring_source), as it always adds 16-bit ones, so that a reference of its ranks in
-  // one process (comm::LocalGroup) repeats the sums bit for bit at any size: chapter 08's tensor-parallel
-  // groups under --verify (its GridCheck turns it on), whose float32 sums (the vocabulary-parallel loss's softmax, the gradients of the layers every
-  // rank holds) feed the roundings of a 16-bit run. Otherwise a float32 sum goes the library's way (MPI
-  // chooses its algorithm by the message's size and the group's). Call it on every rank of the group
-  // before its first collective; groups split() from it inherit it. NCCL adds on its own ring whatever
-  // this says.
+  // (comm::algorithms::reduce_scatter_step), as it always adds 16-bit ones, so that a reference of its
+  // ranks in one process (comm::LocalGroup) repeats the sums bit for bit at any size: chapter 08's
+  // tensor-parallel groups under --verify (its GridCheck turns it on), whose float32 sums (the
+  // vocabulary-parallel loss's softmax, the gradients of the layers every rank holds) feed the roundings
+  // of a 16-bit run. Otherwise a float32 sum goes the library's way (MPI chooses its algorithm by the
+  // message's size and the group's). Call it on every rank of the group before its first collective;
+  // groups split() from it inherit it. NCCL adds on its own ring whatever this says.
   virtual void add_in_ring_order() { ring_order_ = true; }
   bool adds_in_ring_order() const { return ring_order_; }
 

@@ -2,6 +2,7 @@
 // computes every member's result, in rank order, and wakes the others.
 #include "common/comm/local_group.h"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -75,6 +76,28 @@ Tensor concatenate(const std::vector<Tensor>& inputs, const Shape& shape) {
   return out;
 }
 
+// The ring's reduce-scatter run over every member's values at once, step by step
+// (algorithms::reduce_scatter_step, the schedule the MPI backend's ring follows on each rank): values[r]
+// is member r's copy; in each step every member adds the partial its predecessor sends into its own
+// values of that chunk, add(partial, own). Then out[i] of chunk c is member c's complete sum.
+template <class Value, class Add>
+void ring_sums(std::vector<std::vector<Value>>& values, std::size_t n, Value* out, Add add) {
+  const int members = static_cast<int>(values.size());
+  for (int s = 0; s + 1 < members; ++s)
+    for (int r = 0; r < members; ++r) {
+      // The predecessor sends this chunk's partial in this step, and writes only another chunk in it.
+      const auto chunk = algorithms::chunk_of(n, members, algorithms::reduce_scatter_step(r, s, members).receive);
+      const std::vector<Value>& partial = values[static_cast<std::size_t>((r + members - 1) % members)];
+      std::vector<Value>& own = values[static_cast<std::size_t>(r)];
+      for (std::size_t i = chunk.begin; i < chunk.end; ++i) own[i] = add(partial[i], own[i]);
+    }
+  for (int c = 0; c < members; ++c) {
+    const auto chunk = algorithms::chunk_of(n, members, c);
+    std::copy(values[static_cast<std::size_t>(c)].begin() + static_cast<std::ptrdiff_t>(chunk.begin),
+              values[static_cast<std::size_t>(c)].begin() + static_cast<std::ptrdiff_t>(chunk.end), out + chunk.begin);
+  }
+}
+
 // The reduction of the inputs element by element, as the MPI backend computes it (the file's comment).
 Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
   const DType dtype = inputs.front().dtype();
@@ -93,20 +116,16 @@ Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
     }
     // Sums in the ring's order, as an MPI group that adds in it (Communicator::add_in_ring_order); an
     // average divided once.
-    for (int c = 0; c < members; ++c) {
-      const auto chunk = algorithms::chunk_of(n, members, c);
-      for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
-        float sum = inputs[static_cast<std::size_t>(algorithms::ring_source(c, 0, members))].data()[i];
-        for (int k = 1; k < members; ++k) sum += inputs[static_cast<std::size_t>(algorithms::ring_source(c, k, members))].data()[i];
-        acc[i] = op == ReduceOp::average ? sum * inverse : sum;
-      }
-    }
+    std::vector<std::vector<float>> values;
+    for (const Tensor& in : inputs) values.emplace_back(in.data(), in.data() + n);
+    ring_sums(values, n, acc, [](float partial, float own) { return partial + own; });
+    if (op == ReduceOp::average)
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] * inverse;
     return out;
   }
   const bool fp16 = dtype == DType::float16;
   const auto widen = [fp16](std::uint16_t b) { return fp16 ? half::from_float16(b) : half::from_bfloat16(b); };
   const auto narrow = [fp16](float v) { return fp16 ? half::to_float16(v) : half::to_bfloat16(v); };
-  const auto term = [&](std::uint16_t b) { return op == ReduceOp::average ? narrow(widen(b) * inverse) : b; };
   std::uint16_t* acc = out.data16();
   if (op == ReduceOp::max) {
     for (int k = 1; k < members; ++k) {
@@ -118,18 +137,15 @@ Tensor reduce(const std::vector<Tensor>& inputs, ReduceOp op) {
     }
     return out;
   }
-  // Sums in the ring's order, as the MPI backend adds them: chunk c from member c + 1 round to member c.
-  for (int c = 0; c < members; ++c) {
-    const auto chunk = algorithms::chunk_of(n, members, c);
-    for (std::size_t i = chunk.begin; i < chunk.end; ++i) {
-      std::uint16_t sum = term(inputs[static_cast<std::size_t>(algorithms::ring_source(c, 0, members))].data16()[i]);
-      for (int k = 1; k < members; ++k) {
-        const std::uint16_t x = term(inputs[static_cast<std::size_t>(algorithms::ring_source(c, k, members))].data16()[i]);
-        sum = narrow(widen(sum) + widen(x));
-      }
-      acc[i] = sum;
-    }
+  // Sums in the ring's order, as the MPI backend adds them, each partial rounded to 16 bits; an
+  // average's values first multiplied by 1/N and rounded.
+  std::vector<std::vector<std::uint16_t>> values;
+  for (const Tensor& in : inputs) {
+    values.emplace_back(in.data16(), in.data16() + n);
+    if (op == ReduceOp::average)
+      for (std::uint16_t& b : values.back()) b = narrow(widen(b) * inverse);
   }
+  ring_sums(values, n, acc, [&](std::uint16_t partial, std::uint16_t own) { return narrow(widen(partial) + widen(own)); });
   return out;
 }
 

@@ -1,6 +1,6 @@
 // Groups whose members are threads of one process: a Communicator for each member, their collectives
 // meeting in shared memory, for a reference that must compute what several ranks compute with their
-// roundings (verify/model_parallel_reference.h). It adds in the ring's order (algorithms::ring_source):
+// roundings (verify/model_parallel_reference.h). It adds in the ring's order (algorithms::reduce_scatter_step):
 // 16-bit values computed in float32 and rounded to 16 bits after each addition (an average's values
 // first multiplied by 1/N, rounded), as the MPI backend adds them in any group, and float32 values (an
 // average divided once) as it adds them in a group that asked for that order

@@ -99,14 +99,14 @@ void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
   }
 }
 
-// Sums in the ring's order (algorithms::ring_source): the values cut into a chunk a rank, chunk c added
-// up from rank c + 1 round to rank c, a 16-bit partial sum rounded to 16 bits on its way, so that rank c
-// ends with chunk c's sum. MPI's own reduction may bracket the terms as it likes (its algorithm changes
-// with the size of the message and of the group), and beyond two ranks the brackets change the
-// roundings; a fixed order lets a reference in one process (comm::LocalGroup) repeat a run's sums at any
-// size. Every 16-bit sum goes this way, and a float32 one in a group that asked for it
-// (Communicator::add_in_ring_order). `comm` carries nothing else, so its messages cannot meet a
-// pipeline's sends. `Value`: float, or std::uint16_t holding `format`'s bits.
+// Sums in the ring's order (algorithms::reduce_scatter_step, the schedule of every ring here): the values
+// cut into a chunk a rank, chunk c added up from rank c + 1 round to rank c, a 16-bit partial sum rounded
+// to 16 bits on its way, so that rank c ends with chunk c's sum. MPI's own reduction may bracket the
+// terms as it likes (its algorithm changes with the size of the message and of the group), and beyond
+// two ranks the brackets change the roundings; a fixed order lets a reference in one process
+// (comm::LocalGroup) repeat a run's sums at any size. Every 16-bit sum goes this way, and a float32 one
+// in a group that asked for it (Communicator::add_in_ring_order). `comm` carries nothing else, so its
+// messages cannot meet a pipeline's sends. `Value`: float, or std::uint16_t holding `format`'s bits.
 template <typename Value>
 Value ring_add(Value a, Value b, HalfFormat format) {
   if constexpr (std::is_same_v<Value, float>) return a + b;
@@ -118,19 +118,15 @@ void ring_reduce_scatter(Value* values, std::size_t count, HalfFormat format, MP
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  std::vector<Value> incoming((count + static_cast<std::size_t>(size) - 1) / static_cast<std::size_t>(size));
+  std::vector<Value> incoming(algorithms::chunk_of(count, size, 0).size());  // chunk 0 is the largest
   const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
-  for (int step = 0; step + 1 < size; ++step) {
-    // This rank adds its term to a chunk after step + 1 others have: it passes on the chunk it added to
-    // last (its own term alone, at step 0) and receives the one it adds to now.
-    const auto send = algorithms::chunk_of(count, size, ((rank - 1 - step) % size + size) % size);
-    const auto receive = algorithms::chunk_of(count, size, ((rank - 2 - step) % size + 2 * size) % size);
+  algorithms::for_each_reduce_scatter_step(rank, size, count, [&](int, algorithms::Chunk send, algorithms::Chunk receive) {
     check_mpi(MPI_Sendrecv(values + send.begin, static_cast<int>(send.size()), type, next, 0, incoming.data(),
                            static_cast<int>(receive.size()), type, previous, 0, comm, MPI_STATUS_IGNORE),
               "MPI_Sendrecv");
     for (std::size_t i = 0; i < receive.size(); ++i)
       values[receive.begin + i] = ring_add(incoming[i], values[receive.begin + i], format);
-  }
+  });
 }
 
 // The same, then this rank's block of the sums into `out` (a reduce-scatter's result).
