@@ -54,32 +54,30 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--metrics", o.metrics, "Write metrics to this file as JSON lines")->check(OutputFile);
 }
 
+namespace {
+// A validator from a check that throws UsageError: its message is the flag's verdict.
+CLI::Validator usage_checked(void (*check)(const std::string&), const std::string& name) {
+  return CLI::Validator(
+      [check](std::string& input) -> std::string {
+        try {
+          check(input);
+        } catch (const UsageError& e) {
+          return e.what();
+        }
+        return {};
+      },
+      name, "");
+}
+}  // namespace
+
 void add_save_option(CLI::App& app, std::string& path) {
   app.add_option("--save", path, "Write the final parameters to this file (safetensors)")
-      ->check(CLI::Validator(
-          [](std::string& input) -> std::string {
-            try {
-              checkpoint::check_writable(input);
-            } catch (const UsageError& e) {
-              return e.what();
-            }
-            return {};
-          },
-          "FILE", ""));
+      ->check(usage_checked([](const std::string& input) { checkpoint::check_writable(input); }, "FILE"));
 }
 
 void add_sim_network_option(CLI::App& app, std::string& text) {
   app.add_option("--sim-network", text, "Delay every message as on a network of ALPHA_US,GBPS (10,1.25 is 10 GbE)")
-      ->check(CLI::Validator(
-          [](std::string& input) -> std::string {
-            try {
-              comm::parse_network(input);
-            } catch (const UsageError& e) {
-              return e.what();
-            }
-            return {};
-          },
-          "ALPHA_US,GBPS", ""));
+      ->check(usage_checked([](const std::string& input) { comm::parse_network(input); }, "ALPHA_US,GBPS"));
 }
 
 void add_distributed_options(CLI::App& app, DistributedOptions& o) {

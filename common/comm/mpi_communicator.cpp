@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -129,23 +130,19 @@ void ring_reduce_scatter(Value* values, std::size_t count, HalfFormat format, MP
   });
 }
 
-// The same, then this rank's block of the sums into `out` (a reduce-scatter's result).
+// The same, then either every rank's chunk to every rank, in place (an all-reduce: `block` null), or this
+// rank's chunk into `block` (a reduce-scatter's result): each value the sum of its ranks in the ring's order.
 template <typename Value>
-void ring_reduce_scatter_block(std::vector<Value> sums, Value* out, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
-  ring_reduce_scatter(sums.data(), sums.size(), format, type, comm);
+void ring_sum(Value* values, std::size_t count, Value* block, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
+  ring_reduce_scatter(values, count, format, type, comm);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  const auto mine = algorithms::chunk_of(sums.size(), size, rank);
-  std::copy(sums.begin() + static_cast<std::ptrdiff_t>(mine.begin), sums.begin() + static_cast<std::ptrdiff_t>(mine.end), out);
-}
-
-// The same, then every rank's chunk to every rank: each value the sum of its ranks in the ring's order.
-template <typename Value>
-void ring_all_reduce(Value* values, std::size_t count, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
-  ring_reduce_scatter(values, count, format, type, comm);
-  int size = 1;
-  MPI_Comm_size(comm, &size);
+  if (block) {
+    const auto mine = algorithms::chunk_of(count, size, rank);
+    std::copy(values + mine.begin, values + mine.end, block);
+    return;
+  }
   std::vector<int> counts(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
   for (int c = 0; c < size; ++c) {
     const auto chunk = algorithms::chunk_of(count, size, c);
@@ -182,6 +179,14 @@ Wire wire_of(const Collective& c) {
     return {MPI_UINT16_T, 2, true, c.element == Element::float16 ? HalfFormat::float16 : HalfFormat::bfloat16};
   if (t.defined() && is_16bit(t.dtype())) return {MPI_UINT16_T, 1, true, half_format(t.dtype())};
   return {};
+}
+
+// ring_sum on the wire's values: float32, or 16-bit bits.
+void ring_sum(const Wire& w, void* values, std::size_t count, void* block, MPI_Comm comm) {
+  if (w.sixteen_bit)
+    ring_sum(static_cast<std::uint16_t*>(values), count, static_cast<std::uint16_t*>(block), w.format, MPI_UINT16_T, comm);
+  else
+    ring_sum(static_cast<float*>(values), count, static_cast<float*>(block), w.format, MPI_FLOAT, comm);
 }
 
 class FutureWork final : public Work {
@@ -368,36 +373,26 @@ class MpiCommunicator final : public Communicator {
       case OpKind::all_reduce:
         if (ring) {
           if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
-          if (w.sixteen_bit)
-            ring_all_reduce(static_cast<std::uint16_t*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_UINT16_T, ring_);
-          else
-            ring_all_reduce(static_cast<float*>(inp), static_cast<std::size_t>(n_in), w.format, MPI_FLOAT, ring_);
-          if (divide) average(inp, n_in);
-          break;
+          ring_sum(w, inp, static_cast<std::size_t>(n_in), nullptr, ring_);
+        } else {
+          check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
+                    "MPI_Allreduce");
         }
-        check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
-                  "MPI_Allreduce");
         if (divide) average(inp, n_in);
         break;
       case OpKind::all_gather:
         check_mpi(MPI_Allgather(inp, n_in, w.type, outp, n_in, w.type, comm_), "MPI_Allgather");
         break;
       case OpKind::reduce_scatter:
-        if (ring) {
-          if (w.sixteen_bit) {
-            const auto* bits = static_cast<const std::uint16_t*>(inp);
-            ring_reduce_scatter_block(premultiply ? premultiplied : std::vector<std::uint16_t>(bits, bits + n_in),
-                                      static_cast<std::uint16_t*>(outp), w.format, MPI_UINT16_T, ring_);
-          } else {
-            const auto* values = static_cast<const float*>(inp);
-            ring_reduce_scatter_block(std::vector<float>(values, values + n_in), static_cast<float*>(outp), w.format,
-                                      MPI_FLOAT, ring_);
-          }
-          if (divide) average(outp, n_out);
-          break;
+        if (ring) {  // the sums made in a copy: the input stays as it was
+          const std::size_t bytes = static_cast<std::size_t>(n_in) * (w.sixteen_bit ? 2 : 4);
+          std::vector<unsigned char> sums(bytes);
+          std::memcpy(sums.data(), premultiply ? static_cast<const void*>(premultiplied.data()) : inp, bytes);
+          ring_sum(w, sums.data(), static_cast<std::size_t>(n_in), outp, ring_);
+        } else {
+          check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
+                    "MPI_Reduce_scatter_block");
         }
-        check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
-                  "MPI_Reduce_scatter_block");
         if (divide) average(outp, n_out);
         break;
       case OpKind::scatter:

@@ -1,27 +1,24 @@
 // Names and promotion of the element types.
 #include "common/core/dtype.h"
 
+#include <iterator>
 #include <stdexcept>
 
 namespace course {
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::bfloat16: return "bfloat16";
-    case DType::float16: return "float16";
-  }
-  return "?";
-}
+namespace {
+// Each type's names, in the enum's order: PyTorch's, and the safetensors header's.
+struct Names {
+  const char* torch;
+  const char* safetensors;
+};
+constexpr Names kNames[] = {{"float32", "F32"}, {"bfloat16", "BF16"}, {"float16", "F16"}};
+static_assert(std::size(kNames) == static_cast<std::size_t>(DType::float16) + 1, "a name for every type");
+const Names& names_of(DType dtype) { return kNames[static_cast<int>(dtype)]; }
+}  // namespace
 
-const char* safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::float32: return "F32";
-    case DType::bfloat16: return "BF16";
-    case DType::float16: return "F16";
-  }
-  return "?";
-}
+const char* dtype_name(DType dtype) { return names_of(dtype).torch; }
+const char* safetensors_dtype_name(DType dtype) { return names_of(dtype).safetensors; }
 
 bool dtype_from_safetensors(const std::string& name, DType* dtype) {
   for (DType d : {DType::float32, DType::bfloat16, DType::float16})
