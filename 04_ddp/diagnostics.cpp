@@ -40,7 +40,7 @@ Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::Trai
   if (o.faults.fault == "adamw-decay")
     dynamic_cast<optim::Adam&>(training.optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
   check_ = verify::check_if(o.verify, [&] {
-    return std::make_unique<DdpCheck>(o, task, group_, sampler, model, local_batch_, total_steps, training, std::move(share_step));
+    return make_ddp_check(o, task, group_, sampler, model, local_batch_, total_steps, training, std::move(share_step));
   });
 }
 

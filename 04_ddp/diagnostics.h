@@ -14,7 +14,7 @@
 #include "common/nn/tasks.h"
 #include "common/optim/recipe.h"
 #include "common/parallel/distributed_sampler.h"
-#include "04_ddp/verify_ddp.h"  // ShareStep, DdpCheck
+#include "04_ddp/verify_ddp.h"  // ShareStep, make_ddp_check
 #include "common/verify/step_check.h"
 
 namespace course::chapter04 {

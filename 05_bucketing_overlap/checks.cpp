@@ -4,45 +4,25 @@
 #include <bit>
 #include <cstdint>
 
-#include "common/comm/agree.h"  // all_reduce_scalar
+#include "common/verify/compare.h"
+#include "common/verify/data_parallel_check.h"
 
 namespace course::chapter05 {
 
-StepChecks::StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
-                       const parallel::DistributedSampler& sampler, std::int64_t local_batch,
-                       const optim::Recipe& training, const nn::Module& model)
-    : task_(task), group_(group), sampler_(sampler), local_batch_(local_batch), training_(training), model_(model) {
-  auto reference = verify::make_reference([&] { return task.make_model(o.common.seed); });
-  reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.training.lr);
-  lockstep_ = std::make_unique<verify::Lockstep>(reference, [this](std::int64_t) {
-    reference_sgd_->step();
-    reference_sgd_->zero_grad();
-  }, &group);
-  lockstep_->set_optimizer(*reference_sgd_);  // and SGD's formula itself
+std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
+                                              const parallel::DistributedSampler& sampler, std::int64_t local_batch,
+                                              const optim::Recipe& training, const nn::Module& model) {
   // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
-  if (o.comm_hook == "fp16") lockstep_->set_rounding(verify::kFloat16Rounding);
-  if (o.comm_hook == "bf16") lockstep_->set_rounding(verify::kBfloat16Rounding);
+  const verify::Rounding rounding = o.comm_hook == "fp16"   ? verify::kFloat16Rounding
+                                    : o.comm_hook == "bf16" ? verify::kBfloat16Rounding
+                                                            : verify::kFloat32Rounding;
+  return std::make_unique<verify::DataParallelCheck>(
+      verify::DataParallelCheck::Run{group, model, training, /*loss_is_local=*/true},
+      [&] { return task.make_model(o.common.seed); },
+      verify::DataParallelCheck::RecipeSettings{"sgd", o.training.lr, o.training.steps}, rounding,
+      [&sampler, local_batch](std::int64_t step) { return sampler.global_batch(step, local_batch); },
+      verify::DataParallelCheck::as_the_recipe_computes(training, task));
 }
-
-void StepChecks::on_begin_step(std::int64_t step) { lockstep_->begin_step(step, model_); }
-
-void StepChecks::on_check_gradient(std::int64_t step, float local_loss) {
-  const float global_loss = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);
-  const int ranks = group_.size();
-  const auto global = sampler_.global_batch(step, local_batch_);
-  lockstep_->set_loss_scale(training_.scaler().get_scale());  // fp16: the parts a 16-bit hook adds carried it
-  lockstep_->check_parts(step, model_, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
-                         [&](nn::Module& reference, std::size_t r) {
-                           const auto theirs = parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks);
-                           // In the run's precision, its loss scale undone as the run undoes it.
-                           return training_.reference_backward(reference.parameters(),
-                                                               [&] { return task_.loss(reference, theirs); });
-                         });
-}
-
-void StepChecks::on_check_update(std::int64_t step, double) { lockstep_->check_update(step); }
-
-verify::LockstepSummary StepChecks::on_finish() { return lockstep_->finish(model_); }
 
 parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
                               std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched) {

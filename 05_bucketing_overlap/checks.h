@@ -9,40 +9,19 @@
 #include "05_bucketing_overlap/options.h"
 #include "05_bucketing_overlap/report.h"
 #include "common/nn/tasks.h"
-#include "common/optim/optimizer.h"
 #include "common/optim/recipe.h"
 #include "common/parallel/distributed_sampler.h"
 #include "common/parallel/reducer.h"
-#include "common/verify/lockstep.h"
 #include "common/verify/step_check.h"
 
 namespace course::chapter05 {
 
-// --verify: one rank's model and SGD beside the run, re-synced to it every step, as chapter 04 checks DDP.
-// `loss` (check_gradient) is this rank's: the check averages it over the ranks.
-class StepChecks final : public verify::StepCheck {
- public:
-  StepChecks(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
-             const parallel::DistributedSampler& sampler, std::int64_t local_batch, const optim::Recipe& training,
-             const nn::Module& model);
-
- protected:
-  void on_begin_step(std::int64_t step) override;
-  // The averaged gradients and the loss, against one rank's over the global batch. Collective.
-  void on_check_gradient(std::int64_t step, float local_loss) override;
-  void on_check_update(std::int64_t step, double norm) override;
-  verify::LockstepSummary on_finish() override;
-
- private:
-  const nn::TrainingTask& task_;
-  comm::Communicator& group_;
-  const parallel::DistributedSampler& sampler_;
-  std::int64_t local_batch_;
-  const optim::Recipe& training_;  // the run's: its precision and loss scale
-  const nn::Module& model_;
-  std::unique_ptr<optim::SGD> reference_sgd_;
-  std::unique_ptr<verify::Lockstep> lockstep_;
-};
+// --verify: data parallelism's lock-step check (common/verify/data_parallel_check.h), one rank's model
+// and SGD beside the run, re-synced to it every step, as chapter 04 checks DDP, with the bound of a 16-bit
+// hook's sums where one is chosen. The loss it is given is this rank's: the check averages it over the ranks.
+std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
+                                              const parallel::DistributedSampler& sampler, std::int64_t local_batch,
+                                              const optim::Recipe& training, const nn::Module& model);
 
 // Where the messages of a step lie: how many there are, and where the first one's last gradient
 // begins in its buffer (launch-early keeps that gradient this rank's own).

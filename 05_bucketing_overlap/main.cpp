@@ -88,7 +88,7 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = global_batch / group.size();
   const auto check = verify::check_if(o.verify, [&] {  // --verify: one rank beside the run, in lock-step
-    return std::make_unique<StepChecks>(o, task, group, sampler, local, training, model);
+    return make_check(o, task, group, sampler, local, training, model);
   });
   ModeResult result;
   std::int64_t bytes_before = 0;
