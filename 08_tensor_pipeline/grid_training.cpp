@@ -14,6 +14,7 @@
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/distributed_sampler.h"   // share_of: each DP replica's share of it
+#include "common/parallel/replicas.h"            // --fault stray-replica
 #include "common/parallel/tensor_parallel_gpt.h"     // --fault exact-gelu
 #include "common/parallel/tensor_parallel_mlp.h"
 
@@ -77,6 +78,11 @@ data::AdditionTask::Batch ChapterTask::batch(const std::vector<std::int64_t>& pa
 // count once (TensorParallelModule::counts_once), the sums are added over the TP group and then the pipeline, and every rank
 // scales its gradients by the same factor. Replicas agree after the DP average, so each computes the
 // same norm. Returns it.
+void stray_last_replica(const GridRun& run, parallel::Topology& topology) {
+  comm::Communicator& replicas = topology.dp_cp_group();
+  if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(run.model->parameters().front());
+}
+
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
   std::vector<Tensor> counted, all;
   for (const auto& [name, p] : run.model->named_parameters()) {

@@ -110,6 +110,10 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
 // says counts once: TensorParallelModule::counts_once). Returns the norm.
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
 
+// --fault stray-replica: the last of the replicas holding this rank's part (its data- and context-parallel
+// group) moves its first weight one unit in the last place further, as a rank whose update went astray.
+void stray_last_replica(const GridRun& run, parallel::Topology& topology);
+
 // The run's figures: each step's time without --verify's work, the stage's busy time and peak
 // activations; at the end gathered into the GridRun on every rank (bubble, peaks, last timelines, the
 // slowest rank's mean step).

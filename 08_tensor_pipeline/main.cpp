@@ -74,6 +74,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
     //    whose gradients overflowed anywhere in the grid).
     const Tensor norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : Tensor(); });
+    if (o.faults.at("stray-replica", step)) stray_last_replica(run, topology);  // one replica's update astray
     check->check_update(step, optim::norm_value(norm));
     figures.end_step(step, result, check->take_ms());  // the check's own time left out
     run.losses.push_back(loss);

@@ -88,7 +88,7 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
   if (fault == "stray-replica" && topology.dp_cp_group().size() < 2)
     throw UsageError("--fault: stray-replica needs data or context parallelism (--dp or --cp 2 or more)");
   if (fault == "stray-replica" && !o.verify)
-    throw UsageError("--fault: stray-replica is made by --verify's check: add --verify");
+    throw UsageError("--fault: stray-replica is caught by --verify's check alone (it compares the replicas): add --verify");
   if (fault == "skip-cp-offset" && topology.cp_size() < 2)
     throw UsageError("--fault: skip-cp-offset needs context parallelism (--cp 2 or more)");
   if (fault == "skip-tp-all-reduce" && tp < 2)

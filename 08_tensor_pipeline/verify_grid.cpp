@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "common/core/log.h"
-#include "common/parallel/replicas.h"
 #include "common/ops/ops.h"
 
 namespace course::chapter08 {
@@ -145,9 +144,6 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
 }
 
 void GridCheck::on_check_update(std::int64_t step, double norm) {
-  comm::Communicator& replicas = topology_.dp_cp_group();
-  if (o_.faults.at("stray-replica", step) && replicas.rank() == replicas.size() - 1)
-    parallel::stray_by_one_rounding(run_.model->parameters().front());  // this replica alone goes astray
   lockstep_->check_update(step, norm);
 }
 
