@@ -241,6 +241,36 @@ TEST(FlashAttention, ASliceOfTheBatchGivesTheWholesBits) {
   same(all.grad, per, one.grad, "grad_qkv");
 }
 
+// The 16-bit kernels (Kernels::flash_attention_half and its backward) are the float32 kernels on the
+// widened qkv, y and dy, each output rounded once: bit for bit, in both formats, on batches the CPU cuts
+// into slices (9 sequences: five slices of two and one), with dropout drawn past the first sequence.
+TEST(FlashAttention, SixteenBitTensorsGiveTheFloat32KernelsBitsRounded) {
+  Kernels& k = kernels(Device::cpu);
+  for (const DType dtype : {DType::bfloat16, DType::float16})
+    for (const Case& c : std::vector<Case>{{9, 37, 2, 24, true, 0.2f}, {2, 65, 3, 64, false, 0.0f}, {1, 33, 1, 128, true, 0.0f}}) {
+      AttentionShape s = shape_of(c);
+      s.first_sequence = 3;
+      const HalfFormat format = half_format(dtype);
+      const std::int64_t n = c.batch * c.tokens * c.heads * c.head_size;
+      const Tensor qkv = Tensor::from_host(normal(static_cast<std::size_t>(3 * n), 7, 1.0f), {3 * n}).to(dtype),
+                   dy = Tensor::from_host(normal(static_cast<std::size_t>(n), 8, 1.0f), {n}).to(dtype);
+      Tensor y = Tensor::empty({n}, Device::cpu, dtype), lse = Tensor::empty({c.batch * c.heads * c.tokens}),
+             grad = Tensor::empty({3 * n}, Device::cpu, dtype);
+      k.flash_attention_half(format, qkv.data16(), s, lse.data(), y.data16());
+      k.flash_attention_backward_half(format, qkv.data16(), y.data16(), lse.data(), dy.data16(), s, grad.data16());
+      // The float32 kernels on the widened values; backward reads the 16-bit y, as the op keeps it.
+      const Tensor wide_qkv = qkv.to(DType::float32);
+      Tensor y32 = Tensor::empty({n}), lse32 = Tensor::empty({c.batch * c.heads * c.tokens}), grad32 = Tensor::empty({3 * n});
+      k.flash_attention(wide_qkv.data(), s, lse32.data(), y32.data());
+      k.flash_attention_backward(wide_qkv.data(), y.to(DType::float32).data(), lse32.data(), dy.to(DType::float32).data(),
+                                 s, grad32.data());
+      const std::string what = std::string(dtype_name(dtype)) + " " + c.name();
+      EXPECT_EQ(y.to_host(), y32.to(dtype).to_host()) << what << ": y";
+      EXPECT_EQ(lse.to_host(), lse32.to_host()) << what << ": lse";
+      EXPECT_EQ(grad.to_host(), grad32.to(dtype).to_host()) << what << ": the gradient";
+    }
+}
+
 TEST(FlashAttention, TheBackendIsFlashOnAGpuForHeadsItTakes) {
   EXPECT_EQ(sdp_backend(Device::cuda, 64), SdpBackend::flash_attention);
   EXPECT_EQ(sdp_backend(Device::cuda, math::kFlashMaxHeadSize + 1), SdpBackend::math);

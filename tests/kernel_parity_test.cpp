@@ -476,7 +476,7 @@ TEST(KernelParity, AttentionProbabilitiesAreTheSameBitsWhereTheScoresAreExact) {
 // explicitly rounded operations): y, each row's log-sum-exp and the whole gradient, bit for bit. Shapes
 // that are not multiples of the tiles, T from 1 to 2048, heads 1 to 16, head sizes 16 to 128 and ones
 // that do not fill their D, causal and not, with dropout (a sequence slice's index included), and more
-// sequence-heads than one grid dimension's 65535.
+// sequence-heads than one grid dimension's 65535; in float32, and in 16 bits read and written in place.
 TEST(KernelParity, FlashAttentionIsTheSameBitsOnEveryDevice) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -505,12 +505,24 @@ TEST(KernelParity, FlashAttentionIsTheSameBitsOnEveryDevice) {
       kernels(device).flash_attention(in.data(), s, lse.data(), y.data());
       kernels(device).flash_attention_backward(in.data(), y.data(), lse.data(), g.data(), s, grad.data());
       results[device] = {y.to_host(), lse.to_host(), grad.to_host()};
+      // The 16-bit kernels, read and written where the tensors lie on the GPU, widened by slices on the CPU.
+      for (const DType dtype : {DType::bfloat16, DType::float16}) {
+        const Tensor in16 = in.to(dtype), g16 = g.to(dtype);
+        Tensor y16 = Tensor::empty({n}, device, dtype), grad16 = Tensor::empty({3 * n}, device, dtype);
+        kernels(device).flash_attention_half(half_format(dtype), in16.data16(), s, lse.data(), y16.data16());
+        kernels(device).flash_attention_backward_half(half_format(dtype), in16.data16(), y16.data16(), lse.data(),
+                                                      g16.data16(), s, grad16.data16());
+        for (const Tensor& t : {y16, lse, grad16}) results[device].push_back(t.to(DType::float32).to_host());
+      }
     }
     const std::string shape = std::to_string(c.batch) + "x" + std::to_string(c.tokens) + " tokens, " +
                               std::to_string(c.heads) + " heads of " + std::to_string(c.head_size) +
                               (c.causal ? ", causal" : ", full") + (c.dropout > 0 ? ", dropout" : "");
     const char* names[] = {"flash attention's y", "flash attention's lse", "flash attention's gradient"};
-    for (std::size_t i = 0; i < 3; ++i) expect_same_bits(results[Device::cuda][i], results[Device::cpu][i], std::string(names[i]) + " " + shape);
+    const char* types[] = {"float32", "bfloat16", "float16"};
+    for (std::size_t i = 0; i < results[Device::cpu].size(); ++i)
+      expect_same_bits(results[Device::cuda][i], results[Device::cpu][i],
+                       std::string(types[i / 3]) + " " + names[i % 3] + " " + shape);
   }
 }
 

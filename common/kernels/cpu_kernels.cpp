@@ -233,6 +233,13 @@ void for_each_widened_row(HalfFormat format, const std::uint16_t* logits, std::s
   }
 }
 
+// n 16-bit values widened into a new float vector.
+std::vector<float> widened(HalfFormat format, const std::uint16_t* in, std::int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  parallel_for(out.size(), 1, [&](std::size_t b, std::size_t e) { widen_into(format, in + b, out.data() + b, e - b); });
+  return out;
+}
+
 // A 16-bit element-wise kernel as its float32 loop on blocks: each thread takes kHalfBlock elements at a
 // time, `body(first, count, results)` widens its operands' values for [first, first + count) and runs the
 // float32 loop into `results`, which are rounded into out once. Blocks change no arithmetic.
@@ -498,7 +505,35 @@ class CpuKernels final : public Kernels {
   void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
                                 const AttentionShape& shape, float* grad_qkv) override {
     cpu::flash_attention_backward(qkv, y, lse, grad_y, shape, grad_qkv);
+  }  // A slice of sequences at a time (an eighth of the batch, as the ops slice 16-bit work): widened into
+  // floats, the float32 kernel, its outputs rounded once. Each sequence's attention is its own, and dropout
+  // draws by the index in the whole batch (first_sequence), so slicing changes no bit.
+  void flash_attention_half(HalfFormat format, const std::uint16_t* qkv, const AttentionShape& s, float* lse,
+                            std::uint16_t* y) override {
+    const std::int64_t width = 3 * s.heads * s.head_size, c = s.heads * s.head_size;
+    for_sequence_slices(s, (s.batch + 7) / 8, [&](const AttentionShape& part, std::int64_t first) {
+      std::vector<float> wide_qkv = widened(format, qkv + first * s.tokens * width, part.batch * s.tokens * width),
+                         wide_y(static_cast<std::size_t>(part.batch * s.tokens * c));
+      cpu::flash_attention(wide_qkv.data(), part, lse + first * s.heads * s.tokens, wide_y.data());
+      to_half(format, wide_y.data(), y + first * s.tokens * c, wide_y.size());
+    });
   }
+  void flash_attention_backward_half(HalfFormat format, const std::uint16_t* qkv, const std::uint16_t* y,
+                                     const float* lse, const std::uint16_t* grad_y, const AttentionShape& s,
+                                     std::uint16_t* grad_qkv) override {
+    const std::int64_t width = 3 * s.heads * s.head_size, c = s.heads * s.head_size;
+    for_sequence_slices(s, (s.batch + 7) / 8, [&](const AttentionShape& part, std::int64_t first) {
+      const std::int64_t rows = part.batch * s.tokens;
+      std::vector<float> wide_qkv = widened(format, qkv + first * s.tokens * width, rows * width),
+                         wide_y = widened(format, y + first * s.tokens * c, rows * c),
+                         wide_g = widened(format, grad_y + first * s.tokens * c, rows * c),
+                         grad(static_cast<std::size_t>(rows * width));
+      cpu::flash_attention_backward(wide_qkv.data(), wide_y.data(), lse + first * s.heads * s.tokens, wide_g.data(),
+                                    part, grad.data());
+      to_half(format, grad.data(), grad_qkv + first * s.tokens * width, grad.size());
+    });
+  }
+
   void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
                        const AttentionBlockShape& shape, float* row_max, float* row_sum, float* out) override {
     cpu::attention_block(q, k, v, q_pos, k_pos, shape, row_max, row_sum, out);

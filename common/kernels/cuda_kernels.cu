@@ -837,6 +837,16 @@ class CudaKernels final : public Kernels {
     DeviceBuffer delta(static_cast<std::size_t>(s.batch * s.heads * s.tokens));
     cuda_flash::backward(qkv, y, lse, grad_y, s, delta.get(), grad_qkv);
   }
+  void flash_attention_half(HalfFormat format, const std::uint16_t* qkv, const AttentionShape& s, float* lse,
+                            std::uint16_t* y) override {
+    cuda_flash::forward_half(format, qkv, s, lse, y);
+  }
+  void flash_attention_backward_half(HalfFormat format, const std::uint16_t* qkv, const std::uint16_t* y,
+                                     const float* lse, const std::uint16_t* grad_y, const AttentionShape& s,
+                                     std::uint16_t* grad_qkv) override {
+    DeviceBuffer delta(static_cast<std::size_t>(s.batch * s.heads * s.tokens));
+    cuda_flash::backward_half(format, qkv, y, lse, grad_y, s, delta.get(), grad_qkv);
+  }
   void attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
                        const AttentionBlockShape& s, float* row_max, float* row_sum, float* out) override {
     const auto rows = static_cast<std::size_t>(s.batch * s.heads * s.queries);

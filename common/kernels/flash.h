@@ -61,9 +61,10 @@ COURSE_HOST_DEVICE inline float flash_scale(std::int64_t head_size) {
   return rn::div(1.0f, rn::sqrt(static_cast<float>(head_size)));
 }
 
-// a . b over the first `hs` of D dimensions, in order.
-template <int D>
-COURSE_HOST_DEVICE inline float flash_dot(const float* a, const float* b, int hs) {
+// a . b over the first `hs` of D dimensions, in order (a and b: float rows, or 16-bit ones read through
+// half::In).
+template <int D, class A, class B>
+COURSE_HOST_DEVICE inline float flash_dot(A a, B b, int hs) {
   float s = 0.0f;
 COURSE_UNROLL
   for (int d = 0; d < D; ++d)

@@ -82,10 +82,13 @@ decltype(auto) with_format(HalfFormat format, Body f) {
 // reads row[i] exactly; Out stores row[i] = value rounded once to nearest even, as a float32 result's
 // cast would round it. So a 16-bit kernel runs the float32 kernel's arithmetic on the exact widening of
 // its input, without a float32 copy of the input or of the output.
+// Both move as pointers do (view + n: the row n values further), so a kernel written over float
+// pointers takes them as they are (FlashAttention's, cuda_flash_attention.cu).
 template <HalfFormat F>
 struct In {
   const std::uint16_t* bits;
-  COURSE_HOST_DEVICE float operator[](std::size_t i) const { return widen<F>(bits[i]); }
+  COURSE_HOST_DEVICE float operator[](std::int64_t i) const { return widen<F>(bits[i]); }
+  COURSE_HOST_DEVICE In operator+(std::int64_t n) const { return {bits + n}; }
 };
 template <HalfFormat F>
 struct Out {
@@ -94,7 +97,8 @@ struct Out {
     std::uint16_t* at;
     COURSE_HOST_DEVICE void operator=(float value) const { *at = narrow<F>(value); }
   };
-  COURSE_HOST_DEVICE Slot operator[](std::size_t i) const { return {bits + i}; }
+  COURSE_HOST_DEVICE Slot operator[](std::int64_t i) const { return {bits + i}; }
+  COURSE_HOST_DEVICE Out operator+(std::int64_t n) const { return {bits + n}; }
 };
 
 }  // namespace course::half

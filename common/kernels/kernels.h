@@ -51,6 +51,21 @@ struct AttentionShape {
   std::int64_t first_sequence = 0;
 };
 
+// body(part, first) for slices of an attention's batch, `per_slice` sequences at a time (at least 1): part
+// is the shape of sequences [first, first + part.batch), its first_sequence their place in the whole batch.
+// Each sequence's attention is its own and dropout draws by that place, so slicing changes no bit; the
+// 16-bit paths slice so that their float32 copies stay a fraction of the batch.
+template <class Body>
+void for_sequence_slices(const AttentionShape& s, std::int64_t per_slice, Body body) {
+  const std::int64_t step = per_slice < 1 ? 1 : per_slice;
+  for (std::int64_t first = 0; first < s.batch; first += step) {
+    AttentionShape part = s;
+    part.batch = step < s.batch - first ? step : s.batch - first;
+    part.first_sequence = s.first_sequence + first;
+    body(part, first);
+  }
+}
+
 // One block of ring attention (Liu et al., "Ring Attention with Blockwise Transformers", 2023): a
 // rank's queries against one block of keys and values, folded into a running softmax by the online
 // rule (Milakov & Gimelshein, 2018; as FlashAttention does, Dao et al. 2022). q, k, v and out are
@@ -154,6 +169,14 @@ class Kernels {
   // again; deterministic (dQ in a pass of its own, no atomics).
   virtual void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
                                         const AttentionShape& shape, float* grad_qkv) = 0;
+  // The same two on 16-bit tensors in `format` (qkv, y, grad_y and grad_qkv; lse stays float32), read and
+  // written where they lie: the float32 kernels' bits on the widened values, each output rounded once. The
+  // GPU widens each value as its tile is staged; the CPU widens a slice of sequences at a time.
+  virtual void flash_attention_half(HalfFormat format, const std::uint16_t* qkv, const AttentionShape& shape,
+                                    float* lse, std::uint16_t* y) = 0;
+  virtual void flash_attention_backward_half(HalfFormat format, const std::uint16_t* qkv, const std::uint16_t* y,
+                                             const float* lse, const std::uint16_t* grad_y,
+                                             const AttentionShape& shape, std::uint16_t* grad_qkv) = 0;
   // Ring attention's block (AttentionBlockShape): row_max and row_sum [batch, heads, queries] (start at
   // -inf and 0) and out (starts at 0) are the running maximum score, the running sum of exp(score - max)
   // and the running sum of those weights times v; each call takes one more block of keys in.

@@ -484,18 +484,12 @@ struct Slices {
   }
 };
 
-// Calls `f` for slices of the batch: the whole batch in float32 (no copies to bound), an eighth of it at
-// a time in 16 bits. Each sequence's attention is independent of the others', so slicing changes no
-// arithmetic; dropout draws by the index in the whole batch (AttentionShape::first_sequence).
+// Calls `f` for slices of the batch (kernels.h): the whole batch in float32 (no copies to bound), an
+// eighth of it at a time in 16 bits.
 template <class F>
 void for_sequence_slices(const AttentionShape& s, DType type, F f) {
-  const std::int64_t step = is_16bit(type) ? std::max<std::int64_t>(1, (s.batch + 7) / 8) : std::max<std::int64_t>(1, s.batch);
-  for (std::int64_t first = 0; first < s.batch; first += step) {
-    AttentionShape part = s;
-    part.batch = std::min(step, s.batch - first);
-    part.first_sequence = s.first_sequence + first;
-    f(part, Slices{s, first, part.batch});
-  }
+  course::for_sequence_slices(s, is_16bit(type) ? (s.batch + 7) / 8 : s.batch,
+                              [&](const AttentionShape& part, std::int64_t first) { f(part, Slices{s, first, part.batch}); });
 }
 
 // The attention kernel over the batch into `y`, returning the probabilities, both in qkv's type (the
@@ -515,31 +509,30 @@ Tensor attention_forward(const Tensor& qkv, const AttentionShape& s, Tensor& y) 
 }
 
 // FlashAttention (sdpa_kernel.h): y as attention_forward's, and each row's log-sum-exp [B, H, T] in float32,
-// all that its backward keeps beside qkv and y.
+// all that its backward keeps beside qkv and y. 16-bit tensors are read and written where they lie
+// (Kernels::flash_attention_half).
 Tensor flash_attention(const Tensor& qkv, const AttentionShape& s, Tensor& y) {
   Tensor lse = Tensor::empty({s.batch, s.heads, s.tokens}, qkv.device());
-  for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
-    Tensor y32 = at.tokens(y, s.heads * s.head_size);
-    if (is_16bit(qkv.dtype())) y32 = Tensor::empty(y32.shape(), qkv.device());
-    kernels(qkv.device()).flash_attention(wide(at.tokens(qkv, qkv.dim(2))).data(), part,
-                                          at.rows(lse).data(), y32.data());
-    if (is_16bit(qkv.dtype())) at.tokens(y, s.heads * s.head_size).copy_from(y32);
-  });
+  Kernels& k = kernels(qkv.device());
+  if (is_16bit(qkv.dtype()))
+    k.flash_attention_half(half_format(qkv.dtype()), qkv.data16(), s, lse.data(), y.data16());
+  else
+    k.flash_attention(qkv.data(), s, lse.data(), y.data());
   return lse;
 }
 
 Tensor flash_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& g,
                                 const AttentionShape& s) {
   Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
-  for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
-    Tensor g32 = is_16bit(grad.dtype()) ? Tensor::empty({part.batch, s.tokens, qkv.dim(2)}, qkv.device())
-                                        : at.tokens(grad, qkv.dim(2));
-    const std::int64_t c = s.heads * s.head_size;
-    kernels(qkv.device()).flash_attention_backward(wide(at.tokens(qkv, qkv.dim(2))).data(), wide(at.tokens(y, c)).data(),
-                                                   at.rows(lse).data(), wide(at.tokens(g, c)).data(), part,
-                                                   g32.data());
-    if (is_16bit(grad.dtype())) at.tokens(grad, qkv.dim(2)).copy_from(g32);
-  });
+  Kernels& k = kernels(qkv.device());
+  if (is_16bit(qkv.dtype()) && g.dtype() == qkv.dtype())
+    k.flash_attention_backward_half(half_format(qkv.dtype()), qkv.data16(), y.data16(), lse.data(), g.data16(), s,
+                                    grad.data16());
+  else {  // float32, or a gradient of another type than qkv's
+    Tensor g32 = is_16bit(grad.dtype()) ? Tensor::empty(qkv.shape(), qkv.device()) : grad;
+    k.flash_attention_backward(wide(qkv).data(), wide(y).data(), lse.data(), wide(g).data(), s, g32.data());
+    if (is_16bit(grad.dtype())) grad.copy_from(g32);
+  }
   return grad;
 }
 
