@@ -55,6 +55,58 @@ TEST(Half, DecodesEveryFloat16AndBfloat16Pattern) {
   }
 }
 
+// fp16's conversions by their cases, one branch each, as IEEE 754 defines them: the reference for the
+// branch-free ones in half.h, which must give the same bits for every value.
+std::uint16_t to_float16_by_cases(float f) {
+  const std::uint32_t u = math::bits_of(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);   // NaN
+  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // 65520 and above: infinity
+  const int exponent = static_cast<int>(a >> 23);
+  if (exponent < 113) {  // below 2^-14: a subnormal half, in units of 2^-24
+    if (exponent < 102) return static_cast<std::uint16_t>(sign);  // below 2^-25: rounds to zero
+    const std::uint32_t mantissa = (a & 0x7FFFFFu) | 0x800000u;
+    return static_cast<std::uint16_t>(sign | half::round_shift(mantissa, 126 - exponent));
+  }
+  return static_cast<std::uint16_t>(sign | half::round_shift(a - (112u << 23), 13));
+}
+float from_float16_by_cases(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return math::float_of(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent == 0) {
+    if (mantissa == 0) return math::float_of(sign);
+    int e = -14;  // a subnormal: normalise it
+    while (!(mantissa & 0x400u)) mantissa <<= 1, --e;
+    return math::float_of(sign | (static_cast<std::uint32_t>(e + 127) << 23) | ((mantissa & 0x3FFu) << 13));
+  }
+  return math::float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+// Every half; every float whose rounding can be a subnormal half's or the first normal one's (exponents
+// 100 to 114, each of their 2^24 patterns with the sign); and at every exponent, every pattern of the 13
+// bits rounded away under the mantissas whose rounding carries into the exponent or not.
+TEST(Half, Float16ConversionsGiveTheCaseByCaseBitsForEveryKindOfValue) {
+  for (std::uint32_t h = 0; h <= 0xFFFF; ++h)
+    ASSERT_EQ(math::bits_of(half::from_float16(static_cast<std::uint16_t>(h))),
+              math::bits_of(from_float16_by_cases(static_cast<std::uint16_t>(h)))) << std::hex << h;
+  const auto check = [](std::uint32_t u) {
+    const float f = math::float_of(u);
+    if (half::to_float16(f) != to_float16_by_cases(f))
+      FAIL() << std::hex << "float bits 0x" << u << ": 0x" << half::to_float16(f) << ", by cases 0x" << to_float16_by_cases(f);
+  };
+  for (std::uint32_t sign : {0u, 0x80000000u}) {
+    for (std::uint32_t u = 100u << 23; u < 115u << 23; ++u) {
+      check(sign | u);
+      if (::testing::Test::HasFailure()) return;
+    }
+    for (std::uint32_t exponent = 0; exponent < 256; ++exponent) {
+      for (std::uint32_t high : {0u, 1u, 2u, 0x3FEu, 0x3FFu})
+        for (std::uint32_t low = 0; low < (1u << 13); ++low) check(sign | exponent << 23 | high << 13 | low);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 // The nearest fp16 to x by search over all finite patterns of its sign, ties to the even pattern.
 std::uint16_t nearest_fp16(float x) {
   std::uint16_t best = 0;

@@ -505,7 +505,8 @@ class CpuKernels final : public Kernels {
   void flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
                                 const AttentionShape& shape, float* grad_qkv) override {
     cpu::flash_attention_backward(qkv, y, lse, grad_y, shape, grad_qkv);
-  }  // A slice of sequences at a time (an eighth of the batch, as the ops slice 16-bit work): widened into
+  }
+  // A slice of sequences at a time (an eighth of the batch, as the ops slice 16-bit work): widened into
   // floats, the float32 kernel, its outputs rounded once. Each sequence's attention is its own, and dropout
   // draws by the index in the whole batch (first_sequence), so slicing changes no bit.
   void flash_attention_half(HalfFormat format, const std::uint16_t* qkv, const AttentionShape& s, float* lse,

@@ -28,35 +28,34 @@ COURSE_HOST_DEVICE inline std::uint16_t to_bfloat16(float f) {
 
 COURSE_HOST_DEVICE inline float from_bfloat16(std::uint16_t h) { return float_of(static_cast<std::uint32_t>(h) << 16); }
 
+// Both fp16 conversions compute every case and select one, without a branch or a loop per value, so
+// that a warp does not diverge and the CPU's loops over them run as fast as bf16's shifts (the same
+// results as the case-by-case definitions for every one of the 2^32 floats and 2^16 halves: tests/half_test).
 COURSE_HOST_DEVICE inline std::uint16_t to_float16(float f) {
   const std::uint32_t u = bits_of(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);  // NaN
-  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u); // 65520 and above round to infinity
-  const int exponent = static_cast<int>(a >> 23);
-  if (exponent < 113) {  // below 2^-14: a subnormal half, in units of 2^-24
-    if (exponent < 102) return static_cast<std::uint16_t>(sign);  // below 2^-25: rounds to zero
-    const std::uint32_t mantissa = (a & 0x7FFFFFu) | 0x800000u;
-    return static_cast<std::uint16_t>(sign | round_shift(mantissa, 126 - exponent));
-  }
-  // A normal half: rebias the exponent (127 -> 15) and round 23 mantissa bits to 10; a carry may
-  // roll into the exponent, which is again the right answer.
-  return static_cast<std::uint16_t>(sign | round_shift(a - (112u << 23), 13));
+  // A normal half (2^-14 and up): rebias the exponent (127 -> 15) and round 23 mantissa bits to 10, to
+  // nearest and ties to even; a carry may roll into the exponent, which is again the right answer.
+  const std::uint32_t rebiased = a - (112u << 23);
+  const std::uint32_t normal = (rebiased + 0xFFFu + ((rebiased >> 13) & 1u)) >> 13;
+  // Below 2^-14, a subnormal half counts units of 2^-24: 0.5 + |f| rounds |f| to a whole number of them
+  // (0.5's unit in the last place is 2^-24), and the count is that sum's bits past 0.5's; 2^-14 itself,
+  // reached by rounding up, is the smallest normal half's encoding, 0x400.
+  const std::uint32_t subnormal = bits_of(rn::add(float_of(a), 0.5f)) - bits_of(0.5f);
+  const std::uint32_t bits = a > 0x7F800000u    ? 0x7E00u  // NaN
+                             : a >= 0x477FF000u ? 0x7C00u  // 65520 and above round to infinity
+                             : a >= (113u << 23) ? normal
+                                                 : subnormal;
+  return static_cast<std::uint16_t>(sign | bits);
 }
 
 COURSE_HOST_DEVICE inline float from_float16(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
-  if (exponent == 0x1F) return float_of(sign | 0x7F800000u | (mantissa << 13));  // infinity, NaN
-  if (exponent == 0) {
-    if (mantissa == 0) return float_of(sign);
-    int e = -14;  // a subnormal: normalise it
-    while (!(mantissa & 0x400u)) {
-      mantissa <<= 1;
-      --e;
-    }
-    return float_of(sign | (static_cast<std::uint32_t>(e + 127) << 23) | ((mantissa & 0x3FFu) << 13));
-  }
-  return float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, em = h & 0x7FFFu;
+  // A subnormal half (exponent bits 0) is its 10-bit mantissa times 2^-24: exact, and a normal float.
+  const float subnormal = rn::mul(static_cast<float>(static_cast<std::int32_t>(em)), 0x1p-24f);
+  const std::uint32_t bits = em >= 0x7C00u   ? 0x7F800000u | ((em & 0x3FFu) << 13)  // infinity, NaN
+                             : em >= 0x0400u ? (em << 13) + (112u << 23)            // rebias 15 -> 127
+                                             : bits_of(subnormal);
+  return float_of(sign | bits);
 }
 
 // The format as a compile-time constant, so that a loop over 16-bit values has no branch per element.

@@ -3,8 +3,8 @@
 // element-wise kernels on operands of one 16-bit type read and write 16 bits (Kernels::unary_half,
 // binary_half); every other kernel reads 16-bit operands widened to float32. Either way each value is
 // computed in float32 and rounded once to the op's output type, which is its inputs' widest (PyTorch's
-// type promotion). The engine rounds each gradient to its
-// tensor's type. Autocast (autocast.h) casts the inputs first, by its table.
+// type promotion). The engine rounds each gradient to its tensor's type. Autocast (autocast.h) casts the
+// inputs first, by its table.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -474,9 +474,6 @@ struct Slices {
   std::int64_t first, count;
   Tensor tokens(const Tensor& t, std::int64_t width) const {  // [B, T, width] -> [count, T, width]
     return t.view(static_cast<std::size_t>(first * whole.tokens * width), {count, whole.tokens, width});
-  }
-  Tensor rows(const Tensor& t) const {  // [B, H, T] -> [count, H, T]: each query row's figure
-    return t.view(static_cast<std::size_t>(first * whole.heads * whole.tokens), {count, whole.heads, whole.tokens});
   }
   Tensor probs(const Tensor& t) const {  // [B, H, T, T] -> [count, H, T, T]
     const std::int64_t per = whole.heads * whole.tokens * whole.tokens;
