@@ -7,7 +7,9 @@
 #   2. ctest -L '^gpu$': every CUDA kernel against the CPU's (bit for bit where they share a formula), the
 #      host-read test, and every chapter with --device cuda, in lock-step, one rank on NCCL and ranks
 #      sharing the GPU on MPI; a GPU test that skips on a GPU machine fails the check;
-#   3. compute-sanitizer memcheck over the GPU kernel tests, where the tool is installed;
+#   3. beside it (both only check correctness, so they share the GPU), compute-sanitizer where installed:
+#      memcheck over the GPU kernel tests and one small GPT step in fp32 and bf16, racecheck over the
+#      kernels and the same steps;
 #   4. bench_step at GPT-2 124M's shape (12 x 768, 12 heads, 1024 tokens, 8 sequences, vocabulary 50304),
 #      fp32 and bf16, timed, then once more with --profile (op by op, forward and backward); bf16 also
 #      with the math attention kernel (--sdpa math), FlashAttention's figure beside it;
@@ -22,21 +24,21 @@ build=${COURSE_GPU_BUILD:-$COURSE_ROOT/build/gpu}
 out=${COURSE_GPU_OUT:-$COURSE_ROOT/runs/check_gpu}
 mkdir -p "$out"
 results="$out/results.jsonl"
+summary="$out/summary.txt"
 : >"$results"
+: >"$summary"
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 gpu=${gpu:-none found}
 today=$(date +%F)
-summary=()
-failed=0
 
-# record NAME STATUS SECONDS DETAIL [JSON FIELDS]: one line of results.jsonl and of the summary.
+# record NAME STATUS SECONDS DETAIL [JSON FIELDS]: one line of results.jsonl and of summary.txt (appended
+# whole, so that the checks running beside the GPU suite can record too).
 record() {
   local name=$1 status=$2 seconds=$3 detail=$4 extra=${5:-}
   printf '{"check": "%s", "status": "%s", "seconds": %s, "detail": "%s", "gpu": "%s", "date": "%s"%s}\n' \
     "$name" "$status" "$seconds" "${detail//\"/\'}" "$gpu" "$today" "${extra:+, $extra}" >>"$results"
-  summary+=("$(printf '%-6s %-22s %6ss  %s' "$status" "$name" "$seconds" "$detail")")
-  [ "$status" = FAIL ] && failed=1
+  printf '%-6s %-26s %6ss  %s\n' "$status" "$name" "$seconds" "$detail" >>"$summary"
   return 0
 }
 
@@ -57,17 +59,55 @@ step() {
 echo "check_gpu: GPU $gpu, logs and results in ${out#$COURSE_ROOT/}"
 
 # 1. The build.
-step build 900 bash -c "cmake -S '$COURSE_ROOT' -B '$build' -DCMAKE_BUILD_TYPE=Release -DCOURSE_CUDA=ON $* && \
-                        cmake --build '$build' -j $COURSE_CORES"
+# The arguments travel as they are (a CMAKE_PREFIX_PATH holds ';', which a shell string would split).
+configure_and_build() {
+  cmake -S "$COURSE_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCOURSE_CUDA=ON "$@" &&
+    cmake --build "$build" -j "$COURSE_CORES"
+}
+export -f configure_and_build
+export COURSE_ROOT COURSE_CORES build
+step build 900 bash -c 'configure_and_build "$@"' configure_and_build "$@"
 record build "$status" "$seconds" "$(grep -m1 'Course backends' "$out/build.log" | sed 's/^-- //')"
 if [ "$status" = FAIL ]; then
   tail -n 30 "$out/build.log"
-  printf '%s\n' "${summary[@]}"
+  cat "$summary"
   exit 1
 fi
 
+# 3. compute-sanitizer beside the GPU suite: memcheck over the kernel tests and one small GPT step in
+# each precision, racecheck over the kernels' shared memory.
+sanitizer=$(command -v compute-sanitizer || true)
+small_gpt=(--model gpt --n-layer 2 --n-head 4 --n-embd 128 --block-size 128 --vocab 512 --batch 2 --device cuda
+           --warmup 0 --steps 1)
+sanitize() {  # sanitize NAME TOOL COMMAND...
+  local name=$1 tool=$2
+  shift 2
+  step "$name" "${COURSE_GPU_SANITIZER_LIMIT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 1 "$@"
+  record "$name" "$status" "$seconds" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/$name.log" | sed 's/^=* *//')"
+}
+sanitizers=""
+if [ -z "$sanitizer" ]; then
+  record memcheck SKIP 0 "compute-sanitizer is not installed"
+else
+  (
+    sanitize memcheck_kernels memcheck "$build/tests/kernel_parity_test" &
+    sanitize memcheck_half memcheck "$build/tests/half_test" --gtest_filter='*Cuda*' &
+    sanitize memcheck_host_transfers memcheck "$build/tests/host_transfers_test" --gtest_filter='*RunsOnTheGpu*' &
+    sanitize memcheck_gpt_fp32 memcheck "$build/benchmarks/bench_step" "${small_gpt[@]}" --precision fp32 &
+    sanitize memcheck_gpt_bf16 memcheck "$build/benchmarks/bench_step" "${small_gpt[@]}" --precision bf16 &
+    # racecheck runs FlashAttention's kernels (their shared tiles) through the small GPT steps: the parity
+    # test's many long sequences under racecheck take many minutes.
+    sanitize racecheck_kernels racecheck "$build/tests/kernel_parity_test" --gtest_filter='-*FlashAttentionIsTheSameBits*' &
+    sanitize racecheck_gpt_fp32 racecheck "$build/benchmarks/bench_step" "${small_gpt[@]}" --precision fp32 &
+    sanitize racecheck_gpt_bf16 racecheck "$build/benchmarks/bench_step" "${small_gpt[@]}" --precision bf16 &
+    wait
+  ) &
+  sanitizers=$!
+fi
+
 # 2. The GPU suite. Every test in it skips where no GPU is usable; here none may.
-step gpu_tests 420 ctest --test-dir "$build" -L '^gpu$' --output-on-failure -j 4
+# --timeout bounds a test that hangs (a kernel that never returns), not a slow one.
+step gpu_tests 420 ctest --test-dir "$build" -L '^gpu$' --output-on-failure -j 4 --timeout 300
 counts=$(grep -E '% tests passed' "$out/gpu_tests.log" | tail -n 1)
 skipped=$(grep -c '\*\*\*Skipped' "$out/gpu_tests.log")
 if [ "$status" = PASS ] && [ "$skipped" -gt 0 ]; then
@@ -76,18 +116,7 @@ if [ "$status" = PASS ] && [ "$skipped" -gt 0 ]; then
 fi
 record gpu_tests "$status" "$seconds" "${counts:-no ctest summary}" "\"skipped\": $skipped"
 
-# 3. compute-sanitizer's memcheck over the kernel tests.
-sanitizer=$(command -v compute-sanitizer || true)
-if [ -z "$sanitizer" ]; then
-  record memcheck SKIP 0 "compute-sanitizer is not installed"
-else
-  for t in "kernel_parity_test" "half_test --gtest_filter=*Cuda*" "host_transfers_test --gtest_filter=*RunsOnTheGpu*"; do
-    name="memcheck_${t%% *}"
-    # shellcheck disable=SC2086
-    step "$name" 300 "$sanitizer" --tool memcheck --error-exitcode 1 "$build"/tests/$t
-    record "$name" "$status" "$seconds" "$(grep -m1 'ERROR SUMMARY' "$out/$name.log" | sed 's/^=* *//')"
-  done
-fi
+[ -n "$sanitizers" ] && wait "$sanitizers"
 
 # 4. The course's step at GPT-2 124M's shape.
 shape=(--model gpt --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 --vocab 50304 --batch 8 --device cuda)
@@ -128,6 +157,8 @@ else
 fi
 
 echo
-printf '%s\n' "${summary[@]}"
+cat "$summary"
+failed=0
+grep -q '"status": "FAIL"' "$results" && failed=1
 echo "check_gpu: $( [ $failed -eq 0 ] && echo PASSED || echo FAILED ) on $gpu ($today); results in ${results#$COURSE_ROOT/}"
 exit $failed
