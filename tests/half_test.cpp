@@ -59,7 +59,7 @@ TEST(Half, DecodesEveryFloat16AndBfloat16Pattern) {
 // branch-free ones in half.h, which must give the same bits for every value.
 std::uint16_t to_float16_by_cases(float f) {
   const std::uint32_t u = math::bits_of(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);   // NaN
+  if (a > 0x7F800000u) return 0x7E00u;                                      // NaN: the canonical one
   if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // 65520 and above: infinity
   const int exponent = static_cast<int>(a >> 23);
   if (exponent < 113) {  // below 2^-14: a subnormal half, in units of 2^-24
@@ -131,6 +131,11 @@ TEST(Half, RoundsFloat32ToTheNearestFloat16) {
   }
   for (float x : xs) EXPECT_EQ(half::to_float16(x), nearest_fp16(x)) << x;
   EXPECT_TRUE(std::isnan(half::from_float16(half::to_float16(NAN))));
+  // Every NaN, of either sign and any payload (x86 keeps them, a GPU does not), narrows to one quiet NaN.
+  for (const std::uint32_t nan : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF812345u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
+    EXPECT_EQ(half::to_bfloat16(math::float_of(nan)), 0x7FC0) << std::hex << nan;
+    EXPECT_EQ(half::to_float16(math::float_of(nan)), 0x7E00) << std::hex << nan;
+  }
   EXPECT_EQ(half::to_bfloat16(1.00390625f), 0x3F80) << "1 + 2^-8 is a tie: to even";
   EXPECT_EQ(half::to_bfloat16(1.01171875f), 0x3F82) << "1 + 3 * 2^-8 is a tie: to even, upwards";
 }

@@ -2,6 +2,11 @@
 // 2^-11, largest 65504) and bfloat16 (bf16: float32's 8 exponent bits, 7 mantissa bits, unit roundoff
 // 2^-8). Conversions round to nearest, ties to even, like the hardware's; written once here for the
 // CPU and CUDA kernels alike, so both give the same bits.
+//
+// A NaN narrows to one quiet NaN of each format, with no sign or payload (bf16 0x7FC0, as c10's
+// round_to_nearest_even; fp16 0x7E00): the GPU's float arithmetic returns its one canonical NaN
+// (0x7FFFFFFF) whatever its operands, x86's returns the first operand's payload and sign, so a NaN's
+// sign and payload are the one part of a result that the two devices' arithmetic cannot agree on.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -22,7 +27,7 @@ COURSE_HOST_DEVICE inline std::uint32_t round_shift(std::uint32_t value, int shi
 
 COURSE_HOST_DEVICE inline std::uint16_t to_bfloat16(float f) {
   const std::uint32_t u = bits_of(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;  // NaN: the canonical quiet NaN
   return static_cast<std::uint16_t>(round_shift(u, 16));  // a carry into the exponent is the right rounding
 }
 
@@ -41,11 +46,10 @@ COURSE_HOST_DEVICE inline std::uint16_t to_float16(float f) {
   // (0.5's unit in the last place is 2^-24), and the count is that sum's bits past 0.5's; 2^-14 itself,
   // reached by rounding up, is the smallest normal half's encoding, 0x400.
   const std::uint32_t subnormal = bits_of(rn::add(float_of(a), 0.5f)) - bits_of(0.5f);
-  const std::uint32_t bits = a > 0x7F800000u    ? 0x7E00u  // NaN
-                             : a >= 0x477FF000u ? 0x7C00u  // 65520 and above round to infinity
+  const std::uint32_t bits = a >= 0x477FF000u ? 0x7C00u  // 65520 and above round to infinity
                              : a >= (113u << 23) ? normal
                                                  : subnormal;
-  return static_cast<std::uint16_t>(sign | bits);
+  return static_cast<std::uint16_t>(a > 0x7F800000u ? 0x7E00u : sign | bits);  // NaN: the canonical quiet NaN
 }
 
 COURSE_HOST_DEVICE inline float from_float16(std::uint16_t h) {
