@@ -9,7 +9,7 @@
 #include "common/autograd/autograd.h"   // NoGradGuard: evaluation without recording a graph
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
 #include "common/cli/cli.h"
-#include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them             // common flags, validators, exit codes
+#include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
 #include "common/core/log.h"            // log(): what rank 0 prints
@@ -18,7 +18,7 @@
 #include "common/metrics/timer.h"       // step timing
 #include "common/nn/layers.h"           // Linear, make_mlp
 #include "common/ops/ops.h"             // mse_loss
-#include "common/cli/sgd_options.h"    // --lr and the flags of the run's arithmetic: the SGD recipe
+#include "common/optim/optimizer.h"     // optim::SGD
 
 using namespace course;
 
@@ -35,7 +35,7 @@ struct Options {
   std::int64_t batch_size = 1;
   cli::MlpOptions mlp;  // --samples 1000 (both models), --features 16, --hidden 256, --layers 3 (mlp)
   std::string activation = "relu";
-  cli::SgdOptions sgd;  // --lr, and the flags chapter 04 explains
+  float lr = 0.01f;
   std::string save;
 };
 
@@ -95,24 +95,26 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = mlp ? data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed)
                               : data::make_house_prices(o.mlp.samples, o.common.seed);
   auto model = build_model(o, device, dataset.features);
-  optim::Recipe sgd = cli::make_sgd(model->parameters(), o.sgd);  // plain SGD at --lr
-  log("Training %s (%lld parameters) on %lld samples, batch %lld, %d epochs on %s, %s\n", o.model.c_str(),
+  optim::SGD sgd(model->parameters(), o.lr);
+  log("Training %s (%lld parameters) on %lld samples, batch %lld, %d epochs on %s, SGD at lr %g\n", o.model.c_str(),
       static_cast<long long>(model->parameter_count()), static_cast<long long>(dataset.size),
-      static_cast<long long>(o.batch_size), o.epochs, device_name(device), cli::describe(o.sgd).c_str());
+      static_cast<long long>(o.batch_size), o.epochs, device_name(device), o.lr);
   float initial = evaluate(*model, dataset, device);
   log("epoch %3d  loss %.6f\n", 0, initial);
   out.write({{"event", "epoch"}, {"epoch", 0}, {"loss", initial}});
 
   metrics::Timer timer(device);
   double train_ms = 0.0;
-  std::int64_t timed_samples = 0, step = 0;
+  std::int64_t timed_samples = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto batches = data::split_batches(data::shuffled_indices(dataset.size, o.common.seed, epoch), o.batch_size);
     for (auto& indices : batches) {
       data::Batch batch = data::make_batch(dataset, indices, device);
       timer.start();
-      sgd.forward_backward([&] { return mse_loss((*model)(batch.x), batch.y); });  // forward, then backward: fills .grad
-      sgd.step(step++);                                                            // update, then clear .grad
+      Tensor loss = mse_loss((*model)(batch.x), batch.y);  // forward: builds the graph
+      loss.backward();                                    // fills every weight's .grad
+      sgd.step();                                         // w <- w - lr * .grad
+      sgd.zero_grad();                                    // .grad accumulates until cleared
       double ms = timer.stop_ms();
       if (epoch > 1 || &indices != &batches.front()) {      // the first step warms caches up
         train_ms += ms;
@@ -174,7 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "linear (the house-price model) or mlp (wider data, timed)")
       ->check(CLI::IsMember({"linear", "mlp"}))->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
-  cli::add_sgd_options(app, o.sgd);  // --lr, --precision, --loss-scale, --tf32
+  app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Samples per step (1 = one sample per step, as in the lesson)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
@@ -186,7 +188,6 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --batch-size " + std::to_string(o.batch_size) +
                           (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
-    cli::apply(o.sgd, session.device);  // --tf32 on a GPU
     if (o.model == "linear") worked_example(session.device, session.metrics);
     return train(o, session.device, session.metrics);
   });

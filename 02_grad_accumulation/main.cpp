@@ -6,24 +6,25 @@
 // compares the final weights with the big batch's own rounding noise.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
 #include "common/checkpoint/parameters.h"  // --save: the final parameters as safetensors
-#include "common/cli/cli.h"
-#include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them             // common flags, validators, exit codes
-#include "common/cli/limits.h"          // refuse what cannot fit in memory
-#include "common/cli/session.h"         // device and metrics, set up once
-#include "common/core/log.h"            // log(): what rank 0 prints
-#include "common/core/memory.h"         // peak activation bytes from the device counters
-#include "common/data/house_prices.h"   // the wide house-price data and batching
-#include "common/metrics/metrics.h"     // JSON-lines metrics
-#include "common/nn/layers.h"           // make_mlp
-#include "common/ops/ops.h"             // mse_loss, scale
-#include "common/cli/sgd_options.h"    // --lr and the flags of the run's arithmetic: the SGD recipe
-#include "common/verify/compare.h"      // max_abs_diff, the noise floor
-#include "common/verify/lockstep.h"     // the step-by-step check against the big batch
-#include "common/verify/step_check.h"   // behind the course's one check interface
+#include "common/cli/cli.h"                 // common flags, validators, exit codes
+#include "common/cli/limits.h"              // refuse what cannot fit in memory
+#include "common/cli/model_options.h"       // the MLP's sizes, as every chapter names them
+#include "common/cli/session.h"             // device and metrics, set up once
+#include "common/core/log.h"                // log(): what rank 0 prints
+#include "common/core/memory.h"             // peak activation bytes from the device counters
+#include "common/data/house_prices.h"       // the wide house-price data and batching
+#include "common/metrics/metrics.h"         // JSON-lines metrics
+#include "common/nn/layers.h"               // make_mlp
+#include "common/ops/ops.h"                 // mse_loss, scale
+#include "common/optim/optimizer.h"         // optim::SGD
+#include "common/verify/compare.h"          // max_abs_diff, the noise floor
+#include "common/verify/lockstep.h"         // the step-by-step check against the exact sum of the parts
+#include "common/verify/step_check.h"       // behind the course's one check interface
 
 using namespace course;
 
@@ -35,7 +36,7 @@ struct Options {
   int accum = 4;
   int epochs = 3;
   cli::MlpOptions mlp;  // --samples 1000, --features 16, --hidden 128, --layers 2
-  cli::SgdOptions sgd;  // --lr, and the flags chapter 04 explains
+  float lr = 0.01f;
   std::string save;
 };
 
@@ -45,34 +46,35 @@ struct RunResult {
   std::int64_t peak_activation_bytes = 0;
   int optimizer_steps = 0;
   std::shared_ptr<nn::Module> model;
+  verify::LockstepSummary check;  // the lock-step check's verdict (none for an unchecked run)
 };
+
+// The check a run is given for its model: the lock-step check (below the fence), or none.
+using MakeCheck = std::function<std::unique_ptr<verify::StepCheck>(const nn::Module& model)>;
 
 std::shared_ptr<nn::Sequential> make_model(const Options& o, const data::Dataset& dataset, Device device) {
   return nn::make_mlp(dataset.features, o.mlp.hidden, o.mlp.layers, 1, nn::Activation::relu, device, o.common.seed);
 }
 
-Tensor batch_loss(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& samples,
-                  Device device) {
-  data::Batch batch = data::make_batch(dataset, samples, device);
-  return mse_loss(model(batch.x), batch.y);
-}
-
-// One micro-batch's weighted loss, forward and backward. Returns the loss.
+// One micro-batch's loss, weighted by its share of the global batch, forward and backward. Backward adds
+// into .grad (+=), so the micro-batches' gradients accumulate. Returns the weighted loss.
 float micro_batch_step(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& micro,
-                       float weight, Device device, const optim::Recipe& training) {
-  // Backward adds into .grad (+=), so the micro-batches' gradients accumulate.
-  return training.forward_backward([&] { return scale(batch_loss(model, dataset, micro, device), weight); }).item();
+                       float weight, Device device) {
+  data::Batch batch = data::make_batch(dataset, micro, device);
+  Tensor loss = scale(mse_loss(model(batch.x), batch.y), weight);
+  loss.backward();
+  return loss.item();
 }
 
 // One optimizer step's gradient: the global batch in micro-batches, each loss weighted by its share.
 float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& global,
-                           std::int64_t micro_batch, Device device, const optim::Recipe& training) {
+                           std::int64_t micro_batch, Device device) {
   const auto global_size = static_cast<float>(global.size());
   float total = 0;
   for (auto& micro : data::split_batches(global, micro_batch)) {
     // Mean over the micro-batch, weighted by its share of the global batch: the sum of these
     // is the mean over the global batch. For k full micro-batches the weight is exactly 1/k.
-    total += micro_batch_step(model, dataset, micro, static_cast<float>(micro.size()) / global_size, device, training);
+    total += micro_batch_step(model, dataset, micro, static_cast<float>(micro.size()) / global_size, device);
   }
   return total;
 }
@@ -80,26 +82,32 @@ float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, cons
 // One run. With accum = 1 and micro_batch = k*b it is the big-batch reference; `reversed` sums each
 // batch in reverse sample order, for the noise floor.
 RunResult run(const Options& o, const data::Dataset& dataset, Device device, std::int64_t micro_batch, int accum,
-              bool reversed = false) {
+              const MakeCheck& make_check, bool reversed = false) {
   auto model = make_model(o, dataset, device);
-  optim::Recipe training = cli::make_sgd(model->parameters(), o.sgd);  // plain SGD at --lr
+  optim::SGD sgd(model->parameters(), o.lr);
+  auto check = make_check(*model);  // --verify's lock-step check, or none: below the fence
   reset_peak_memory(device);
   RunResult result;
-  const std::int64_t global_batch = micro_batch * accum;
+  std::int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
-    for (auto& global : data::split_batches(order, global_batch)) {  // the last one may be partial
+    for (auto& global : data::split_batches(order, micro_batch * accum)) {  // the last one may be partial
       if (reversed) std::reverse(global.begin(), global.end());
-      accumulate_gradients(*model, dataset, global, micro_batch, device, training);
-      training.step(result.optimizer_steps);  // update, then clear the gradients
-      ++result.optimizer_steps;
+      check->begin_step(step);
+      const float loss = accumulate_gradients(*model, dataset, global, micro_batch, device);
+      check->check_gradient(step, loss);
+      sgd.step();       // one update for the k micro-batches
+      sgd.zero_grad();  // and only now the gradients are cleared
+      check->check_update(step++, 0.0);
     }
   }
+  result.optimizer_steps = static_cast<int>(step);
   result.peak_activation_bytes = memory_stats(device).peak_of(MemoryCategory::activations);
   result.weights = model->parameters_to_host();
   result.model = model;
   data::Batch all = data::make_batch(dataset, data::shuffled_indices(dataset.size, 0, 0), device);
   result.final_loss = mse_loss((*model)(all.x), all.y).item();
+  result.check = check->finish();
   return result;
 }
 
@@ -109,34 +117,35 @@ RunResult run(const Options& o, const data::Dataset& dataset, Device device, std
 
 // From the same weights at every step, the accumulated gradient against the exact sum of its parts, and
 // the update against SGD's from it (verify/lockstep.h), behind the course's one check interface
-// (verify/step_check.h).
+// (verify/step_check.h). The check draws each step's global batch itself, from the seed and the epochs,
+// so a run that trains on the wrong samples fails it too.
 class AccumulationCheck final : public verify::StepCheck {
  public:
-  AccumulationCheck(const Options& o, const data::Dataset& dataset, Device device, const nn::Module& model,
-                    const optim::Recipe& training)
-      : o_(o), dataset_(dataset), device_(device), model_(model), training_(training) {
+  AccumulationCheck(const Options& o, const data::Dataset& dataset, Device device, const nn::Module& model)
+      : o_(o), dataset_(dataset), device_(device), model_(model) {
+    for (int epoch = 1; epoch <= o.epochs; ++epoch)
+      for (auto& global : data::split_batches(
+               data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch)), o.micro_batch * o.accum))
+        batches_.push_back(std::move(global));
     auto reference = verify::make_reference([&] { return make_model(o, dataset, device); });
-    reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.sgd.lr);
+    reference_sgd_ = std::make_unique<optim::SGD>(reference->parameters(), o.lr);
     lockstep_ = std::make_unique<verify::Lockstep>(reference, [this](std::int64_t) {
       reference_sgd_->step();
       reference_sgd_->zero_grad();
     }, nullptr);
     lockstep_->set_optimizer(*reference_sgd_);  // and SGD's formula itself (verify/reference_optimizer.h)
   }
-  void set_batch(const std::vector<std::int64_t>& global) { global_ = global; }  // the step's, before its gradient
 
  protected:
   void on_begin_step(std::int64_t step) override { lockstep_->begin_step(step, model_); }
   // The reference computes each weighted micro-batch gradient on its own and adds them exactly: the
   // accumulated .grad must be their sum, up to the rounding of the += additions.
   void on_check_gradient(std::int64_t step, float loss) override {
-    auto micro = data::split_batches(global_, o_.micro_batch);
+    const auto& global = batches_.at(static_cast<std::size_t>(step));
+    auto micro = data::split_batches(global, o_.micro_batch);
     lockstep_->check_parts(step, model_, loss, micro.size(), 1.0, [&](nn::Module& reference, std::size_t m) {
-      const float part = micro_batch_step(reference, dataset_, micro[m],
-                                          static_cast<float>(micro[m].size()) / static_cast<float>(global_.size()),
-                                          device_, training_);
-      training_.scaler().unscale_gradients(reference.parameters());  // as the run unscales the sum
-      return part;
+      return micro_batch_step(reference, dataset_, micro[m],
+                              static_cast<float>(micro[m].size()) / static_cast<float>(global.size()), device_);
     });
   }
   void on_check_update(std::int64_t step, double) override { lockstep_->check_update(step); }
@@ -147,43 +156,24 @@ class AccumulationCheck final : public verify::StepCheck {
   const data::Dataset& dataset_;
   Device device_;
   const nn::Module& model_;
-  const optim::Recipe& training_;
-  std::vector<std::int64_t> global_;
+  std::vector<std::vector<std::int64_t>> batches_;  // each step's global batch, in order
   std::unique_ptr<optim::SGD> reference_sgd_;
   std::unique_ptr<verify::Lockstep> lockstep_;
 };
 
-// The accumulated run again, checked at every step.
-verify::LockstepSummary lockstep(const Options& o, const data::Dataset& dataset, Device device) {
-  auto model = make_model(o, dataset, device);
-  optim::Recipe training = cli::make_sgd(model->parameters(), o.sgd);
-  AccumulationCheck check(o, dataset, device, *model, training);
-  std::int64_t step = 0;
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    auto order = data::shuffled_indices(dataset.size, o.common.seed, static_cast<std::uint64_t>(epoch));
-    for (auto& global : data::split_batches(order, o.micro_batch * o.accum)) {
-      check.begin_step(step);
-      check.set_batch(global);
-      const float accumulated = accumulate_gradients(*model, dataset, global, o.micro_batch, device, training);
-      training.unscale_();  // fp16: the accumulated gradient divided by the loss scale again
-      check.check_gradient(step, accumulated);
-      training.step(step);
-      check.check_update(step++, 0.0);  // SGD, unclipped
-    }
-  }
-  return check.finish();
-}
-
 int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
   data::Dataset dataset = data::make_house_prices_wide(o.mlp.samples, o.mlp.features, o.common.seed);
   const std::int64_t global_batch = o.micro_batch * o.accum;
-  log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s, %s\n",
+  log("Gradient accumulation: %d micro-batches of %lld versus one batch of %lld, %lld samples, %d epochs, on %s\n",
       o.accum, static_cast<long long>(o.micro_batch), static_cast<long long>(global_batch),
-      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device), cli::precision_description(o.sgd.precision).c_str());
-  RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum);
-  RunResult big = run(o, dataset, device, global_batch, 1);
-  RunResult reordered = run(o, dataset, device, global_batch, 1, true);
-  verify::LockstepSummary check = lockstep(o, dataset, device);
+      static_cast<long long>(o.mlp.samples), o.epochs, device_name(device));
+  const MakeCheck none = [](const nn::Module&) { return verify::unchecked(); };
+  RunResult accumulated = run(o, dataset, device, o.micro_batch, o.accum, [&](const nn::Module& model) {
+    return std::make_unique<AccumulationCheck>(o, dataset, device, model);
+  });
+  RunResult big = run(o, dataset, device, global_batch, 1, none);
+  RunResult reordered = run(o, dataset, device, global_batch, 1, none, true);
+  const verify::LockstepSummary& check = accumulated.check;
   const verify::Drift drift{verify::max_abs_diff(accumulated.weights, big.weights),
                             verify::max_abs_diff(big.weights, reordered.weights)};
   const bool passed = check.passed && accumulated.optimizer_steps == big.optimizer_steps;
@@ -215,7 +205,6 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
 
   out.write({{"event", "accumulation"}, {"micro_batch", o.micro_batch}, {"accum", o.accum},
              {"global_batch", global_batch}, {"samples", o.mlp.samples}, {"device", device_name(device)},
-             {"precision", o.sgd.precision.precision},
              {"max_weight_diff", drift.difference}, {"noise_floor", drift.noise_floor}, {"drift_ratio", drift.ratio()},
              {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
              {"gradient_bound_ratio", check.worst_gradient_ratio},
@@ -235,7 +224,7 @@ int main(int argc, char** argv) {
   o.mlp.samples = 1000;
   o.mlp.hidden = 128;
   cli::add_mlp_options(app, o.mlp);  // --samples, --features, --hidden, --layers: shared names and bounds
-  cli::add_sgd_options(app, o.sgd);  // --lr, --precision, --loss-scale, --tf32
+  app.add_option("--lr", o.lr, "SGD learning rate")->check(cli::PositiveFinite)->capture_default_str();
   app.add_option("--micro-batch", o.micro_batch, "Samples per micro-batch (b)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")
@@ -249,7 +238,6 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --hidden " + std::to_string(o.mlp.hidden) +
                           ", --layers and --micro-batch x --accum");
     cli::Session session = cli::start_session(o.common);
-    cli::apply(o.sgd, session.device);  // --tf32 on a GPU
     return compare(o, session.device, session.metrics);
   });
 }
