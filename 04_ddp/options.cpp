@@ -24,11 +24,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--optimizer", o.optimizer, "sgd, or adamw with warm-up, cosine decay and clipping (for the GPT)")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--log-every", o.log_every, "Print the loss every N steps")->check(cli::PositiveInteger)->capture_default_str();
-  app.add_flag("--verify", o.verify, "Check every step against one rank with the global batch (lock-step): the "
-                                     "averaged gradient, the loss and the update");
   app.add_flag("--drift", o.drift, "Also train one rank free-running, twice (the second summing each batch in reverse), "
                                    "and report how far the final parameters drift against that noise floor");
-  cli::add_fault_options(app, o.faults, {{"average-twice", "the average divided by the world size twice"},
+  cli::add_verify_options(app, o.verify, "against one rank with the global batch: the averaged gradient, the loss "
+                          "and the update", o.faults, {{"average-twice", "the average divided by the world size twice"},
                                          {"skip-rank-share", "the last rank's share of the gradient never arrives"},
                                          {"stray-replica", "the last rank's update moves its first weight one unit in "
                                                            "the last place further (rank 0 stays right)"},

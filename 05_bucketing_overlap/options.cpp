@@ -20,10 +20,10 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_precision_options(app, o.precision);
   cli::add_mlp_options(app, o.mlp);
   cli::add_model_options(app, o.models);
-  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MB (PyTorch's bucket_cap_mb, 25 there, for models of GBs)")
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket cap in MiB (PyTorch's bucket_cap_mb, which counts MiB too: 25 there, for models of GBs)")
       ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MB")
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "Cap of the first bucket in MiB")
       ->check(cli::PositiveFinite & CLI::Range(0.0, 1e6))
       ->capture_default_str();
   cli::add_sim_network_option(app, o.sim_network);
@@ -33,20 +33,18 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();
   app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
-  cli::add_fault_options(app, o.faults,
+  cli::add_verify_options(app, o.verify, "every mode against one rank", o.faults,
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
                           {"launch-early", "the first bucket is launched before its last gradient is in"},
                           {"step-early", "the optimizer steps before the last bucket's average lands"},
                           {"truncating-hook", "--comm-hook bf16 converts by dropping the low 16 bits (truncation) "
                                               "instead of rounding to nearest"}});
-  app.add_flag("--verify", o.verify, "Check every mode, every step, against one rank in lock-step");
 }
 
 void check_options(const Options& o) {
   if (o.training.steps < 2)
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
-  cli::check_fault_options(o.faults, o.training.steps);
-  if (o.faults.fault != "none" && !o.verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
+  cli::check_fault_options(o.faults, o.verify, o.training.steps);
   if (o.faults.fault == "truncating-hook" && o.comm_hook != "bf16")
     throw UsageError("--fault: truncating-hook is a fault of --comm-hook bf16's conversion; --comm-hook is " + o.comm_hook);
 }

@@ -52,17 +52,17 @@ int run(Options& o, cli::Session& session) {
   checks.begin(start);
 
   for (std::int64_t step = state.step; step < o.training.steps; ++step) {
-    // 4. Fail when told: a node lost mid-training (--fail-at-step), or a resume broken on purpose (--fault).
+    // 2. Fail when told: a node lost mid-training (--fail-at-step), or a resume broken on purpose (--fault).
     o.kill.at_step_start(step, group.rank());
     checks.break_if_asked(step, state);
-    // 2. Train: one data-parallel step on the global batch at the saved position, then move on.
+    // 3. Train: one data-parallel step on the global batch at the saved position, then move on.
     checks.begin_step();
     const float loss = trainer.step(task, stream, step, state.samples_seen, global_batch, group, checks.check());
     state.samples_seen += global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
     if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
-    // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
+    // 4. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
     if (checkpoint::writes_checkpoint_at(state.step, o.training.steps, o.checkpoints.every))
       checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, *trainer.recipe,
                                              session.metrics, o.kill.during_save_of(state.step, group.rank()),

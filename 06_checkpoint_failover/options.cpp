@@ -31,9 +31,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--mtbf-hours", o.mtbf_hours, "Mean time between failures, for the checkpoint interval it suggests "
                                                "(Young's approximation)")
       ->check(cli::PositiveFinite & CLI::Range(1e-6, 1e6))->capture_default_str();
-  app.add_flag("--verify", o.verify, "Check every step in lock-step against one rank, and compare with the "
-                                     "uninterrupted run: bit-identical at an unchanged world size");
-  cli::add_fault_options(app, o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
+  cli::add_verify_options(app, o.verify, "against one rank, and the end against the uninterrupted run: "
+                          "bit-identical at an unchanged world size", o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
                                          {"repeat-batch", "the data goes back one batch"},
                                          {"zero-saved-moments", "the checkpoints written carry Adam's second moments "
                                                                 "zeroed (a writer's bug)"}});
@@ -42,7 +41,8 @@ void add_options(CLI::App& app, Options& o) {
 void check_options(const CLI::App& app, Options& o) {
   // Without --fault-from-step, the fault breaks the resume (the first step of a resumed run).
   o.fault_step_given = app.count("--fault-from-step") > 0;
-  cli::check_fault_options(o.faults, o.training.steps);
+  // zero-saved-moments needs no --verify: every save's digest of the state in memory catches it.
+  cli::check_fault_options(o.faults, o.verify || o.faults.fault == "zero-saved-moments", o.training.steps);
   if (o.fault_step_given && o.faults.from_step == 0 && o.faults.fault != "none")
     throw UsageError("--fault-from-step: chapter 06's faults break what a step inherits from the one before (the "
                      "optimizer's state, the place in the data), which step 0 has not; give 1 or more");

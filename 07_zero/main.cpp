@@ -30,7 +30,6 @@
 #include "common/core/memory.h"                  // the per-category counters, the budget
 #include "common/nn/tasks.h"                     // the model, its data and its loss
 #include "common/ops/ops.h"                      // scale
-#include "common/optim/recipe.h"                 // kGpt2AdamW: GPT-2's AdamW settings
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 #include "common/parallel/replicas.h"            // on_rank0
 #include "common/parallel/zero.h"                // ZeroOptimizer, stages 0-3

@@ -48,10 +48,9 @@ void add_options(CLI::App& app, Options& o) {
                                      : "gathers stage 3's parameters ahead; --stage is " + std::to_string(o.stage) +
                                            " (add --stage 3, or --compare)";
   });
-  app.add_flag("--verify", o.verify, "Check every step in lock-step against the whole model: the averaged gradient, "
-                                     "the loss and the update");
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
-  cli::add_fault_options(app, o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
+  cli::add_verify_options(app, o.verify, "against the whole model: the averaged gradient, the loss and the update",
+                          o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
 }
 
@@ -79,7 +78,7 @@ void check_options(const Options& o) {
                                 : "--stage " + std::to_string(o.stage) + " keeps every parameter on every rank"));
   if (o.checkpoints.resume && o.checkpoints.dir.empty())
     throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
-  cli::check_fault_options(o.faults, o.training.steps);
+  cli::check_fault_options(o.faults, o.verify, o.training.steps);
   if (o.kill.at_step >= 0 && o.checkpoints.dir.empty())
     throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
   if (o.compare && (!o.checkpoints.dir.empty() || !o.save.empty()))

@@ -74,15 +74,17 @@ data::AdditionTask::Batch ChapterTask::batch(const std::vector<std::int64_t>& pa
   return {Tensor::from_host(padded_ids, {n, sequence}, device), Tensor::from_host(padded_targets, {n * sequence}, device)};
 }
 
-// optim::clip_grad_norm_ over the whole model, which no rank holds: each rank counts the parts that
-// count once (TensorParallelModule::counts_once), the sums are added over the TP group and then the pipeline, and every rank
-// scales its gradients by the same factor. Replicas agree after the DP average, so each computes the
-// same norm. Returns it.
+// --fault stray-replica: the last replica's first parameter nudged by one rounding, for the replicas'
+// digest to catch.
 void stray_last_replica(const GridRun& run, parallel::Topology& topology) {
   comm::Communicator& replicas = topology.dp_cp_group();
   if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(run.model->parameters().front());
 }
 
+// optim::clip_grad_norm_ over the whole model, which no rank holds: each rank counts the parts that
+// count once (TensorParallelModule::counts_once), the sums are added over the TP group and then the
+// pipeline, and every rank scales its gradients by the same factor. Replicas agree after the DP average,
+// so each computes the same norm. Returns it.
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm) {
   std::vector<Tensor> counted, all;
   for (const auto& [name, p] : run.model->named_parameters()) {

@@ -4,7 +4,7 @@
 // block along the sequence; context parallelism (--cp) splits every sequence across ranks, attention
 // seeing the whole of it by a ring of key-value blocks or by all-to-alls (common/parallel/
 // context_parallel.h); pipeline parallelism splits the layers into stages that pass micro-batches
-// along (GPipe or 1F1B; common/parallel/pipeline.h); data parallelism runs copies of the whole
+// along (GPipe, 1F1B, interleaved 1F1B or zero bubble; common/parallel/pipeline.h); data parallelism runs copies of the whole
 // arrangement and averages their gradients over the DP group (with the CP ranks). The topology
 // (common/parallel/topology.h) owns the TP x CP x PP x DP grid; nothing here computes a rank. The step is
 // train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
@@ -152,7 +152,7 @@ int run(Options o, cli::Session& session) {
   }
   if (topology.pp_size() > 1)
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
-  cli::check_fault_options(o.faults, o.training.steps);
+  cli::check_fault_options(o.faults, o.verify, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   report_run(o, task, topology, run, network, session.metrics);
   const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology),
@@ -166,7 +166,7 @@ int run(Options o, cli::Session& session) {
 
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  cli::Program program{"Chapter 08: tensor, sequence and pipeline parallelism, with data parallelism on top"};
+  cli::Program program{"Chapter 08: tensor, sequence, context and pipeline parallelism, with data parallelism on top"};
   Options o;
   add_options(program.app(), o);
   return program.run(argc, argv, [&] {

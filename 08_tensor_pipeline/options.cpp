@@ -56,9 +56,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--log-every", o.log_every, "Print every N steps")->check(cli::PositiveInteger)->capture_default_str();
   cli::add_sim_network_option(app, o.sim_network);
   cli::add_memory_limit_option(app, o.mem_limit_mb);
-  app.add_flag("--verify", o.verify, "Check every step in lock-step against the unsharded model on the whole global "
-                                     "batch: the gradient, the loss and the update");
-  cli::add_fault_options(app, o.faults,
+  cli::add_verify_options(app, o.verify, "against the unsharded model on the whole global batch: the gradient, the "
+                          "loss and the update", o.faults,
                          {{"skip-dp-average", "the replicas never average their gradients"},
                           {"skip-tp-all-reduce", "the TP group's all-reduces never happen"},
                           {"lose-micro-batch", "each step's last micro-batch never runs"},

@@ -373,7 +373,7 @@ TEST(Chapter06, VerifyCatchesAFaultThatBeginsLate) {
     expect_passed(again);
     EXPECT_NE(again.process.out.find("resumed from step 100"), std::string::npos) << again.process.out;
   }
-  Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + fresh_folder() + " --fault repeat-batch --fault-from-step 0");
+  Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + fresh_folder() + " --verify --fault repeat-batch --fault-from-step 0");
   EXPECT_EQ(refused.process.exit_code, 2);
   EXPECT_NE(refused.process.err.find("--fault-from-step"), std::string::npos) << refused.process.err;
 }

@@ -209,9 +209,10 @@ void run_readme(const std::string& chapter) {
   fs::remove_all(scratch);
 }
 
-// A chapter README as a handout: the skeleton's sections in order, at most kHandoutWords words, and every
-// "`name` (line N)" of its walk through main.cpp pointing at a line of main.cpp that holds that name (so the
-// walk cannot drift from the code). The chapters rewritten as handouts so far; the others follow.
+// A chapter README as a handout: the skeleton's sections in order and at most kHandoutWords words. Its
+// line citations cannot drift from the code: every "`name` (line N)" or "`name` (lines N, M)" anywhere in
+// it names a line of main.cpp that holds that name, "`name` (file.cpp, line N)" a line of that file of the
+// chapter, "the fence (line N)" main.cpp's "// ----" line, and a bare "(line N)" a line that exists.
 constexpr std::size_t kHandoutWords = 1500;
 const std::vector<std::string> kHandouts = {"01_single_gpu", "02_grad_accumulation", "03_collectives", "04_ddp",
                                             "05_bucketing_overlap", "06_checkpoint_failover", "07_zero",
@@ -232,19 +233,31 @@ TEST(Readme, HandoutsFollowTheSkeleton) {
     std::istringstream words(text);
     EXPECT_LE(static_cast<std::size_t>(std::distance(std::istream_iterator<std::string>(words),
                                                      std::istream_iterator<std::string>())), kHandoutWords);
-    std::vector<std::string> code;
-    std::istringstream source(read_file(std::string(SOURCE_ROOT) + "/" + chapter + "/main.cpp"));
-    for (std::string line; std::getline(source, line);) code.push_back(line);
-    const std::size_t begin = text.find("\n## Read the code\n"), end = text.find("\n## ", begin + 1);
-    const std::string walk = text.substr(begin, end - begin);
-    static const std::regex cited(R"(`([^`]+)`\s+\(line (\d+)\))");
+    std::map<std::string, std::vector<std::string>> files;  // the chapter's cited files, by line
+    const auto lines_of = [&](const std::string& file) -> const std::vector<std::string>& {
+      auto [at, fresh] = files.try_emplace(file);
+      if (fresh) {
+        std::istringstream source(read_file(std::string(SOURCE_ROOT) + "/" + chapter + "/" + file));
+        for (std::string line; std::getline(source, line);) at->second.push_back(line);
+      }
+      return at->second;
+    };
+    static const std::regex cited(R"((?:`([^`]+)`\s+|(fence)\s+)?\((?:([\w./]+), )?lines? (\d+(?:, \d+)*)\))");
     int citations = 0;
-    for (auto m = std::sregex_iterator(walk.begin(), walk.end(), cited); m != std::sregex_iterator(); ++m, ++citations) {
-      const auto line = static_cast<std::size_t>(std::stoul((*m)[2]));
-      ASSERT_GE(line, 1u);
-      ASSERT_LE(line, code.size()) << (*m)[0];
-      EXPECT_NE(code[line - 1].find((*m)[1].str()), std::string::npos)
-          << "the README cites " << (*m)[0] << ", and main.cpp's line " << line << " is\n" << code[line - 1];
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), cited); m != std::sregex_iterator(); ++m) {
+      const std::string file = (*m)[3].matched ? (*m)[3].str() : "main.cpp";
+      const auto& code = lines_of(file);
+      ASSERT_FALSE(code.empty()) << (*m)[0] << ": " << file << " is empty or missing";
+      std::istringstream numbers((*m)[4].str());
+      for (std::string number; std::getline(numbers, number, ',');) {
+        const auto line = static_cast<std::size_t>(std::stoul(number));
+        ASSERT_GE(line, 1u) << (*m)[0];
+        ASSERT_LE(line, code.size()) << (*m)[0] << ": " << file << " has " << code.size() << " lines";
+        const std::string held = (*m)[1].matched ? (*m)[1].str() : (*m)[2].matched ? "// ----" : "";
+        EXPECT_NE(code[line - 1].find(held), std::string::npos)
+            << "the README cites " << (*m)[0] << ", and " << file << "'s line " << line << " is\n" << code[line - 1];
+        citations += held.empty() ? 0 : 1;
+      }
     }
     EXPECT_GE(citations, 3) << "the walk through main.cpp names no lines";
   }

@@ -5,10 +5,8 @@
 // delays against the alpha-beta formula.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <set>
 
-#include "common/comm/simulated_network.h"
 #include "common/data/house_prices.h"
 #include "common/nn/layers.h"
 #include "common/ops/ops.h"
@@ -199,30 +197,6 @@ TEST(Reducer, AnUnusedParameterIsAnErrorOrZero) {
     EXPECT_EQ(model->first->weight.grad().to_host(), std::vector<float>(4, expected));
     EXPECT_EQ(model->second->weight.grad().to_host(), std::vector<float>(4, 0.0f));
   }
-}
-
-TEST(SimulatedNetwork, DelaysMatchTheAlphaBetaModel) {
-  // What sleeping and the real transfer may add to the model's time: the real shared-memory
-  // all-reduce of 4 MiB takes a few milliseconds, and a sleep overshoots by at most about one.
-  constexpr double kSlackSeconds = 0.05;
-  const comm::NetworkModel network{100, 0.5};  // 100 us, 0.5 GB/s
-  auto simulated = comm::simulate_network(world().split(0, world().rank()), network);
-  Tensor t = Tensor::ones({1 << 20});
-  simulated->barrier();
-  const auto begin = std::chrono::steady_clock::now();
-  simulated->all_reduce(t);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  const double model = network.seconds(comm::OpKind::all_reduce, 4.0 * (1 << 20), world().size());
-  if (world().size() > 1) {
-    EXPECT_NEAR(model, 2 * (world().size() - 1) * 100e-6 + 2.0 * (world().size() - 1) / world().size() * 4.0 * (1 << 20) / 0.5e9, 1e-12);
-  }
-  EXPECT_GE(seconds, model);
-  EXPECT_LE(seconds, model + kSlackSeconds);
-  EXPECT_EQ(t.to_host()[5], static_cast<float>(world().size()));  // and the real result
-  EXPECT_THROW(comm::parse_network("1,0"), UsageError);
-  EXPECT_THROW(comm::parse_network("nan,1"), UsageError);
-  EXPECT_THROW(comm::parse_network("10"), UsageError);
-  EXPECT_EQ(comm::parse_network("10,1.25").gbps, 1.25);
 }
 
 }  // namespace

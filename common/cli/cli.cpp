@@ -89,7 +89,9 @@ void add_distributed_options(CLI::App& app, DistributedOptions& o) {
                         "Every rank logs (prefixed with its rank), not only rank 0");
 }
 
-void add_fault_options(CLI::App& app, FaultOptions& o, const std::vector<std::pair<std::string, std::string>>& faults) {
+void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, FaultOptions& o,
+                        const std::vector<std::pair<std::string, std::string>>& faults) {
+  app.add_flag("--verify", verify, "Check every step in lock-step: " + checks);
   std::vector<std::string> names{"none"};
   std::string help = "Break the run on purpose, to see --verify catch it: none";
   for (const auto& [name, what] : faults) {
@@ -101,8 +103,9 @@ void add_fault_options(CLI::App& app, FaultOptions& o, const std::vector<std::pa
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))->capture_default_str();
 }
 
-void check_fault_options(const FaultOptions& o, std::int64_t steps) {
+void check_fault_options(const FaultOptions& o, bool verify, std::int64_t steps) {
   if (o.from_step > 0 && o.fault == "none") throw UsageError("--fault-from-step: needs --fault, the fault to begin");
+  if (o.fault != "none" && !verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
   if (o.fault != "none" && o.from_step >= steps)
     throw UsageError("--fault-from-step: step " + std::to_string(o.from_step) + " is never reached in " +
                      std::to_string(steps) + " steps (--steps)");

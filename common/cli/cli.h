@@ -43,11 +43,13 @@ struct FaultOptions {
   // Whether fault `name` acts at `step`.
   bool at(const std::string& name, std::int64_t step) const { return fault == name && step >= from_step; }
 };
-// `faults`: the chapter's faults besides "none", each with what it breaks, for the help.
-void add_fault_options(CLI::App& app, FaultOptions& options,
-                       const std::vector<std::pair<std::string, std::string>>& faults);
-// A UsageError for --fault-from-step without a fault, or at a step a run of `steps` steps never reaches.
-void check_fault_options(const FaultOptions& options, std::int64_t steps);
+// --verify, the chapter's lock-step check (`checks`: what it checks every step, for the help), with
+// --fault and --fault-from-step: `faults` are the chapter's faults besides "none", each with what it breaks.
+void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, FaultOptions& options,
+                        const std::vector<std::pair<std::string, std::string>>& faults);
+// A UsageError for --fault without --verify (nothing would catch it: the run would train wrong and end
+// PASSED), for --fault-from-step without a fault, or at a step a run of `steps` steps never reaches.
+void check_fault_options(const FaultOptions& options, bool verify, std::int64_t steps);
 
 // Thrown once the error has been printed (by the rank that saw it): run() returns `code` quietly.
 struct ReportedError {
