@@ -7,7 +7,8 @@
 
 #include "common/comm/agree.h"                     // all_reduce_scalar, all_gather_values
 #include "common/autograd/autograd.h"              // NoGradGuard, for clipping
-#include "common/comm/faults.h"                    // --fault skip-tp-all-reduce
+#include "common/faults/communicator.h"              // --fault skip-tp-all-reduce
+#include "common/faults/faults.h"                    // --fault: where each acts
 #include "common/parallel/comm_hooks.h"            // --reduce-dtype
 #include "common/core/errors.h"
 #include "common/core/memory.h"                    // peak activations
@@ -74,11 +75,11 @@ data::AdditionTask::Batch ChapterTask::batch(const std::vector<std::int64_t>& pa
   return {Tensor::from_host(padded_ids, {n, sequence}, device), Tensor::from_host(padded_targets, {n * sequence}, device)};
 }
 
-// --fault stray-replica: the last replica's first parameter nudged by one rounding, for the replicas'
-// digest to catch.
-void stray_last_replica(const GridRun& run, parallel::Topology& topology) {
+// --fault stray-replica: the last of the replicas holding this rank's part (its data- and context-parallel
+// group) moves its first weight one unit in the last place further, as a rank whose update went astray.
+static void stray_last_replica(nn::Module& model, parallel::Topology& topology) {
   comm::Communicator& replicas = topology.dp_cp_group();
-  if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(run.model->parameters().front());
+  if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(model.parameters().front());
 }
 
 // optim::clip_grad_norm_ over the whole model, which no rank holds: each rank counts the parts that
@@ -115,30 +116,26 @@ Tensor micro_batch_loss(parallel::TensorParallelModule& model, const ChapterTask
                     data::AdditionTask::kIgnore);
 }
 
-GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
-                        const std::int64_t& step) {
+GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device) {
   GridRun run;
-  if (o.faults.fault == "skip-tp-all-reduce")
-    run.faulty_tp = comm::skip_all_reduces(topology.tp_group().split(0, topology.tp_rank()),
-                                           [&o, &step] { return o.faults.at("skip-tp-all-reduce", step); });
+  if (faults::armed("skip-tp-all-reduce"))  // the layers' TP group, wrapped
+    run.faulty_tp = faults::skip_all_reduces(topology.tp_group().split(0, topology.tp_rank()), "skip-tp-all-reduce");
   comm::Communicator& tp = run.faulty_tp ? *run.faulty_tp : topology.tp_group();
-  if (task.is_gpt() && topology.cp_size() > 1) {  // --cp: attention through the context-parallel group
+  if (task.is_gpt() && topology.cp_size() > 1)  // --cp: attention through the context-parallel group
     run.cp = std::make_unique<parallel::ContextParallel>(topology.cp_group(), parallel::parse_context_method(o.cp_method));
-    if (o.faults.fault == "skip-cp-offset") run.cp->set_fault([&o, &step] { return o.faults.at("skip-cp-offset", step); });
-  }
   run.model = make_split_model(o, task, topology.pp_group(), tp, o.schedule == "interleaved" ? o.virtual_stages : 1,
                                run.cp.get(), device);
   run.stage = dynamic_cast<parallel::PipelineStageGPT*>(run.model.get());
-  // Bugs in the layer code itself, for the whole process: the 16-bit check's split reference makes them too.
-  for (const auto& [name, fault] : {std::pair{"sp-gather-rows", parallel::LayerFault::sp_gather_rows},
-                                    std::pair{"ring-drop-block", parallel::LayerFault::ring_drop_block},
-                                    std::pair{"row-parallel-no-sum", parallel::LayerFault::row_parallel_no_sum}})
-    if (o.faults.fault == name)
-      run.layer_fault = std::make_unique<parallel::LayerFaultScope>(fault, [&o, &step, name] { return o.faults.at(name, step); });
-  if (o.faults.fault == "exact-gelu")
+  // The faults of the run's own objects: its CP attention, its blocks, its fix-ups after backward. (The
+  // layer code's own faults, sp-gather-rows, ring-drop-block and row-parallel-no-sum, act in the whole
+  // process: the 16-bit check's split reference makes them too.)
+  if (faults::armed("skip-cp-offset") && run.cp) run.faults_installed.place(run.cp.get());
+  if (faults::armed("exact-gelu"))
     for (auto& [name, module] : run.model->named_modules())
-      if (auto* block = dynamic_cast<parallel::TensorParallelBlock*>(module))
-        block->set_gelu_fault([&o, &step] { return o.faults.at("exact-gelu", step); });
+      if (auto* block = dynamic_cast<parallel::TensorParallelBlock*>(module)) run.faults_installed.place(block);
+  if (faults::armed("skip-sp-sum") || faults::armed("skip-tied-exchange")) run.faults_installed.place(run.model.get());
+  if (faults::armed("stray-replica"))  // after the update, before the check judges it
+    run.faults_installed.on_step_end([model = run.model, &topology] { stray_last_replica(*model, topology); });
   // Data parallelism on top: each rank with the ranks that hold the same part in the other replicas,
   // and with --cp the other context-parallel ranks (each holds the gradient of its tokens: averaged
   // together, as Megatron-LM's data-parallel group with context parallelism).
@@ -152,10 +149,10 @@ GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Top
     if (run.stage && run.stage->chunks() > 1) parts = run.stage->chunk_modules();
     for (auto& part : parts) {
       run.ddp.push_back(std::make_unique<parallel::DistributedDataParallel>(part, topology.dp_cp_group(), reduce));
-      if (o.faults.fault == "skip-dp-average")
-        run.ddp.back()->register_comm_hook([&o, &step, average = parallel::average_hook(reduce.reduce_dtype)](
+      if (faults::armed("skip-dp-average"))
+        run.ddp.back()->register_comm_hook([average = parallel::average_hook(reduce.reduce_dtype)](
                                                comm::Communicator& group, Tensor& g) {
-          if (o.faults.at("skip-dp-average", step)) return comm::completed_work();
+          if (faults::active("skip-dp-average")) return comm::completed_work();
           return average(group, g);
         });
     }
@@ -180,9 +177,16 @@ std::vector<float> micro_batch_weights(const ChapterTask& task, const std::vecto
   return parallel::micro_batch_weights(targets, data::AdditionTask::kIgnore);
 }
 
+// --fault lose-micro-batch: the run's step leaves its last micro-batch out (the reference never comes here).
+static std::vector<std::vector<std::int64_t>> run_parts(std::vector<std::vector<std::int64_t>> parts) {
+  if (faults::active("lose-micro-batch")) parts.pop_back();
+  return parts;
+}
+
 parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, parallel::Topology& topology,
-                                  const std::vector<std::vector<std::int64_t>>& parts, const std::string& schedule,
+                                  const std::vector<std::vector<std::int64_t>>& all_parts, const std::string& schedule,
                                   const optim::Recipe& training, Device device) {
+  const auto parts = run_parts(all_parts);
   std::vector<Tensor> ids, targets;
   for (const auto& part : parts) {
     auto b = task.batch(part, device);
@@ -201,8 +205,9 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
 }
 
 parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
-                                  const std::vector<std::vector<std::int64_t>>& parts, const optim::Recipe& training,
+                                  const std::vector<std::vector<std::int64_t>>& all_parts, const optim::Recipe& training,
                                   Device device) {
+  const auto parts = run_parts(all_parts);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto since = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };

@@ -14,7 +14,7 @@
 #include "common/optim/recipe.h"
 #include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
-#include "common/parallel/layer_faults.h"
+#include "common/faults/faults.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/topology.h"
 #include "common/verify/lockstep.h"
@@ -56,7 +56,7 @@ struct GridRun {
   // they live as long as the model does.
   std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddp;
   std::unique_ptr<comm::Communicator> faulty_tp;  // --fault skip-tp-all-reduce: the layers' TP group
-  std::unique_ptr<parallel::LayerFaultScope> layer_fault;  // --fault sp-gather-rows, ring-drop-block, row-parallel-no-sum
+  faults::Installation faults_installed;          // --fault: the run's objects it acts on, its step-end hook
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
@@ -79,10 +79,8 @@ Tensor micro_batch_loss(parallel::TensorParallelModule& model, const ChapterTask
 
 // This rank's part of the model, made alike on every rank from the seed: its stage's layers (all of
 // them when --pp is 1), each split across its TP group; with DP, wrapped in chapter 04/05's DDP on the
-// DP group. The faults of the TP group and of the DP average are wired in here, on from the step
-// `step` reaches --fault-from-step.
-GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
-                        const std::int64_t& step);
+// DP group. --fault is installed here, on the run's own objects (common/faults/faults.h).
+GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device);
 
 // Replica `replica`'s share of a whole global batch (`batch`, the stream's next) of `replicas`, in `m`
 // micro-batches.
@@ -109,10 +107,6 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
 // torch.nn.utils.clip_grad_norm_ over the whole model, which no rank holds (each rank counts what its model
 // says counts once: TensorParallelModule::counts_once). Returns the norm.
 Tensor clip_across_the_grid(const GridRun& run, parallel::Topology& topology, double max_norm);
-
-// --fault stray-replica: the last of the replicas holding this rank's part (its data- and context-parallel
-// group) moves its first weight one unit in the last place further, as a rank whose update went astray.
-void stray_last_replica(const GridRun& run, parallel::Topology& topology);
 
 // The run's figures: each step's time without --verify's work, the stage's busy time and peak
 // activations; at the end gathered into the GridRun on every rank (bubble, peaks, last timelines, the

@@ -36,10 +36,9 @@ namespace {
 // checked in lock-step against the unsharded model (verify_grid.h).
 GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device,
                    const std::string& schedule, int m, metrics::MetricsWriter* metrics, bool verified = false) {
-  std::int64_t step = 0;
   // This rank's part of the model (its stage's layers, split across its TP group), and DDP on the DP
   // group: every rank made the whole model from the same seed and kept its part.
-  GridRun run = make_grid_model(o, task, topology, device, step);
+  GridRun run = make_grid_model(o, task, topology, device);
   // Every step takes the next whole global batch of the stream, across epochs (chapter 06's order), so
   // every micro-batch has the same size; each replica takes its share.
   data::SampleStream stream(task.task.size, o.common.seed);
@@ -52,12 +51,11 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   const auto check = verify::check_if(verified, [&] { return std::make_unique<GridCheck>(o, task, run, topology, training); });
   StepFigures figures(o.training.steps);
   const std::int64_t cp_before = run.cp ? run.cp->bytes_sent() : 0;
-  for (step = 0; step < o.training.steps; ++step) {
+  for (std::int64_t step = 0; step < o.training.steps; ++step) {
     figures.begin_step();
     check->begin_step(step);
     auto parts = micro_batches(stream.take(step * o.training.global_batch, o.training.global_batch), topology.dp_rank(),
                                topology.dp_size(), m);
-    if (o.faults.at("lose-micro-batch", step)) parts.pop_back();  // the step's last micro-batch never runs
     // 1. Forward and backward over this replica's micro-batches: through the stages by the schedule,
     //    or one after the other when TP alone splits the model. DDP averages over the DP group in the
     //    last backward.
@@ -66,7 +64,7 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
                                               : accumulate(run, task, parts, training, device);
     // 2. What the split left to add up, in Megatron-LM's finalize_model_grads order: the sequence-
     //    parallel sums over TP, then the tied table's two halves across the pipeline.
-    parallel::finish_gradients(*run.model, {!o.faults.at("skip-sp-sum", step), !o.faults.at("skip-tied-exchange", step)});
+    parallel::finish_gradients(*run.model);
     // The replicas' mean (with --cp each rank's loss is its tokens' share times CP: averaged with them).
     const float loss = comm::all_reduce_scalar(topology.dp_cp_group(), result.loss, comm::ReduceOp::average);
     training.unscale_();  // fp16: the loss scale undone before the check and the clip
@@ -74,7 +72,6 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
     //    whose gradients overflowed anywhere in the grid).
     const Tensor norm = training.step(step, [&] { return o.clip > 0 ? clip_across_the_grid(run, topology, o.clip) : Tensor(); });
-    if (o.faults.at("stray-replica", step)) stray_last_replica(run, topology);  // one replica's update astray
     check->check_update(step, optim::norm_value(norm));
     figures.end_step(step, result, check->take_ms());  // the check's own time left out
     run.losses.push_back(loss);

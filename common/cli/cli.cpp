@@ -23,6 +23,7 @@
 #include "common/comm/simulated_network.h"
 #include "common/core/log.h"
 #include "common/core/device.h"
+#include "common/faults/faults.h"
 #include "common/kernels/kernels.h"
 
 namespace course::cli {
@@ -105,10 +106,11 @@ void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, 
 
 void check_fault_options(const FaultOptions& o, bool verify, std::int64_t steps) {
   if (o.from_step > 0 && o.fault == "none") throw UsageError("--fault-from-step: needs --fault, the fault to begin");
-  if (o.fault != "none" && !verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
   if (o.fault != "none" && o.from_step >= steps)
     throw UsageError("--fault-from-step: step " + std::to_string(o.from_step) + " is never reached in " +
                      std::to_string(steps) + " steps (--steps)");
+  if (o.fault != "none" && !verify) throw UsageError("--fault: a fault is for --verify to catch; add --verify");
+  faults::arm(o.fault, o.from_step);
 }
 
 bool decimal_number(const std::string& text) {

@@ -49,6 +49,7 @@ void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, 
                         const std::vector<std::pair<std::string, std::string>>& faults);
 // A UsageError for --fault without --verify (nothing would catch it: the run would train wrong and end
 // PASSED), for --fault-from-step without a fault, or at a step a run of `steps` steps never reaches.
+// Then arms the run's fault (common/faults/faults.h).
 void check_fault_options(const FaultOptions& options, bool verify, std::int64_t steps);
 
 // Thrown once the error has been printed (by the rank that saw it): run() returns `code` quietly.

@@ -9,7 +9,7 @@
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
-#include "common/parallel/layer_faults.h"
+#include "common/faults/faults.h"
 
 namespace course::parallel {
 
@@ -41,7 +41,8 @@ void ContextParallel::check(std::int64_t t, std::int64_t heads) const { check_co
 std::vector<std::int64_t> ContextParallel::positions(std::int64_t t, int rank) const {
   const int n = size();
   std::vector<std::int64_t> out;
-  if (fault_ && fault_()) rank = 0;  // the shard's offset forgotten: every rank takes the first tokens'
+  // --fault skip-cp-offset (chapter 08): the shard's offset forgotten, every rank takes the first tokens'.
+  if (faults::active("skip-cp-offset", this)) rank = 0;
   if (method_ == ContextMethod::ulysses || n == 1) {
     const std::int64_t shard = t / n;
     for (std::int64_t i = 0; i < shard; ++i) out.push_back(rank * shard + i);
@@ -125,7 +126,7 @@ Tensor ring(const ContextParallel& cp, const Tensor& qkv_in, std::int64_t n_head
   const Device device = qkv.device();
   const std::int64_t b = qkv.dim(0), shard = qkv.dim(1), c = qkv.dim(2) / 3, t = shard * n;
   // --fault ring-drop-block: the last block to arrive is left out, in forward and in backward.
-  const bool drop = n > 1 && layer_fault(LayerFault::ring_drop_block);
+  const bool drop = n > 1 && faults::active("ring-drop-block");
   AttentionBlockShape s;
   s.batch = b, s.heads = n_head, s.head_size = c / n_head, s.queries = shard, s.keys = shard, s.causal = true;
   std::vector<Tensor> positions;  // of each rank's tokens, where the kernels read them

@@ -69,14 +69,9 @@ class ContextParallel {
   // (16 bits under autocast), the ring's blocks float32.
   std::int64_t bytes_sent() const { return bytes_; }
 
-  // --fault skip-cp-offset: while `on` says so, every rank takes its tokens for the sequence's first
-  // (positions 0 .. T/N - 1), as code that forgot the shard's offset would.
-  void set_fault(std::function<bool()> on) { fault_ = std::move(on); }
-
  private:
   comm::Communicator& group_;
   ContextMethod method_;
-  std::function<bool()> fault_;
   mutable std::int64_t bytes_ = 0;
 };
 

@@ -66,18 +66,12 @@ class TensorParallelModule : public nn::Module {
   virtual void sync_tied_gradients() {}
 };
 
-// Which of finish_gradients' fix-ups run (all, unless a chapter's --fault leaves one out).
-struct FinishGradients {
-  bool sequence_parallel_sums = true;
-  bool tied_table = true;
-};
-
 // After backward, Megatron-LM's finalize_model_grads, in its order: (1) the data-parallel average,
 // which DistributedDataParallel has already done on the DP group during the last backward (its buckets
 // are complete when backward returns); (2) with sequence parallelism, the partial gradients of the
 // parameters whole on every TP rank summed over the TP group; (3) the tied table's two halves, on the
 // first and the last pipeline stage, added together. Then every part's gradient is the whole model's.
-void finish_gradients(TensorParallelModule& model, FinishGradients which = {});
+void finish_gradients(TensorParallelModule& model);
 
 // The part [rank x n / size, (rank + 1) x n / size) of dimension `dim` of `full` (a copy, on full's
 // device). Throws UsageError when the dimension does not divide by the group's size.

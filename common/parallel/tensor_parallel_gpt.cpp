@@ -7,6 +7,7 @@
 
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/faults/faults.h"
 #include "common/ops/ops.h"
 
 namespace course::parallel {
@@ -59,7 +60,8 @@ Tensor TensorParallelBlock::attention(const Tensor& x) {
 }
 
 Tensor TensorParallelBlock::mlp(const Tensor& x) {
-  const bool exact = gelu_fault_ && gelu_fault_();
+  // --fault exact-gelu (chapter 08, placed on the run's blocks): the exact GELU where the model uses tanh.
+  const bool exact = faults::active("exact-gelu", this);
   return (*mlp_proj_)(gelu((*c_fc_)(x), exact ? GeluApproximate::none : GeluApproximate::tanh));
 }
 

@@ -40,9 +40,6 @@ class TensorParallelBlock : public nn::Module {
   Tensor forward(const Tensor& x) override;
   // Attention's core on this rank's heads (nn::AttentionCore; context parallelism sets its own).
   void set_attention_core(nn::AttentionCore core) { core_ = std::move(core); }
-  // A bug for --verify to catch (chapter 08's --fault exact-gelu): while `on` says so, the MLP computes
-  // the exact GELU where the model uses the tanh form.
-  void set_gelu_fault(std::function<bool()> on) { gelu_fault_ = std::move(on); }
 
  private:
   Tensor layers(const Tensor& x);
@@ -54,7 +51,6 @@ class TensorParallelBlock : public nn::Module {
   std::int64_t local_heads_;
   nn::Recompute recompute_;
   nn::AttentionCore core_;
-  std::function<bool()> gelu_fault_;
 };
 
 // A copy of a layer norm, parameters of its own.

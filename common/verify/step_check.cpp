@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include "common/faults/faults.h"
+
 namespace course::verify {
 
 namespace {
@@ -17,9 +19,17 @@ void timed(double& ms, Work&& work) {
 
 }  // namespace
 
-void StepCheck::begin_step(std::int64_t step) { timed(ms_, [&] { on_begin_step(step); }); }
+// The loop's markers are also the fault plan's (faults.h): the step a --fault sees is the one begun
+// here, and what it does after an update happens before the check judges that update.
+void StepCheck::begin_step(std::int64_t step) {
+  faults::begin_step(step);
+  timed(ms_, [&] { on_begin_step(step); });
+}
 void StepCheck::check_gradient(std::int64_t step, float loss) { timed(ms_, [&] { on_check_gradient(step, loss); }); }
-void StepCheck::check_update(std::int64_t step, double norm) { timed(ms_, [&] { on_check_update(step, norm); }); }
+void StepCheck::check_update(std::int64_t step, double norm) {
+  faults::end_step(step);
+  timed(ms_, [&] { on_check_update(step, norm); });
+}
 LockstepSummary StepCheck::finish() {
   LockstepSummary summary;
   timed(ms_, [&] { summary = on_finish(); });

@@ -12,6 +12,7 @@
 //   summary = check->finish();            // the final parameters: the last prediction?
 //
 // Each chapter's check (05's, 07's, 08's) says what its reference computes and how close it must be.
+// begin_step and check_update also mark the step for the run's --fault (common/faults/faults.h).
 #pragma once
 #include <cstdint>
 #include <memory>
