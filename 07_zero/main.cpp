@@ -77,10 +77,9 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
     const auto begin = Clock::now();
     check->begin_step(step);
     const auto share = sampler.batch(step, local_batch);
-    const bool lost = o.faults.at("skip-rank-share", step) && group.rank() == group.size() - 1;  // --fault: weight 0
     double local_loss = 0;
     for (const auto& batch : data::split_batches(share, (local_batch + o.accum - 1) / o.accum)) {
-      const float weight = lost ? 0.0f : static_cast<float>(batch.size()) / static_cast<float>(share.size());
+      const float weight = static_cast<float>(batch.size()) / static_cast<float>(share.size());
       local_loss += zero.forward_backward([&] { return scale(task.loss(*model, batch), weight); }).item();
     }
     zero.reduce_gradients();  // 0 all-reduces; 1 reduce-scatters; 2 and 3 did, unit by unit, during backward

@@ -10,9 +10,11 @@
 
 #include "common/autograd/autograd.h"
 #include "common/core/memory.h"
+#include "common/faults/faults.h"
 #include "common/kernels/kernels.h"
 #include "common/nn/gpt.h"
 #include "common/nn/layers.h"
+#include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/zero_units.h"
 
@@ -305,6 +307,10 @@ const char* offload_name(ZeroOptions::Offload offload) {
 }
 
 Tensor ZeroOptimizer::forward_backward(const std::function<Tensor()>& forward) const {
+  // --fault skip-rank-share (chapter 07): the last rank's share is lost, its loss weighted 0. Only the
+  // run goes through here; the check's reference computes each share on its own.
+  if (faults::active("skip-rank-share") && group_.rank() == group_.size() - 1)
+    return optim::forward_backward(options_.precision, scaler_, [&] { return scale(forward(), 0.0f); });
   return optim::forward_backward(options_.precision, scaler_, forward);
 }
 
