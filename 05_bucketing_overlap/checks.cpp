@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "common/faults/faults.h"
 #include "common/verify/compare.h"
 #include "common/verify/data_parallel_check.h"
 
@@ -24,14 +25,19 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
       verify::DataParallelCheck::as_the_recipe_computes(training, task));
 }
 
-parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
-                              std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched) {
-  if (faults.fault == "none") return inner;
-  return [&faults, inner, messages, &step, &launched](comm::Communicator& group, Tensor& buffer) {
-    const std::size_t b = launched++;
+parallel::CommHook with_fault(parallel::CommHook inner, std::function<Messages()> messages) {
+  if (faults::armed("none")) return inner;
+  // The messages of a step go out in order: their count since the step began is the message's index.
+  struct Count {
+    std::int64_t step = -1;
+    std::size_t launched = 0;
+  };
+  return [inner, messages, count = std::make_shared<Count>()](comm::Communicator& group, Tensor& buffer) {
+    if (count->step != faults::step()) count->step = faults::step(), count->launched = 0;
+    const std::size_t b = count->launched++;
     const Messages layout = messages();
-    if (faults.at("skip-bucket", step) && b == 0) return comm::completed_work();  // never all-reduced
-    if (faults.at("launch-early", step) && b == 0) {
+    if (faults::active("skip-bucket") && b == 0) return comm::completed_work();  // never all-reduced
+    if (faults::active("launch-early") && b == 0) {
       // Launched before its last gradient was in: the all-reduce averages the rest, and that gradient
       // lands afterwards, this rank's own.
       const std::size_t late = layout.first_last_offset, n = static_cast<std::size_t>(buffer.numel()) - late;
@@ -40,13 +46,13 @@ parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHoo
       buffer.flat_view(late, n).copy_from(own);
       return comm::completed_work();
     }
-    if (faults.at("step-early", step) && b + 1 == layout.count) {
+    if (faults::active("step-early") && b + 1 == layout.count) {
       // The optimizer steps before the last message's average lands: it reads this rank's own gradients.
       Tensor copy = buffer.clone();
       inner(group, copy)->wait();
       return comm::completed_work();
     }
-    if (faults.at("truncating-hook", step)) {
+    if (faults::active("truncating-hook")) {
       // The hook's division by the ranks, then a conversion to bf16 that drops the low 16 bits. Multiplied
       // back by the ranks (exact: 8 significant bits times a small integer fit in float32), the hook's own
       // division and its conversion to the nearest bf16 give those truncated values back.

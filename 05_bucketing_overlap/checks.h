@@ -30,9 +30,8 @@ struct Messages {
   std::size_t first_last_offset = 0;
 };
 
-// --comm-hook `inner`, and around it --fault from --fault-from-step on. `launched` counts the messages
-// sent in this step (they go out in order, so it is the message's index); `step` is the step.
-parallel::CommHook with_fault(const cli::FaultOptions& faults, parallel::CommHook inner,
-                              std::function<Messages()> messages, const std::int64_t& step, std::size_t& launched);
+// --comm-hook `inner`, and around it the run's --fault (common/faults/faults.h) where it is one of the
+// buckets': `messages` says where the step's messages lie.
+parallel::CommHook with_fault(parallel::CommHook inner, std::function<Messages()> messages);
 
 }  // namespace course::chapter05

@@ -62,26 +62,15 @@ std::size_t messages(parallel::DistributedDataParallel& ddp) { return ddp.reduce
 std::int64_t bytes(chapter04::DataParallelNaive& ddp) { return ddp.bytes_communicated(); }
 std::int64_t bytes(parallel::DistributedDataParallel& ddp) { return ddp.reducer().bytes_communicated(); }
 
-// --comm-hook, and --fault around it. Chapter 04 sends one message per gradient, its last gradient the
-// whole message; the Reducer's buckets are read when the hook runs (they are rebuilt after step 0).
-void install_hook(const Options& o, chapter04::DataParallelNaive& ddp, const std::int64_t& step, std::size_t& launched) {
-  const Messages layout{ddp.messages_per_step(), 0};
-  ddp.register_comm_hook(with_fault(o.faults, parallel::comm_hook_named(o.comm_hook), [layout] { return layout; }, step, launched));
-}
-void install_hook(const Options& o, parallel::DistributedDataParallel& ddp, const std::int64_t& step, std::size_t& launched) {
-  auto layout = [&reducer = ddp.reducer()] {
-    return Messages{reducer.buckets().size(), reducer.buckets().front().offsets.back()};
-  };
-  ddp.register_comm_hook(with_fault(o.faults, parallel::comm_hook_named(o.comm_hook), layout, step, launched));
-}
+// --comm-hook, the function that sends a bucket (below the fence).
+void install_hook(const Options& o, chapter04::DataParallelNaive& ddp);
+void install_hook(const Options& o, parallel::DistributedDataParallel& ddp);
 
 template <class DDP>
 ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::int64_t global_batch, std::int64_t steps) {
   comm::Communicator& group = ddp.communicator();
   nn::Module& model = ddp.module();
-  std::int64_t step = 0;
-  std::size_t launched = 0;  // messages sent in this step (the faults pick one by its place)
-  install_hook(o, ddp, step, launched);  // --comm-hook, --fault
+  install_hook(o, ddp);  // --comm-hook: how a bucket is sent
   // SGD in the run's precision (--precision: fp16 scales the loss, common/optim/recipe.h).
   optim::Recipe training("sgd", model.parameters(), o.training.lr, steps, o.precision.dtype(), &group,
                          o.precision.loss_scale);
@@ -92,9 +81,8 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
   });
   ModeResult result;
   std::int64_t bytes_before = 0;
-  for (step = 0; step < steps; ++step) {
+  for (std::int64_t step = 0; step < steps; ++step) {
     check->begin_step(step);
-    launched = 0;
     const auto share = sampler.batch(step, local);
     if (step == 1) bytes_before = bytes(ddp);
     group.barrier();  // every rank starts the step together, so the times compare
@@ -208,6 +196,19 @@ void sweep_buckets(const Options& o, comm::Communicator& group, const nn::Traini
     metrics.write({{"event", "bucket_sweep"}, {"bucket_mb", cap}, {"buckets", r.messages}, {"step_ms", r.step_ms},
                    {"exposed_ms", r.exposed_ms}, {"simulated_network", label}});
   }
+}
+
+// --comm-hook, and --fault around it. Chapter 04 sends one message per gradient, its last gradient the
+// whole message; the Reducer's buckets are read when the hook runs (they are rebuilt after step 0).
+void install_hook(const Options& o, chapter04::DataParallelNaive& ddp) {
+  const Messages layout{ddp.messages_per_step(), 0};
+  ddp.register_comm_hook(with_fault(parallel::comm_hook_named(o.comm_hook), [layout] { return layout; }));
+}
+void install_hook(const Options& o, parallel::DistributedDataParallel& ddp) {
+  auto layout = [&reducer = ddp.reducer()] {
+    return Messages{reducer.buckets().size(), reducer.buckets().front().offsets.back()};
+  };
+  ddp.register_comm_hook(with_fault(parallel::comm_hook_named(o.comm_hook), layout));
 }
 
 }  // namespace

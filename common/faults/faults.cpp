@@ -46,6 +46,8 @@ bool active(std::string_view name, const void* where) {
 
 void begin_step(std::int64_t step) { plan().step.store(step, std::memory_order_relaxed); }
 
+std::int64_t step() { return plan().step.load(std::memory_order_relaxed); }
+
 void end_step(std::int64_t step) {
   Plan& p = plan();
   if (p.name == "none" || step < p.from_step) return;

@@ -31,6 +31,8 @@ bool active(std::string_view name, const void* where = nullptr);
 // (the hooks of `on_step_end` run then, before the check judges the update).
 void begin_step(std::int64_t step);
 void end_step(std::int64_t step);
+// The step begun last.
+std::int64_t step();
 
 // What a chapter installs below its fence, for as long as the Installation lives (a run's life): the
 // objects the armed fault acts on, and what it does once a step's update is done while it is active.
