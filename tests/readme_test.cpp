@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -265,7 +266,7 @@ TEST(Readme, HandoutsFollowTheSkeleton) {
 
 // Mixed precision is taught once, in chapter 04: the chapters before it are plain float32 loops, with no
 // precision in their code (the whole main.cpp), no precision flag, and none in their handouts' commands.
-TEST(Readme, ChaptersBeforeChapter04HaveNoPrecision) {
+TEST(Readme, HandoutsBeforeChapter04HaveNoPrecision) {
   static const std::regex plumbing(R"(precision|[Aa]utocast|scale_loss|GradScaler|loss_scale|dtype\(\)|Recipe)");
   static const std::regex flags(R"(--precision|--loss-scale|--tf32)");
   for (const std::string chapter : {"01_single_gpu", "02_grad_accumulation", "03_collectives"}) {
@@ -286,6 +287,63 @@ TEST(Readme, ChaptersBeforeChapter04HaveNoPrecision) {
 // The course's README: an index of at most kCourseReadmeWords words that links every chapter's handout,
 // and gives the test command CI runs (.ci/run calls it, exactly).
 constexpr std::size_t kCourseReadmeWords = 2500;
+
+// Every Markdown page of the course: its relative links lead to files that exist and, with an anchor, to
+// one of that page's headings (compared by their letters and digits: GitHub's slug of "Tensor parallelism:
+// y = Σ xᵢ·Wᵢ" keeps the Σ and the ᵢ, which a renamed or moved section does not keep either); and a
+// chapter's notes, NOTES.md and the pages beside it, at most kNotesWords words each (one topic a page).
+constexpr std::size_t kNotesWords = 4000;
+
+std::string letters_and_digits(const std::string& text) {
+  std::string out;
+  for (const unsigned char c : text)
+    if (std::isalnum(c) && c < 128) out += static_cast<char>(std::tolower(c));
+  return out;
+}
+
+TEST(Readme, HandoutsLinksLeadSomewhere) {
+  namespace fs = std::filesystem;
+  const fs::path root(SOURCE_ROOT);
+  std::vector<fs::path> pages;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name.rfind("build", 0) == 0 || name[0] == '.' || name == "runs")) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file() && it->path().extension() == ".md") pages.push_back(it->path());
+  }
+  ASSERT_GE(pages.size(), 10u);
+  static const std::regex link(R"(\]\(([^)\s]+)\))"), heading(R"((?:^|\n)#+ ([^\n]+))");
+  int links = 0;
+  for (const auto& page : pages) {
+    const std::string text = read_file(page.string());
+    if (page.filename().string().rfind("NOTES", 0) == 0) {
+      std::istringstream words(text);
+      EXPECT_LE(static_cast<std::size_t>(std::distance(std::istream_iterator<std::string>(words),
+                                                       std::istream_iterator<std::string>())), kNotesWords)
+          << page << ": split it by topic";
+    }
+    for (auto m = std::sregex_iterator(text.begin(), text.end(), link); m != std::sregex_iterator(); ++m) {
+      const std::string target = (*m)[1].str();
+      if (target.find("://") != std::string::npos || target.rfind("mailto:", 0) == 0) continue;
+      const auto hash = target.find('#');
+      const fs::path file = hash == 0 ? page : page.parent_path() / target.substr(0, hash);
+      ++links;
+      if (!fs::exists(file)) {
+        ADD_FAILURE() << page << " links " << target << ": " << file << " does not exist";
+        continue;
+      }
+      if (hash == std::string::npos) continue;
+      const std::string anchor = letters_and_digits(target.substr(hash + 1)), linked = read_file(file.string());
+      bool found = false;
+      for (auto h = std::sregex_iterator(linked.begin(), linked.end(), heading); h != std::sregex_iterator() && !found; ++h)
+        found = letters_and_digits((*h)[1].str()) == anchor;
+      EXPECT_TRUE(found) << page << " links " << target << ": no heading of " << file << " has that anchor";
+    }
+  }
+  EXPECT_GE(links, 50) << "no links found: the pattern is wrong";
+}
 
 TEST(Readme, HandoutsTheCourseReadmeIsAnIndex) {
   const std::string text = read_file(std::string(SOURCE_ROOT) + "/README.md");
