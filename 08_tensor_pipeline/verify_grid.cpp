@@ -22,7 +22,7 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
                                               o.precision.dtype());
   // One copy of every element: the first replica's, the TP rank's that holds it (TP rank 0 for what
   // every TP rank holds whole), the first stage's tied table.
-  gather_ = std::make_unique<parallel::WholeModelGather>(*run.model, *reference_, topology.world(),
+  gather_ = std::make_unique<verify::WholeModelGather>(*run.model, *reference_, topology.world(),
                                                          [&](const std::string& name) {
                                                            return topology.dp_rank() == 0 && topology.cp_rank() == 0 &&
                                                                   run.model->counts_once(name);

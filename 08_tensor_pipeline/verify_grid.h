@@ -1,5 +1,5 @@
 // --verify: the unsharded model beside the grid, in lock-step (common/verify/lockstep.h). Every step the
-// grid's parameters and gradients are put back together (common/parallel/whole_model.h) and compared
+// grid's parameters and gradients are put back together (common/verify/whole_model.h) and compared
 // with the unsharded model's over the whole global batch, which the ranks compute piece by piece; the
 // tolerance is the step's own noise floor, since tensor and pipeline parallelism reorder the sums.
 // In 16 bits (--precision bf16|fp16, --reduce-dtype) that floor cannot tell rounding from a lost
@@ -20,8 +20,8 @@
 
 #include "common/data/sampling.h"
 #include "common/metrics/metrics.h"
-#include "common/comm/local_group.h"
-#include "common/parallel/whole_model.h"
+#include "common/verify/local_group.h"
+#include "common/verify/whole_model.h"
 #include "common/verify/lockstep.h"
 #include "common/verify/model_parallel_reference.h"
 #include "common/verify/step_check.h"
@@ -51,10 +51,10 @@ class GridCheck final : public verify::StepCheck {
   data::SampleStream stream_;  // the reference's own copy of the sample order
   std::shared_ptr<nn::Module> reference_;
   std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe
-  std::unique_ptr<parallel::WholeModelGather> gather_;
+  std::unique_ptr<verify::WholeModelGather> gather_;
   std::unique_ptr<verify::Lockstep> lockstep_;
   bool by_parts_ = false;  // 16 bits: the micro-batches as parts
-  comm::LocalGroup alone_{1};  // the one pipeline stage of the TP reference's parts
+  verify::LocalGroup alone_{1};  // the one pipeline stage of the TP reference's parts
   std::unique_ptr<verify::ModelParallelReference> split_reference_;  // 16 bits, split layers: the run's TP x CP ranks
 };
 

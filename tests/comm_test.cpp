@@ -11,7 +11,7 @@
 
 #include "common/comm/agree.h"
 #include "common/comm/algorithms.h"
-#include "common/comm/local_group.h"
+#include "common/verify/local_group.h"
 #include "common/comm/simulated_network.h"
 #include "common/core/errors.h"
 #include "common/kernels/kernels.h"
@@ -397,7 +397,7 @@ TEST(LocalGroup, GivesMpisBits) {
     const Tensor t = Tensor::randn({1001}, 40 + static_cast<std::uint64_t>(rank), Device::cpu, 0.0f, 3.0f);
     return t.to(dtype).clone();
   };
-  comm::LocalGroup group(n);
+  verify::LocalGroup group(n);
   for (const DType dtype : {DType::float32, DType::bfloat16, DType::float16})
     for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average, ReduceOp::max}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + comm::reduce_op_name(op));
@@ -432,7 +432,7 @@ TEST(LocalGroup, WrappedAndSplitGroupsAddInTheRingsOrderToo) {
   const int n = world().size();
   const auto data = [](int rank) { return Tensor::randn({1001}, 70 + static_cast<std::uint64_t>(rank), Device::cpu, 0.0f, 3.0f); };
   std::vector<Tensor> ours(static_cast<std::size_t>(n));
-  comm::LocalGroup group(n);
+  verify::LocalGroup group(n);
   group.run([&](comm::Communicator& c) {
     Tensor t = data(c.rank());
     c.all_reduce(t, ReduceOp::sum);

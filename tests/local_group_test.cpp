@@ -1,4 +1,4 @@
-// The in-process group (comm/local_group.h): its collectives between threads, float32 sums in rank
+// The in-process group (verify/local_group.h): its collectives between threads, float32 sums in rank
 // order and 16-bit ones in the ring's, with the MPI backend's roundings (comm_test checks them against MPI
 // itself at 2 to 4 ranks), one member computing at a time, and errors that end the run instead of hanging it.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "common/comm/local_group.h"
+#include "common/verify/local_group.h"
 
 namespace course::testing {
 namespace {
@@ -23,7 +23,7 @@ Tensor values(const std::vector<float>& v, DType dtype = DType::float32) {
 // 16-bit sums go in the ring's order (the MPI backend's): one value is chunk 0, added from member 1,
 // then member 2, then member 0, each partial sum rounded to 8 bits.
 TEST(LocalGroup, SixteenBitSumsRoundAfterEachAdditionInTheRingsOrder) {
-  comm::LocalGroup group(3);
+  verify::LocalGroup group(3);
   const float tiny = std::ldexp(1.0f, -8);
   for (const int big : {1, 0}) {
     std::vector<std::vector<float>> got(3);
@@ -40,7 +40,7 @@ TEST(LocalGroup, SixteenBitSumsRoundAfterEachAdditionInTheRingsOrder) {
 }
 
 TEST(LocalGroup, ReductionsMatchTheirDefinitions) {
-  comm::LocalGroup group(3);
+  verify::LocalGroup group(3);
   std::vector<std::vector<float>> sum(3), average(3), maximum(3), half_average(3), reduced(3);
   group.run([&](comm::Communicator& c) {
     const auto r = static_cast<float>(c.rank());
@@ -74,7 +74,7 @@ TEST(LocalGroup, ReductionsMatchTheirDefinitions) {
 }
 
 TEST(LocalGroup, DataMovesAsMpiMovesIt) {
-  comm::LocalGroup group(3);
+  verify::LocalGroup group(3);
   std::vector<std::vector<float>> gathered(3), scattered(3), broadcast(3), exchanged(3), ring(3);
   group.run([&](comm::Communicator& c) {
     const int r = c.rank(), n = c.size();
@@ -105,7 +105,7 @@ TEST(LocalGroup, DataMovesAsMpiMovesIt) {
 }
 
 TEST(LocalGroup, OneMemberComputesAtATime) {
-  comm::LocalGroup group(4);
+  verify::LocalGroup group(4);
   std::atomic<int> running{0}, most{0};
   const auto busy = [&] {
     most = std::max(most.load(), ++running);
@@ -128,14 +128,14 @@ TEST(LocalGroup, OneMemberComputesAtATime) {
 // TP rank is of its TP and CP groups): sums along rows and columns, and a wait no thread can answer
 // ends the run instead of hanging it.
 TEST(LocalGroup, ThreadsBelongToSeveralGroupsOfOneRun) {
-  const auto turns = comm::make_turns();
-  std::vector<std::unique_ptr<comm::LocalGroup>> rows, columns;
+  const auto turns = verify::make_turns();
+  std::vector<std::unique_ptr<verify::LocalGroup>> rows, columns;
   for (int i = 0; i < 2; ++i) {
-    rows.push_back(std::make_unique<comm::LocalGroup>(2, turns));
-    columns.push_back(std::make_unique<comm::LocalGroup>(2, turns));
+    rows.push_back(std::make_unique<verify::LocalGroup>(2, turns));
+    columns.push_back(std::make_unique<verify::LocalGroup>(2, turns));
   }
   std::vector<float> row_sums(4), column_sums(4);
-  comm::run_in_turns(*turns, 4, [&](int k) {
+  verify::run_in_turns(*turns, 4, [&](int k) {
     const int row = k / 2, column = k % 2;
     Tensor r = values({static_cast<float>(k)}), c = values({static_cast<float>(k)});
     rows[static_cast<std::size_t>(row)]->member(column).all_reduce(r);
@@ -146,7 +146,7 @@ TEST(LocalGroup, ThreadsBelongToSeveralGroupsOfOneRun) {
   EXPECT_EQ(column_sums, (std::vector<float>{2, 4, 2, 4}));  // 0 + 2, 1 + 3
   // Thread 3 skips its row's sum: thread 2 waits for it, thread 3 for its column, whose other member
   // (thread 1) is done.
-  EXPECT_THROW(comm::run_in_turns(*turns, 4, [&](int k) {
+  EXPECT_THROW(verify::run_in_turns(*turns, 4, [&](int k) {
                  const int row = k / 2, column = k % 2;
                  Tensor t = values({1.0f});
                  if (k == 1) return;
@@ -155,8 +155,8 @@ TEST(LocalGroup, ThreadsBelongToSeveralGroupsOfOneRun) {
                }),
                std::logic_error);
   // A group made with other turns cannot be used from this run's threads.
-  comm::LocalGroup other(1);
-  EXPECT_THROW(comm::run_in_turns(*turns, 1, [&](int) {
+  verify::LocalGroup other(1);
+  EXPECT_THROW(verify::run_in_turns(*turns, 1, [&](int) {
                  Tensor t = values({1.0f});
                  other.member(0).all_reduce(t);
                }),
@@ -164,7 +164,7 @@ TEST(LocalGroup, ThreadsBelongToSeveralGroupsOfOneRun) {
 }
 
 TEST(LocalGroup, ErrorsEndTheRunWithTheFailingMembersError) {
-  comm::LocalGroup group(3);
+  verify::LocalGroup group(3);
   // A member that throws: the others stop waiting at their collective, and its error is the one raised.
   EXPECT_THROW(group.run([](comm::Communicator& c) {
                  if (c.rank() == 1) throw std::domain_error("member 1 failed");

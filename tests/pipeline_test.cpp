@@ -16,7 +16,7 @@
 #include "common/ops/ops.h"
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
-#include "common/parallel/whole_model.h"
+#include "common/verify/whole_model.h"
 #include "common/verify/compare.h"
 #include "support/mpi_main.h"
 
@@ -132,7 +132,7 @@ TEST(Pipeline, InterleavedChunksGiveThe1F1BGradientsBitForBit) {
           EXPECT_LE(verify::max_abs_diff(p.grad().to_host(), part.to_host()), kReorderTolerance) << name;
         }
         // The ranks hold other layers with two chunks than with one: compare the whole model's, gathered.
-        parallel::WholeModelGather gather(stage, full, world(), [&](const std::string& name) {
+        verify::WholeModelGather gather(stage, full, world(), [&](const std::string& name) {
           const bool tied_copy = name == "transformer.wte.weight" && stage.is_last() && !stage.is_first();
           return (stage.is_split(name) || tp->rank() == 0) && !tied_copy;
         });
@@ -245,7 +245,7 @@ TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
   };
   for (const auto& [name, p] : stage.named_parameters())  // the model's own rule is the one written here
     EXPECT_EQ(stage.counts_once(name), responsible(name)) << name << " on stage " << pp->rank() << ", TP rank " << tp->rank();
-  parallel::WholeModelGather gather(stage, full, world(), responsible);
+  verify::WholeModelGather gather(stage, full, world(), responsible);
   const auto parameters = gather.parameters();
   if (world().rank() == 0) {
     EXPECT_EQ(parameters, full.parameters_to_host());
@@ -262,7 +262,7 @@ TEST(Pipeline, TheGridsPartsAssembleIntoTheWholeModel) {
   }
   // A rule that takes a copy twice (every TP rank's copy of a layer norm) is off by whole values.
   if (tp_size > 1) {
-    parallel::WholeModelGather twice(stage, full, world(), [&](const std::string& name) {
+    verify::WholeModelGather twice(stage, full, world(), [&](const std::string& name) {
       return name.find("wte") == std::string::npos || stage.is_first();
     });
     const auto doubled = twice.parameters();

@@ -18,9 +18,9 @@
 #include "common/parallel/pipeline.h"
 #include "common/parallel/tensor_parallel_gpt.h"
 #include "common/parallel/tensor_parallel_mlp.h"
-#include "common/parallel/whole_model.h"
+#include "common/verify/whole_model.h"
 #include "common/autograd/autograd.h"
-#include "common/comm/local_group.h"
+#include "common/verify/local_group.h"
 #include "common/ops/autocast.h"
 #include "common/verify/model_parallel_reference.h"
 #include "common/verify/compare.h"
@@ -231,11 +231,11 @@ TEST(TensorParallel, TheInProcessReferenceRoundsAsTheRanksDo) {
     parallel::PipelineStageGPT sharded(full, *alone, &tp, sequence_parallel);
     const float run_loss = backward(sharded);
     parallel::finish_gradients(sharded);
-    parallel::WholeModelGather gather(sharded, full, tp,
+    verify::WholeModelGather gather(sharded, full, tp,
                                       [&](const std::string& name) { return sharded.is_split(name) || tp.rank() == 0; });
     const std::vector<float> run = gather.gradients();
 
-    comm::LocalGroup pipeline_of_one(1);
+    verify::LocalGroup pipeline_of_one(1);
     verify::ModelParallelReference reference(
         tp.size(), 1, parallel::ContextMethod::ring,
         [&](comm::Communicator& member, const parallel::ContextParallel*) {

@@ -33,7 +33,7 @@ struct Chunk {
 Chunk chunk_of(std::size_t count, int ranks, int c);
 
 // The ring's schedule, the one every ring of the library follows: the collectives above, the MPI
-// backend's ordered sums (Communicator::add_in_ring_order, and every 16-bit sum) and comm::LocalGroup's
+// backend's ordered sums (Communicator::add_in_ring_order, and every 16-bit sum) and verify::LocalGroup's
 // in-process ones, so that all three add in one order and a reference in one process repeats a run's
 // sums bit for bit. The values are cut into a chunk a rank (chunk_of). In step s = 0 .. ranks - 2 of the
 // reduce-scatter, rank r sends chunk r - s - 1 (its own values at step 0, then the partial sum it made in

@@ -114,7 +114,7 @@ class Communicator {
 
   // From now on this group adds float32 values (sums and averages) in the ring's fixed order too
   // (comm::algorithms::reduce_scatter_step), as it always adds 16-bit ones, so that a reference of its
-  // ranks in one process (comm::LocalGroup) repeats the sums bit for bit at any size: chapter 08's
+  // ranks in one process (verify::LocalGroup) repeats the sums bit for bit at any size: chapter 08's
   // tensor-parallel groups under --verify (its GridCheck turns it on), whose float32 sums (the
   // vocabulary-parallel loss's softmax, the gradients of the layers every rank holds) feed the roundings
   // of a 16-bit run. Otherwise a float32 sum goes the library's way (MPI chooses its algorithm by the

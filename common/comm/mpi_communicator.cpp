@@ -105,7 +105,7 @@ void reduce_16bit(void* in, void* inout, int* length, MPI_Datatype*) {
 // to 16 bits on its way, so that rank c ends with chunk c's sum. MPI's own reduction may bracket the
 // terms as it likes (its algorithm changes with the size of the message and of the group), and beyond
 // two ranks the brackets change the roundings; a fixed order lets a reference in one process
-// (comm::LocalGroup) repeat a run's sums at any size. Every 16-bit sum goes this way, and a float32 one
+// (verify::LocalGroup) repeat a run's sums at any size. Every 16-bit sum goes this way, and a float32 one
 // in a group that asked for it (Communicator::add_in_ring_order). `comm` carries nothing else, so its
 // messages cannot meet a pipeline's sends. `Value`: float, or std::uint16_t holding `format`'s bits.
 template <typename Value>

@@ -7,22 +7,22 @@
 
 #include "common/autograd/autograd.h"
 #include "common/core/memory.h"
-#include "common/parallel/whole_model.h"
+#include "common/verify/whole_model.h"
 #include "common/verify/contribution_magnitudes.h"
 
 namespace course::verify {
 
 ModelParallelReference::ModelParallelReference(int tp, int cp, parallel::ContextMethod method, const Make& make,
                                                const nn::Module& whole, bool sequence_parallel)
-    : tp_(tp), cp_(cp), turns_(comm::make_turns()), sequence_parallel_(sequence_parallel) {
+    : tp_(tp), cp_(cp), turns_(verify::make_turns()), sequence_parallel_(sequence_parallel) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   // Thread c tp + t: TP rank t of CP rank c, a member of TP group c and of CP group t.
-  for (int c = 0; c < cp; ++c) tp_groups_.push_back(std::make_unique<comm::LocalGroup>(tp, turns_));
-  for (int t = 0; t < tp; ++t) cp_groups_.push_back(std::make_unique<comm::LocalGroup>(cp, turns_));
+  for (int c = 0; c < cp; ++c) tp_groups_.push_back(std::make_unique<verify::LocalGroup>(tp, turns_));
+  for (int t = 0; t < tp; ++t) cp_groups_.push_back(std::make_unique<verify::LocalGroup>(cp, turns_));
   const auto threads = static_cast<std::size_t>(tp * cp);
   parts_.resize(threads);
   attention_.resize(threads);
-  comm::run_in_turns(*turns_, tp * cp, [&](int k) {
+  verify::run_in_turns(*turns_, tp * cp, [&](int k) {
     MemoryCategoryOverride counted(MemoryCategory::verification);
     const int t = k % tp, c = k / tp;
     const auto at = static_cast<std::size_t>(k);
@@ -40,7 +40,7 @@ ModelParallelReference::ModelParallelReference(int tp, int cp, parallel::Context
         throw std::invalid_argument("ModelParallelReference: rank " + std::to_string(k) + "'s part has no '" + name + "'");
       slot.parts.push_back(found->second);
       if (slot.split && k < static_cast<std::size_t>(tp))  // the same places at every CP rank
-        slot.places.push_back(parallel::places_in_whole(*parts_[k], name, p.shape(), p.device()));
+        slot.places.push_back(verify::places_in_whole(*parts_[k], name, p.shape(), p.device()));
     }
     slots_.push_back(std::move(slot));
   }
@@ -66,7 +66,7 @@ float ModelParallelReference::backward(nn::Module& whole, const Backward& backwa
   std::vector<float> losses(threads);
   std::vector<std::vector<std::vector<double>>> magnitudes(threads, std::vector<std::vector<double>>(slots_.size()));
   std::vector<std::vector<int>> counts(threads, std::vector<int>(slots_.size(), 0));
-  comm::run_in_turns(*turns_, static_cast<int>(threads), [&](int thread) {
+  verify::run_in_turns(*turns_, static_cast<int>(threads), [&](int thread) {
     MemoryCategoryOverride counted(MemoryCategory::verification);
     const auto k = static_cast<std::size_t>(thread);
     verify::ContributionMagnitudes terms;

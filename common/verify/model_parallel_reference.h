@@ -6,7 +6,7 @@
 // as the run does, and no bound of float32 sums describes the difference (a lost micro-batch hides
 // within a few noise floors of it). This reference computes it as the run does: the run's own split
 // modules, one for each TP x CP rank, each on a thread of this process over in-process groups
-// (comm/local_group.h) whose sums of two ranks are the run's value for value. A micro-batch's gradient
+// (verify/local_group.h) whose sums of two ranks are the run's value for value. A micro-batch's gradient
 // is then the run's, bit for bit, and lock-step's check by parts applies: only the sums over
 // micro-batches, context-parallel ranks and replicas differ, within their bound (lockstep.h). With more
 // than two TP ranks the sums agree because the run's TP group adds in the ring's order, float32 and
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "common/comm/local_group.h"
+#include "common/verify/local_group.h"
 #include "common/nn/module.h"
 #include "common/parallel/context_parallel.h"
 #include "common/parallel/tensor_parallel.h"
@@ -57,8 +57,8 @@ class ModelParallelReference {
     std::vector<std::vector<std::int64_t>> places;  // split: where each TP rank's elements lie in the whole
   };
   int tp_, cp_;
-  std::shared_ptr<comm::Turns> turns_;
-  std::vector<std::unique_ptr<comm::LocalGroup>> tp_groups_, cp_groups_;  // one per CP rank, one per TP rank
+  std::shared_ptr<verify::Turns> turns_;
+  std::vector<std::unique_ptr<verify::LocalGroup>> tp_groups_, cp_groups_;  // one per CP rank, one per TP rank
   std::vector<std::unique_ptr<parallel::ContextParallel>> attention_;    // each thread's, with cp > 1
   std::vector<std::shared_ptr<parallel::TensorParallelModule>> parts_;   // each thread's
   std::vector<Slot> slots_;

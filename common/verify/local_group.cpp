@@ -1,6 +1,6 @@
 // The members' collectives: each posts its call and a host copy of its input; the last to arrive
 // computes every member's result, in rank order, and wakes the others.
-#include "common/comm/local_group.h"
+#include "common/verify/local_group.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,9 @@
 #include "common/comm/algorithms.h"
 #include "common/kernels/half.h"
 
-namespace course::comm {
+namespace course::verify {
+
+using namespace comm;  // the communicator it implements, in comm's own terms
 
 class Turns {
  public:
@@ -325,4 +327,4 @@ void LocalGroup::run(const std::function<void(Communicator& member)>& work) {
   run_in_turns(*turns_, size(), [&](int r) { work(member(r)); });
 }
 
-}  // namespace course::comm
+}  // namespace course::verify

@@ -1,10 +1,10 @@
 // Learning where each part lies, and assembling the whole.
-#include "common/parallel/whole_model.h"
+#include "common/verify/whole_model.h"
 
 #include <map>
 #include <stdexcept>
 
-namespace course::parallel {
+namespace course::verify {
 namespace {
 
 // Element indices as float32 are exact only below 2^24, so a whole tensor's indices travel through
@@ -64,4 +64,4 @@ std::vector<float> WholeModelGather::assemble(bool gradients) {
   return world_.rank() == 0 ? all.to_host() : std::vector<float>();
 }
 
-}  // namespace course::parallel
+}  // namespace course::verify

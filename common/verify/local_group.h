@@ -21,7 +21,9 @@
 
 #include "common/comm/communicator.h"
 
-namespace course::comm {
+namespace course::verify {
+
+using comm::Communicator;
 
 class Turns;  // the threads of one run and their turn (local_group.cpp)
 
@@ -55,4 +57,4 @@ class LocalGroup {
 
 std::shared_ptr<Turns> make_turns();
 
-}  // namespace course::comm
+}  // namespace course::verify

@@ -15,7 +15,9 @@
 #include "common/nn/module.h"
 #include "common/parallel/tensor_parallel.h"
 
-namespace course::parallel {
+namespace course::verify {
+
+using parallel::TensorParallelModule;
 
 // Where each element of `part`'s parameter `name` lies in the whole model's tensor of that name (of
 // `whole_shape`), as an index into that tensor: learnt from part_of itself.
@@ -45,4 +47,4 @@ class WholeModelGather {
   Device device_;
 };
 
-}  // namespace course::parallel
+}  // namespace course::verify
