@@ -7,12 +7,14 @@
 #include <vector>
 
 #include "04_ddp/data_parallel.h"                // the lesson: broadcast once, all-reduce every gradient
-#include "04_ddp/diagnostics.h"                  // timings, --verify, --drift, the report: beside the lesson
+#include "04_ddp/checks.h"                       // --verify's check and --fault: beside the lesson
+#include "04_ddp/report.h"                       // timings, --drift, the report and the verdict
 #include "04_ddp/options.h"                      // the chapter's flags
 #include "common/checkpoint/parameters.h"        // --save and --init: parameters as safetensors
 #include "common/cli/cli.h"                      // common flags, validators, exit codes
 #include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
+#include "common/comm/agree.h"                   // all_reduce_scalar: the global batch's loss
 #include "common/comm/environment.h"             // MPI start-up
 #include "common/nn/tasks.h"                     // the model, its data and its loss
 #include "common/ops/autocast.h"                 // --precision bf16|fp16: the forward's matrix products in 16 bits
@@ -21,13 +23,12 @@
 #include "common/parallel/distributed_sampler.h" // each rank's share of the data
 
 using namespace course;
-using chapter04::Diagnostics;
 using chapter04::Options;
+using chapter04::Report;
 
 namespace {
 
 nn::TrainingTask make_task(const Options& o, int copies, int ranks_here, Device device);
-void install_fault(chapter04::DataParallelNaive& ddp, const Options& o, const std::int64_t& step);
 std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch);
 
 // Forward and backward on one rank's share, in `accum` micro-batches (chapter 02): each loss weighted by
@@ -62,31 +63,36 @@ int train(const Options& o, cli::Session& session) {
   // 1. Each rank initialises with its own seed on purpose: the broadcast is what makes them identical.
   auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
   chapter04::DataParallelNaive ddp(model, group, o.precision.reduce());  // --reduce-dtype: fp32 unless asked
-  std::int64_t step = 0;
-  install_fault(ddp, o, step);  // --fault: a wrong average, for --verify to catch
   const std::int64_t total_steps = steps_to_take(o, sampler.steps_per_epoch(local_batch));
   optim::Recipe training(o.optimizer, model->parameters(), o.training.lr, total_steps, o.precision.dtype(), &group,
                          o.precision.loss_scale);
-  Diagnostics checks(o, session, task, sampler, *model, global_batch, total_steps, training,
-                     [&](nn::Module& m, const std::vector<std::int64_t>& share) {  // the reference's step is ours
-                       return forward_backward(m, task, share, o.accum, training);
-                     });
+  // --verify: one rank beside the run, in lock-step, its step the lesson's own (checks.h); and --fault.
+  const auto check = verify::check_if(o.verify, [&] {
+    return make_check(o, task, group, sampler, *model, local_batch, total_steps, training,
+                      [&](nn::Module& m, const std::vector<std::int64_t>& share) {
+                        return forward_backward(m, task, share, o.accum, training);
+                      });
+  });
+  const faults::Installation faulty = install_faults(o, ddp);
+  Report report(o, session, task, sampler, *model, global_batch, total_steps, training);
 
-  for (step = 0; step < total_steps; ++step) {
-    cli::fail_here_if_asked("train", step, group.rank());
-    checks.begin_step(step);
+  for (std::int64_t step = 0; step < total_steps; ++step) {
+    report.begin_step(step);
+    check->begin_step(step);
     // 2. Forward and backward on this rank's share only: the gradients are this share's.
     const float local_loss = forward_backward(ddp.module(), task, sampler.batch(step, local_batch), o.accum, training);
     // 3. The lesson: every gradient all-reduced and divided by the ranks, the whole batch's gradient.
     ddp.all_reduce_gradients();
     training.unscale_();  // fp16: divided by the loss scale again, overflow agreed by every rank (else nothing)
-    checks.gradients_ready(step, local_loss, ddp.take_communication_ms());  // --verify: against one rank
+    const float loss = comm::all_reduce_scalar(group, local_loss, comm::ReduceOp::average);  // the global batch's
+    check->check_gradient(step, loss);
     // 4. The same update from the same gradient on every rank: the replicas stay identical (in fp16 a
     //    step whose gradient overflowed is skipped by every rank).
-    const Tensor norm = training.step(step);  // where the gradients are: read only by --verify
-    if (!checks.end_step(step, norm)) break;  // the loss is not finite: the run diverged
+    const Tensor norm = training.step(step);
+    check->check_update(step, optim::norm_value(norm));
+    if (!report.end_step(step, loss, ddp.take_communication_ms(), check->take_ms())) break;  // diverged
   }
-  return checks.finish(ddp.parameters_identical());
+  return report.finish(ddp.parameters_identical(), *check);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -117,23 +123,6 @@ std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch) {
   const std::int64_t steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.training.steps;
   cli::check_fault_options(o.faults, o.verify, steps);
   return steps;
-}
-
-// --fault: a deliberately wrong average from step --fault-from-step on, to watch --verify catch it (and
-// to test that it can). `step` is the step being taken.
-void install_fault(chapter04::DataParallelNaive& ddp, const Options& o, const std::int64_t& step) {
-  const cli::FaultOptions& faults = o.faults;
-  if (faults.fault == "none") return;
-  ddp.register_comm_hook([&faults, &step, average = parallel::average_hook(o.precision.reduce())](
-                             comm::Communicator& group, Tensor& g) {
-    if (faults.at("average-twice", step)) {
-      average(group, g)->wait();
-      g.copy_from(scale(g, 1.0f / static_cast<float>(group.size())));  // divided by the world size twice
-      return comm::completed_work();
-    }
-    if (faults.at("skip-rank-share", step) && group.rank() == group.size() - 1) g.fill_(0.0f);  // never arrives
-    return average(group, g);
-  });
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/optim/optimizer.h"
+#include "common/faults/faults.h"
 #include "common/verify/compare.h"
 #include "common/verify/lockstep.h"
 #include "common/verify/reference_optimizer.h"
@@ -459,9 +460,11 @@ TEST(ReferenceOptimizer, GivesEveryOptimizersBitsStepAfterStep) {
 TEST(ReferenceOptimizer, TellsASlipInTheOptimizerClass) {
   auto model = nn::make_mlp(5, 7, 2, 3, nn::Activation::relu, Device::cpu, 11);
   optim::Adam adamw(optim::weight_decay_groups(model->parameters(), 0.1f), 3e-3f, 0.9f, 0.95f, 1e-8f, true);
-  adamw.break_decoupled_decay_from(2);
+  const faults::Armed slip("adamw-decay");  // from step 1 on (faults.h)
+  faults::arm("adamw-decay", 1);
   verify::ReferenceOptimizer formulas(adamw, *model);
   for (std::uint64_t step = 0; step < 2; ++step) {
+    faults::begin_step(static_cast<std::int64_t>(step));
     for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor::randn(p.shape(), 60 + step));
     std::vector<float> expected = model->parameters_to_host();
     formulas.step(expected, model->gradients_to_host(), adamw.lr());

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "common/faults/faults.h"
 #include "common/kernels/kernels.h"
 #include "common/kernels/math.h"
 
@@ -162,7 +163,10 @@ void Adam::step(bool zero_grad) {
   const AdamParams a{lr_, beta1_, beta2_, eps_, decoupled_,
                      static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), steps_)),
                      static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), steps_)), zero_grad};
-  const bool broken = broken_from_ > 0 && steps_ >= broken_from_ && decoupled_;  // --fault adamw-decay
+  // --fault adamw-decay (chapter 04): the decoupled decay not scaled by the rate (p -= lambda p, not
+  // lr lambda p), a slip of the kind the class could make, in every instance (the check's replay of the
+  // run's recipe too): only the check's own formula (verify/reference_optimizer.h) can catch it.
+  const bool broken = decoupled_ && faults::active("adamw-decay");
   // Every tensor of a device in one list: on a GPU, one launch (multi-tensor apply) instead of one a tensor.
   std::map<Device, std::vector<AdamTensor>> lists;
   for (std::size_t i = 0; i < params_.size(); ++i) {

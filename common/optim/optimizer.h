@@ -89,11 +89,6 @@ class Adam : public Optimizer {
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
   Settings settings() const override;
   std::vector<std::pair<std::string, Tensor>> state() const override;
-  // Fault injection (chapter 04's --fault adamw-decay): from its `update`-th update on (counting from 1),
-  // AdamW's decoupled decay is not scaled by the rate (p -= lambda p, not lr lambda p), a slip of the kind
-  // the class could make. The lock-step check's own formula (verify/reference_optimizer.h) must catch it;
-  // replaying the class cannot.
-  void break_decoupled_decay_from(long update) { broken_from_ = update; }
 
  private:
   std::vector<std::pair<std::string, Tensor>> allocate_state() override;
@@ -102,7 +97,6 @@ class Adam : public Optimizer {
   std::vector<float> weight_decay_;  // per parameter, from its group
   bool decoupled_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
-  long broken_from_ = 0;  // 0: never
 };
 
 inline Adam AdamW(std::vector<Tensor> params, float lr, float weight_decay = 0.01f) {

@@ -1,5 +1,5 @@
-// Chapter 04's timings, lock-step check, drift figure, metrics and verdict.
-#include "04_ddp/diagnostics.h"
+// Chapter 04's timings, drift figure, metrics and verdict.
+#include "04_ddp/report.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,30 +22,20 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 }  // namespace
 
-Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task,
-                         const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
-                         std::int64_t total_steps, optim::Recipe& training, ShareStep share_step)
+Report::Report(const Options& o, cli::Session& session, const nn::TrainingTask& task,
+               const parallel::DistributedSampler& sampler, nn::Module& model, std::int64_t global_batch,
+               std::int64_t total_steps, const optim::Recipe& training)
     : o_(o), session_(session), task_(task), sampler_(sampler), model_(model), group_(session.topology->dp_group()),
       global_batch_(global_batch), local_batch_(global_batch / group_.size()), total_steps_(total_steps),
       training_(training) {
-  if (o.faults.fault == "stray-replica" && group_.size() < 2)
-    throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
-  if (o.faults.fault == "adamw-decay" && o.optimizer != "adamw")
-    throw UsageError("--fault: adamw-decay breaks AdamW, which --optimizer " + o.optimizer + " does not use: add --optimizer adamw");
   log("DDP: %d ranks x %lld samples (global batch %lld, %d micro-batches each), %s, %lld steps, lr %g, %s\n",
       group_.size(), static_cast<long long>(local_batch_), static_cast<long long>(global_batch_), o.accum,
       task.description.c_str(), static_cast<long long>(total_steps), o.training.lr, cli::precision_description(o.precision).c_str());
   if (all_ranks_log()) log("%s\n", session.topology->describe().c_str());
-  // --fault adamw-decay: a slip in the optimizer class itself (the run's; with --verify the reference's too).
-  if (o.faults.fault == "adamw-decay")
-    dynamic_cast<optim::Adam&>(training.optimizer()).break_decoupled_decay_from(o.faults.from_step + 1);
-  check_ = verify::check_if(o.verify, [&] {
-    return make_ddp_check(o, task, group_, sampler, model, local_batch_, total_steps, training, std::move(share_step));
-  });
 }
 
-void Diagnostics::begin_step(std::int64_t step) {
-  check_->begin_step(step);
+void Report::begin_step(std::int64_t step) {
+  cli::fail_here_if_asked("train", step, group_.rank());  // the tests' failure on one rank (COURSE_FAIL)
   // The step's activations at their peak (forward and backward; --recompute's figure). The lock-step
   // reference's memory is counted apart (MemoryCategory::verification).
   activations_before_ = memory_stats(session_.device).current_of(MemoryCategory::activations);
@@ -53,30 +43,19 @@ void Diagnostics::begin_step(std::int64_t step) {
   began_ = Clock::now();
 }
 
-void Diagnostics::gradients_ready(std::int64_t step, float local_loss, double communication_ms) {
+bool Report::end_step(std::int64_t step, float loss, double communication_ms, double check_ms) {
+  const double step_ms = ms_since(began_) - check_ms;
   peak_activations_ = std::max(peak_activations_, memory_stats(session_.device).peak_of(MemoryCategory::activations) -
                                                       activations_before_);
-  step_ms_ = ms_since(began_);
-  step_comm_ms_ = communication_ms;
-  global_loss_ = comm::all_reduce_scalar(group_, local_loss, comm::ReduceOp::average);  // the global batch's
-  check_->check_gradient(step, global_loss_);
-  began_ = Clock::now();
-}
-
-bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
-  step_ms_ += ms_since(began_);
-  if (o_.faults.at("stray-replica", step) && group_.rank() == group_.size() - 1)
-    parallel::stray_by_one_rounding(model_.parameters().front());  // this replica alone goes astray
-  check_->check_update(step, optim::norm_value(norm));
   if (step > 0 || total_steps_ == 1) {  // the first step warms up allocators and caches
-    total_ms_ += step_ms_;
-    comm_ms_ += step_comm_ms_;
-    compute_ms_ += step_ms_ - step_comm_ms_;
+    total_ms_ += step_ms;
+    comm_ms_ += communication_ms;
+    compute_ms_ += step_ms - communication_ms;
     timed_samples_ += global_batch_;
   }
-  if (!std::isfinite(global_loss_)) {
+  if (!std::isfinite(loss)) {
     log("step %4lld  loss %g: training diverged; lower the learning rate (--lr %g)\n", static_cast<long long>(step),
-        global_loss_, o_.training.lr);
+        loss, o_.training.lr);
     diverged_ = true;
     return false;
   }
@@ -84,17 +63,17 @@ bool Diagnostics::end_step(std::int64_t step, const Tensor& norm) {
     log("step %4lld  skipped: the fp16 gradient overflowed; loss scale now %g\n", static_cast<long long>(step),
         training_.scaler().get_scale());
   if (step % o_.log_every == 0 || step + 1 == total_steps_) {
-    log("step %4lld  loss %.6f  %.2f ms (compute %.2f, communication %.2f)\n", static_cast<long long>(step), global_loss_,
-        step_ms_, step_ms_ - step_comm_ms_, step_comm_ms_);
-    session_.metrics.write({{"event", "step"}, {"step", step}, {"loss", global_loss_}, {"step_ms", step_ms_},
-                            {"compute_ms", step_ms_ - step_comm_ms_}, {"comm_ms", step_comm_ms_}});
+    log("step %4lld  loss %.6f  %.2f ms (compute %.2f, communication %.2f)\n", static_cast<long long>(step), loss,
+        step_ms, step_ms - communication_ms, communication_ms);
+    session_.metrics.write({{"event", "step"}, {"step", step}, {"loss", loss}, {"step_ms", step_ms},
+                            {"compute_ms", step_ms - communication_ms}, {"comm_ms", communication_ms}});
   }
   return true;
 }
 
 // One rank, the same initial weights (rank 0's), the same global batches, free-running. With
 // `reversed`, each batch's samples come in reverse order: the same sums, added in another order.
-std::vector<float> Diagnostics::single_rank_run(bool reversed) const {
+std::vector<float> Report::single_rank_run(bool reversed) const {
   auto model = task_.make_model(o_.common.seed);
   optim::Recipe training(o_.optimizer, model->parameters(), o_.training.lr, total_steps_, o_.precision.dtype());
   for (std::int64_t step = 0; step < total_steps_; ++step) {
@@ -111,7 +90,7 @@ std::vector<float> Diagnostics::single_rank_run(bool reversed) const {
   return model->parameters_to_host();
 }
 
-int Diagnostics::finish(bool identical) {
+int Report::finish(bool identical, verify::StepCheck& check_run) {
   const int ranks = group_.size();
   const double timed_steps = static_cast<double>(std::max<std::int64_t>(1, total_steps_ - 1));
   const double samples_per_s = total_ms_ > 0 ? static_cast<double>(timed_samples_) / (total_ms_ / 1000.0) : 0.0;
@@ -121,8 +100,8 @@ int Diagnostics::finish(bool identical) {
   log("parameters identical on all %d ranks: %s\n", ranks, identical ? "yes" : "NO");
   verify::LockstepSummary check;
   verify::Drift drift;
-  if (check_->checks() && !diverged_) {
-    check = check_->finish();
+  if (check_run.checks() && !diverged_) {
+    check = check_run.finish();
     if (check.passed)
       log("lock-step check, %lld steps: every averaged gradient within its %s bound of the single-rank gradient "
           "(largest difference %.3g, %.3g of its bound; loss %.3g, %.3g of its bound), every update the "
