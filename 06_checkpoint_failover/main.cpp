@@ -5,10 +5,11 @@
 // the next step was saved, continues to exactly the result it would have reached without the failure:
 // bit for bit at the same world size. scripts/failover.py restarts the job after a failure, as
 // torchrun --max-restarts does. The loop below reads: resume or start, train, save when due, fail when
-// told. Beside it (report.cpp): with --verify every step, from the one it starts or resumes at, is
-// checked in lock-step against one rank that read the same checkpoint itself.
+// told. Beside it (checks.cpp): with --verify every step, from the one it starts or resumes at, is
+// checked in lock-step against one rank that read the same checkpoint itself; report.cpp the figures.
 #include "06_checkpoint_failover/options.h"         // the chapter's flags
-#include "06_checkpoint_failover/report.h"          // --verify, --fault, the figures and the verdict
+#include "06_checkpoint_failover/checks.h"          // --verify and --fault
+#include "06_checkpoint_failover/report.h"          // the figures and the verdict
 #include "06_checkpoint_failover/trainer.h"         // chapter 04's DDP step and its optimizer
 #include "common/checkpoint/folder.h"               // step_N.safetensors, `latest`, --keep
 #include "common/checkpoint/training_checkpoint.h"  // resume_training and save_training
@@ -33,7 +34,11 @@ int run(Options& o, cli::Session& session) {
   // continue it from a checkpoint's position.
   data::SampleStream stream(task.size, o.common.seed);
   Trainer trainer(o, task, group);
-  Diagnostics checks(o, session, task, stream, trainer, global_batch);
+  // --verify: one rank beside the run, restored from the checkpoint the run resumes on its own (checks.h).
+  const auto check = verify::check_if(o.verify, [&] {
+    return std::make_unique<ResumeCheck>(o, task, stream, trainer, group, global_batch);
+  });
+  Report report(o, session, task, stream, trainer, global_batch);
   checkpoint::CheckpointFolder folder(o.checkpoints.dir, o.checkpoints.keep);
   const checkpoint::RunIdentity identity = run_identity(o, task, *trainer.model, global_batch);
   log("checkpoint failover: %d ranks, %s, %s lr %g, %lld steps of %lld samples; checkpoint every %lld "
@@ -47,28 +52,31 @@ int run(Options& o, cli::Session& session) {
   //    and skipped) restores the parameters, the optimizer's moments and the place in the data.
   const checkpoint::Start start = checkpoint::resume_training(group, folder, o.checkpoints.resume, identity,
                                                               *trainer.model, *trainer.recipe, session.metrics,
-                                                              checks.also_restore());
+                                                              restores_into(*check));
   checkpoint::TrainingState state = start.state;
-  checks.begin(start);
+  report.begin(start);
+  const faults::Installation faulty = install_faults(o, trainer, state, state.step, global_batch);
 
   for (std::int64_t step = state.step; step < o.training.steps; ++step) {
-    // 2. Fail when told: a node lost mid-training (--fail-at-step), or a resume broken on purpose (--fault).
+    // 2. Fail when told: a node lost mid-training (--fail-at-step).
     o.kill.at_step_start(step, group.rank());
-    checks.break_if_asked(step, state);
     // 3. Train: one data-parallel step on the global batch at the saved position, then move on.
-    checks.begin_step();
-    const float loss = trainer.step(task, stream, step, state.samples_seen, global_batch, group, checks.check());
+    report.begin_step();
+    check->begin_step(step);
+    const float loss = trainer.forward_backward(task, stream, state.samples_seen, global_batch, group);
+    check->check_gradient(step, loss);
+    const double norm = trainer.update(step);
+    check->check_update(step, norm);
     state.samples_seen += global_batch;
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
-    if (!checks.end_step(step, loss)) break;  // diverged: the newest checkpoint stays the last good one
+    if (!report.end_step(step, loss, check->take_ms())) break;  // diverged: the newest checkpoint stays the last good one
     // 4. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
     if (checkpoint::writes_checkpoint_at(state.step, o.training.steps, o.checkpoints.every))
-      checks.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, *trainer.recipe,
-                                             session.metrics, o.kill.during_save_of(state.step, group.rank()),
-                                             checks.writer_fault(step)));
+      report.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, *trainer.recipe,
+                                             session.metrics, o.kill.during_save_of(state.step, group.rank())));
   }
-  return checks.finish(state);
+  return report.finish(state, *check);
 }
 
 }  // namespace

@@ -12,52 +12,21 @@
 
 namespace course::chapter06 {
 
-Diagnostics::Diagnostics(const Options& o, cli::Session& session, const nn::TrainingTask& task,
-                         const data::SampleStream& stream, Trainer& trainer, std::int64_t global_batch)
+Report::Report(const Options& o, cli::Session& session, const nn::TrainingTask& task, const data::SampleStream& stream,
+               Trainer& trainer, std::int64_t global_batch)
     : o_(o), session_(session), task_(task), stream_(stream), trainer_(trainer),
-      group_(session.topology->dp_group()), global_batch_(global_batch) {
-  check_ = verify::check_if(o.verify, [&] {
-    auto check = std::make_unique<ResumeCheck>(o, task, stream, trainer, group_, global_batch);
-    resume_check_ = check.get();
-    return check;
-  });
-}
+      group_(session.topology->dp_group()), global_batch_(global_batch) {}
 
-std::function<void(const std::string&, const checkpoint::Loaded&)> Diagnostics::also_restore() {
-  if (!resume_check_) return {};
-  return [this](const std::string& path, const checkpoint::Loaded& loaded) {
-    resume_check_->restore(path, loaded);
-    resumed_path_ = path;
-    resumed_ = loaded;
-  };
-}
-
-void Diagnostics::begin(const checkpoint::Start& start) {
+void Report::begin(const checkpoint::Start& start) {
   start_ = start;
   start_step_ = start.state.step;
   // --fault breaks the resume itself, or with --fault-from-step K the run at step K.
-  fault_step_ = o_.fault_step_given ? o_.faults.from_step : (o_.checkpoints.resume ? start_step_ : -1);
+  if (o_.faults.fault != "none")
+    fault_step_ = o_.fault_step_given ? o_.faults.from_step : (o_.checkpoints.resume ? start_step_ : -1);
   if (o_.kill.armed()) log("fault injection: %s\n", o_.kill.describe().c_str());
 }
 
-void Diagnostics::break_if_asked(std::int64_t step, checkpoint::TrainingState& state) {
-  if (step != fault_step_) return;
-  if (o_.faults.fault == "lose-optimizer-state") trainer_.lose_optimizer_moments();
-  if (o_.faults.fault == "repeat-batch") state.samples_seen -= global_batch_;
-}
-
-std::function<void(checkpoint::NamedTensors&)> Diagnostics::writer_fault(std::int64_t step) const {
-  if (!o_.faults.at("zero-saved-moments", step)) return {};
-  return [](checkpoint::NamedTensors& tensors) {
-    const std::string moments = ".exp_avg_sq";
-    for (auto& [name, t] : tensors)
-      if (name.size() > moments.size() && name.compare(name.size() - moments.size(), moments.size(), moments) == 0)
-        t = Tensor::zeros(t.shape(), t.device());  // a new tensor: the optimizer's own stay as they are
-  };
-}
-
-bool Diagnostics::end_step(std::int64_t step, float loss) {
-  const double checked_ms = check_->take_ms();  // the check's own time, left out of the step's
+bool Report::end_step(std::int64_t step, float loss, double checked_ms) {
   if (step > start_step_) {  // the first step warms up allocators and caches
     step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began_).count() - checked_ms;
     ++timed_steps_;
@@ -75,13 +44,13 @@ bool Diagnostics::end_step(std::int64_t step, float loss) {
   return true;
 }
 
-void Diagnostics::saved(const checkpoint::Saved& s) {
+void Report::saved(const checkpoint::Saved& s) {
   write_ms_ += s.ms;
   written_mb_ += static_cast<double>(s.bytes) / 1e6;
   if (s.bytes > 0) ++checkpoints_;
 }
 
-int Diagnostics::finish(const checkpoint::TrainingState& state) {
+int Report::finish(const checkpoint::TrainingState& state, verify::StepCheck& check_run) {
   // How often to checkpoint: Young's approximation.
   // J. W. Young, "A first order approximation to the optimum checkpoint interval" (CACM 1974): with a
   // checkpoint costing C seconds and a mean time between failures M, lose the least time by writing
@@ -111,8 +80,8 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
   double difference = 0, optimizer_difference = 0;
   verify::LockstepSummary check;
   bool passed = identical && !diverged_;
-  if (check_->checks() && !diverged_) {
-    check = check_->finish();
+  if (check_run.checks() && !diverged_) {
+    check = check_run.finish();
     if (check.passed)
       log("verify: steps %lld-%lld in lock-step against one rank (started from %s): every averaged gradient within its "
           "%s bound (%.3g of it), every update the optimizer's, bit for bit\n",
@@ -132,13 +101,15 @@ int Diagnostics::finish(const checkpoint::TrainingState& state) {
     std::int64_t from = 0;
     if (!same_world) {
       MemoryCategoryOverride verification(MemoryCategory::verification);
-      checkpoint::restore(resumed_path_, resumed_, *uninterrupted.model, uninterrupted.optimizer());
+      const auto& resume = dynamic_cast<const ResumeCheck&>(check_run);  // it restored the checkpoint
+      checkpoint::restore(resume.resumed_path(), resume.resumed(), *uninterrupted.model, uninterrupted.optimizer());
       uninterrupted.recipe->load_scaler_state(start_.state.loss_scale);
       from = start_step_;
     }
-    const auto unchecked = verify::unchecked();
-    for (std::int64_t step = from; step < o_.training.steps; ++step)
-      uninterrupted.step(task_, stream_, step, step * global_batch_, global_batch_, group_, *unchecked);
+    for (std::int64_t step = from; step < o_.training.steps; ++step) {
+      uninterrupted.forward_backward(task_, stream_, step * global_batch_, global_batch_, group_);
+      uninterrupted.update(step);
+    }
     difference = verify::max_abs_diff(trainer_.model->parameters_to_host(), uninterrupted.model->parameters_to_host());
     optimizer_difference =
         verify::max_abs_diff(trainer_.optimizer_state_to_host(), uninterrupted.optimizer_state_to_host());

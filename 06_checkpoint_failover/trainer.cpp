@@ -35,25 +35,15 @@ Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communica
                                            o.precision.dtype(), &group, o.precision.loss_scale);
 }
 
-float Trainer::step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step,
-                    std::int64_t position, std::int64_t global_batch, comm::Communicator& group, verify::StepCheck& check) {
-  check.begin_step(step);
+float Trainer::forward_backward(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t position,
+                                std::int64_t global_batch, comm::Communicator& group) {
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
   const Tensor loss = recipe->forward_backward([&] { return task.loss(*model, share); });  // DDP averages in backward
   recipe->unscale_();  // fp16: divided by the loss scale again
-  const float global = comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
-  check.check_gradient(step, global);
-  const Tensor norm = recipe->step(step);
-  check.check_update(step, optim::norm_value(norm));
-  return global;
+  return comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
 }
 
-void Trainer::lose_optimizer_moments() {
-  for (auto& [name, t] : recipe->optimizer().state()) {
-    Tensor moment = t;
-    moment.fill_(0.0f);
-  }
-}
+double Trainer::update(std::int64_t step) { return optim::norm_value(recipe->step(step)); }
 
 std::vector<float> Trainer::optimizer_state_to_host() const {
   std::vector<float> all;

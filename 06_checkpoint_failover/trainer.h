@@ -12,7 +12,6 @@
 #include "common/nn/tasks.h"
 #include "common/optim/recipe.h"
 #include "common/parallel/ddp.h"
-#include "common/verify/step_check.h"
 
 namespace course::chapter06 {
 
@@ -32,14 +31,13 @@ struct Trainer {
   Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group);
   optim::Optimizer& optimizer() { return recipe->optimizer(); }
 
-  // Step `step` on the global batch at `position` of the sample stream; this rank takes its share.
-  // `check` (--verify's, or verify::unchecked()) at the step's three points. Returns the global batch's loss.
-  float step(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t step, std::int64_t position,
-             std::int64_t global_batch, comm::Communicator& group, verify::StepCheck& check);
+  // Chapter 04's step, in two: forward and backward on this rank's share of the global batch at
+  // `position` of the sample stream, the gradients averaged (DDP, during backward) and unscaled; returns
+  // the global batch's loss. Then the update of step `step`; returns the gradients' norm before clipping.
+  float forward_backward(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t position,
+                         std::int64_t global_batch, comm::Communicator& group);
+  double update(std::int64_t step);
 
-  // --fault lose-optimizer-state: Adam's moments are zeroed and its step count kept, as a restore that
-  // forgot them would leave them (the checkpoints it writes then stay consistent, and load).
-  void lose_optimizer_moments();
   std::vector<float> optimizer_state_to_host() const;
 };
 

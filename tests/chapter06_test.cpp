@@ -378,6 +378,24 @@ TEST(Chapter06, VerifyCatchesAFaultThatBeginsLate) {
   EXPECT_NE(refused.process.err.find("--fault-from-step"), std::string::npos) << refused.process.err;
 }
 
+// A fault from a step before the one a run resumes at would never act, and the run would pass as if it
+// had been caught nowhere: refused, naming the flag and the step resumed at; the checkpoints stay.
+TEST(Chapter06, AFaultBeforeTheResumedStepIsRefused) {
+  const std::string dir = fresh_folder();
+  expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --ckpt-every 10"));
+  Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --verify --fault repeat-batch "
+                                    "--fault-from-step 5");
+  EXPECT_EQ(refused.process.exit_code, 2) << refused.process.out << refused.process.err;
+  EXPECT_NE(refused.process.err.find("--fault-from-step: step 5 is before step 20, where this run resumes"),
+            std::string::npos) << refused.process.err;
+  EXPECT_TRUE(fs::exists(dir + "/step_00000020.safetensors"));
+  // From the step resumed at, or later, it acts and is caught there.
+  Outcome late = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 30 --resume --verify --fault repeat-batch "
+                                 "--fault-from-step 25");
+  EXPECT_EQ(late.process.exit_code, 1) << late.process.out << late.process.err;
+  EXPECT_NE(late.process.out.find("lock-step FAILED at step 25: "), std::string::npos) << late.process.out;
+}
+
 // A checkpoint's checksum covers the bytes written, so a writer that zeroes Adam's second moments writes a
 // file whose checksum matches. The digest of the state in memory catches it at that save (step 30's, the
 // first after step 25): the run stops with one line naming the file, nothing of it is written, and the

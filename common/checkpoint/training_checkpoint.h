@@ -46,16 +46,14 @@ Start resume_training(comm::Communicator& group, CheckpointFolder& folder, bool 
 // scale; the ranks hold the same state: one writer, one copy), after
 // checking that its own loader accepts it (its values give the digest of the state in memory,
 // training_state.h), logs its size and speed and writes a "checkpoint" metric. `die_halfway`: a kill
-// while writing, when asked (cli::KillOptions); `writer_fault`: a writer's bug, for the check to catch
-// (chapter 06's --fault zero-saved-moments), applied to the tensors about to be written. Returns the
-// bytes and the milliseconds it took on rank 0 (zero elsewhere). The other ranks go on at once.
+// while writing, when asked (cli::KillOptions). Returns the bytes and the milliseconds it took on rank
+// 0 (zero elsewhere). The other ranks go on at once.
 struct Saved {
   std::size_t bytes = 0;
   double ms = 0;
 };
 Saved save_training(comm::Communicator& group, const CheckpointFolder& folder, const TrainingState& state,
                     const std::string& config, const nn::Module& model, const optim::Recipe& recipe,
-                    metrics::MetricsWriter& metrics, const WriteProgress& die_halfway = {},
-                    const std::function<void(NamedTensors&)>& writer_fault = {});
+                    metrics::MetricsWriter& metrics, const WriteProgress& die_halfway = {});
 
 }  // namespace course::checkpoint

@@ -16,7 +16,7 @@ struct Plan {
   std::int64_t from_step = 0;
   std::atomic<std::int64_t> step{0};
   std::vector<const void*> places;
-  std::map<int, std::function<void()>> hooks;
+  std::map<int, std::function<void()>> begin_hooks, end_hooks;
   int next_hook = 0;
   std::mutex mutex;  // places and hooks change between runs, never while the layers run
 };
@@ -44,20 +44,31 @@ bool active(std::string_view name, const void* where) {
   return where != nullptr && std::find(p.places.begin(), p.places.end(), where) != p.places.end();
 }
 
-void begin_step(std::int64_t step) { plan().step.store(step, std::memory_order_relaxed); }
+namespace {
 
-std::int64_t step() { return plan().step.load(std::memory_order_relaxed); }
-
-void end_step(std::int64_t step) {
+void run_hooks(std::int64_t step, std::map<int, std::function<void()>> Plan::*which) {
   Plan& p = plan();
   if (p.name == "none" || step < p.from_step) return;
   std::vector<std::function<void()>> hooks;
   {
     std::lock_guard<std::mutex> lock(p.mutex);
-    for (const auto& [id, hook] : p.hooks) hooks.push_back(hook);
+    for (const auto& [id, hook] : p.*which) hooks.push_back(hook);
   }
   for (const auto& hook : hooks) hook();
 }
+
+}  // namespace
+
+void begin_step(std::int64_t step) {
+  plan().step.store(step, std::memory_order_relaxed);
+  run_hooks(step, &Plan::begin_hooks);
+}
+
+void end_step(std::int64_t step) { run_hooks(step, &Plan::end_hooks); }
+
+std::int64_t step() { return plan().step.load(std::memory_order_relaxed); }
+
+std::int64_t first_step() { return plan().from_step; }
 
 Installation::Installation(Installation&& other) noexcept
     : places_(std::exchange(other.places_, {})), hooks_(std::exchange(other.hooks_, {})) {}
@@ -80,10 +91,17 @@ void Installation::place(const void* where) {
   places_.push_back(where);
 }
 
+void Installation::on_step_begin(std::function<void()> hook) {
+  Plan& p = plan();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.begin_hooks.emplace(p.next_hook, std::move(hook));
+  hooks_.push_back(p.next_hook++);
+}
+
 void Installation::on_step_end(std::function<void()> hook) {
   Plan& p = plan();
   std::lock_guard<std::mutex> lock(p.mutex);
-  p.hooks.emplace(p.next_hook, std::move(hook));
+  p.end_hooks.emplace(p.next_hook, std::move(hook));
   hooks_.push_back(p.next_hook++);
 }
 
@@ -94,7 +112,7 @@ void Installation::clear() {
     const auto at = std::find(p.places.begin(), p.places.end(), where);
     if (at != p.places.end()) p.places.erase(at);
   }
-  for (int id : hooks_) p.hooks.erase(id);
+  for (int id : hooks_) p.begin_hooks.erase(id), p.end_hooks.erase(id);
   places_.clear();
   hooks_.clear();
 }

@@ -27,12 +27,15 @@ bool armed(std::string_view name);
 // nowhere or on `where`.
 bool active(std::string_view name, const void* where = nullptr);
 
-// The loop's markers (verify::StepCheck calls them): step `step` begins; step `step`'s update is done
-// (the hooks of `on_step_end` run then, before the check judges the update).
+// The loop's markers (verify::StepCheck calls them): step `step` begins (the hooks of `on_step_begin`
+// run then, before the check reads the step's parameters); step `step`'s update is done (the hooks of
+// `on_step_end` run then, before the check judges the update). Hooks run at the steps the fault is
+// active in.
 void begin_step(std::int64_t step);
 void end_step(std::int64_t step);
-// The step begun last.
+// The step begun last, and the first step the armed fault acts in.
 std::int64_t step();
+std::int64_t first_step();
 
 // What a chapter installs below its fence, for as long as the Installation lives (a run's life): the
 // objects the armed fault acts on, and what it does once a step's update is done while it is active.
@@ -43,12 +46,13 @@ class Installation {
   Installation& operator=(Installation&& other) noexcept;
   ~Installation();
   void place(const void* where);
+  void on_step_begin(std::function<void()> hook);
   void on_step_end(std::function<void()> hook);
 
  private:
   void clear();
   std::vector<const void*> places_;
-  std::vector<int> hooks_;
+  std::vector<int> hooks_;  // of either kind (faults.cpp numbers them apart)
 };
 
 // For a test: `name` armed from step 0 for the life of the scope (and the step begun, 0).
