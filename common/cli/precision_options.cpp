@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli/cli.h"
 #include "common/core/errors.h"
 #include "common/kernels/kernels.h"
 
