@@ -63,8 +63,7 @@ class EnableGradGuard {
 };
 
 // Sees every contribution to a leaf's gradient as backward adds it, while alive on this thread (the
-// innermost one): a general "gradient ready" hook, one term at a time. GradScaler tells it when it
-// divides gradients by the loss scale, so what it recorded can follow. A lock-step check's record of
+// innermost one): a general "gradient ready" hook, one term at a time. A lock-step check's record of
 // each leaf's terms is one (verify/contribution_magnitudes.h); autograd knows nothing more of it.
 class LeafGradientObserver {
  public:
@@ -75,8 +74,6 @@ class LeafGradientObserver {
   static LeafGradientObserver* current();  // this thread's innermost, or null
 
   virtual void contributed(const Tensor& leaf, const Tensor& contribution) = 0;
-  // The gradients of `leaves` were multiplied by `factor` (the loss scale undone).
-  virtual void scaled(const std::vector<Tensor>& leaves, double factor) { (void)leaves, (void)factor; }
 
  private:
   LeafGradientObserver* previous_;

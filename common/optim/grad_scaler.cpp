@@ -1,7 +1,6 @@
 // The loss scaler: a sum per gradient finds an inf or NaN (they survive any sum), the group agrees on it.
 #include "common/optim/grad_scaler.h"
 
-#include "common/autograd/autograd.h"
 
 #include <cmath>
 #include <map>
@@ -72,9 +71,16 @@ void GradScaler::unscale_gradients(const std::vector<Tensor>& params) const {
     Tensor g = p.grad();
     if (g.defined()) kernels(g.device()).scale(g.data(), 1.0f / scale_, g.data(), static_cast<std::size_t>(g.numel()));
   }
-  // Whoever watches the gradients' terms (a lock-step check's record) follows them.
-  if (auto* observer = autograd::LeafGradientObserver::current()) observer->scaled(params, 1.0 / scale_);
+  if (auto* listener = UnscaleListener::current()) listener->unscaled(params, 1.0 / scale_);
 }
+
+namespace {
+thread_local UnscaleListener* t_listener = nullptr;
+}  // namespace
+
+UnscaleListener::UnscaleListener() : previous_(t_listener) { t_listener = this; }
+UnscaleListener::~UnscaleListener() { t_listener = previous_; }
+UnscaleListener* UnscaleListener::current() { return t_listener; }
 
 bool GradScaler::step(Optimizer& optimizer) {
   if (options_.enabled && !unscaled_) unscale_(optimizer);

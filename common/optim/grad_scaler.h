@@ -34,6 +34,23 @@ struct GradScalerOptions {
   bool enabled = true;  // disabled: scale() and unscale_() pass through, step() always steps
 };
 
+// Hears, while alive on this thread (the innermost one), every division of gradients by a loss scale
+// (GradScaler::unscale_gradients): the event a record of the gradients' terms subscribes to, so that what
+// it recorded follows them (verify/contribution_magnitudes.h).
+class UnscaleListener {
+ public:
+  UnscaleListener();
+  virtual ~UnscaleListener();
+  UnscaleListener(const UnscaleListener&) = delete;
+  UnscaleListener& operator=(const UnscaleListener&) = delete;
+  static UnscaleListener* current();  // this thread's innermost, or null
+  // The gradients of `params` were multiplied by `factor` (the loss scale undone).
+  virtual void unscaled(const std::vector<Tensor>& params, double factor) = 0;
+
+ private:
+  UnscaleListener* previous_;
+};
+
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {}, comm::Communicator* group = nullptr);

@@ -36,7 +36,7 @@ int ContributionMagnitudes::count(const Tensor& leaf) const {
   return found == sums_.end() ? 0 : found->second.count;
 }
 
-void ContributionMagnitudes::scaled(const std::vector<Tensor>& leaves, double factor) {
+void ContributionMagnitudes::unscaled(const std::vector<Tensor>& leaves, double factor) {
   for (const Tensor& leaf : leaves) {
     const auto found = sums_.find(leaf.impl());
     if (found != sums_.end())

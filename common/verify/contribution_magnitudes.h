@@ -3,17 +3,18 @@
 // contributions its gradient receives, in double, and counts them. That is what a lock-step check needs
 // where a leaf receives several terms in one backward (a tied table: the embedding's and the output
 // layer's) that a distributed run adds in another order, so that the bound of their sum covers the terms
-// themselves and not only their total, which may cancel (lockstep.h). The loss scale reaches them too
-// (GradScaler tells the observer when it unscales the gradients).
+// themselves and not only their total, which may cancel (lockstep.h). The loss scale reaches them too:
+// it listens to GradScaler's unscaling (optim::UnscaleListener).
 #pragma once
 #include <unordered_map>
 #include <vector>
 
 #include "common/autograd/autograd.h"
+#include "common/optim/grad_scaler.h"
 
 namespace course::verify {
 
-class ContributionMagnitudes final : public autograd::LeafGradientObserver {
+class ContributionMagnitudes final : public autograd::LeafGradientObserver, public optim::UnscaleListener {
  public:
   // This thread's innermost observer if it is one of these, or null.
   static ContributionMagnitudes* current();
@@ -27,7 +28,7 @@ class ContributionMagnitudes final : public autograd::LeafGradientObserver {
   // `leaf`, the sums of their magnitudes.
   void add(const Tensor& leaf, const std::vector<double>& magnitude, int count);
   int count(const Tensor& leaf) const;  // how many contributions `leaf` received
-  void scaled(const std::vector<Tensor>& leaves, double factor) override;
+  void unscaled(const std::vector<Tensor>& leaves, double factor) override;  // GradScaler's
 
  private:
   struct Sums {
