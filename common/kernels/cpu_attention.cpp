@@ -10,6 +10,7 @@
 // inside the threads' region, so the result is the same bits at any thread count (with a single
 // sequence and head there is no region, and the GEMM library threads that one task as it likes).
 #include "common/kernels/cpu_attention.h"
+#include "common/kernels/cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -157,3 +158,18 @@ void attention_backward(const float* qkv, const float* probs, const float* grad_
 }
 
 }  // namespace course::cpu
+
+// The CPU backend's kernels of this family (cpu_kernels.h).
+namespace course {
+using namespace cpu_loops;
+
+void CpuKernels::attention(const float* qkv, const AttentionShape& shape, float* probs, float* y) {
+  cpu::attention(qkv, shape, probs, y);
+}
+
+void CpuKernels::attention_backward(const float* qkv, const float* probs, const float* grad_y, const AttentionShape& shape,
+                        float* grad_qkv) {
+  cpu::attention_backward(qkv, probs, grad_y, shape, grad_qkv);
+}
+
+}  // namespace course

@@ -7,6 +7,7 @@
 // Every (sequence, head) is computed by one thread in a fixed order, so the result is the same bits at
 // any thread count.
 #include "common/kernels/cpu_attention_block.h"
+#include "common/kernels/cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -151,3 +152,25 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
 }
 
 }  // namespace course::cpu
+
+// The CPU backend's kernels of this family (cpu_kernels.h).
+namespace course {
+using namespace cpu_loops;
+
+void CpuKernels::attention_block(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
+                     const AttentionBlockShape& shape, float* row_max, float* row_sum, float* out) {
+  cpu::attention_block(q, k, v, q_pos, k_pos, shape, row_max, row_sum, out);
+}
+
+void CpuKernels::attention_block_finish(const float* row_max, const float* row_sum, const AttentionBlockShape& shape, float* out,
+                            float* lse) {
+  cpu::attention_block_finish(row_max, row_sum, shape, out, lse);
+}
+
+void CpuKernels::attention_block_backward(const float* q, const float* k, const float* v, const float* q_pos, const float* k_pos,
+                              const float* out, const float* lse, const float* grad_out, const AttentionBlockShape& shape,
+                              float* grad_q, float* grad_k, float* grad_v) {
+  cpu::attention_block_backward(q, k, v, q_pos, k_pos, out, lse, grad_out, shape, grad_q, grad_k, grad_v);
+}
+
+}  // namespace course

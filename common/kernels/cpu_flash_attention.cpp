@@ -7,6 +7,7 @@
 // Slower than the CPU's own attention (cpu_attention.cpp, whose GEMMs vectorise), which the CPU backend
 // runs by default; ops' sdpa_kernel chooses. One (sequence, head) per task: the same bits at any thread count.
 #include "common/kernels/cpu_flash_attention.h"
+#include "common/kernels/cpu_kernels.h"
 
 #include <algorithm>
 #include <vector>
@@ -143,3 +144,48 @@ void flash_attention_backward(const float* qkv, const float* y, const float* lse
 }
 
 }  // namespace course::cpu
+
+// The CPU backend's kernels of this family (cpu_kernels.h).
+namespace course {
+using namespace cpu_loops;
+
+void CpuKernels::flash_attention(const float* qkv, const AttentionShape& shape, float* lse, float* y) {
+  cpu::flash_attention(qkv, shape, lse, y);
+}
+
+void CpuKernels::flash_attention_backward(const float* qkv, const float* y, const float* lse, const float* grad_y,
+                              const AttentionShape& shape, float* grad_qkv) {
+  cpu::flash_attention_backward(qkv, y, lse, grad_y, shape, grad_qkv);
+}
+
+// A slice of sequences at a time (an eighth of the batch, as the ops slice 16-bit work): widened into
+// floats, the float32 kernel, its outputs rounded once. Each sequence's attention is its own, and dropout
+// draws by the index in the whole batch (first_sequence), so slicing changes no bit.
+void CpuKernels::flash_attention_half(HalfFormat format, const std::uint16_t* qkv, const AttentionShape& s, float* lse,
+                          std::uint16_t* y) {
+  const std::int64_t width = 3 * s.heads * s.head_size, c = s.heads * s.head_size;
+  for_sequence_slices(s, (s.batch + 7) / 8, [&](const AttentionShape& part, std::int64_t first) {
+    std::vector<float> wide_qkv = widened(format, qkv + first * s.tokens * width, part.batch * s.tokens * width),
+                       wide_y(static_cast<std::size_t>(part.batch * s.tokens * c));
+    cpu::flash_attention(wide_qkv.data(), part, lse + first * s.heads * s.tokens, wide_y.data());
+    to_half(format, wide_y.data(), y + first * s.tokens * c, wide_y.size());
+  });
+}
+
+void CpuKernels::flash_attention_backward_half(HalfFormat format, const std::uint16_t* qkv, const std::uint16_t* y,
+                                   const float* lse, const std::uint16_t* grad_y, const AttentionShape& s,
+                                   std::uint16_t* grad_qkv) {
+  const std::int64_t width = 3 * s.heads * s.head_size, c = s.heads * s.head_size;
+  for_sequence_slices(s, (s.batch + 7) / 8, [&](const AttentionShape& part, std::int64_t first) {
+    const std::int64_t rows = part.batch * s.tokens;
+    std::vector<float> wide_qkv = widened(format, qkv + first * s.tokens * width, rows * width),
+                       wide_y = widened(format, y + first * s.tokens * c, rows * c),
+                       wide_g = widened(format, grad_y + first * s.tokens * c, rows * c),
+                       grad(static_cast<std::size_t>(rows * width));
+    cpu::flash_attention_backward(wide_qkv.data(), wide_y.data(), lse + first * s.heads * s.tokens, wide_g.data(),
+                                  part, grad.data());
+    to_half(format, grad.data(), grad_qkv + first * s.tokens * width, grad.size());
+  });
+}
+
+}  // namespace course

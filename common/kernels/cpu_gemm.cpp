@@ -1,5 +1,6 @@
 // The CPU GEMM's dispatch: oneDNN when built with it, OpenBLAS otherwise.
 #include "common/kernels/cpu_gemm.h"
+#include "common/kernels/cpu_kernels.h"
 
 #include <cblas.h>
 
@@ -55,3 +56,46 @@ const char* gemm_library() {
 }
 
 }  // namespace course::cpu
+
+// The CPU backend's kernels of this family (cpu_kernels.h).
+namespace course {
+using namespace cpu_loops;
+
+void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          const float* b, float beta, float* c) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS leaves C untouched for k == 0 only when beta == 1
+    for (std::int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+    return;
+  }
+  cpu::sgemm(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+}
+
+void CpuKernels::gemm_batched(bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t sa, const float* b, std::int64_t sb, float beta, float* c,
+                  std::int64_t sc) {
+  // Attention's GEMMs are many and tiny (one per sequence and head): the threads take whole matrices
+  // (OpenBLAS runs single-threaded inside an OpenMP region), as PyTorch's bmm does on the CPU.
+  parallel_for(static_cast<std::size_t>(batch), static_cast<std::size_t>(m * n * std::max<std::int64_t>(k, 1)),
+               [&](std::size_t first, std::size_t end) {
+                 for (auto i = static_cast<std::int64_t>(first); i < static_cast<std::int64_t>(end); ++i)
+                   gemm(ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, beta, c + i * sc);
+               });
+}
+
+void CpuKernels::gemm_batched_half(HalfFormat format, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n,
+                       std::int64_t k, float alpha, const std::uint16_t* a, std::int64_t sa, const std::uint16_t* b,
+                       std::int64_t sb, float beta, std::uint16_t* c, std::int64_t sc) {
+  if (batch == 0 || m == 0 || n == 0) return;
+  // Every element the strided matrices reach, widened once; C's rounding is the only one.
+  auto span = [batch](std::int64_t stride, std::int64_t size) { return static_cast<std::size_t>((batch - 1) * stride + size); };
+  std::vector<float> wa(span(sa, m * k)), wb(span(sb, k * n)), wc(span(sc, m * n), 0.0f);
+  from_half(format, a, wa.data(), wa.size());
+  from_half(format, b, wb.data(), wb.size());
+  if (beta != 0.0f) from_half(format, c, wc.data(), wc.size());
+  gemm_batched(ta, tb, batch, m, n, k, alpha, wa.data(), sa, wb.data(), sb, beta, wc.data(), sc);
+  for (std::int64_t i = 0; i < batch; ++i)
+    to_half(format, wc.data() + i * sc, c + i * sc, static_cast<std::size_t>(m * n));
+}
+
+}  // namespace course
