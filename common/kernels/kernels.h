@@ -1,5 +1,6 @@
-// The op kernels, declared once. cpu_kernels.cpp is the reference; cuda_kernels.cu implements the
-// same interface for the GPU, and tests/kernel_parity_test.cpp checks one against the other.
+// The op kernels, declared once. The CPU backend is the reference (cpu_kernels.h: a file per op family);
+// the CUDA backend implements the same interface for the GPU, family by family (cuda_kernels.h), and
+// tests/kernel_parity_test.cpp checks one against the other.
 // Kernels take raw pointers and sizes; shapes, broadcasting rules and autograd live in common/ops.
 #pragma once
 #include <cstddef>
