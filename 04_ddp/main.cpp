@@ -121,7 +121,7 @@ std::int64_t steps_to_take(const Options& o, std::int64_t steps_per_epoch) {
     throw UsageError("--epochs: " + std::to_string(o.epochs) + " epochs of " + std::to_string(steps_per_epoch) +
                      " steps exceed " + std::to_string(cli::kMaxSteps) + " steps");
   const std::int64_t steps = o.epochs > 0 ? o.epochs * steps_per_epoch : o.training.steps;
-  cli::check_fault_options(o.faults, o.verify, steps);
+  cli::arm_faults(o.faults, o.verify, steps);
   return steps;
 }
 

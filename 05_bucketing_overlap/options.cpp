@@ -44,7 +44,7 @@ void add_options(CLI::App& app, Options& o) {
 void check_options(const Options& o) {
   if (o.training.steps < 2)
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
-  cli::check_fault_options(o.faults, o.verify, o.training.steps);
+  cli::arm_faults(o.faults, o.verify, o.training.steps);
   if (o.faults.fault == "truncating-hook" && o.comm_hook != "bf16")
     throw UsageError("--fault: truncating-hook is a fault of --comm-hook bf16's conversion; --comm-hook is " + o.comm_hook);
 }

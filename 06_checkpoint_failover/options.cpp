@@ -42,7 +42,7 @@ void check_options(const CLI::App& app, Options& o) {
   // Without --fault-from-step, the fault breaks the resume (the first step of a resumed run).
   o.fault_step_given = app.count("--fault-from-step") > 0;
   // zero-saved-moments needs no --verify: every save's digest of the state in memory catches it.
-  cli::check_fault_options(o.faults, o.verify || o.faults.fault == "zero-saved-moments", o.training.steps);
+  cli::arm_faults(o.faults, o.verify || o.faults.fault == "zero-saved-moments", o.training.steps);
   if (o.fault_step_given && o.faults.from_step == 0 && o.faults.fault != "none")
     throw UsageError("--fault-from-step: chapter 06's faults break what a step inherits from the one before (the "
                      "optimizer's state, the place in the data), which step 0 has not; give 1 or more");

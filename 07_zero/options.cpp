@@ -78,7 +78,7 @@ void check_options(const Options& o) {
                                 : "--stage " + std::to_string(o.stage) + " keeps every parameter on every rank"));
   if (o.checkpoints.resume && o.checkpoints.dir.empty())
     throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
-  cli::check_fault_options(o.faults, o.verify, o.training.steps);
+  cli::arm_faults(o.faults, o.verify, o.training.steps);
   if (o.kill.at_step >= 0 && o.checkpoints.dir.empty())
     throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
   if (o.compare && (!o.checkpoints.dir.empty() || !o.save.empty()))

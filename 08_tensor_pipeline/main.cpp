@@ -149,7 +149,7 @@ int run(Options o, cli::Session& session) {
   }
   if (topology.pp_size() > 1)
     log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
-  cli::check_fault_options(o.faults, o.verify, o.training.steps);
+  cli::arm_faults(o.faults, o.verify, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   report_run(o, task, topology, run, network, session.metrics);
   const bool passed = !o.verify || report_check(run.check, task, checked_by_parts(o, topology),

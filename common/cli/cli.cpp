@@ -104,7 +104,7 @@ void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, 
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))->capture_default_str();
 }
 
-void check_fault_options(const FaultOptions& o, bool verify, std::int64_t steps) {
+void arm_faults(const FaultOptions& o, bool verify, std::int64_t steps) {
   if (o.from_step > 0 && o.fault == "none") throw UsageError("--fault-from-step: needs --fault, the fault to begin");
   if (o.fault != "none" && o.from_step >= steps)
     throw UsageError("--fault-from-step: step " + std::to_string(o.from_step) + " is never reached in " +

@@ -47,10 +47,10 @@ struct FaultOptions {
 // --fault and --fault-from-step: `faults` are the chapter's faults besides "none", each with what it breaks.
 void add_verify_options(CLI::App& app, bool& verify, const std::string& checks, FaultOptions& options,
                         const std::vector<std::pair<std::string, std::string>>& faults);
-// A UsageError for --fault without --verify (nothing would catch it: the run would train wrong and end
-// PASSED), for --fault-from-step without a fault, or at a step a run of `steps` steps never reaches.
-// Then arms the run's fault (common/faults/faults.h).
-void check_fault_options(const FaultOptions& options, bool verify, std::int64_t steps);
+// Arms the run's fault (common/faults/faults.h) once its flags hold: a UsageError for --fault without
+// --verify (nothing would catch it: the run would train wrong and end PASSED), for --fault-from-step
+// without a fault, or at a step a run of `steps` steps never reaches.
+void arm_faults(const FaultOptions& options, bool verify, std::int64_t steps);
 
 // Thrown once the error has been printed (by the rank that saw it): run() returns `code` quietly.
 struct ReportedError {

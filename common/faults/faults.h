@@ -1,6 +1,6 @@
 // The run's fault: --fault NAME from --fault-from-step K, a bug made on purpose so that --verify can be
 // seen, and tested, to catch one that begins at any step. One per process, armed once from the flags
-// (cli::check_fault_options) before the first step. The loop never mentions it: the step it is at comes
+// (cli::arm_faults) before the first step. The loop never mentions it: the step it is at comes
 // from the loop's own markers (verify::StepCheck's begin_step and check_update, which every chapter
 // calls, checked or not), and the fault acts where the chapter installed it below its fence, through
 // the seams that exist: a communicator decorator (communicator.h), a communication hook, a hook at the
@@ -8,8 +8,8 @@
 //
 // A fault of the layer code acts wherever that code runs in the process (a reference that runs the same
 // layers makes the same mistake, as it would with a real bug: only one that shares none of that code
-// sees it), unless the chapter placed it on one object (`place`): then the code asks with `this`, and
-// the fault acts there alone (the run's model, not the reference's).
+// sees it). Code that asks with `this` asks for a fault of its own object: that acts only on the objects
+// the chapter placed it on (`place`: the run's model, not the reference's), and nowhere if none.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,8 +23,8 @@ namespace course::faults {
 void arm(const std::string& name, std::int64_t from_step);
 // Whether the armed fault is `name`, at any step: to install its seam only when it is the run's.
 bool armed(std::string_view name);
-// Whether fault `name` acts now: it is armed, the step begun is `from_step` or later, and it was placed
-// nowhere or on `where`.
+// Whether fault `name` acts now: it is armed, the step begun is `from_step` or later, and, asked for an
+// object (`where`), it was placed on that object.
 bool active(std::string_view name, const void* where = nullptr);
 
 // The loop's markers (verify::StepCheck calls them): step `step` begins (the hooks of `on_step_begin`

@@ -1,15 +1,10 @@
 // The cross-entropy on the CPU: rows.h's row formulas, on float rows or on 16-bit rows widened a row at
 // a time (llm.c's fused classifier), and the count of targets that are not ignored.
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <stdexcept>
-#include <vector>
 
 #include "common/kernels/cpu_kernels.h"
 #include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rounded.h"
 
 namespace course {
 using namespace cpu_loops;

@@ -1,14 +1,10 @@
 // Element-wise kernels on the CPU: the binary and unary ops, their broadcasts and 16-bit forms, conversions
 // and scaling; the shared formulas are math.h's, in explicitly rounded operations.
 #include <algorithm>
-#include <array>
-#include <cmath>
-#include <stdexcept>
 #include <vector>
 
 #include "common/kernels/cpu_kernels.h"
 #include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rounded.h"
 
 namespace course {

@@ -1,14 +1,7 @@
 // The embedding's lookup on the CPU and its gradient, each row added in increasing position.
 #include <algorithm>
-#include <array>
-#include <cmath>
-#include <stdexcept>
-#include <vector>
 
 #include "common/kernels/cpu_kernels.h"
-#include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rounded.h"
 
 namespace course {
 using namespace cpu_loops;

@@ -1,14 +1,8 @@
 // Layer norm on the CPU: rows.h's row formulas in lanes, the parameters' gradients in two-stage column
 // sums (the GPU's order).
-#include <algorithm>
-#include <array>
-#include <cmath>
-#include <stdexcept>
-#include <vector>
 
 #include "common/kernels/cpu_kernels.h"
 #include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rounded.h"
 
 namespace course {

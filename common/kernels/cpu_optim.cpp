@@ -1,15 +1,10 @@
 // The optimizers' updates on the CPU: SGD, and AdamW over a list of tensors in the GPU's chunks
 // (multi_tensor.h), each with math.h's formula.
 #include <algorithm>
-#include <array>
-#include <cmath>
-#include <stdexcept>
 #include <vector>
 
 #include "common/kernels/cpu_kernels.h"
-#include "common/kernels/cpu_vector.h"
 #include "common/kernels/multi_tensor.h"
-#include "common/kernels/rounded.h"
 
 namespace course {
 using namespace cpu_loops;

@@ -1,14 +1,9 @@
 // Reductions on the CPU: a tensor's sum, column sums in the GPU's two stages, clipping's sum of squares
 // in the CUDA kernel's tiling.
-#include <algorithm>
 #include <array>
 #include <cmath>
-#include <stdexcept>
-#include <vector>
 
 #include "common/kernels/cpu_kernels.h"
-#include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rounded.h"
 
 namespace course {

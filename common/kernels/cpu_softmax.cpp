@@ -1,14 +1,8 @@
 // Softmax by rows on the CPU, causal or not, and its gradient, summed in double.
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <stdexcept>
-#include <vector>
 
 #include "common/kernels/cpu_kernels.h"
-#include "common/kernels/cpu_vector.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rounded.h"
 
 namespace course {
 using namespace cpu_loops;

@@ -2,15 +2,10 @@
 // strided-batched GEMMs, the softmax rows in lanes), and FlashAttention's entry points (cuda_flash_attention.cu).
 #include "common/kernels/cuda_flash_attention.h"
 
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

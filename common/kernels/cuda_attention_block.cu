@@ -1,14 +1,7 @@
 // Ring attention's blocks on the GPU (context parallelism): one query block against one key-value block,
 // its running max and sum kept for the online softmax, and their gradients.
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

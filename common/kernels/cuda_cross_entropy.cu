@@ -1,14 +1,9 @@
 // The cross-entropy on the GPU: a row in kLanes lanes (rows.h's formulas), on float logits or on 16-bit
 // logits read where they lie (llm.c's fused classifier), and the count of targets not ignored.
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
 #include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

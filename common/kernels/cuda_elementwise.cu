@@ -1,14 +1,8 @@
 // Element-wise kernels on the GPU, a thread per element: the binary and unary ops, their broadcasts and
 // 16-bit forms, conversions and scaling, each math.h's formula in explicitly rounded operations.
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
 #include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

@@ -1,15 +1,7 @@
 // The embedding's lookup on the GPU; its gradient is CUB's stable sort by id (cuda_embedding_backward.cu).
 #include "common/kernels/cuda_embedding_backward.h"
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

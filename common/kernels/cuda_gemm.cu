@@ -6,15 +6,7 @@
 
 #include "common/kernels/cublas_library.h"
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

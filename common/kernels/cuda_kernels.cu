@@ -1,13 +1,7 @@
 // CUDA kernels, the same interface as the CPU's (cuda_kernels.h lists where each family lives): here the
 // fills, copies, dropout and index checks, and the backend's one instance.
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
 #include "common/tensor/random.h"
 
 namespace course {

@@ -1,14 +1,8 @@
 // Layer norm on the GPU: a row in kLanes lanes (rows.h's formulas), the parameters' gradients in the
 // two-stage column sums.
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
 #include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

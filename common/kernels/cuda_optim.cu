@@ -1,14 +1,10 @@
 // The optimizers' updates on the GPU: SGD a thread per element, AdamW over a list of tensors in one
 // launch (multi-tensor apply, multi_tensor.h), each math.h's formula.
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
 #include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

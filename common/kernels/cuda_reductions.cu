@@ -1,14 +1,8 @@
 // Reductions on the GPU in fixed orders, never atomics: a tensor's sum, column sums in two stages, the
 // sum of squares in the tiling squares_tiled models on the CPU.
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;

@@ -1,13 +1,7 @@
 // Softmax by rows on the GPU, a thread per row, summed in double, and its gradient.
-#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "common/kernels/cuda_kernels.h"
-#include "common/kernels/half.h"
-#include "common/kernels/multi_tensor.h"
-#include "common/kernels/rows.h"
-#include "common/tensor/random.h"
 
 namespace course {
 using namespace cuda_launch;
