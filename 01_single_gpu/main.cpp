@@ -166,7 +166,8 @@ int train(const Options& o, Device device, metrics::MetricsWriter& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Chapter 01: train the house-price model on one device (forward, backward, step, zero_grad)"};
+  cli::Program program{"Chapter 01: train the house-price model on one device (forward, backward, step, zero_grad)"};
+  CLI::App& app = program.app();
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_save_option(app, o.save);
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--activation", o.activation, "relu or gelu (mlp)")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
-  return cli::run(app, argc, argv, [&] {
+  return program.run(argc, argv, [&] {
     const bool mlp = o.model == "mlp";
     cli::check_memory(cli::mlp_training_bytes(o.mlp.samples, mlp ? o.mlp.features : 2, mlp ? o.mlp.hidden : 0, mlp ? o.mlp.layers : 0,
                                               o.batch_size),

@@ -217,7 +217,8 @@ int compare(const Options& o, Device device, metrics::MetricsWriter& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Chapter 02: gradient accumulation, checked against one big batch"};
+  cli::Program program{"Chapter 02: gradient accumulation, checked against one big batch"};
+  CLI::App& app = program.app();
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_save_option(app, o.save);
@@ -230,7 +231,7 @@ int main(int argc, char** argv) {
   app.add_option("--accum", o.accum, "Micro-batches per optimizer step (k)")
       ->check(cli::PositiveInteger)->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the dataset")->check(cli::PositiveInteger)->capture_default_str();
-  return cli::run(app, argc, argv, [&] {
+  return program.run(argc, argv, [&] {
     if (o.micro_batch > o.mlp.samples / o.accum)
       throw UsageError("--micro-batch: " + std::to_string(o.micro_batch) + " x --accum " + std::to_string(o.accum) +
                        " is more than the " + std::to_string(o.mlp.samples) + " samples (--samples)");

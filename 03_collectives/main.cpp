@@ -125,7 +125,8 @@ bool demonstrate(comm::Communicator& c, Device device) {
 // algorithm beside the library and the alpha-beta model.
 int main(int argc, char** argv) {
   comm::Environment env(argc, argv);
-  CLI::App app{"Chapter 03: collective communication, demonstrated and benchmarked (run under mpirun)"};
+  cli::Program program{"Chapter 03: collective communication, demonstrated and benchmarked (run under mpirun)"};
+  CLI::App& app = program.app();
   Options o;
   cli::add_common_options(app, o.common);
   cli::add_distributed_options(app, o.distributed);
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
   app.add_option("--ops", o.ops,
                  "Collectives to benchmark (default all): all_reduce broadcast reduce all_gather reduce_scatter")
       ->delimiter(',');
-  return cli::run(app, argc, argv, [&] {
+  return program.run(argc, argv, [&] {
     // One float per element; 4 GiB keeps every element count within one MPI call.
     chapter03::BenchOptions bench{cli::parse_bytes(o.min_bytes, "-b", 4, std::size_t{1} << 32),
                                   cli::parse_bytes(o.max_bytes, "-e", 4, std::size_t{1} << 32),

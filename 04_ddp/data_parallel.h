@@ -18,6 +18,7 @@
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
 #include "common/parallel/comm_hooks.h"  // CommHook: how one gradient travels (the default all-reduces)
+#include "common/parallel/comm_stats.h"  // what stats() says, as DistributedDataParallel
 #include "common/parallel/replicas.h"    // parameters_identical
 
 namespace course::chapter04 {
@@ -49,7 +50,7 @@ class DataParallelNaive {
       hook_(group_, gradient)->wait();
     }
     bytes_ += group_.bytes_sent() - bytes_before;
-    communication_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    communication_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
   }
 
   // PyTorch's register_comm_hook, here per gradient: what to do instead of the plain average.
@@ -58,10 +59,9 @@ class DataParallelNaive {
   // True when every rank holds bit-identical parameters. Collective.
   bool parameters_identical() { return parallel::parameters_identical(group_, parameters_); }
 
-  // Time spent in all_reduce_gradients since the last call (ms); bytes sent since construction.
-  double take_communication_ms() { return std::exchange(communication_ms_, 0.0); }
-  std::int64_t bytes_communicated() const { return bytes_; }
-  std::size_t messages_per_step() const { return parameters_.size(); }
+  // One all-reduce per parameter; the bytes sent since construction; the last all_reduce_gradients'
+  // time, all of it exposed (nothing overlaps it).
+  parallel::CommStats stats() const { return {parameters_.size(), bytes_, communication_ms_}; }
 
  private:
   std::shared_ptr<nn::Module> module_;

@@ -289,8 +289,8 @@ TEST(DataParallelNaive, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
   loss(*gpt).backward();
   loss(*local).backward();
   ddp.all_reduce_gradients();
-  EXPECT_EQ(ddp.messages_per_step(), gpt->parameters().size());
-  EXPECT_EQ(ddp.bytes_communicated(), 4 * gpt->parameter_count());
+  EXPECT_EQ(ddp.stats().messages_per_step, gpt->parameters().size());
+  EXPECT_EQ(ddp.stats().bytes, 4 * gpt->parameter_count());
   EXPECT_TRUE(ddp.parameters_identical());  // the broadcast made them so, whatever each rank's seed
   Tensor expected = local->wte.grad();
   world().all_reduce(expected, comm::ReduceOp::average);

@@ -1,6 +1,6 @@
 // The op kernels, declared once. The CPU backend is the reference (cpu_kernels.h: a file per op family);
 // the CUDA backend implements the same interface for the GPU, family by family (cuda_kernels.h), and
-// tests/kernel_parity_test.cpp checks one against the other.
+// tests/kernel_parity_*.cpp check one against the other, a file to a family.
 // Kernels take raw pointers and sizes; shapes, broadcasting rules and autograd live in common/ops.
 #pragma once
 #include <cstddef>

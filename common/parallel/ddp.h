@@ -17,6 +17,7 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
+#include "common/parallel/comm_stats.h"
 #include "common/parallel/reducer.h"
 
 namespace course::parallel {
@@ -52,9 +53,13 @@ class DistributedDataParallel {
   // True when every rank of the group holds bit-identical parameters (parallel::parameters_identical).
   bool parameters_identical();
 
-  // How many times the gradients were synchronised (once per backward outside no_sync). How long the
-  // communication took is the reducer's to say, by its one clock: reducer().exposed_ms(), last_timeline().
+  // How many times the gradients were synchronised (once per backward outside no_sync).
   long synchronisations() const { return synchronisations_; }
+  // One all-reduce per bucket; the bytes sent; the last backward's exposed communication, by the
+  // reducer's one clock (its last_timeline() has the buckets' times).
+  CommStats stats() const {
+    return {reducer_.buckets().size(), reducer_.bytes_communicated(), reducer_.exposed_ms()};
+  }
 
  private:
   void on_gradient_ready(std::size_t index);
