@@ -13,11 +13,10 @@ namespace course::chapter04 {
 
 std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                                               const parallel::DistributedSampler& sampler, const nn::Module& model,
-                                              std::int64_t local_batch, std::int64_t total_steps,
-                                              const optim::Recipe& training, ShareStep share_step) {
+                                              std::int64_t local_batch,
+                                              optim::Recipe& training, ShareStep share_step) {
   return std::make_unique<verify::DataParallelCheck>(
       verify::DataParallelCheck::Run{group, model, training}, [&] { return task.make_model(o.common.seed); },
-      verify::DataParallelCheck::RecipeSettings{o.optimizer, o.training.lr, total_steps},
       verify::rounding_of(o.precision.reduce()),  // --reduce-dtype bf16|fp16: the parts added in 16 bits
       [&sampler, local_batch](std::int64_t step) { return sampler.global_batch(step, local_batch); },
       [&training, share_step = std::move(share_step)](nn::Module& reference, const std::vector<std::int64_t>& share) {

@@ -26,8 +26,8 @@ using ShareStep = verify::DataParallelCheck::ShareStep;
 // gradient loss is the step's over the global batch.
 std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                                               const parallel::DistributedSampler& sampler, const nn::Module& model,
-                                              std::int64_t local_batch, std::int64_t total_steps,
-                                              const optim::Recipe& training, ShareStep share_step);
+                                              std::int64_t local_batch,
+                                              optim::Recipe& training, ShareStep share_step);
 
 // The run's --fault, on its DDP: a communication hook that averages wrongly (average-twice,
 // skip-rank-share), or the last replica's update astray (stray-replica); adamw-decay is a slip of the

@@ -64,11 +64,13 @@ int train(const Options& o, cli::Session& session) {
   auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
   chapter04::DataParallelNaive ddp(model, group, o.precision.reduce());  // --reduce-dtype: fp32 unless asked
   const std::int64_t total_steps = steps_to_take(o, sampler.steps_per_epoch(local_batch));
-  optim::Recipe training(o.optimizer, model->parameters(), o.training.lr, total_steps, o.precision.dtype(), &group,
-                         o.precision.loss_scale);
+  optim::Recipe training(model->parameters(),
+                         {.name = o.optimizer, .lr = o.training.lr, .total_steps = total_steps,
+                          .precision = o.precision.dtype(), .loss_scale = o.precision.loss_scale},
+                         &group);
   // --verify: one rank beside the run, in lock-step, its step the lesson's own (checks.h); and --fault.
   const auto check = verify::check_if(o.verify, [&] {
-    return make_check(o, task, group, sampler, *model, local_batch, total_steps, training,
+    return make_check(o, task, group, sampler, *model, local_batch, training,
                       [&](nn::Module& m, const std::vector<std::int64_t>& share) {
                         return forward_backward(m, task, share, o.accum, training);
                       });
@@ -90,7 +92,7 @@ int train(const Options& o, cli::Session& session) {
     //    step whose gradient overflowed is skipped by every rank).
     const Tensor norm = training.step(step);
     check->check_update(step, optim::norm_value(norm));
-    if (!report.end_step(step, loss, ddp.take_communication_ms(), check->take_ms())) break;  // diverged
+    if (!report.end_step(step, loss, ddp.stats().exposed_ms, check->take_ms())) break;  // diverged
   }
   return report.finish(ddp.parameters_identical(), *check);
 }

@@ -75,7 +75,8 @@ bool Report::end_step(std::int64_t step, float loss, double communication_ms, do
 // `reversed`, each batch's samples come in reverse order: the same sums, added in another order.
 std::vector<float> Report::single_rank_run(bool reversed) const {
   auto model = task_.make_model(o_.common.seed);
-  optim::Recipe training(o_.optimizer, model->parameters(), o_.training.lr, total_steps_, o_.precision.dtype());
+  optim::Recipe training(model->parameters(), {.name = o_.optimizer, .lr = o_.training.lr, .total_steps = total_steps_,
+                                                .precision = o_.precision.dtype()});
   for (std::int64_t step = 0; step < total_steps_; ++step) {
     auto batch = sampler_.global_batch(step, local_batch_);
     if (reversed) std::reverse(batch.begin(), batch.end());

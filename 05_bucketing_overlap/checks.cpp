@@ -12,7 +12,7 @@ namespace course::chapter05 {
 
 std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                                               const parallel::DistributedSampler& sampler, std::int64_t local_batch,
-                                              const optim::Recipe& training, const nn::Module& model) {
+                                              optim::Recipe& training, const nn::Module& model) {
   // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
   const verify::Rounding rounding = o.comm_hook == "fp16"   ? verify::kFloat16Rounding
                                     : o.comm_hook == "bf16" ? verify::kBfloat16Rounding
@@ -20,7 +20,7 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
   return std::make_unique<verify::DataParallelCheck>(
       verify::DataParallelCheck::Run{group, model, training, /*loss_is_local=*/true},
       [&] { return task.make_model(o.common.seed); },
-      verify::DataParallelCheck::RecipeSettings{"sgd", o.training.lr, o.training.steps}, rounding,
+      rounding,
       [&sampler, local_batch](std::int64_t step) { return sampler.global_batch(step, local_batch); },
       verify::DataParallelCheck::as_the_recipe_computes(training, task));
 }

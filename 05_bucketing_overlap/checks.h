@@ -21,7 +21,7 @@ namespace course::chapter05 {
 // hook's sums where one is chosen. The loss it is given is this rank's: the check averages it over the ranks.
 std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                                               const parallel::DistributedSampler& sampler, std::int64_t local_batch,
-                                              const optim::Recipe& training, const nn::Module& model);
+                                              optim::Recipe& training, const nn::Module& model);
 
 // Where the messages of a step lie: how many there are, and where the first one's last gradient
 // begins in its buffer (launch-early keeps that gradient this rank's own).

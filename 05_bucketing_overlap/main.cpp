@@ -52,15 +52,9 @@ std::vector<Mode> modes(const Options& o) {
   return {per_parameter, flat, buckets, overlap};
 }
 
-// Where each kind of DDP synchronises, and what it can say about it afterwards.
+// Where each kind of DDP synchronises (both say what it cost through the same stats()).
 void synchronise(chapter04::DataParallelNaive& ddp) { ddp.all_reduce_gradients(); }  // now, gradient by gradient
 void synchronise(parallel::DistributedDataParallel&) {}  // already done: the buckets went out during backward
-double exposed_ms(chapter04::DataParallelNaive& ddp) { return ddp.take_communication_ms(); }  // all of it
-double exposed_ms(parallel::DistributedDataParallel& ddp) { return ddp.reducer().exposed_ms(); }
-std::size_t messages(chapter04::DataParallelNaive& ddp) { return ddp.messages_per_step(); }
-std::size_t messages(parallel::DistributedDataParallel& ddp) { return ddp.reducer().buckets().size(); }
-std::int64_t bytes(chapter04::DataParallelNaive& ddp) { return ddp.bytes_communicated(); }
-std::int64_t bytes(parallel::DistributedDataParallel& ddp) { return ddp.reducer().bytes_communicated(); }
 
 // --comm-hook, the function that sends a bucket (below the fence).
 void install_hook(const Options& o, chapter04::DataParallelNaive& ddp);
@@ -72,8 +66,10 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
   nn::Module& model = ddp.module();
   install_hook(o, ddp);  // --comm-hook: how a bucket is sent
   // SGD in the run's precision (--precision: fp16 scales the loss, common/optim/recipe.h).
-  optim::Recipe training("sgd", model.parameters(), o.training.lr, steps, o.precision.dtype(), &group,
-                         o.precision.loss_scale);
+  optim::Recipe training(model.parameters(),
+                         {.name = "sgd", .lr = o.training.lr, .total_steps = steps, .precision = o.precision.dtype(),
+                          .loss_scale = o.precision.loss_scale},
+                         &group);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local = global_batch / group.size();
   const auto check = verify::check_if(o.verify, [&] {  // --verify: one rank beside the run, in lock-step
@@ -84,15 +80,14 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
   for (std::int64_t step = 0; step < steps; ++step) {
     check->begin_step(step);
     const auto share = sampler.batch(step, local);
-    if (step == 1) bytes_before = bytes(ddp);
+    if (step == 1) bytes_before = ddp.stats().bytes;
     group.barrier();  // every rank starts the step together, so the times compare
     const auto begin = Clock::now();
     // With the Reducer, the buckets' all-reduces run inside backward, overlapped or at its end.
     const Tensor loss = training.forward_backward([&] { return task.loss(model, share); });
     synchronise(ddp);  // chapter 04's all-reduces run here
-    training.unscale_();  // fp16: the averaged gradients divided by the loss scale again
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
-    const double exposed = exposed_ms(ddp);
+    const double exposed = ddp.stats().exposed_ms;
     if (step > 0) {  // the first step allocates and rebuilds the buckets
       result.step_ms += step_ms / static_cast<double>(steps - 1);
       result.exposed_ms += exposed / static_cast<double>(steps - 1);
@@ -101,8 +96,8 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
     training.step(step);  // in fp16, skipped by every rank if the gradient overflowed
     check->check_update(step, 0.0);  // SGD, unclipped
   }
-  result.messages = messages(ddp);
-  result.bytes_per_step = (bytes(ddp) - bytes_before) / std::max<std::int64_t>(1, steps - 1);
+  result.messages = ddp.stats().messages_per_step;
+  result.bytes_per_step = (ddp.stats().bytes - bytes_before) / std::max<std::int64_t>(1, steps - 1);
   result.parameters = model.parameters_to_host();
   if (check->checks()) result.check = check->finish();
   return result;
@@ -201,7 +196,7 @@ void sweep_buckets(const Options& o, comm::Communicator& group, const nn::Traini
 // --comm-hook, and --fault around it. Chapter 04 sends one message per gradient, its last gradient the
 // whole message; the Reducer's buckets are read when the hook runs (they are rebuilt after step 0).
 void install_hook(const Options& o, chapter04::DataParallelNaive& ddp) {
-  const Messages layout{ddp.messages_per_step(), 0};
+  const Messages layout{ddp.stats().messages_per_step, 0};
   ddp.register_comm_hook(with_fault(parallel::comm_hook_named(o.comm_hook), [layout] { return layout; }));
 }
 void install_hook(const Options& o, parallel::DistributedDataParallel& ddp) {

@@ -31,15 +31,17 @@ Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communica
   parallel::ReducerOptions reduce;
   reduce.reduce_dtype = o.precision.reduce();  // --reduce-dtype: gradients averaged in 16 bits
   ddp = std::make_unique<parallel::DistributedDataParallel>(model, group, reduce);
-  recipe = std::make_unique<optim::Recipe>(recipe_of(o), model->parameters(), o.training.lr, o.training.steps,
-                                           o.precision.dtype(), &group, o.precision.loss_scale);
+  recipe = std::make_unique<optim::Recipe>(
+      model->parameters(),
+      optim::RecipeOptions{.name = recipe_of(o), .lr = o.training.lr, .total_steps = o.training.steps,
+                           .precision = o.precision.dtype(), .loss_scale = o.precision.loss_scale},
+      &group);
 }
 
 float Trainer::forward_backward(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t position,
                                 std::int64_t global_batch, comm::Communicator& group) {
   auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
   const Tensor loss = recipe->forward_backward([&] { return task.loss(*model, share); });  // DDP averages in backward
-  recipe->unscale_();  // fp16: divided by the loss scale again
   return comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
 }
 

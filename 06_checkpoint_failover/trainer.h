@@ -32,7 +32,7 @@ struct Trainer {
   optim::Optimizer& optimizer() { return recipe->optimizer(); }
 
   // Chapter 04's step, in two: forward and backward on this rank's share of the global batch at
-  // `position` of the sample stream, the gradients averaged (DDP, during backward) and unscaled; returns
+  // `position` of the sample stream, the gradients averaged (DDP, during backward); returns
   // the global batch's loss. Then the update of step `step`; returns the gradients' norm before clipping.
   float forward_backward(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t position,
                          std::int64_t global_batch, comm::Communicator& group);

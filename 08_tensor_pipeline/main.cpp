@@ -45,8 +45,10 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
   // AdamW, warm-up and cosine decay, as GPT-2 trains (the course's adamw recipe); the clip is the grid's
   // own. With --precision bf16|fp16 the parameters stay float32 masters and the forward runs under
   // autocast; fp16's loss scale is agreed over the whole grid, every rank skipping the same steps.
-  optim::Recipe training("adamw", run.model->parameters(), o.training.lr, o.training.steps, o.precision.dtype(),
-                         &topology.world(), o.precision.loss_scale);
+  optim::Recipe training(run.model->parameters(),
+                         {.name = "adamw", .lr = o.training.lr, .total_steps = o.training.steps,
+                          .precision = o.precision.dtype(), .loss_scale = o.precision.loss_scale},
+                         &topology.world());
   // --verify: the unsharded model beside the grid, in lock-step (verify_grid.h); without it, no check.
   const auto check = verify::check_if(verified, [&] { return std::make_unique<GridCheck>(o, task, run, topology, training); });
   StepFigures figures(o.training.steps);
@@ -67,7 +69,6 @@ GridRun train_grid(const Options& o, const ChapterTask& task, parallel::Topology
     parallel::finish_gradients(*run.model);
     // The replicas' mean (with --cp each rank's loss is its tokens' share times CP: averaged with them).
     const float loss = comm::all_reduce_scalar(topology.dp_cp_group(), result.loss, comm::ReduceOp::average);
-    training.unscale_();  // fp16: the loss scale undone before the check and the clip
     check->check_gradient(step, loss);
     // 3. Clip by the whole model's norm, summed over TP and the stages, and step (fp16 skips a step
     //    whose gradients overflowed anywhere in the grid).

@@ -10,7 +10,7 @@
 namespace course::chapter08 {
 
 GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology,
-                     const optim::Recipe& training)
+                     optim::Recipe& training)
     : o_(o), task_(task), run_(run), topology_(topology), training_(training), stream_(task.task.size, o.common.seed) {
   // The tensor-parallel group's sums are inside each micro-batch's computation, so a reference that
   // repeats a 16-bit micro-batch in one process (verify/model_parallel_reference.h) must add its float32
@@ -18,8 +18,7 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   // unchecked run adds as its backend likes.
   if (topology.tp_size() > 1) topology.tp_group().add_in_ring_order();
   reference_ = verify::make_reference([&] { return task.task.make_model(o.common.seed); });
-  trainer_ = std::make_unique<optim::Recipe>("adamw", reference_->parameters(), o.training.lr, o.training.steps,
-                                              o.precision.dtype());
+  trainer_ = std::make_unique<optim::Recipe>(reference_->parameters(), training.options());
   // One copy of every element: the first replica's, the TP rank's that holds it (TP rank 0 for what
   // every TP rank holds whole), the first stage's tied table.
   gather_ = std::make_unique<verify::WholeModelGather>(*run.model, *reference_, topology.world(),
@@ -84,6 +83,7 @@ void GridCheck::on_begin_step(std::int64_t step) {
 }
 
 void GridCheck::on_check_gradient(std::int64_t step, float loss) {
+  training_.unscale_();  // fp16: the gradients the update will use (step() would unscale them next; once either way)
   const optim::Recipe& training = training_;
   MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);

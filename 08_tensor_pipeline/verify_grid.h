@@ -33,7 +33,7 @@ class GridCheck final : public verify::StepCheck {
  public:
   // `training`: the run's recipe, whose autocast and loss scale the reference computes with.
   GridCheck(const Options& o, const ChapterTask& task, const GridRun& run, parallel::Topology& topology,
-            const optim::Recipe& training);
+            optim::Recipe& training);
 
  protected:
   void on_begin_step(std::int64_t step) override;  // the grid's parameters: the predicted ones?
@@ -47,7 +47,7 @@ class GridCheck final : public verify::StepCheck {
   const ChapterTask& task_;
   const GridRun& run_;
   parallel::Topology& topology_;
-  const optim::Recipe& training_;
+  optim::Recipe& training_;  // check_gradient unscales its gradients (fp16), as its step() would
   data::SampleStream stream_;  // the reference's own copy of the sample order
   std::shared_ptr<nn::Module> reference_;
   std::unique_ptr<optim::Recipe> trainer_;  // the run's recipe

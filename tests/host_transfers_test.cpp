@@ -76,7 +76,7 @@ TEST(HostTransfers, ARecipeStepReadsItsLossAndInFp16ItsOverflowCheckOnce) {
     nn::GPTConfig config;
     config.n_layer = 2, config.n_head = 2, config.n_embd = 32, config.block_size = 16, config.vocab_size = 11;
     nn::GPT gpt(config, Device::cpu, 3);
-    optim::Recipe recipe("adamw", gpt.parameters(), 1e-3f, 100, precision);
+    optim::Recipe recipe(gpt.parameters(), {.name = "adamw", .lr = 1e-3f, .total_steps = 100, .precision = precision});
     std::vector<float> ids(64), targets(64);
     for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>(i * 7 % 11), targets[i] = static_cast<float>(i * 5 % 11);
     const Tensor x = Tensor::from_host(ids, {4, 16}), y = Tensor::from_host(targets, {64});

@@ -16,9 +16,11 @@ GradScalerOptions scaling_for(DType precision, float init_scale) {
 }
 }  // namespace
 
-Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps,
-               DType precision, comm::Communicator* group, float init_scale)
-    : precision_(precision), scaler_(scaling_for(precision, init_scale), group) {
+Recipe::Recipe(const std::vector<Tensor>& params, const RecipeOptions& options, comm::Communicator* group)
+    : options_(options), scaler_(scaling_for(options.precision, options.loss_scale), group) {
+  const std::string& name = options.name;
+  const float lr = options.lr;
+  const std::int64_t total_steps = options.total_steps;
   if (name == "sgd") {
     optimizer_ = std::make_unique<SGD>(params, lr);
   } else if (name == "adam") {
@@ -35,7 +37,7 @@ Recipe::Recipe(const std::string& name, const std::vector<Tensor>& params, float
 }
 
 Tensor Recipe::forward_backward(const std::function<Tensor()>& forward) const {
-  return optim::forward_backward(precision_, scaler_, forward);
+  return optim::forward_backward(options_.precision, scaler_, forward);
 }
 
 float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {

@@ -31,13 +31,21 @@ struct AdamWSettings {
 };
 inline constexpr AdamWSettings kGpt2AdamW{};
 
+// A recipe by name, as a chapter's flags give it:
+//   optim::Recipe training(model.parameters(), {.name = "adamw", .lr = 6e-4f, .total_steps = 1000});
+struct RecipeOptions {
+  std::string name = "sgd";          // sgd, adam or adamw (--optimizer)
+  float lr = 1e-3f;                  // the peak rate (--lr)
+  std::int64_t total_steps = 1;      // the run's length, which adamw's schedule spans (--steps)
+  DType precision = DType::float32;  // the type autocast computes in (--precision); float16 scales the loss
+  float loss_scale = 65536.0f;       // float16's first loss scale (--loss-scale)
+};
+
 class Recipe {
  public:
-  // Throws std::invalid_argument for a name other than sgd, adam or adamw.
-  // `precision`: the type autocast computes in; float16 turns loss scaling on from `init_scale`, its
-  // inf/NaN check agreed over `group` (the ranks whose gradients are averaged).
-  Recipe(const std::string& name, const std::vector<Tensor>& params, float lr, std::int64_t total_steps,
-         DType precision = DType::float32, comm::Communicator* group = nullptr, float init_scale = 65536.0f);
+  // Throws std::invalid_argument for a name other than sgd, adam or adamw. In float16 the inf/NaN check
+  // of the gradients is agreed over `group` (the ranks whose gradients are averaged).
+  Recipe(const std::vector<Tensor>& params, const RecipeOptions& options, comm::Communicator* group = nullptr);
 
   // Forward and backward in the recipe's precision, so that a training loop reads forward-backward, step:
   // `forward` runs under autocast (off in float32) and returns the loss; backward starts from it times
@@ -67,7 +75,8 @@ class Recipe {
   float reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const;
   const GradScaler& scaler() const { return scaler_; }
   void load_scaler_state(const GradScalerState& state) { scaler_.load_state(state); }
-  DType precision() const { return precision_; }
+  DType precision() const { return options_.precision; }
+  const RecipeOptions& options() const { return options_; }
   // Set the rate of `step` (counted from 0 over the whole run, so a resumed run continues the
   // schedule), update, clear the gradients: the step without clipping, for a caller that has clipped
   // (the lock-step reference repeats the run's update with the run's own clipping).
@@ -81,7 +90,7 @@ class Recipe {
   std::unique_ptr<Optimizer> optimizer_;
   std::shared_ptr<LRScheduler> schedule_;  // null: a constant rate
   double clip_ = 0.0;                      // 0: no clipping
-  DType precision_;
+  RecipeOptions options_;
   GradScaler scaler_;
   bool skipped_ = false;
 };

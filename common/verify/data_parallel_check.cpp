@@ -8,11 +8,17 @@
 
 namespace course::verify {
 
+namespace {
+optim::RecipeOptions in_float32(optim::RecipeOptions options) {
+  options.precision = DType::float32;
+  return options;
+}
+}  // namespace
+
 DataParallelCheck::DataParallelCheck(Run run, const std::function<std::shared_ptr<nn::Module>()>& make_model,
-                                     const RecipeSettings& recipe, Rounding rounding, GlobalBatch global_batch,
-                                     ShareStep share_step)
+                                     Rounding rounding, GlobalBatch global_batch, ShareStep share_step)
     : run_(run), reference_(make_reference(make_model)),
-      reference_recipe_(std::make_unique<optim::Recipe>(recipe.name, reference_->parameters(), recipe.lr, recipe.total_steps)),
+      reference_recipe_(std::make_unique<optim::Recipe>(reference_->parameters(), in_float32(run.recipe.options()))),
       rounding_(rounding), global_batch_(std::move(global_batch)), share_step_(std::move(share_step)) {}
 
 DataParallelCheck::ShareStep DataParallelCheck::as_the_recipe_computes(const optim::Recipe& run_recipe,
@@ -35,6 +41,7 @@ Lockstep& DataParallelCheck::lockstep() {
 void DataParallelCheck::on_begin_step(std::int64_t step) { lockstep().begin_step(step, run_.model); }
 
 void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
+  run_.recipe.unscale_();  // fp16: the gradients the update will use (step() would unscale them next; once either way)
   const float global_loss = run_.loss_is_local ? comm::all_reduce_scalar(run_.group, loss, comm::ReduceOp::average) : loss;
   const int ranks = run_.group.size();
   const auto global = global_batch_(step);

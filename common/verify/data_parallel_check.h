@@ -28,7 +28,7 @@ class DataParallelCheck : public StepCheck {
   struct Run {
     comm::Communicator& group;
     const nn::Module& model;
-    const optim::Recipe& recipe;
+    optim::Recipe& recipe;  // check_gradient unscales its gradients (fp16), as its step() would
     bool loss_is_local = false;
   };
   // Step `step`'s global batch, the samples the ranks' shares are cut from (DistributedSampler::share_of).
@@ -37,16 +37,12 @@ class DataParallelCheck : public StepCheck {
   // fp16's loss scale undone as the run undoes it); returns the share's loss.
   using ShareStep = std::function<float(nn::Module& reference, const std::vector<std::int64_t>& share)>;
 
-  // The reference's recipe: the run's (--optimizer, --lr, the run's steps) made again over its parameters.
-  struct RecipeSettings {
-    std::string name;
-    float lr;
-    std::int64_t total_steps;
-  };
   // The reference is `make_model()` (the run's architecture and initialisation; make_reference counts it
-  // apart); `rounding`: the format the run adds its parts in.
-  DataParallelCheck(Run run, const std::function<std::shared_ptr<nn::Module>()>& make_model,
-                    const RecipeSettings& recipe, Rounding rounding, GlobalBatch global_batch, ShareStep share_step);
+  // apart), updated by the run's recipe made again over its parameters (the run's options, in float32:
+  // `share_step` computes each share in the run's precision and leaves float32 gradients, unscaled);
+  // `rounding`: the format the run adds its parts in.
+  DataParallelCheck(Run run, const std::function<std::shared_ptr<nn::Module>()>& make_model, Rounding rounding,
+                    GlobalBatch global_batch, ShareStep share_step);
 
   // The reference as the run's recipe computes a share: task.loss on it under the recipe's precision
   // (Recipe::reference_backward).

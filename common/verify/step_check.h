@@ -4,7 +4,7 @@
 // holds `unchecked()` (check_if), which does nothing, so its loop reads the same either way:
 //
 //   check->begin_step(step);              // the parameters: the ones the reference predicted?
-//   ... forward, backward, the gradients averaged and unscaled ...
+//   ... forward, backward, the gradients averaged ...
 //   check->check_gradient(step, loss);    // the gradients (and loss): the reference's over the global batch?
 //   ... clip, step ...
 //   check->check_update(step, norm);      // the update: the optimizer's formula's from those gradients?
@@ -26,8 +26,10 @@ class StepCheck {
  public:
   virtual ~StepCheck() = default;
   void begin_step(std::int64_t step);
-  // After the gradients are final (averaged, unscaled), before clipping. `loss` as the chapter's check
-  // says (the step's over the global batch, or this rank's). Collective.
+  // After the gradients are averaged, before clipping. In fp16 a check unscales them first
+  // (Recipe::unscale_, which the step would call next: once either way), as one reads a GradScaler's
+  // gradients in PyTorch. `loss` as the chapter's check says (the step's over the global batch, or this
+  // rank's). Collective.
   void check_gradient(std::int64_t step, float loss);
   // After the optimizer's step; `norm`: the gradients' norm before clipping (0 without clipping).
   void check_update(std::int64_t step, double norm);
