@@ -4,15 +4,16 @@
 // size). A job that dies resumes from the newest good checkpoint and, because everything that decides
 // the next step was saved, continues to exactly the result it would have reached without the failure:
 // bit for bit at the same world size. scripts/failover.py restarts the job after a failure, as
-// torchrun --max-restarts does. The loop below reads: resume or start, train, save when due, fail when
-// told. Beside it (checks.cpp): with --verify every step, from the one it starts or resumes at, is
-// checked in lock-step against one rank that read the same checkpoint itself; report.cpp the figures.
+// torchrun --max-restarts does. The loop below reads: resume or start, train, save when due. Beside it:
+// checkpoints.cpp loads and saves (and kills a rank when told, --fail-at-step); with --verify every step,
+// from the one it starts or resumes at, is checked in lock-step against one rank that read the same
+// checkpoint itself (checks.cpp); report.cpp the figures.
 #include "06_checkpoint_failover/options.h"         // the chapter's flags
+#include "06_checkpoint_failover/checkpoints.h"     // load and save_if_due: the checkpoints, one file each
 #include "06_checkpoint_failover/checks.h"          // --verify and --fault
 #include "06_checkpoint_failover/report.h"          // the figures and the verdict
 #include "06_checkpoint_failover/trainer.h"         // chapter 04's DDP step and its optimizer
-#include "common/checkpoint/folder.h"               // step_N.safetensors, `latest`, --keep
-#include "common/checkpoint/training_checkpoint.h"  // resume_training and save_training
+#include "common/checkpoint/training_state.h"       // TrainingState: where training stands
 #include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/session.h"                     // device, topology and metrics, set up once
 #include "common/comm/environment.h"                // MPI start-up
@@ -39,8 +40,9 @@ int run(Options& o, cli::Session& session) {
     return std::make_unique<ResumeCheck>(o, task, stream, trainer, group, global_batch);
   });
   Report report(o, session, task, stream, trainer, global_batch);
-  checkpoint::CheckpointFolder folder(o.checkpoints.dir, o.checkpoints.keep);
-  const checkpoint::RunIdentity identity = run_identity(o, task, *trainer.model, global_batch);
+  // Where training stands, saved beside the parameters and Adam's moments: step, sample position, epoch.
+  checkpoint::TrainingState state;
+  Checkpoints checkpoints(o, group, task, trainer, global_batch, state, *check, report, session.metrics);
   log("checkpoint failover: %d ranks, %s, %s lr %g, %lld steps of %lld samples; checkpoint every %lld "
       "steps into %s (keeping %d)%s\n",
       group.size(), task.description.c_str(), trainer.optimizer().name().c_str(), o.training.lr,
@@ -49,18 +51,12 @@ int run(Options& o, cli::Session& session) {
       cli::KillOptions::restart_count() ? (", restart " + std::to_string(cli::KillOptions::restart_count())).c_str() : "");
 
   // 1. Resume or start: with --resume, the newest good checkpoint (a damaged or foreign one is named
-  //    and skipped) restores the parameters, the optimizer's moments and the place in the data.
-  const checkpoint::Start start = checkpoint::resume_training(group, folder, o.checkpoints.resume, identity,
-                                                              *trainer.model, *trainer.recipe, session.metrics,
-                                                              restores_into(*check));
-  checkpoint::TrainingState state = start.state;
-  report.begin(start);
-  const faults::Installation faulty = install_faults(o, trainer, state, state.step, global_batch);
+  //    and skipped) restores the parameters, the optimizer's moments and `state`, the place in the data.
+  const std::int64_t first = checkpoints.load();
+  const faults::Installation faulty = install_faults(o, trainer, state, first, global_batch);
 
-  for (std::int64_t step = state.step; step < o.training.steps; ++step) {
-    // 2. Fail when told: a node lost mid-training (--fail-at-step).
-    o.kill.at_step_start(step, group.rank());
-    // 3. Train: one data-parallel step on the global batch at the saved position, then move on.
+  for (std::int64_t step = first; step < o.training.steps; ++step) {
+    // 2. Train: one data-parallel step on the global batch at the saved position, then move on.
     report.begin_step();
     check->begin_step(step);
     const float loss = trainer.forward_backward(task, stream, state.samples_seen, global_batch, group);
@@ -71,10 +67,8 @@ int run(Options& o, cli::Session& session) {
     state.step = step + 1;
     state.epoch = stream.epoch_of(state.samples_seen);
     if (!report.end_step(step, loss, check->take_ms())) break;  // diverged: the newest checkpoint stays the last good one
-    // 4. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
-    if (checkpoint::writes_checkpoint_at(state.step, o.training.steps, o.checkpoints.every))
-      report.saved(checkpoint::save_training(group, folder, state, identity.config, *trainer.model, *trainer.recipe,
-                                             session.metrics, o.kill.during_save_of(state.step, group.rank())));
+    // 3. Save when due (and at the end): rank 0 writes, atomically, and keeps the newest --keep.
+    checkpoints.save_if_due(state.step);
   }
   return report.finish(state, *check);
 }

@@ -28,13 +28,33 @@ checkpoint::Metadata checkpoint_settings(const Options& o, int stage, const std:
 
 Checkpoints::Checkpoints(const Options& o, bool active, comm::Communicator& group, parallel::ZeroOptimizer& zero,
                          const nn::Module& model, const std::string& description, std::int64_t global_batch)
-    : o_(o), group_(group), zero_(zero), model_(model),
+    : o_(o), active_(active), group_(group), zero_(zero), model_(model),
       settings_(checkpoint_settings(o, zero.options().stage, description, global_batch)) {
   if (active && !o.checkpoints.dir.empty()) folder_.emplace(o.checkpoints.dir, o.checkpoints.keep);
 }
 
 std::int64_t Checkpoints::load() {
-  if (!folder_ || !o_.checkpoints.resume) return 0;
+  if (folder_) prepare();
+  const std::int64_t step = folder_ && o_.checkpoints.resume ? resume() : 0;
+  if (active_) o_.kill.at_step_start(step, group_.rank());  // a node lost, when asked (--fail-at-step)
+  return step;
+}
+
+// A run that refuses (a fresh run's folder holds checkpoints, a file is in a checkpoint's way) has removed
+// nothing; then what writers that died left behind goes (prepare_checkpoint_folder).
+void Checkpoints::prepare() {
+  const checkpoint::ShardedFolder& folder = *folder_;
+  checkpoint::prepare_checkpoint_folder(
+      group_, o_.checkpoints.dir, o_.checkpoints.resume, [&] { return folder.remove_incomplete(); },
+      [&] { return folder.has_checkpoints(); },
+      [&] {
+        return folder.obstruction([&](std::int64_t step) {
+          return checkpoint::writes_checkpoint_at(step, o_.training.steps, o_.checkpoints.every);
+        });
+      });
+}
+
+std::int64_t Checkpoints::resume() {
   const std::int64_t step = parallel::resume_zero_checkpoint(*folder_, group_, zero_, settings_);
   log("resumed from step %lld (%s, %d shards)\n", static_cast<long long>(step), folder_->step_dir(step).c_str(),
       zero_.layout().shards());
@@ -46,7 +66,11 @@ std::int64_t Checkpoints::load() {
 }
 
 void Checkpoints::save_if_due(std::int64_t steps_done) {
-  if (!folder_ || !checkpoint::writes_checkpoint_at(steps_done, o_.training.steps, o_.checkpoints.every)) return;
+  if (folder_ && checkpoint::writes_checkpoint_at(steps_done, o_.training.steps, o_.checkpoints.every)) save(steps_done);
+  if (active_ && steps_done < o_.training.steps) o_.kill.at_step_start(steps_done, group_.rank());  // the next step's start
+}
+
+void Checkpoints::save(std::int64_t steps_done) {
   const auto begin = std::chrono::steady_clock::now();
   const std::size_t bytes = parallel::save_zero_checkpoint(*folder_, group_, zero_, model_, steps_done, settings_,
                                                            o_.kill.during_save_of(steps_done, group_.rank()));

@@ -1,11 +1,13 @@
-// Chapter 07's sharded checkpoints from the run's side: --ckpt-dir's checkpoints (common/parallel/
-// zero_checkpoint.h) loaded and saved in two calls, as chapter 06 loads and saves its own.
+// Chapter 07's sharded checkpoints from the run's side (checkpoint::Checkpointer, as chapter 06 loads and
+// saves its own): --ckpt-dir's checkpoints (common/parallel/zero_checkpoint.h), a shard per rank and an
+// index; and --fail-at-step's kills.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "07_zero/options.h"
+#include "common/checkpoint/checkpointer.h"
 #include "common/checkpoint/sharded.h"
 #include "common/comm/communicator.h"
 #include "common/nn/module.h"
@@ -17,21 +19,27 @@ namespace course::chapter07 {
 checkpoint::Metadata checkpoint_settings(const Options& o, int stage, const std::string& model,
                                          std::int64_t global_batch);
 
-class Checkpoints {
+class Checkpoints final : public checkpoint::Checkpointer {
  public:
-  // `active`: this run writes --ckpt-dir's checkpoints (the chosen stage's run, when --ckpt-dir is given).
+  // `active`: this run writes --ckpt-dir's checkpoints (when --ckpt-dir is given) and may be killed
+  // (--fail-at-step): the chosen stage's run.
   // `model` (its description) and `global_batch` are among the settings a resume must match.
   Checkpoints(const Options& o, bool active, comm::Communicator& group, parallel::ZeroOptimizer& zero,
               const nn::Module& model, const std::string& description, std::int64_t global_batch);
-  // The step to start at: 0, or with --resume the newest good checkpoint's, its state restored into the
-  // optimizer (a damaged one is named and the one before it tried). Collective.
-  std::int64_t load();
+  // Prepares the folder; returns the step to start at: 0, or with --resume the newest good checkpoint's,
+  // its state restored into the optimizer (a damaged one is named and the one before it tried). Collective.
+  std::int64_t load() override;
   // Once `steps_done` steps are done: every rank's shard and rank 0's index, when a checkpoint is due
   // (every --ckpt-every steps, and at the end). Collective.
-  void save_if_due(std::int64_t steps_done);
+  void save_if_due(std::int64_t steps_done) override;
 
  private:
+  void prepare();
+  std::int64_t resume();
+  void save(std::int64_t steps_done);
+
   const Options& o_;
+  bool active_;
   std::optional<checkpoint::ShardedFolder> folder_;
   comm::Communicator& group_;
   parallel::ZeroOptimizer& zero_;

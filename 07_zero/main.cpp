@@ -19,8 +19,6 @@
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards
 #include "common/comm/agree.h"                   // all_reduce_scalar: the ranks' mean loss
-#include "common/checkpoint/resume.h"            // prepare_checkpoint_folder
-#include "common/checkpoint/sharded.h"           // ShardedFolder: one file per rank and an index
 #include "common/cli/precision_options.h"        // --tf32
 #include "common/cli/limits.h"                   // --mem-limit-mb
 #include "common/cli/session.h"                  // device, topology and metrics, set up once
@@ -49,7 +47,7 @@ double ms_since(Clock::time_point begin) {
 struct RunPlan {
   int stage = 0;
   bool prefetch = false;      // stage 3 gathers the next unit ahead
-  bool checkpointed = false;  // --ckpt-dir, --resume and --save apply to this run
+  bool checkpointed = false;  // --ckpt-dir, --resume, --save and --fail-at-step apply to this run
   bool verified = false;      // checked in lock-step against the whole model
 };
 
@@ -73,7 +71,6 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
                                        run.first_step); });
   reset_peak_memory(device);
   for (std::int64_t step = run.first_step; step < o.training.steps; ++step) {
-    if (plan.checkpointed) o.kill.at_step_start(step, group.rank());  // a node lost, when asked
     const auto begin = Clock::now();
     check->begin_step(step);
     const auto share = sampler.batch(step, local_batch);
@@ -125,17 +122,6 @@ int run(const Options& o, cli::Session& session) {
       label.c_str(),
       limit.c_str());
   if (o.kill.armed()) log("fault injection: %s\n", o.kill.describe().c_str());
-  if (!o.checkpoints.dir.empty()) {
-    const checkpoint::ShardedFolder folder(o.checkpoints.dir, o.checkpoints.keep);
-    checkpoint::prepare_checkpoint_folder(
-        group, o.checkpoints.dir, o.checkpoints.resume, [&] { return folder.remove_incomplete(); },
-        [&] { return folder.has_checkpoints(); },
-        [&] {
-          return folder.obstruction([&](std::int64_t step) {
-            return checkpoint::writes_checkpoint_at(step, o.training.steps, o.checkpoints.every);
-          });
-        });
-  }
   bool passed = true;
   std::vector<StageRun> runs;
   if (o.compare) {
