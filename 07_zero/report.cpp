@@ -51,7 +51,7 @@ void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero, 
   run.prefetch = zero.options().prefetch && run.stage == 3;
   run.psi = static_cast<double>(model.parameter_count());
   run.step_ms = run.timed_ms / static_cast<double>(std::max<std::int64_t>(1, o.training.steps - run.first_step - 1));
-  run.precision = zero.precision();
+  run.precision = zero.options().precision;
   run.skipped_steps = zero.scaler().skipped_steps();
   const MemoryStats after = memory_stats(device), host_after = memory_stats(Device::cpu);  // before the gather
   run.offload = zero.options().offload;

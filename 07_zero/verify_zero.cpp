@@ -3,7 +3,6 @@
 
 #include "common/core/memory.h"
 #include "common/data/sampling.h"
-#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 
 namespace course::chapter07 {
@@ -13,10 +12,10 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
                      std::int64_t global_batch, int accum, std::int64_t first_step)
     : task_(task), zero_(zero), group_(group), sampler_(sampler), global_batch_(global_batch), accum_(accum) {
   reference_ = verify::make_reference([&] { return task.make_model(seed); });
-  if (zero.precision() != DType::float32) {
+  if (zero.options().precision != DType::float32) {
     working_ = verify::make_reference([&] {
       auto model = task.make_model(seed);
-      model->to(zero.precision());
+      model->to(zero.options().precision);
       return model;
     });
   }
@@ -27,7 +26,7 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
     adam_->step();
     adam_->zero_grad();
   }, &group, options.max_grad_norm);
-  check_->set_rounding(verify::rounding_of(zero.precision()));  // the run adds its parts in its type
+  check_->set_rounding(verify::rounding_of(zero.options().precision));  // the run adds its parts in its type
   check_->set_optimizer(*adam_);  // and AdamW's formula itself
 }
 
@@ -58,12 +57,8 @@ float ZeroCheck::part(nn::Module& reference, const std::vector<std::int64_t>& ba
     return l.item();
   }
   working_->zero_grad();
-  Tensor l;
-  {
-    Autocast autocast(zero_.precision());
-    l = scale(task_.loss(*working_, batch), weight);
-  }
-  zero_.scale_loss(l).backward();
+  // The run's forward under autocast and backward from the scaled loss (its precision policy).
+  const Tensor l = zero_.mixed_precision().forward_backward([&] { return scale(task_.loss(*working_, batch), weight); });
   // The 16-bit gradients, widened and unscaled (the scale a power of two: exact), as the masters'.
   const float inverse = 1.0f / zero_.scaler().get_scale();
   const auto masters = reference.parameters(), working = working_->parameters();

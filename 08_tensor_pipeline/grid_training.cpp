@@ -12,7 +12,6 @@
 #include "common/parallel/comm_hooks.h"            // --reduce-dtype
 #include "common/core/errors.h"
 #include "common/core/memory.h"                    // peak activations
-#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/distributed_sampler.h"   // share_of: each DP replica's share of it
 #include "common/parallel/replicas.h"            // --fault stray-replica
@@ -197,11 +196,9 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
   const parallel::PipelineLinks links{topology.pp_group(), topology.previous_stage(), topology.next_stage()};
   std::vector<parallel::DistributedDataParallel*> replicas;  // DDP of the stage, or of each chunk
   for (auto& ddp : run.ddp) replicas.push_back(ddp.get());
-  Autocast autocast(training.precision());  // backward runs outside it
   return parallel::run_pipeline(*run.stage, links,
                                 parallel::make_schedule(schedule, p, static_cast<int>(parts.size()), run.stage->chunks()),
-                                ids, targets,
-                                data::AdditionTask::kIgnore, replicas, training.scaler().get_scale());
+                                ids, targets, data::AdditionTask::kIgnore, replicas, &training.mixed_precision());
 }
 
 parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
@@ -221,18 +218,16 @@ parallel::PipelineStep accumulate(GridRun& run, const ChapterTask& task,
   parallel::PipelineStep step;
   for (std::size_t i = 0; i < parts.size(); ++i) {
     const double begin = since();
-    Tensor loss;
-    {
-      Autocast autocast(training.precision());  // fp32: off
-      loss = scale(micro_batch_loss(*run.model, task, parts[i], task.is_gpt() ? batches[i] : data::AdditionTask::Batch{}),
+    const Tensor loss = training.mixed_precision().forward([&] {  // under autocast (fp32: off)
+      return scale(micro_batch_loss(*run.model, task, parts[i], task.is_gpt() ? batches[i] : data::AdditionTask::Batch{}),
                    weight[i]);
-    }
+    });
     step.loss += loss.item();
     const double middle = since();
     step.timeline.push_back({{parallel::PipeOp::forward, static_cast<int>(i)}, begin, middle});
     std::optional<parallel::DistributedDataParallel::NoSyncGuard> accumulate_only;
     if (!run.ddp.empty() && i + 1 < parts.size()) accumulate_only.emplace(*run.ddp.front());
-    training.scale_loss(loss).backward();
+    training.mixed_precision().backward(loss);  // from the loss times fp16's scale
     step.timeline.push_back({{parallel::PipeOp::backward, static_cast<int>(i)}, middle, since()});
   }
   step.step_ms = since();

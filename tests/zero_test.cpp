@@ -122,7 +122,7 @@ Result train(const TrainingRun& run) {
         l = scale(loss(rank * share + m * micro, micro), 1.0f / static_cast<float>(run.accum));
       }
       total += l.item();
-      zero.scale_loss(l).backward();
+      zero.mixed_precision().backward(l);
     }
     Tensor mean_loss = Tensor::from_host({static_cast<float>(total)}, {1});
     group.all_reduce(mean_loss, comm::ReduceOp::average);
@@ -395,7 +395,7 @@ TEST(Zero, MixedStageZeroOnOneRankIsAdamWOnFloat32MastersBitForBit) {
     for (int step = 0; step < 5; ++step) {
       {
         Autocast autocast(dtype);
-        zero.scale_loss(mse_loss((*model)(x), y)).backward();
+        zero.mixed_precision().backward(mse_loss((*model)(x), y));
       }
       zero.step();
       zero.zero_grad();
@@ -442,7 +442,7 @@ TEST(Zero, AnOverflowingFloat16StepIsSkippedByEveryRank) {
     auto train_step = [&] {
       {
         Autocast autocast(DType::float16);
-        zero.scale_loss(mse_loss((*model)(x), y)).backward();
+        zero.mixed_precision().backward(mse_loss((*model)(x), y));
       }
       const double norm = zero.step();
       zero.zero_grad();

@@ -8,7 +8,6 @@
 
 #include "common/comm/agree.h"
 #include "common/kernels/kernels.h"
-#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 
 namespace course::optim {
@@ -108,16 +107,6 @@ void GradScaler::update() {
   }
   unscaled_ = false;
   found_inf_ = false;
-}
-
-Tensor forward_backward(DType precision, const GradScaler& scaler, const std::function<Tensor()>& forward) {
-  Tensor loss;
-  {
-    Autocast autocast(precision);  // float32: off
-    loss = forward();
-  }
-  scaler.scale(loss).backward();
-  return loss;
 }
 
 }  // namespace course::optim

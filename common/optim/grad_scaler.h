@@ -95,9 +95,4 @@ class GradScaler {
   bool unscaled_ = false, found_inf_ = false;
 };
 
-// Forward and backward in a run's precision, the one home of the step chapter 04 writes out: `forward`
-// under autocast in `precision` (off in float32), backward from its loss times `scaler`'s scale (the loss
-// itself unless float16 scales it). Returns the loss. optim::Recipe and parallel::ZeroOptimizer call it.
-Tensor forward_backward(DType precision, const GradScaler& scaler, const std::function<Tensor()>& forward);
-
 }  // namespace course::optim

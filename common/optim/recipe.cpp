@@ -36,10 +36,6 @@ Recipe::Recipe(const std::vector<Tensor>& params, const RecipeOptions& options, 
   }
 }
 
-Tensor Recipe::forward_backward(const std::function<Tensor()>& forward) const {
-  return optim::forward_backward(options_.precision, scaler_, forward);
-}
-
 float Recipe::reference_backward(const std::vector<Tensor>& params, const std::function<Tensor()>& loss) const {
   const Tensor value = forward_backward(loss);
   scaler_.unscale_gradients(params);

@@ -19,6 +19,7 @@
 #include "common/core/dtype.h"
 #include "common/optim/grad_scaler.h"
 #include "common/optim/lr_scheduler.h"
+#include "common/optim/mixed_precision.h"
 #include "common/optim/optimizer.h"
 
 namespace course::optim {
@@ -51,9 +52,13 @@ class Recipe {
   // `forward` runs under autocast (off in float32) and returns the loss; backward starts from it times
   // the loss scale (float16), or from the loss itself. Returns the loss. The steps inside are the ones
   // chapter 04 writes out, where mixed precision is taught.
-  Tensor forward_backward(const std::function<Tensor()>& forward) const;
-  // What backward starts from: the loss times the loss scale (float16), or the loss itself.
+  Tensor forward_backward(const std::function<Tensor()>& forward) const { return mixed_.forward_backward(forward); }
+  // What backward starts from: the loss times the loss scale (float16), or the loss itself. Chapter 04's
+  // loop, where mixed precision is taught, writes the steps out with it.
   Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
+  // The two halves apart (mixed_precision.h), for a loop that times them or a pipeline that interleaves
+  // them: forward under autocast, backward from the scaled loss.
+  const MixedPrecision& mixed_precision() const { return mixed_; }
   // float16: divides the gradients by the loss scale and finds whether any is inf or NaN (on any rank of
   // the group); nothing otherwise. After the gradients are averaged, before they are checked or clipped;
   // step() calls it if the chapter has not.
@@ -92,6 +97,7 @@ class Recipe {
   double clip_ = 0.0;                      // 0: no clipping
   RecipeOptions options_;
   GradScaler scaler_;
+  MixedPrecision mixed_{options_.precision, scaler_};
   bool skipped_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/tensor_parallel_gpt.h"
 
@@ -214,7 +215,11 @@ std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int i
 
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index,
-                          const std::vector<DistributedDataParallel*>& ddp, float loss_scale) {
+                          const std::vector<DistributedDataParallel*>& ddp, const optim::MixedPrecision* precision) {
+  // The schedule under autocast, which its forwards obey (a backward replays what its forward recorded);
+  // each last stage's backward starts from its loss times the loss scale.
+  Autocast autocast(precision ? precision->dtype() : DType::float32);
+  const float loss_scale = precision ? precision->loss_scale() : 1.0f;
   comm::Communicator& pp = links.group;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

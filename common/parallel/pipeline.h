@@ -22,6 +22,7 @@
 
 #include "common/comm/communicator.h"
 #include "common/nn/gpt.h"
+#include "common/optim/mixed_precision.h"
 #include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline_schedule.h"
@@ -123,11 +124,13 @@ struct PipelineLinks {
 // `ignore_index`), so the weighted sum of the micro-batches' mean losses is the whole batch's mean.
 std::vector<float> micro_batch_weights(const std::vector<Tensor>& targets, int ignore_index);
 
-// `loss_scale`: backward starts from each loss times it (fp16's GradScaler; the caller unscales).
+// `precision`: the run's (a Recipe's mixed_precision()): the forwards under its autocast, backward from
+// each loss times its loss scale (fp16; the caller unscales). None: float32, unscaled.
 // `ddp`: none, or one per chunk (DDP of the stage itself, or of its chunk_modules()); each chunk's last
 // backward synchronises its replicas.
 PipelineStep run_pipeline(PipelineStageGPT& stage, const PipelineLinks& links, const PipelineSchedule& schedule,
                           const std::vector<Tensor>& ids, const std::vector<Tensor>& targets, int ignore_index = -100,
-                          const std::vector<DistributedDataParallel*>& ddp = {}, float loss_scale = 1.0f);
+                          const std::vector<DistributedDataParallel*>& ddp = {},
+                          const optim::MixedPrecision* precision = nullptr);
 
 }  // namespace course::parallel

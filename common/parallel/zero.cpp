@@ -310,8 +310,8 @@ Tensor ZeroOptimizer::forward_backward(const std::function<Tensor()>& forward) c
   // --fault skip-rank-share (chapter 07): the last rank's share is lost, its loss weighted 0. Only the
   // run goes through here; the check's reference computes each share on its own.
   if (faults::active("skip-rank-share") && group_.rank() == group_.size() - 1)
-    return optim::forward_backward(options_.precision, scaler_, [&] { return scale(forward(), 0.0f); });
-  return optim::forward_backward(options_.precision, scaler_, forward);
+    return mixed_.forward_backward([&] { return scale(forward(), 0.0f); });
+  return mixed_.forward_backward(forward);
 }
 
 }  // namespace course::parallel

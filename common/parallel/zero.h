@@ -75,6 +75,7 @@
 #include "common/core/dtype.h"
 #include "common/nn/module.h"
 #include "common/optim/grad_scaler.h"
+#include "common/optim/mixed_precision.h"
 #include "common/parallel/flat_parameter.h"
 
 namespace course::parallel {
@@ -121,16 +122,15 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // The loss to call backward on: times float16's loss scale (unchanged in float32 and bfloat16).
-  Tensor scale_loss(const Tensor& loss) const { return scaler_.scale(loss); }
   // Forward and backward in the run's precision, as optim::Recipe::forward_backward: `forward` under
   // autocast (off in float32), backward from its loss times the loss scale. Returns the loss.
   Tensor forward_backward(const std::function<Tensor()>& forward) const;
+  // The run's precision policy (optim/mixed_precision.h): the two halves apart, for a reference.
+  const optim::MixedPrecision& mixed_precision() const { return mixed_; }
   // float16's loss scaler: its scale, and the steps it skipped because a gradient overflowed.
   const optim::GradScaler& scaler() const { return scaler_; }
   optim::GradScalerState scaler_state() const { return scaler_.state(); }
   void load_scaler_state(const optim::GradScalerState& state) { scaler_.load_state(state); }
-  DType precision() const { return options_.precision; }
   const ZeroOptions& options() const { return options_; }
 
   // After backward on this rank's share (the loss a mean over it): average the gradients over the
@@ -234,6 +234,7 @@ class ZeroOptimizer {
   Tensor master_;                 // mixed or offloaded: float32 masters, [padded] at stage 0, [shard] above
   std::vector<Tensor> staged_;    // stage 3, parameters offloaded: each unit's part on the device while gathered
   optim::GradScaler scaler_;      // float16's loss scale (disabled otherwise)
+  optim::MixedPrecision mixed_{options_.precision, scaler_};
   std::vector<std::shared_ptr<Storage>> unit_storage_;  // stage 3: each unit's gathered parameters
   std::vector<comm::WorkHandle> gathering_;              // stage 3: each unit's all-gather in flight
   std::size_t root_unit_ = 0;     // stage 3: the parameters no wrapped module owns
