@@ -1,19 +1,22 @@
-// Chapter 08: when the model does not fit on one device, split it. Tensor parallelism splits every
-// layer across the ranks of a TP group (Megatron-LM: attention's heads, the MLP's hidden units, the
-// vocabulary; common/parallel/tensor_parallel_gpt.h), and with --sequence-parallel the rest of each
-// block along the sequence; context parallelism (--cp) splits every sequence across ranks, attention
-// seeing the whole of it by a ring of key-value blocks or by all-to-alls (common/parallel/
-// context_parallel.h); pipeline parallelism splits the layers into stages that pass micro-batches
-// along (GPipe, 1F1B, interleaved 1F1B or zero bubble; common/parallel/pipeline.h); data parallelism runs copies of the whole
-// arrangement and averages their gradients over the DP group (with the CP ranks). The topology
-// (common/parallel/topology.h) owns the TP x CP x PP x DP grid; nothing here computes a rank. The step is
-// train_grid's loop below; its parts are in grid_training.cpp. --verify (verify_grid.cpp) checks every
-// step in lock-step against the unsharded model on the whole global batch: the grid's gradient, its
-// loss and its update. With --precision bf16|fp16 the forward runs under autocast over float32 masters
-// (chapter 04's mixed precision), and the row-parallel sums travel in 16 bits; --verify then checks each
-// micro-batch against a reference that rounds as the run does (the split model's TP ranks on threads,
-// verify_grid.h). Below the fence: the sweep and the report.
-#include "08_tensor_pipeline/grid_training.h"      // the step's parts: the model's parts, forward and backward, clipping
+// Chapter 08: when the model does not fit on one device, split it. Four lessons, a file each, read in
+// order, which train_grid below composes into one step:
+//   1. tensor_parallel.cpp: tensor and sequence parallelism, every layer split across a TP group
+//      (Megatron-LM: attention's heads, the MLP's hidden units, the vocabulary).
+//   2. pipeline.cpp: pipeline parallelism, the layers in stages that pass micro-batches along by a
+//      schedule (GPipe, 1F1B, interleaved 1F1B, zero bubble).
+//   3. context_parallel.cpp: context parallelism, every sequence split, attention seeing all of it by a
+//      ring of key-value blocks or by all-to-alls.
+//   4. grid.cpp: the TP x CP x PP x DP grid, each rank's part made, data parallelism on top.
+// The topology (common/parallel/topology.h) owns the grid; nothing here computes a rank. --verify
+// (verify_grid.cpp) checks every step in lock-step against the unsharded model on the whole global batch:
+// the grid's gradient, its loss and its update. With --precision bf16|fp16 the forward runs under
+// autocast over float32 masters (chapter 04's mixed precision), and the row-parallel sums travel in 16
+// bits; --verify then checks each micro-batch against a reference that rounds as the run does (the split
+// model's TP ranks on threads, verify_grid.h). Below the fence: the sweep and the report.
+#include "08_tensor_pipeline/context_parallel.h"   // lesson 3: sequences split, attention over the CP group
+#include "08_tensor_pipeline/grid.h"               // lesson 4: the grid, each rank's part of the model
+#include "08_tensor_pipeline/pipeline.h"           // lesson 2: run_stages, the schedule played
+#include "08_tensor_pipeline/tensor_parallel.h"    // lesson 1: accumulate, clip_across_the_grid
 #include "08_tensor_pipeline/options.h"            // the chapter's flags
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
 #include "08_tensor_pipeline/verify_grid.h"        // --verify

@@ -3,10 +3,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "08_tensor_pipeline/grid_training.h"
+#include "08_tensor_pipeline/task.h"
 #include "common/cli/limits.h"
 #include "common/cli/training_options.h"
 #include "common/core/errors.h"
+#include "common/parallel/context_parallel.h"  // the lengths and layouts --cp can split
 
 namespace course::chapter08 {
 

@@ -1,6 +1,7 @@
-// Chapter 08's stage figures and timeline.
+// Chapter 08's figures: the step times, the stages' bubbles and peaks, the timeline.
 #include "08_tensor_pipeline/report.h"
 
+#include "common/comm/agree.h"  // all_gather_values, all_reduce_scalar: the stages' figures on every rank
 #include "common/core/log.h"
 #include "common/core/memory.h"
 #include "common/metrics/trace.h"
@@ -111,6 +112,45 @@ void report_run(const Options& o, const ChapterTask& task, parallel::Topology& t
   if (!o.trace.empty() && topology.rank() == 0)
     write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
                                      std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
+}
+
+void StepFigures::begin_step() { begin_ = std::chrono::steady_clock::now(); }
+
+void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& result, double checked_ms) {
+  if (step > 0 || steps_ == 1) {  // the first step warms up allocators
+    pipeline_ms_ += result.step_ms;
+    for (const auto& a : result.timeline) busy_ms_ += a.end_ms - a.begin_ms;
+    whole_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_).count() - checked_ms;
+  }
+  peak_ = std::max(peak_, result.peak_activation_bytes);
+  last_ = result.timeline;
+}
+
+void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
+  // Each stage's figures, from its first TP rank of the first replica, gathered on every rank: [the rank
+  // speaks for its stage (1 or 0), the stage, bubble, peak, then per action: op, micro-batch, chunk,
+  // begin, end].
+  const bool speaks = topology.tp_rank() == 0 && topology.dp_rank() == 0 && topology.cp_rank() == 0;
+  std::vector<double> mine = {speaks ? 1.0 : 0.0, static_cast<double>(topology.pp_rank()),
+                              pipeline_ms_ > 0 ? 1.0 - busy_ms_ / pipeline_ms_ : 0.0, static_cast<double>(peak_)};
+  for (const auto& timed : last_)
+    mine.insert(mine.end(), {static_cast<double>(static_cast<int>(timed.action.op)),  // forward, backward, weight
+                             static_cast<double>(timed.action.micro_batch), static_cast<double>(timed.action.chunk),
+                             timed.begin_ms, timed.end_ms});
+  const auto all = comm::all_gather_values(topology.world(), mine);
+  const double mean_ms = whole_ms_ / static_cast<double>(std::max<std::int64_t>(1, steps_ - 1));
+  run.step_ms = comm::all_reduce_scalar(topology.world(), static_cast<float>(mean_ms), comm::ReduceOp::max);  // the slowest
+  const auto p = static_cast<std::size_t>(topology.pp_size());
+  run.bubble.assign(p, 0.0), run.peak_activations.assign(p, 0.0), run.timeline.assign(p, {});
+  for (const auto& figures : all) {
+    if (figures[0] == 0.0) continue;
+    const auto s = static_cast<std::size_t>(figures[1]);
+    run.bubble[s] = figures[2], run.peak_activations[s] = figures[3];
+    for (std::size_t at = 4; at + 5 <= figures.size(); at += 5)
+      run.timeline[s].push_back({{static_cast<parallel::PipeOp>(static_cast<int>(figures[at])), static_cast<int>(figures[at + 1]),
+                                  static_cast<int>(figures[at + 2])},
+                                 figures[at + 3], figures[at + 4]});
+  }
 }
 
 }  // namespace course::chapter08

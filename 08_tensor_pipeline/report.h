@@ -1,12 +1,36 @@
-// What chapter 08 reports beside its lesson: each stage's bubble and peak activations, and the last
-// step's timeline as a Chrome trace (scripts/plot.py draws it, and the sweep's charts, from the files).
+// What chapter 08 measures and reports beside its lessons: each step's time, each stage's bubble and peak
+// activations, and the last step's timeline as a Chrome trace (scripts/plot.py draws it, and the sweep's
+// charts, from the files).
 #pragma once
+#include <chrono>
+#include <cstdint>
 #include <string>
+#include <vector>
 
-#include "08_tensor_pipeline/grid_training.h"
+#include "08_tensor_pipeline/grid.h"
 #include "common/metrics/metrics.h"
+#include "common/parallel/pipeline.h"
 
 namespace course::chapter08 {
+
+// The run's figures: each step's time without --verify's work, the stage's busy time and peak
+// activations; at the end gathered into the GridRun on every rank (bubble, peaks, last timelines, the
+// slowest rank's mean step).
+class StepFigures {
+ public:
+  explicit StepFigures(std::int64_t steps) : steps_(steps) {}
+  void begin_step();
+  // `checked_ms`: --verify's own work in the step (StepCheck::take_ms), left out of its time.
+  void end_step(std::int64_t step, const parallel::PipelineStep& result, double checked_ms);
+  void finish(GridRun& run, parallel::Topology& topology) const;
+
+ private:
+  std::int64_t steps_;
+  std::chrono::steady_clock::time_point begin_;
+  double busy_ms_ = 0, pipeline_ms_ = 0, whole_ms_ = 0;
+  std::int64_t peak_ = 0;
+  std::vector<parallel::TimedAction> last_;
+};
 
 // The last step of every stage as a Chrome trace (one row per stage).
 void write_timeline(const GridRun& run, const std::string& path, const std::string& label);

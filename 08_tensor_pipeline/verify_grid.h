@@ -25,7 +25,9 @@
 #include "common/verify/lockstep.h"
 #include "common/verify/model_parallel_reference.h"
 #include "common/verify/step_check.h"
-#include "grid_training.h"
+#include "08_tensor_pipeline/grid.h"
+#include "08_tensor_pipeline/task.h"
+#include "08_tensor_pipeline/tensor_parallel.h"  // make_split_model, micro_batch_loss: the reference split as the run
 
 namespace course::chapter08 {
 
