@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/data/sampling.h"
 #include "common/parallel/distributed_sampler.h"
 
 namespace course::parallel {
@@ -77,6 +78,22 @@ TEST(DistributedSampler, BatchesAcrossEpochsInAnyOrderAreTheirEpochsSlices) {
     const std::vector<std::int64_t> expected(mine.begin() + begin,
                                              mine.begin() + std::min<std::int64_t>(begin + local, fresh.num_samples()));
     EXPECT_EQ(kept.batch(step, local), expected) << "step " << step;
+  }
+}
+
+// One data order in the course: an epoch of the sampler is the sample stream's epoch (chapters 06 and 08
+// read the stream by position), padded by wrapping to a multiple of the ranks.
+TEST(DistributedSampler, AnEpochIsTheSampleStreamsEpochPadded) {
+  const std::int64_t n = 103;
+  const data::SampleStream stream(n, 7);
+  for (std::uint64_t epoch : {0u, 1u, 5u}) {
+    DistributedSampler sampler(n, 4, 0, 7);
+    sampler.set_epoch(epoch);
+    const auto order = sampler.global_order();
+    const auto expected = stream.take(static_cast<std::int64_t>(epoch) * n, n);
+    ASSERT_EQ(order.size(), 104u);
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), order.begin())) << "epoch " << epoch;
+    EXPECT_EQ(order.back(), expected.front()) << "the padding wraps to the epoch's start";
   }
 }
 

@@ -23,6 +23,15 @@ std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, s
   return order;
 }
 
+const std::vector<std::int64_t>& SampleStream::epoch(std::int64_t epoch) const {
+  if (epoch < 0) throw std::invalid_argument("SampleStream: negative epoch");
+  if (epoch != cached_epoch_) {
+    cached_order_ = shuffled_indices(size_, seed_, static_cast<std::uint64_t>(epoch));
+    cached_epoch_ = epoch;
+  }
+  return cached_order_;
+}
+
 std::vector<std::vector<std::int64_t>> split_batches(const std::vector<std::int64_t>& order, std::int64_t batch_size) {
   if (batch_size < 1) throw std::invalid_argument("batch size must be at least 1");
   std::vector<std::vector<std::int64_t>> batches;
@@ -41,14 +50,7 @@ std::vector<std::int64_t> SampleStream::take(std::int64_t position, std::int64_t
   if (position < 0 || count < 0) throw std::invalid_argument("SampleStream: negative position or count");
   std::vector<std::int64_t> out;
   out.reserve(static_cast<std::size_t>(count));
-  for (std::int64_t p = position; p < position + count; ++p) {
-    const std::int64_t epoch = p / size_;
-    if (epoch != cached_epoch_) {
-      cached_order_ = shuffled_indices(size_, seed_, static_cast<std::uint64_t>(epoch));
-      cached_epoch_ = epoch;
-    }
-    out.push_back(cached_order_[static_cast<std::size_t>(p % size_)]);
-  }
+  for (std::int64_t p = position; p < position + count; ++p) out.push_back(epoch(p / size_)[static_cast<std::size_t>(p % size_)]);
   return out;
 }
 

@@ -10,14 +10,17 @@ namespace course::data {
 std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t epoch);
 
 // The endless stream of samples, epoch after epoch, each epoch a shuffle (seed, epoch): position p is
-// sample p % n of epoch p / n. A run that counts how far it got as a global sample position resumes
-// the exact data order at any world size (chapter 06); DistributedSampler's padding, by contrast,
-// depends on the rank count.
+// sample p % n of epoch p / n. The course's one data order: a run that counts how far it got as a global
+// sample position resumes it exactly at any world size (chapters 06, 08), and DistributedSampler
+// (common/parallel/distributed_sampler.h) is its PyTorch-named view by epochs, whose padding, by
+// contrast, depends on the rank count (chapters 04, 05, 07).
 class SampleStream {
  public:
   SampleStream(std::int64_t dataset_size, std::uint64_t seed);
   // The samples at positions [position, position + count), crossing into the next epoch if needed.
   std::vector<std::int64_t> take(std::int64_t position, std::int64_t count) const;
+  // Epoch `epoch` whole: shuffled_indices(size, seed, epoch), kept until another epoch is asked for.
+  const std::vector<std::int64_t>& epoch(std::int64_t epoch) const;
   std::int64_t epoch_of(std::int64_t position) const { return position / size_; }
   std::int64_t size() const { return size_; }
   std::uint64_t seed() const { return seed_; }

@@ -12,8 +12,8 @@ namespace course::parallel {
 
 DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, std::uint64_t seed,
                                        bool shuffle, bool drop_last)
-    : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), seed_(seed), shuffle_(shuffle),
-      drop_last_(drop_last) {
+    : dataset_size_(dataset_size), stream_(std::max<std::int64_t>(1, dataset_size), seed), num_replicas_(num_replicas),
+      rank_(rank), shuffle_(shuffle), drop_last_(drop_last) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
     throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " of " + std::to_string(num_replicas));
   if (dataset_size < 1) throw std::invalid_argument("DistributedSampler: empty dataset");
@@ -28,7 +28,7 @@ const std::vector<std::int64_t>& DistributedSampler::order_of(std::uint64_t epoc
   if (cached_order_ && cached_epoch_ == epoch) return *cached_order_;
   std::vector<std::int64_t> order;
   if (shuffle_) {
-    order = data::shuffled_indices(dataset_size_, seed_, epoch);
+    order = stream_.epoch(static_cast<std::int64_t>(epoch));  // the stream's epoch, as chapters 06 and 08 read it
   } else {
     order.resize(static_cast<std::size_t>(dataset_size_));
     std::iota(order.begin(), order.end(), 0);

@@ -1,5 +1,6 @@
 // DistributedSampler: each data-parallel rank's share of the dataset's indices, as in PyTorch's
-// torch.utils.data.DistributedSampler. One epoch's order (shuffled with seed + epoch) is padded by
+// torch.utils.data.DistributedSampler, a view by epochs of the course's one sample stream
+// (data::SampleStream, common/data/sampling.h). One epoch's order (the stream's epoch) is padded by
 // wrapping around, or trimmed with drop_last, to a multiple of the rank count; rank r takes every
 // R-th index from position r. So the shares are disjoint (up to the padding), together cover the
 // dataset, and every rank gets the same number of samples and therefore of batches.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/comm/communicator.h"
+#include "common/data/sampling.h"
 
 namespace course::parallel {
 
@@ -51,8 +53,8 @@ class DistributedSampler {
 
  private:
   std::int64_t dataset_size_;
+  data::SampleStream stream_;  // each epoch's order, when shuffled
   int num_replicas_, rank_;
-  std::uint64_t seed_;
   bool shuffle_, drop_last_;
   std::uint64_t epoch_ = 0;
   std::int64_t num_samples_;
