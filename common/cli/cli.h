@@ -40,8 +40,6 @@ void add_distributed_options(CLI::App& app, DistributedOptions& options);
 struct FaultOptions {
   std::string fault = "none";
   std::int64_t from_step = 0;
-  // Whether fault `name` acts at `step`.
-  bool at(const std::string& name, std::int64_t step) const { return fault == name && step >= from_step; }
 };
 // --verify, the chapter's lock-step check (`checks`: what it checks every step, for the help), with
 // --fault and --fault-from-step: `faults` are the chapter's faults besides "none", each with what it breaks.
