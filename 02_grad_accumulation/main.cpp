@@ -15,6 +15,7 @@
 #include "common/cli/limits.h"              // refuse what cannot fit in memory
 #include "common/cli/model_options.h"       // the MLP's sizes, as every chapter names them
 #include "common/cli/session.h"             // device and metrics, set up once
+#include "common/core/exercise.h"           // exercise::not_done: the participant's copy stops at an unwritten one
 #include "common/core/log.h"                // log(): what rank 0 prints
 #include "common/core/memory.h"             // peak activation bytes from the device counters
 #include "common/data/house_prices.h"       // the wide house-price data and batching
@@ -66,9 +67,14 @@ float micro_batch_step(nn::Module& model, const data::Dataset& dataset, const st
   return loss.item();
 }
 
-// One optimizer step's gradient: the global batch in micro-batches, each loss weighted by its share.
+// EXERCISE 02.1: one optimizer step's gradient over micro-batches.
+// Cut `global` into micro-batches of at most `micro_batch` samples (data::split_batches: the last may be
+// shorter), run micro_batch_step on each with the weight that makes the gradients it adds into .grad sum
+// to the gradient of the global batch's mean loss, and return the weighted losses' sum (that mean).
+// Hint: a micro-batch's mean counts for its share of the global batch, not for 1/k. Graded by ex02.1.
 float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, const std::vector<std::int64_t>& global,
                            std::int64_t micro_batch, Device device) {
+  // BEGIN EXERCISE 02.1
   const auto global_size = static_cast<float>(global.size());
   float total = 0;
   for (auto& micro : data::split_batches(global, micro_batch)) {
@@ -77,6 +83,7 @@ float accumulate_gradients(nn::Module& model, const data::Dataset& dataset, cons
     total += micro_batch_step(model, dataset, micro, static_cast<float>(micro.size()) / global_size, device);
   }
   return total;
+  // END EXERCISE 02.1
 }
 
 // One run. With accum = 1 and micro_batch = k*b it is the big-batch reference; `reversed` sums each

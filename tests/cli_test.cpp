@@ -11,10 +11,21 @@
 #include "common/cli/cli.h"
 #include "common/cli/precision_options.h"
 #include "common/core/errors.h"
+#include "common/core/exercise.h"
 #include "common/kernels/kernels.h"
 
 namespace course {
 namespace {
+
+// The participant's copy reaches an exercise not written yet: one line naming it, where it lives and its
+// handout, and the exit code of its own (3), whatever the inputs handed to the stub.
+TEST(Exercise, NotDoneSaysWhichOnOneLineAndExitsWithItsCode) {
+  EXPECT_EXIT(course::exercise::not_done("02.1", "one step's gradient", "02_grad_accumulation/main.cpp:77",
+                                         "02_grad_accumulation/README.md#exercises", 1, std::string("inputs")),
+              ::testing::ExitedWithCode(course::exercise::kNotDone),
+              "^exercise 02\\.1 \\(one step's gradient, 02_grad_accumulation/main\\.cpp:77\\) is not done yet; see "
+              "02_grad_accumulation/README\\.md#exercises\n$");
+}
 
 TEST(ParseBytes, ReadsSuffixes) {
   EXPECT_EQ(cli::parse_bytes("8", "-b"), 8u);

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""scripts/exercises.py and the course's exercise regions, checked without building the course:
+
+  exercises_test.py COMPILER INCLUDE...
+
+- every region is well formed (a task comment, one BEGIN, one END) and has graded tests registered;
+- `release` writes a repository of one commit whose regions are stubs that name their exercise, file,
+  line and handout, with no line of the solution left, and which the compiler accepts (-Wall -Wextra, no
+  warning) in every file that holds a region;
+- `solution` prints a region's lines, `release` refuses a folder that exists, a malformed region is one
+  line and exit code 2.
+Exit code 0 when all hold, 1 otherwise.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import exercises  # noqa: E402
+
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+        print(f"FAIL  {what}")
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "exercises.py"), *args], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def main():
+    compiler, includes = sys.argv[1], sys.argv[2:]
+    found = exercises.find()
+    check(len(found) > 0, "the course holds exercises")
+    graded = exercises.registered()
+    for ex in found.values():
+        check(ex.id in graded, f"exercise {ex.id} has graded tests (course_exercise)")
+        check(ex.done, f"exercise {ex.id} is solved in the course itself")
+        check(ex.id[:2] == str(ex.path)[:2] or ex.chapter == "common", f"exercise {ex.id} lives in its chapter")
+    listed = run("list")
+    check(listed.returncode == 0 and all(ex.id in listed.stdout for ex in found.values()), "list names every exercise")
+    for ex in found.values():
+        solution = run("solution", ex.id)
+        check(solution.returncode == 0 and solution.stdout == "".join(ex.body), f"solution {ex.id} prints its region")
+    missing = run("solution", "99.9")
+    check(missing.returncode == 2 and missing.stderr.count("\n") == 1 and "99.9" in missing.stderr,
+          "an unknown exercise is one line and exit code 2")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dest = Path(scratch) / "participant"
+        released = run("release", str(dest))
+        check(released.returncode == 0, f"release writes the participant's copy ({released.stderr.strip()})")
+        again = run("release", str(dest))
+        check(again.returncode == 2 and "already exists" in again.stderr, "release refuses a folder that exists")
+        log = subprocess.run(["git", "-C", str(dest), "log", "--oneline"], capture_output=True, text=True).stdout
+        check(len(log.splitlines()) == 1, "the participant's copy has a history of one commit")
+        stubs = exercises.find(dest)
+        check(set(stubs) == set(found), "the copy holds every exercise")
+        for id, stub in stubs.items():
+            text = "".join(stub.body)
+            check(not stub.done, f"exercise {id} is a stub in the copy")
+            check(f'"{id}"' in text and f'"{stub.path}:{stub.begin}"' in text and "README.md#exercises" in text,
+                  f"exercise {id}'s stub names it, its file and line and its handout")
+            solution_lines = {l.strip() for l in found[id].body if l.strip() and not l.strip().startswith("//")}
+            check(not any(l.strip() in solution_lines for l in stub.body), f"no line of {id}'s solution is left")
+        for path in sorted({str(ex.path) for ex in stubs.values()}):
+            compiled = subprocess.run([compiler, "-std=c++20", "-Wall", "-Wextra", "-fsyntax-only", "-I", str(dest)] +
+                                      [f"-I{i}" for i in includes] + [str(dest / path)], capture_output=True, text=True)
+            check(compiled.returncode == 0 and "warning" not in compiled.stderr,
+                  f"{path} compiles in the copy without a warning:\n{compiled.stderr[-2000:]}")
+
+        # A malformed region: one line naming the file and line, exit code 2.
+        broken = Path(scratch) / "broken"
+        subprocess.run(["git", "init", "-q", str(broken)], check=True)
+        (broken / "tests").mkdir()
+        (broken / "tests" / "CMakeLists.txt").write_text("")
+        (broken / "a.cpp").write_text("// EXERCISE 01.1: x\nint f() {\n  // BEGIN EXERCISE 01.1\n  return 1;\n}\n")
+        subprocess.run(["git", "-C", str(broken), "add", "-A"], check=True)
+        try:
+            exercises.find(broken)
+            check(False, "a region that never ends is refused")
+        except exercises.Bad as e:
+            check("a.cpp:3" in str(e) and "never ends" in str(e), f"a region that never ends is named ({e})")
+
+    print(f"{'PASSED' if not failures else 'FAILED'}: {len(found)} exercise(s), {len(failures)} failure(s)")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
