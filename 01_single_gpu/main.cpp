@@ -1,6 +1,8 @@
 // Chapter 01: training on one device. The house-price model y = x1*w1 + x2*w2 + b, learned by
 // plain SGD one sample at a time: forward, backward, update, zero_grad. With --model mlp, a wider
 // model on a wider dataset, timed in samples/s to show where a GPU pays off.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "common/cli/model_options.h"  // the MLP's sizes, as every chapter names them
 #include "common/cli/limits.h"          // refuse what cannot fit in memory
 #include "common/cli/session.h"         // device and metrics, set up once
+#include "common/core/exercise.h"       // exercise::not_done: the participant's copy stops at an unwritten one
 #include "common/core/log.h"            // log(): what rank 0 prints
 #include "common/data/house_prices.h"   // the synthetic data with known true weights
 #include "common/metrics/metrics.h"     // JSON-lines metrics
@@ -27,6 +30,12 @@ namespace {
 // With noise 0.1 on 1000 samples and per-sample SGD at lr 0.01, the weights jitter around the
 // least-squares fit by about a hundredth; 0.05 accepts that and rejects a model that did not learn.
 constexpr float kWeightTolerance = 0.05f;
+// The gradient by hand against autograd's: both take 2 (y_pred - y) times an input, a few float32
+// roundings that autograd's GEMM may fuse; 1e-5 relative (about 80 ulps) holds those and no real slip.
+constexpr float kHandGradientTolerance = 1e-5f;
+bool close_to(float hand, float autograd) {
+  return std::fabs(hand - autograd) <= kHandGradientTolerance * std::max(1.0f, std::fabs(autograd));
+}
 
 struct Options {
   cli::CommonOptions common;
@@ -39,9 +48,21 @@ struct Options {
   std::string save;
 };
 
+// EXERCISE 01.1: the gradient of one sample's squared error, by hand.
+// The model predicts y_pred = w1 x1 + w2 x2 + b and the loss is L = (y_pred - y)^2. Return
+// {dL/dw1, dL/dw2, dL/db} at this sample, from the chain rule alone (no autograd): the worked example
+// below prints yours beside autograd's and fails when they differ. Hint: dL/dy_pred first.
+std::array<float, 3> gradient_by_hand(float x1, float x2, float y, float y_pred) {
+  // BEGIN EXERCISE 01.1
+  const float d_prediction = 2.0f * (y_pred - y);  // dL/dy_pred
+  return {d_prediction * x1, d_prediction * x2, d_prediction};  // times dy_pred/dw1, dy_pred/dw2, dy_pred/db
+  // END EXERCISE 01.1
+}
+
 // The worked example: start from w = (1, 1), b = 0 and take two SGD steps at lr = 1e-3 on
-// (6, 2) -> 15 and (5, 2) -> 12, printing every quantity the hand derivation uses.
-void worked_example(Device device, metrics::MetricsWriter& out) {
+// (6, 2) -> 15 and (5, 2) -> 12, printing every quantity the hand derivation uses, and the gradient by
+// hand (gradient_by_hand) beside autograd's. Returns whether the two agree.
+bool worked_example(Device device, metrics::MetricsWriter& out) {
   constexpr float kLr = 1e-3f;
   nn::Linear model(2, 1, device, 0);
   model.weight.copy_from(Tensor::from_host({1.0f, 1.0f}, {1, 2}));
@@ -50,6 +71,7 @@ void worked_example(Device device, metrics::MetricsWriter& out) {
   const float xs[2][2] = {{6, 2}, {5, 2}};
   const float ys[2] = {15, 12};
   log("Worked example (lr = %g), starting from w1 = 1, w2 = 1, b = 0:\n", kLr);
+  bool agree = true;
   for (int step = 0; step < 2; ++step) {
     Tensor x = Tensor::from_host({xs[step][0], xs[step][1]}, {1, 2}, device);
     Tensor y = Tensor::from_host({ys[step]}, {1, 1}, device);
@@ -58,6 +80,8 @@ void worked_example(Device device, metrics::MetricsWriter& out) {
     loss.backward();                              // dL/dw1 = 2 (y_pred - y) x1, dL/dw2 = ..., dL/db = 2 (y_pred - y)
     auto gw = model.weight.grad().to_host();
     float gb = model.bias.grad().item();
+    const std::array<float, 3> hand = gradient_by_hand(xs[step][0], xs[step][1], ys[step], prediction.item());
+    agree = agree && close_to(hand[0], gw[0]) && close_to(hand[1], gw[1]) && close_to(hand[2], gb);
     sgd.step();                                   // w <- w - lr * dL/dw
     sgd.zero_grad();                              // gradients accumulate until cleared
     auto w = model.weight.to_host();
@@ -66,10 +90,13 @@ void worked_example(Device device, metrics::MetricsWriter& out) {
         prediction.item(), loss.item());
     log("          dL/dw1 = %g, dL/dw2 = %g, dL/db = %g -> w1 = %.6f, w2 = %.6f, b = %.6f\n", gw[0], gw[1], gb, w[0],
         w[1], b);
+    log("          by hand: dL/dw1 = %g, dL/dw2 = %g, dL/db = %g\n", hand[0], hand[1], hand[2]);
     out.write({{"event", "worked_step"}, {"step", step + 1}, {"x", {xs[step][0], xs[step][1]}}, {"y", ys[step]},
                {"prediction", prediction.item()}, {"loss", loss.item()}, {"grad_w", gw}, {"grad_b", gb},
-               {"w", w}, {"b", b}, {"lr", kLr}});
+               {"w", w}, {"b", b}, {"lr", kLr}, {"grad_by_hand", hand}});
   }
+  if (!agree) log("the gradient by hand (gradient_by_hand) differs from autograd's\n");
+  return agree;
 }
 
 std::shared_ptr<nn::Module> build_model(const Options& o, Device device, std::int64_t features) {
@@ -189,7 +216,10 @@ int main(int argc, char** argv) {
                       "--samples " + std::to_string(o.mlp.samples) + ", --batch-size " + std::to_string(o.batch_size) +
                           (mlp ? ", --features, --hidden and --layers" : ""));
     cli::Session session = cli::start_session(o.common);
-    if (o.model == "linear") worked_example(session.device, session.metrics);
+    if (o.model == "linear" && !worked_example(session.device, session.metrics)) {
+      log("FAILED\n");
+      return 1;
+    }
     return train(o, session.device, session.metrics);
   });
 }

@@ -33,6 +33,11 @@ TEST(Chapter01, WorkedExampleMatchesHandDerivation) {
     EXPECT_NEAR(steps[s]["grad_w"][0].get<double>(), g1, 1e-4);
     EXPECT_NEAR(steps[s]["grad_w"][1].get<double>(), g2, 1e-4);
     EXPECT_NEAR(steps[s]["grad_b"].get<double>(), gb, 1e-5);
+    // Exercise 01.1, gradient_by_hand: the chain rule's three numbers, as the run prints them.
+    ASSERT_EQ(steps[s]["grad_by_hand"].size(), 3u) << "gradient_by_hand returns {dL/dw1, dL/dw2, dL/db}";
+    EXPECT_NEAR(steps[s]["grad_by_hand"][0].get<double>(), g1, 1e-4) << "dL/dw1 = 2 (y_pred - y) x1";
+    EXPECT_NEAR(steps[s]["grad_by_hand"][1].get<double>(), g2, 1e-4) << "dL/dw2 = 2 (y_pred - y) x2";
+    EXPECT_NEAR(steps[s]["grad_by_hand"][2].get<double>(), gb, 1e-5) << "dL/db = 2 (y_pred - y)";
     w1 -= lr * g1, w2 -= lr * g2, b -= lr * gb;
     EXPECT_NEAR(steps[s]["w"][0].get<double>(), w1, 1e-6);
     EXPECT_NEAR(steps[s]["w"][1].get<double>(), w2, 1e-6);
