@@ -130,6 +130,9 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
   if (v > 1 && !o.sweep && o.micro_batches % pp != 0)
     throw UsageError("--micro-batches: interleaved 1F1B runs them in groups of the " + std::to_string(pp) +
                      " stages; " + std::to_string(o.micro_batches) + " is not a multiple of " + std::to_string(pp));
+  if (v <= 1 && task.is_gpt() && task.config.n_layer % pp != 0)  // refused before the schedule is printed
+    throw UsageError("--n-layer: " + std::to_string(task.config.n_layer) + " layers do not divide among " +
+                     std::to_string(pp) + " pipeline stages");
   if (v > 1 && task.is_gpt() && task.config.n_layer % (pp * v) != 0)
     throw UsageError("--virtual-stages: " + std::to_string(task.config.n_layer) + " layers do not divide into " +
                      std::to_string(pp) + " stages x " + std::to_string(v) + " chunks (--n-layer a multiple of " +

@@ -597,6 +597,9 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
     EXPECT_EQ(r.process.exit_code, 2) << flags << "\n" << r.process.out << r.process.err;
     EXPECT_NE(r.process.err.find(named), std::string::npos) << flags << ": " << r.process.err;
   }
+  // Refused before any work is shown: the schedule of a pipeline the layers cannot fill is not printed.
+  Outcome layers = run(MPIRUN_NP2, "--pp 2 --n-layer 3");
+  EXPECT_EQ(layers.process.out.find("stage 0:"), std::string::npos) << layers.process.out;
 }
 
 // Every replica is inspected, not only the copy the whole model is gathered from: the last data- or
