@@ -3,16 +3,18 @@
 // layout of nccl-tests: every hand-written algorithm (naive, binomial tree, ring) beside the
 // library's own call, each result checked, with an alpha-beta model's prediction beside the time.
 //
-// The algorithms are the lesson; read them beside this file, in common/comm/algorithms.cpp (one copy,
-// tested in tests/comm_test.cpp; later chapters call the library's collectives, which these teach):
-// naive_broadcast and naive_reduce (the root talks to every peer
-// in turn), tree_broadcast and tree_reduce (a binomial tree: ceil(log2 n) rounds), and the ring:
-// ring_reduce_scatter, ring_all_gather, and ring_all_reduce, which is the first followed by the second.
+// The algorithms are the lesson. The demonstration runs the chapter's own (collectives.cpp, its exercises:
+// tree_broadcast, ring_reduce_scatter, ring_all_gather, and ring_all_reduce, which is the second followed
+// by the third); the benchmark runs the library's copy (common/comm/algorithms.cpp, tested in
+// tests/comm_test.cpp; later chapters call the library's collectives, which these teach): naive_broadcast
+// and naive_reduce (the root talks to every peer in turn), tree_broadcast and tree_reduce (a binomial
+// tree: ceil(log2 n) rounds), and the ring, pipelined in segments.
 #include <cstdlib>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 
+#include "03_collectives/collectives.h"  // the chapter's collectives: its exercises
 #include "benchmark.h"                // the nccl-tests style harness and the alpha-beta fit
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/cli/cli.h"           // common flags, validators, exit codes
@@ -65,7 +67,7 @@ bool demonstrate(comm::Communicator& c, Device device) {
   log("\n== broadcast (binomial tree, root 0): the root's data reaches everyone in ceil(log2 %d) rounds\n", n);
   Tensor t = mine(4);
   show(c, "before", t);
-  algo::tree_broadcast(c, t, 0);
+  chapter03::tree_broadcast(c, t, 0);
   show(c, "after", t);
   check("broadcast", t, std::vector<float>(4, 1.0f));
 
@@ -82,7 +84,7 @@ bool demonstrate(comm::Communicator& c, Device device) {
   log("\n== all-reduce (ring: reduce-scatter, then all-gather): everyone holds the total\n");
   t = mine(4);
   show(c, "before", t);
-  algo::ring_all_reduce(c, t);
+  chapter03::ring_all_reduce(c, t);
   show(c, "after", t);
   check("all_reduce", t, std::vector<float>(4, total));
 
@@ -90,7 +92,7 @@ bool demonstrate(comm::Communicator& c, Device device) {
   t = mine(2);
   Tensor gathered = Tensor::zeros({2 * n}, device);
   show(c, "before", t);
-  algo::ring_all_gather(c, t, gathered);
+  chapter03::ring_all_gather(c, t, gathered);
   show(c, "after", gathered);
   std::vector<float> expected;
   for (int r = 0; r < n; ++r) expected.insert(expected.end(), {static_cast<float>(r + 1), static_cast<float>(r + 1)});
@@ -100,7 +102,7 @@ bool demonstrate(comm::Communicator& c, Device device) {
   t = mine(2 * n);
   Tensor piece = Tensor::zeros({2}, device);
   show(c, "before", t);
-  algo::ring_reduce_scatter(c, t, piece);
+  chapter03::ring_reduce_scatter(c, t, piece);
   show(c, "after", piece);
   check("reduce_scatter", piece, std::vector<float>(2, total));
 

@@ -57,8 +57,8 @@ class Exercise:
     def done(self):
         return STUB not in "".join(self.body)
 
-    def stub(self):
-        where = f"{self.path}:{self.begin}"
+    def stub(self, begin=None):
+        where = f"{self.path}:{begin or self.begin}"  # `begin`: the marker's line in the participant's file
         inputs = "".join(", " + name for name in self.inputs)
         return f'{self.indent}{STUB}"{self.id}", "{c_string(self.title)}", "{where}", "{self.handout}"{inputs});\n'
 
@@ -180,8 +180,15 @@ def release(dest):
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
                 lines = src.read_text(encoding="utf-8").splitlines(keepends=True)
-                for ex in sorted(by_file[rel], key=lambda e: e.begin, reverse=True):
-                    lines[ex.begin:ex.end - 1] = [ex.stub()]
+                regions = sorted(by_file[rel], key=lambda e: e.begin)
+                # Each stub names its BEGIN line in the participant's file: earlier regions, shortened to one
+                # line, move it up.
+                begins, shift = [], 0
+                for ex in regions:
+                    begins.append(ex.begin - shift)
+                    shift += (ex.end - 1 - ex.begin) - 1
+                for ex, begin in reversed(list(zip(regions, begins))):
+                    lines[ex.begin:ex.end - 1] = [ex.stub(begin)]
                 out.write_text("".join(lines), encoding="utf-8")
             else:
                 shutil.copyfile(src, out)
