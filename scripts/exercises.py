@@ -165,11 +165,13 @@ def release(dest):
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
         raise Bad(f"release: {dest} already exists (give a new folder)")
+    if not dest.parent.is_dir():
+        raise Bad(f"release: {dest.parent} is not a folder (the copy is made beside it, then moved into place)")
     exercises = find()
     by_file = {}
     for ex in exercises.values():
         by_file.setdefault(ex.path, []).append(ex)
-    scratch = Path(tempfile.mkdtemp(prefix=".release.", dir=dest.parent if dest.parent.exists() else None))
+    scratch = Path(tempfile.mkdtemp(prefix=".release.", dir=dest.parent))
     try:
         for rel in (Path(p) for p in subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
                                                       text=True, check=True).stdout.splitlines()):

@@ -60,6 +60,8 @@ def main():
         check(released.returncode == 0, f"release writes the participant's copy ({released.stderr.strip()})")
         again = run("release", str(dest))
         check(again.returncode == 2 and "already exists" in again.stderr, "release refuses a folder that exists")
+        nowhere = run("release", str(Path(scratch) / "missing" / "participant"))
+        check(nowhere.returncode == 2 and "is not a folder" in nowhere.stderr, "release refuses a folder with no parent")
         log = subprocess.run(["git", "-C", str(dest), "log", "--oneline"], capture_output=True, text=True).stdout
         check(len(log.splitlines()) == 1, "the participant's copy has a history of one commit")
         stubs = exercises.find(dest)
