@@ -141,6 +141,9 @@ class Communicator {
 
  private:
   WorkHandle submit(Collective c);  // checks arguments, numbers the op, attaches the watchdog
+  // COURSE_CHECK_COLLECTIVES=1 (consistency.cpp): the ranks compare each collective before running it.
+  static bool consistency_checks();
+  void check_consistency(const Collective& c, long sequence);
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what) const;
   Placement placement_;
