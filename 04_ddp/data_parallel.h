@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/comm/communicator.h"
+#include "common/core/exercise.h"  // exercise::not_done: the participant's copy stops at an unwritten one
 #include "common/nn/module.h"
 #include "common/parallel/comm_hooks.h"  // CommHook: how one gradient travels (the default all-reduces)
 #include "common/parallel/comm_stats.h"  // what stats() says, as DistributedDataParallel
@@ -30,9 +31,7 @@ class DataParallelNaive {
   DataParallelNaive(std::shared_ptr<nn::Module> module, comm::Communicator& group, DType reduce_dtype = DType::float32)
       : module_(std::move(module)), group_(group), parameters_(module_->parameters()),
         hook_(parallel::average_hook(reduce_dtype)) {
-    // Once, before training: every rank starts from rank 0's parameters, even if it initialised with
-    // its own seed. From here on the identical updates keep them identical.
-    for (Tensor& p : parameters_) group_.broadcast(p, 0);
+    broadcast_parameters();  // once, before training
   }
 
   nn::Module& module() { return *module_; }
@@ -44,11 +43,7 @@ class DataParallelNaive {
   void all_reduce_gradients() {
     const auto begin = std::chrono::steady_clock::now();
     const std::int64_t bytes_before = group_.bytes_sent();
-    for (Tensor& p : parameters_) {
-      Tensor gradient = p.grad();
-      if (!gradient.defined()) throw std::logic_error("DataParallelNaive: a parameter received no gradient");
-      hook_(group_, gradient)->wait();
-    }
+    average_gradients();
     bytes_ += group_.bytes_sent() - bytes_before;
     communication_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
   }
@@ -64,6 +59,34 @@ class DataParallelNaive {
   parallel::CommStats stats() const { return {parameters_.size(), bytes_, communication_ms_}; }
 
  private:
+  // EXERCISE 04.1: broadcast once.
+  // Make every rank's parameters (parameters_, in the same order on every rank) rank 0's, whatever seed
+  // each rank initialised with: group_.broadcast(tensor, root) sends the root's values into every
+  // rank's tensor. From then on the identical updates keep the replicas identical, so this runs once.
+  // Graded by ex04.1.
+  void broadcast_parameters() {
+    // BEGIN EXERCISE 04.1
+    for (Tensor& p : parameters_) group_.broadcast(p, 0);
+    // END EXERCISE 04.1
+  }
+
+  // EXERCISE 04.1: average every gradient.
+  // After backward each parameter's p.grad() holds this rank's gradient; afterwards it must hold the
+  // mean over the ranks. hook_(group_, gradient) starts that all-reduce (ReduceOp::average, in the
+  // run's --reduce-dtype: comm_hooks.h) and returns the work to wait() for; wait for each before the
+  // next starts, so that every rank runs the same collectives in the same order. A parameter without a
+  // gradient would leave the other ranks waiting: throw std::logic_error naming DataParallelNaive.
+  // Hint: p.grad() is a view of the gradient, not a copy. Graded by ex04.1 (and 04's --verify).
+  void average_gradients() {
+    // BEGIN EXERCISE 04.1
+    for (Tensor& p : parameters_) {
+      Tensor gradient = p.grad();
+      if (!gradient.defined()) throw std::logic_error("DataParallelNaive: a parameter received no gradient");
+      hook_(group_, gradient)->wait();
+    }
+    // END EXERCISE 04.1
+  }
+
   std::shared_ptr<nn::Module> module_;
   comm::Communicator& group_;
   std::vector<Tensor> parameters_;

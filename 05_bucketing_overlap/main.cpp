@@ -1,13 +1,13 @@
 // Chapter 05: gradient buckets and overlap. The same model, data and steps, synchronised four ways:
-// chapter 04's DDP (one all-reduce per gradient, after backward), one flat all-reduce after backward,
-// buckets after backward, and buckets launched while backward is still running (PyTorch's DDP, through
-// common/parallel/reducer.h). Each prints its step time split into compute and exposed communication,
+// chapter 04's one all-reduce per gradient after backward, one flat all-reduce after backward, buckets
+// after backward, and buckets launched while backward is still running: four settings of PyTorch's DDP
+// (common/parallel/reducer.h). Each prints its step time split into compute and exposed communication,
 // and is checked in lock-step against one rank. Below the fence: the faults, the bucket sweep, the
 // timeline and the report.
 #include <algorithm>
 #include <chrono>
 
-#include "04_ddp/data_parallel.h"                 // chapter 04's DDP: the first mode
+#include "05_bucketing_overlap/buckets.h"         // the lesson: which gradients travel together
 #include "05_bucketing_overlap/checks.h"          // --verify and --fault
 #include "05_bucketing_overlap/options.h"         // the chapter's flags
 #include "05_bucketing_overlap/report.h"          // the table, the metrics, the timeline
@@ -30,17 +30,21 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// The four ways. The last three differ only in the Reducer's options: how many buckets, and whether a
-// bucket goes out as soon as its last gradient is in (during backward) or when backward has finished.
+// The four ways differ only in the Reducer's options: how many buckets, and whether a bucket goes out as
+// soon as its last gradient is in (during backward) or when backward has finished.
 struct Mode {
   std::string name;
-  bool chapter04 = false;  // chapter 04's DataParallelNaive instead of the Reducer
   parallel::ReducerOptions options;
 };
 
+// A cap below any parameter's size: every bucket holds one parameter, chapter 04's one message per gradient.
+constexpr double kOneParameterPerBucketMb = 1e-6;
+
 std::vector<Mode> modes(const Options& o) {
-  Mode per_parameter{"per-parameter", true, {}}, flat{"flat", false, {}}, buckets{"buckets", false, {}},
-      overlap{"buckets+overlap", false, {}};
+  Mode per_parameter{"per-parameter", {}}, flat{"flat", {}}, buckets{"buckets", {}}, overlap{"buckets+overlap", {}};
+  for (Mode* m : {&per_parameter, &flat, &buckets, &overlap}) m->options.assign_buckets = chapter05::assign_buckets;
+  per_parameter.options.bucket_cap_mb = per_parameter.options.first_bucket_mb = kOneParameterPerBucketMb;
+  per_parameter.options.overlap = false;
   flat.options.bucket_cap_mb = flat.options.first_bucket_mb = 1e9;  // one bucket holds everything
   flat.options.overlap = false;
   for (Mode* m : {&buckets, &overlap}) {
@@ -52,16 +56,11 @@ std::vector<Mode> modes(const Options& o) {
   return {per_parameter, flat, buckets, overlap};
 }
 
-// Where each kind of DDP synchronises (both say what it cost through the same stats()).
-void synchronise(chapter04::DataParallelNaive& ddp) { ddp.all_reduce_gradients(); }  // now, gradient by gradient
-void synchronise(parallel::DistributedDataParallel&) {}  // already done: the buckets went out during backward
-
 // --comm-hook, the function that sends a bucket (below the fence).
-void install_hook(const Options& o, chapter04::DataParallelNaive& ddp);
 void install_hook(const Options& o, parallel::DistributedDataParallel& ddp);
 
-template <class DDP>
-ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::int64_t global_batch, std::int64_t steps) {
+ModeResult train(const Options& o, parallel::DistributedDataParallel& ddp, const nn::TrainingTask& task,
+                 std::int64_t global_batch, std::int64_t steps) {
   comm::Communicator& group = ddp.communicator();
   nn::Module& model = ddp.module();
   install_hook(o, ddp);  // --comm-hook: how a bucket is sent
@@ -83,9 +82,8 @@ ModeResult train(const Options& o, DDP& ddp, const nn::TrainingTask& task, std::
     if (step == 1) bytes_before = ddp.stats().bytes;
     group.barrier();  // every rank starts the step together, so the times compare
     const auto begin = Clock::now();
-    // With the Reducer, the buckets' all-reduces run inside backward, overlapped or at its end.
+    // The buckets' all-reduces run inside backward: overlapped, or all at its end (without overlap).
     const Tensor loss = training.forward_backward([&] { return task.loss(model, share); });
-    synchronise(ddp);  // chapter 04's all-reduces run here
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
     const double exposed = ddp.stats().exposed_ms;
     if (step > 0) {  // the first step allocates and rebuilds the buckets
@@ -107,12 +105,6 @@ ModeResult train(const Options& o, const Mode& mode, comm::Communicator& group, 
                  std::int64_t global_batch, std::int64_t steps) {
   // Every rank starts from its own initialisation; each DDP broadcasts rank 0's.
   auto model = task.make_model(o.common.seed + static_cast<std::uint64_t>(group.rank()));
-  if (mode.chapter04) {
-    chapter04::DataParallelNaive ddp(model, group);
-    ModeResult r = train(o, ddp, task, global_batch, steps);
-    r.model = model;
-    return r;
-  }
   parallel::DistributedDataParallel ddp(model, group, mode.options);
   ModeResult r = train(o, ddp, task, global_batch, steps);
   r.model = model;
@@ -181,7 +173,8 @@ void sweep_buckets(const Options& o, comm::Communicator& group, const nn::Traini
   log("\nstep time against the bucket cap (buckets+overlap)%s:\n%10s %8s %10s %10s\n", label.c_str(), "cap(MB)",
       "buckets", "step(ms)", "exposed");
   for (double cap : {0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0}) {
-    Mode m{"sweep", false, {}};
+    Mode m{"sweep", {}};
+    m.options.assign_buckets = chapter05::assign_buckets;
     m.options.bucket_cap_mb = cap;
     m.options.first_bucket_mb = std::min(cap, o.first_bucket_mb);
     Options quick = o;
@@ -193,12 +186,8 @@ void sweep_buckets(const Options& o, comm::Communicator& group, const nn::Traini
   }
 }
 
-// --comm-hook, and --fault around it. Chapter 04 sends one message per gradient, its last gradient the
-// whole message; the Reducer's buckets are read when the hook runs (they are rebuilt after step 0).
-void install_hook(const Options& o, chapter04::DataParallelNaive& ddp) {
-  const Messages layout{ddp.stats().messages_per_step, 0};
-  ddp.register_comm_hook(with_fault(parallel::comm_hook_named(o.comm_hook), [layout] { return layout; }));
-}
+// --comm-hook, and --fault around it. The Reducer's buckets are read when the hook runs (they are
+// rebuilt after step 0).
 void install_hook(const Options& o, parallel::DistributedDataParallel& ddp) {
   auto layout = [&reducer = ddp.reducer()] {
     return Messages{reducer.buckets().size(), reducer.buckets().front().offsets.back()};

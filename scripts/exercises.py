@@ -11,6 +11,10 @@ An exercise is a region of the course's own source, between `// BEGIN EXERCISE N
   exercises.py release DIR          the participant's repository: every region a stub that stops the run
                                     with "exercise NN.K (...) is not done yet", a fresh history of one commit
   exercises.py check EX [--build B] builds what EX needs and runs its graded tests, PASS or FAIL each
+  exercises.py mistakes [--build B] [NAME...]
+                                    each common mistake (tests/mistakes/) written into its region in turn:
+                                    its exercise's graded tests must fail, saying what it names; the
+                                    course's own solution is put back (and rebuilt) after each
 
 Standard library only. Exit codes: 0 done, 1 a test failed, 2 bad input.
 """
@@ -29,20 +33,47 @@ HEADER = re.compile(r"^\s*// EXERCISE (\d\d\.\d+): (.+?)\.?\s*$")
 BEGIN = re.compile(r"^(\s*)// BEGIN EXERCISE (\d\d\.\d+)\s*$")
 END = re.compile(r"^\s*// END EXERCISE (\d\d\.\d+)\s*$")
 STUB = "course::exercise::not_done("
-# tests/CMakeLists.txt: course_exercise(NN.K EXECUTABLE name FILTER "pattern" LABEL chapter)
-REGISTERED = re.compile(r"^course_exercise\((\d\d\.\d+)\s+EXECUTABLE\s+(\S+)\s+FILTER\s+\"([^\"]+)\"", re.M)
+# tests/CMakeLists.txt: course_exercise(NN.K [NAME part] EXECUTABLE name ... FILTER "pattern" ...), one call a part
+REGISTERED = re.compile(r"^course_exercise\((\d\d\.\d+)\s([^)]*)\)", re.M)
 TIME_LIMIT_S = 600  # a check's build and tests together
+MISTAKES = ROOT / "tests" / "mistakes"
 
 
 class Bad(Exception):
     """Bad input or a malformed region: one line, exit code 2."""
 
 
-class Exercise:
+class Region:
+    """One region of an exercise: the lines between its BEGIN and END markers."""
+
     def __init__(self, id, title, path, begin, end, indent, body, inputs):
         self.id, self.title, self.path, self.begin, self.end = id, title, path, begin, end
         self.indent, self.body = indent, body  # begin, end: 1-based lines of the markers
         self.inputs = inputs  # the enclosing function's parameters, when the region is its body
+
+    @property
+    def done(self):
+        return STUB not in "".join(self.body)
+
+    def stub(self, handout, begin=None):
+        where = f"{self.path}:{begin or self.begin}"  # `begin`: the marker's line in the participant's file
+        inputs = "".join(", " + name for name in self.inputs)
+        return f'{self.indent}{STUB}"{self.id}", "{c_string(self.title)}", "{where}", "{handout}"{inputs});\n'
+
+
+class Exercise:
+    """An exercise: one region, or several in the same chapter where the idea is written in more than one
+    place (a broadcast in a constructor and an average after backward). Each region has its own task
+    comment and becomes its own stub."""
+
+    def __init__(self, first):
+        self.id, self.regions = first.id, [first]
+
+    # The first region stands for the exercise where one place is named (list, check).
+    title = property(lambda self: self.regions[0].title)
+    path = property(lambda self: self.regions[0].path)
+    begin = property(lambda self: self.regions[0].begin)
+    body = property(lambda self: [line for r in self.regions for line in r.body])
 
     @property
     def chapter(self):
@@ -55,12 +86,7 @@ class Exercise:
 
     @property
     def done(self):
-        return STUB not in "".join(self.body)
-
-    def stub(self, begin=None):
-        where = f"{self.path}:{begin or self.begin}"  # `begin`: the marker's line in the participant's file
-        inputs = "".join(", " + name for name in self.inputs)
-        return f'{self.indent}{STUB}"{self.id}", "{c_string(self.title)}", "{where}", "{self.handout}"{inputs});\n'
+        return all(r.done for r in self.regions)
 
 
 def parameters(signature):
@@ -120,10 +146,15 @@ def find(root=ROOT):
                 if not open_at or open_at[1] != m.group(1):
                     raise Bad(f"{rel}:{n}: END EXERCISE {m.group(1)} without its BEGIN")
                 id = m.group(1)
-                if id in found:
-                    raise Bad(f"{rel}:{n}: exercise {id} is also at {found[id].path}:{found[id].begin}")
-                found[id] = Exercise(id, title[1], rel, open_at[0], n, open_at[2], lines[open_at[0]:n - 1],
-                                     parameters(open_at[3]))
+                region = Region(id, title[1], rel, open_at[0], n, open_at[2], lines[open_at[0]:n - 1],
+                                parameters(open_at[3]))
+                if id not in found:
+                    found[id] = Exercise(region)
+                elif found[id].chapter != Exercise(region).chapter:
+                    raise Bad(f"{rel}:{n}: exercise {id} is also at {found[id].path}:{found[id].begin}, "
+                              "another chapter's")
+                else:
+                    found[id].regions.append(region)
                 open_at, title = None, None
         if open_at:
             raise Bad(f"{rel}:{open_at[0]}: exercise {open_at[1]} never ends")
@@ -131,8 +162,16 @@ def find(root=ROOT):
 
 
 def registered(root=ROOT):
+    """Each exercise's graded parts: [(test executable, gtest filter)], in the order registered."""
     text = (root / "tests" / "CMakeLists.txt").read_text(encoding="utf-8")
-    return {m.group(1): (m.group(2), m.group(3)) for m in REGISTERED.finditer(text)}
+    parts = {}
+    for m in REGISTERED.finditer(text):
+        executable = re.search(r"\bEXECUTABLE\s+(\S+)", m.group(2))
+        pattern = re.search(r'\bFILTER\s+"([^"]+)"', m.group(2))
+        if not executable or not pattern:
+            raise Bad(f"tests/CMakeLists.txt: course_exercise({m.group(1)} ...) needs EXECUTABLE and FILTER")
+        parts.setdefault(m.group(1), []).append((executable.group(1), pattern.group(1)))
+    return parts
 
 
 def pick(exercises, name):
@@ -144,9 +183,9 @@ def pick(exercises, name):
 def cmd_list(args):
     exercises, tests = find(), registered()
     for ex in exercises.values():
-        graded = tests.get(ex.id)
-        graded = f"{graded[0]} {graded[1]}" if graded else "NO GRADED TESTS"
-        print(f"{ex.id}  {ex.chapter:24} {str(ex.path)}:{ex.begin}  {ex.title}\n"
+        graded = "; ".join(f"{e} {f}" for e, f in tests.get(ex.id, [])) or "NO GRADED TESTS"
+        where = ", ".join(f"{r.path}:{r.begin}" for r in ex.regions)
+        print(f"{ex.id}  {ex.chapter:24} {where}  {ex.title}\n"
               f"       graded by ctest -L ^ex{ex.id}$ ({graded}); {'done' if ex.done else 'not done'} here")
     return 0
 
@@ -155,7 +194,10 @@ def cmd_solution(args):
     ex = pick(find(), args.exercise)
     if not ex.done:
         raise Bad(f"exercise {ex.id} is a stub in this tree ({ex.path}:{ex.begin}): its solution is in the course's own")
-    sys.stdout.write("".join(ex.body))
+    for k, region in enumerate(ex.regions):
+        if len(ex.regions) > 1:  # where each part goes
+            print(f"{'' if k == 0 else chr(10)}// {region.path}:{region.begin}: {region.title}")
+        sys.stdout.write("".join(region.body))
     return 0
 
 
@@ -170,7 +212,8 @@ def release(dest):
     exercises = find()
     by_file = {}
     for ex in exercises.values():
-        by_file.setdefault(ex.path, []).append(ex)
+        for region in ex.regions:
+            by_file.setdefault(region.path, []).append((region, ex.handout))
     scratch = Path(tempfile.mkdtemp(prefix=".release.", dir=dest.parent))
     try:
         for rel in (Path(p) for p in subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
@@ -182,15 +225,15 @@ def release(dest):
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
                 lines = src.read_text(encoding="utf-8").splitlines(keepends=True)
-                regions = sorted(by_file[rel], key=lambda e: e.begin)
+                regions = sorted(by_file[rel], key=lambda e: e[0].begin)
                 # Each stub names its BEGIN line in the participant's file: earlier regions, shortened to one
                 # line, move it up.
                 begins, shift = [], 0
-                for ex in regions:
-                    begins.append(ex.begin - shift)
-                    shift += (ex.end - 1 - ex.begin) - 1
-                for ex, begin in reversed(list(zip(regions, begins))):
-                    lines[ex.begin:ex.end - 1] = [ex.stub(begin)]
+                for region, _ in regions:
+                    begins.append(region.begin - shift)
+                    shift += (region.end - 1 - region.begin) - 1
+                for (region, handout), begin in reversed(list(zip(regions, begins))):
+                    lines[region.begin:region.end - 1] = [region.stub(handout, begin)]
                 out.write_text("".join(lines), encoding="utf-8")
             else:
                 shutil.copyfile(src, out)
@@ -217,29 +260,143 @@ def cmd_check(args):
     tests = registered()
     if ex.id not in tests:
         raise Bad(f"exercise {ex.id} has no graded tests (course_exercise in tests/CMakeLists.txt)")
-    build = Path(args.build)
-    if not (build / "CMakeCache.txt").is_file():
-        raise Bad(f"--build: {build} is not a configured build folder (scripts/setup.sh makes build/release)")
-    executable = tests[ex.id][0]
+    build = configured(args.build)
     try:
-        made = subprocess.run(["cmake", "--build", str(build), "--target", executable, ex.chapter],
-                              capture_output=True, text=True, timeout=TIME_LIMIT_S)
-        if made.returncode != 0:
-            print(f"FAIL  exercise {ex.id} does not build:\n{made.stdout[-3000:]}{made.stderr[-3000:]}")
-            return 1
-        ran = subprocess.run(["ctest", "--test-dir", str(build), "-L", f"^ex{re.escape(ex.id)}$", "--output-on-failure"],
-                             capture_output=True, text=True, timeout=TIME_LIMIT_S)
+        passed, output, reason = build_and_grade(build, ex, sorted({e for e, _ in tests[ex.id]}))
     except subprocess.TimeoutExpired:
         print(f"FAIL  exercise {ex.id}: no answer within {TIME_LIMIT_S} s (a rank waiting forever?)")
         return 1
-    print(("PASS" if ran.returncode == 0 else "FAIL") + f"  exercise {ex.id} ({ex.title})")
-    if ran.returncode != 0:
-        lines = ran.stdout.splitlines()
+    print(("PASS" if passed else "FAIL") + f"  exercise {ex.id} ({ex.title})" + ("" if passed else f": {reason}"))
+    if not passed:
+        lines = output.splitlines()
         first = next((l for key in ("is not done yet", "FAILED at", "Failure") for l in lines if key in l), None)
         if first:
             print("      " + first.strip())
-        print(ran.stdout[-4000:])
-    return 0 if ran.returncode == 0 else 1
+        print(output[-4000:])
+    return 0 if passed else 1
+
+
+class Mistake:
+    """A common mistake in an exercise, kept as tests/mistakes/NN.K_name.txt:
+
+        # what the mistake is, in a line or more
+        # exercise: 04.1
+        # caught by: text the failing graded tests print (a test's name, a message)
+        --- region 1
+        the region's lines, mistaken (regions not given keep the course's solution)
+    """
+
+    def __init__(self, path):
+        self.path, self.name, self.regions, self.why = path, path.stem, {}, []
+        self.exercise = self.caught_by = None
+        current = None
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(keepends=True), 1):
+            if current is None and line.startswith("# exercise:"):
+                self.exercise = line.split(":", 1)[1].strip()
+            elif current is None and line.startswith("# caught by:"):
+                self.caught_by = line.split(":", 1)[1].strip()
+            elif current is None and line.startswith("#"):
+                self.why.append(line[1:].strip())
+            elif m := re.match(r"^--- region (\d+)\s*$", line):
+                current = int(m.group(1))
+                self.regions[current] = []
+            elif current is not None:
+                self.regions[current].append(line)
+            elif line.strip():
+                raise Bad(f"{path}:{n}: a line outside '--- region N' (comments start with #)")
+        if not self.exercise or not self.caught_by or not self.regions:
+            raise Bad(f"{path}: a mistake needs '# exercise: NN.K', '# caught by: text' and a '--- region N'")
+
+    def apply(self, exercise):
+        """The files as this mistake writes them: {path: text}."""
+        texts = {}
+        for number in sorted(self.regions, reverse=True):  # later regions first: earlier lines stay put
+            if not 1 <= number <= len(exercise.regions):
+                raise Bad(f"{self.path}: exercise {exercise.id} has {len(exercise.regions)} region(s), not {number}")
+            region = exercise.regions[number - 1]
+            lines = texts.get(region.path, (ROOT / region.path).read_text(encoding="utf-8")).splitlines(keepends=True)
+            lines[region.begin:region.end - 1] = self.regions[number]
+            texts[region.path] = "".join(lines)
+        return texts
+
+
+def mistakes(names=None):
+    found = sorted(MISTAKES.glob("*.txt")) if MISTAKES.is_dir() else []
+    if names:
+        known = {p.stem: p for p in found}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise Bad(f"mistake '{missing[0]}' does not exist (mistakes: {', '.join(known) or 'none'})")
+        found = [known[n] for n in names]
+    return [Mistake(p) for p in found]
+
+
+def write_atomically(path, text):
+    """`path`'s new text through a temporary beside it (O_EXCL) renamed over it: never half written, and a
+    symlink at `path` is replaced, not followed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def build_and_grade(build, exercise, executables):
+    """Builds the exercise's tests and chapter, then runs its graded tests: (passed, output, reason)."""
+    made = subprocess.run(["cmake", "--build", str(build), "--target", *executables, exercise.chapter],
+                          capture_output=True, text=True, timeout=TIME_LIMIT_S)
+    if made.returncode != 0:
+        return False, made.stdout[-3000:] + made.stderr[-3000:], "does not build"
+    ran = subprocess.run(["ctest", "--test-dir", str(build), "-L", f"^ex{re.escape(exercise.id)}$", "--output-on-failure"],
+                         capture_output=True, text=True, timeout=TIME_LIMIT_S)
+    return ran.returncode == 0, ran.stdout + ran.stderr, "a graded test failed"
+
+
+def cmd_mistakes(args):
+    build = configured(args.build)
+    exercises, tests = find(), registered()
+    chosen = mistakes(args.names)
+    if not chosen:
+        raise Bad(f"no mistakes in {MISTAKES.relative_to(ROOT)}")
+    missed = 0
+    for mistake in chosen:
+        ex = pick(exercises, mistake.exercise)
+        executables = sorted({e for e, _ in tests.get(ex.id, [])})
+        originals = {path: (ROOT / path).read_text(encoding="utf-8") for path in {r.path for r in ex.regions}}
+        mistaken = mistake.apply(ex)
+        try:
+            for path, text in mistaken.items():
+                write_atomically(ROOT / path, text)
+            passed, output, _ = build_and_grade(build, ex, executables)
+        except subprocess.TimeoutExpired:
+            passed, output = False, f"(no answer within {TIME_LIMIT_S} s)"
+        finally:
+            for path, text in originals.items():
+                write_atomically(ROOT / path, text)
+        caught = not passed and mistake.caught_by in output
+        missed += not caught
+        print(f"{'CAUGHT' if caught else 'MISSED'}  {mistake.name} (exercise {ex.id}): {' '.join(mistake.why)}")
+        if not caught:
+            print(f"      expected the graded tests to fail saying '{mistake.caught_by}'; "
+                  f"{'they passed' if passed else 'they said otherwise'}:\n{output[-3000:]}")
+    # The course's own solutions back in the build, so that what runs next tests them.
+    restored = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
+    if restored.returncode != 0:
+        print(f"FAIL  the build with the solutions put back:\n{restored.stdout[-3000:]}{restored.stderr[-3000:]}")
+        return 1
+    return 0 if missed == 0 else 1
+
+
+def configured(build):
+    build = Path(build)
+    if not (build / "CMakeCache.txt").is_file():
+        raise Bad(f"--build: {build} is not a configured build folder (scripts/setup.sh makes build/release)")
+    return build
 
 
 def main():
@@ -253,9 +410,13 @@ def main():
     c = verbs.add_parser("check", help="build and run an exercise's graded tests")
     c.add_argument("exercise")
     c.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
+    m = verbs.add_parser("mistakes", help="each common mistake must fail its exercise's graded tests")
+    m.add_argument("names", nargs="*", help="mistakes by name (tests/mistakes/NAME.txt); all by default")
+    m.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
     args = parser.parse_args()
     try:
-        return {"list": cmd_list, "solution": cmd_solution, "release": cmd_release, "check": cmd_check}[args.verb](args)
+        return {"list": cmd_list, "solution": cmd_solution, "release": cmd_release, "check": cmd_check,
+                "mistakes": cmd_mistakes}[args.verb](args)
     except Bad as e:
         print(f"exercises.py: {e}", file=sys.stderr)
         return 2

@@ -299,6 +299,44 @@ TEST(DataParallelNaive, ATiedWeightIsOneParameterOneGradientOneAllReduce) {
   EXPECT_NE(std::vector<float>(row11.begin() + 11 * 16, row11.end()), std::vector<float>(16, 0.0f));  // from the head
 }
 
+// Exercise 04.1's broadcast: whatever seed each rank starts from, rank 0's parameters, every one of them.
+TEST(DataParallelNaive, RanksSeededDifferentlyStartFromRankZerosParameters) {
+  auto model = mlp(40 + static_cast<std::uint64_t>(world().rank()));
+  chapter04::DataParallelNaive ddp(model, world());
+  const auto rank0 = mlp(40);  // what rank 0 initialised
+  for (std::size_t i = 0; i < model->parameters().size(); ++i)
+    EXPECT_EQ(model->parameters()[i].to_host(), rank0->parameters()[i].to_host())
+        << "parameter " << i << " on rank " << world().rank() << " is not rank 0's";
+}
+
+// Exercise 04.1's average: every parameter's gradient, the last one too, becomes the mean of the ranks'
+// (ReduceOp::average's bits), and the parameters themselves are untouched.
+TEST(DataParallelNaive, EveryGradientBecomesTheMeanOfTheRanks) {
+  auto model = mlp(7);
+  chapter04::DataParallelNaive ddp(model, world());
+  auto local = mlp(7);
+  const data::Dataset d = data::make_house_prices_wide(64, 6, 5);
+  std::vector<std::int64_t> share;
+  for (std::int64_t i = world().rank(); i < 64; i += world().size()) share.push_back(i);
+  batch_loss(*model, d, share).backward();
+  batch_loss(*local, d, share).backward();
+  ddp.all_reduce_gradients();
+  ASSERT_EQ(model->parameters().size(), local->parameters().size());
+  for (std::size_t i = 0; i < local->parameters().size(); ++i) {
+    Tensor expected = local->parameters()[i].grad().clone();
+    world().all_reduce(expected, comm::ReduceOp::average);
+    EXPECT_EQ(model->parameters()[i].grad().to_host(), expected.to_host()) << "the gradient of parameter " << i;
+    EXPECT_EQ(model->parameters()[i].to_host(), local->parameters()[i].to_host()) << "parameter " << i << " changed";
+  }
+  EXPECT_EQ(ddp.stats().messages_per_step, model->parameters().size());  // one all-reduce per gradient
+}
+
+// Exercise 04.1's check: a parameter that received no gradient is named before any rank waits for it.
+TEST(DataParallelNaive, AParameterWithoutAGradientIsALogicError) {
+  chapter04::DataParallelNaive ddp(mlp(7), world());
+  EXPECT_THROW(ddp.all_reduce_gradients(), std::logic_error);
+}
+
 TEST(DistributedSampler, RanksBatchesMakeUpTheGlobalBatch) {
   parallel::DistributedSampler sampler(101, world(), 7);
   const std::int64_t local = 5;

@@ -49,7 +49,9 @@ def main():
     check(listed.returncode == 0 and all(ex.id in listed.stdout for ex in found.values()), "list names every exercise")
     for ex in found.values():
         solution = run("solution", ex.id)
-        check(solution.returncode == 0 and solution.stdout == "".join(ex.body), f"solution {ex.id} prints its region")
+        check(solution.returncode == 0 and all("".join(r.body) in solution.stdout for r in ex.regions) and
+              (len(ex.regions) == 1 or all(f"{r.path}:{r.begin}" in solution.stdout for r in ex.regions)),
+              f"solution {ex.id} prints its regions, each named where there are several")
     missing = run("solution", "99.9")
     check(missing.returncode == 2 and missing.stderr.count("\n") == 1 and "99.9" in missing.stderr,
           "an unknown exercise is one line and exit code 2")
@@ -67,15 +69,21 @@ def main():
         stubs = exercises.find(dest)
         check(set(stubs) == set(found), "the copy holds every exercise")
         for id, stub in stubs.items():
-            text = "".join(stub.body)
-            check(not stub.done, f"exercise {id} is a stub in the copy")
-            check(f'"{id}"' in text and f'"{stub.path}:{stub.begin}"' in text and "README.md#exercises" in text,
-                  f"exercise {id}'s stub names it, its file and line and its handout")
+            check(len(stub.regions) == len(found[id].regions), f"exercise {id} keeps its {len(found[id].regions)} region(s)")
+            for region in stub.regions:
+                text = "".join(region.body)
+                check(not region.done, f"exercise {id} ({region.path}:{region.begin}) is a stub in the copy")
+                check(f'"{id}"' in text and f'"{region.path}:{region.begin}"' in text and "README.md#exercises" in text,
+                      f"exercise {id}'s stub names it, its file and line and its handout")
             solution_lines = {l.strip() for l in found[id].body if l.strip() and not l.strip().startswith("//")}
             check(not any(l.strip() in solution_lines for l in stub.body), f"no line of {id}'s solution is left")
-        for path in sorted({str(ex.path) for ex in stubs.values()}):
+        for path in sorted({str(r.path) for ex in stubs.values() for r in ex.regions}):
+            source = dest / path
+            if path.endswith(".h"):  # a header, compiled as a file that includes it (no "#pragma once in main file")
+                source = Path(scratch) / "includes_header.cpp"
+                source.write_text(f'#include "{path}"\n')
             compiled = subprocess.run([compiler, "-std=c++20", "-Wall", "-Wextra", "-fsyntax-only", "-I", str(dest)] +
-                                      [f"-I{i}" for i in includes] + [str(dest / path)], capture_output=True, text=True)
+                                      [f"-I{i}" for i in includes] + [str(source)], capture_output=True, text=True)
             check(compiled.returncode == 0 and "warning" not in compiled.stderr,
                   f"{path} compiles in the copy without a warning:\n{compiled.stderr[-2000:]}")
 

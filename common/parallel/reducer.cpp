@@ -21,6 +21,23 @@ std::string layer_of(const std::string& name) {
 
 }  // namespace
 
+std::vector<std::vector<std::size_t>> assign_buckets_by_size(const std::vector<std::size_t>& order,
+                                                             const std::vector<std::size_t>& bytes,
+                                                             std::size_t first_cap, std::size_t cap) {
+  std::vector<std::vector<std::size_t>> buckets;
+  std::size_t filled = 0;
+  for (std::size_t index : order) {
+    const std::size_t limit = buckets.size() <= 1 ? first_cap : cap;  // the bucket being filled: the first?
+    if (buckets.empty() || (!buckets.back().empty() && filled + bytes[index] > limit)) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(index);
+    filled += bytes[index];
+  }
+  return buckets;
+}
+
 Reducer::Reducer(std::vector<nn::NamedTensor> parameters, comm::Communicator& group, ReducerOptions options)
     : parameters_(std::move(parameters)), group_(group), options_(options) {
   if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
@@ -34,19 +51,33 @@ Reducer::Reducer(std::vector<nn::NamedTensor> parameters, comm::Communicator& gr
 }
 
 void Reducer::build(const std::vector<std::size_t>& order) {
-  std::vector<Bucket> buckets;
-  std::size_t bytes = 0, cap = megabytes_to_bytes(options_.first_bucket_mb);
-  for (std::size_t index : order) {
-    const std::size_t size = parameters_[index].second.nbytes();
-    const bool full = !buckets.empty() && !buckets.back().parameters.empty() && bytes + size > cap;
-    if (buckets.empty() || full) {
-      if (!buckets.empty()) cap = megabytes_to_bytes(options_.bucket_cap_mb);
-      buckets.emplace_back();
-      bytes = 0;
+  std::vector<std::size_t> sizes(parameters_.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) sizes[i] = parameters_[i].second.nbytes();
+  const BucketAssignment& assign = options_.assign_buckets ? options_.assign_buckets : assign_buckets_by_size;
+  const auto groups = assign(order, sizes, megabytes_to_bytes(options_.first_bucket_mb),
+                             megabytes_to_bytes(options_.bucket_cap_mb));
+  // A wrong assignment would all-reduce a gradient twice or never: refused here, the parameter named.
+  std::vector<int> seen(parameters_.size(), 0);
+  for (const auto& group : groups) {
+    if (group.empty()) throw std::logic_error("Reducer: the bucket assignment made an empty bucket");
+    for (std::size_t index : group) {
+      if (index >= parameters_.size())
+        throw std::logic_error("Reducer: the bucket assignment names parameter " + std::to_string(index) + " of " +
+                               std::to_string(parameters_.size()));
+      if (++seen[index] > 1)
+        throw std::logic_error("Reducer: the bucket assignment puts '" + parameters_[index].first + "' in two buckets");
     }
-    buckets.back().parameters.push_back(index);
-    buckets.back().offsets.push_back(bytes / sizeof(float));
-    bytes += size;
+  }
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    if (seen[i] == 0) throw std::logic_error("Reducer: the bucket assignment leaves out '" + parameters_[i].first + "'");
+  std::vector<Bucket> buckets(groups.size());
+  for (std::size_t b = 0; b < groups.size(); ++b) {
+    std::size_t elements = 0;
+    for (std::size_t index : groups[b]) {
+      buckets[b].parameters.push_back(index);
+      buckets[b].offsets.push_back(elements);
+      elements += static_cast<std::size_t>(parameters_[index].second.numel());
+    }
   }
   // One flat buffer per bucket; each gradient becomes a view into it, keeping any values it had.
   bucket_of_.assign(parameters_.size(), 0);

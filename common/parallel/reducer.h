@@ -27,6 +27,17 @@
 
 namespace course::parallel {
 
+// Which parameters share a bucket (PyTorch's _compute_bucket_assignment_by_size). `order`: the
+// parameters' indices in the order their gradients are expected (reverse registration at first, the
+// observed order after the rebuild); `bytes[i]`: parameter i's gradient size. The parameters are taken in
+// that order; one that would take a non-empty bucket past its cap starts the next bucket. The first
+// bucket's cap is `first_cap`, every later one's `cap` (bytes). Returns the buckets, each its parameters.
+using BucketAssignment = std::function<std::vector<std::vector<std::size_t>>(
+    const std::vector<std::size_t>& order, const std::vector<std::size_t>& bytes, std::size_t first_cap, std::size_t cap)>;
+std::vector<std::vector<std::size_t>> assign_buckets_by_size(const std::vector<std::size_t>& order,
+                                                             const std::vector<std::size_t>& bytes,
+                                                             std::size_t first_cap, std::size_t cap);
+
 struct ReducerOptions {
   double bucket_cap_mb = 25;           // PyTorch's default
   double first_bucket_mb = 1;          // PyTorch's default: the first bucket starts communication early
@@ -38,6 +49,9 @@ struct ReducerOptions {
   // float16 for half the bytes, each bucket divided by the world size, rounded, summed in that type and
   // widened back (comm_hooks.h: average_hook). A registered hook replaces it.
   DType reduce_dtype = DType::float32;
+  // Another assignment of the same contract (chapter 05's own, its exercise); empty: assign_buckets_by_size.
+  // Whatever it returns is checked: every parameter in exactly one bucket, no bucket empty.
+  BucketAssignment assign_buckets;
 };
 
 struct Bucket {
