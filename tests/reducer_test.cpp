@@ -171,6 +171,34 @@ struct PartlyUsed : nn::Module {
   bool skip_second = true;
 };
 
+// An assignment of another hand (chapter 05's exercise) that would all-reduce a gradient never or twice is
+// refused when the buckets are built, the parameter named; a right one is used as given.
+TEST(Reducer, AnAssignmentThatDropsOrRepeatsAParameterIsRefused) {
+  using Buckets = std::vector<std::vector<std::size_t>>;
+  // mlp()'s eight parameters: 0.weight, 0.bias, 2.weight, 2.bias, 4.weight, 4.bias, 6.weight, 6.bias.
+  const std::vector<std::pair<Buckets, std::string>> wrong = {
+      {{{7, 6, 5, 4, 3, 2, 1}}, "leaves out '0.weight'"},
+      {{{7, 6, 5}, {4, 3, 2, 1, 0, 3}}, "puts '2.bias' in two buckets"},
+      {{{7, 6, 5, 4, 3, 2, 1, 0}, {}}, "an empty bucket"},
+      {{{7, 6, 5, 4, 3, 2, 1, 0, 8}}, "names parameter 8 of 8"}};
+  for (const auto& [buckets, message] : wrong) {
+    parallel::ReducerOptions options;
+    options.assign_buckets = [&buckets = buckets](auto&&...) { return buckets; };
+    try {
+      parallel::DistributedDataParallel ddp(mlp(1), world(), options);
+      ADD_FAILURE() << "accepted an assignment that should say: " << message;
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  parallel::ReducerOptions options;
+  options.assign_buckets = [](auto&&...) { return Buckets{{7, 5}, {6, 4, 3, 2, 1, 0}}; };
+  parallel::DistributedDataParallel ddp(mlp(1), world(), options);
+  ASSERT_EQ(ddp.reducer().buckets().size(), 2u);
+  EXPECT_EQ(ddp.reducer().buckets()[0].parameters, (std::vector<std::size_t>{7, 5}));
+  EXPECT_EQ(ddp.reducer().buckets()[1].parameters, (std::vector<std::size_t>{6, 4, 3, 2, 1, 0}));
+}
+
 TEST(Reducer, AnUnusedParameterIsAnErrorOrZero) {
   Tensor x = Tensor::randn({3, 4}, 7);
   {
