@@ -1,7 +1,8 @@
 // Chapter 06's checkpoints, loaded and saved for the run, and --fail-at-step's kills.
 #include "06_checkpoint_failover/checkpoints.h"
 
-#include "06_checkpoint_failover/checks.h"  // restores_into: --verify's reference restores on its own
+#include "06_checkpoint_failover/atomic_write.h"  // write_file: the chapter's atomic write (exercise 06.1)
+#include "06_checkpoint_failover/checks.h"        // restores_into: --verify's reference restores on its own
 
 namespace course::chapter06 {
 
@@ -9,7 +10,9 @@ Checkpoints::Checkpoints(const Options& o, comm::Communicator& group, const nn::
                          std::int64_t global_batch, checkpoint::TrainingState& state, verify::StepCheck& check,
                          Report& report, metrics::MetricsWriter& metrics)
     : o_(o), group_(group), trainer_(trainer), state_(state), check_(check), report_(report), metrics_(metrics),
-      folder_(o.checkpoints.dir, o.checkpoints.keep), identity_(run_identity(o, task, *trainer.model, global_batch)) {}
+      folder_(o.checkpoints.dir, o.checkpoints.keep), identity_(run_identity(o, task, *trainer.model, global_batch)) {
+  folder_.set_writer(write_file);  // every file of the folder written by the chapter's own atomic write (06.1)
+}
 
 std::int64_t Checkpoints::load() {
   const checkpoint::Start start = checkpoint::resume_training(group_, folder_, o_.checkpoints.resume, identity_,

@@ -22,7 +22,7 @@ std::size_t CheckpointFolder::save(std::int64_t step, const NamedTensors& tensor
   fs::create_directories(dir(), error);
   if (error) throw CheckpointError(dir() + ": cannot create the checkpoint folder (" + error.message() + ")");
   const std::string path = path_for(step);
-  save_safetensors(path, tensors, metadata, progress);
+  save_safetensors(path, tensors, metadata, progress, writer());
   commit(step);  // the pointer moves only once the checkpoint it names is complete and durable
   return static_cast<std::size_t>(fs::file_size(path, error));
 }

@@ -76,6 +76,18 @@ std::string checksum_of(nlohmann::json header, const std::vector<std::string_vie
   return checksum_text(hash.finish());
 }
 
+// The header as it opens the file: its length (8 bytes, little-endian), then the JSON with `sum` as its
+// checksum, padded with spaces so that the data section starts 8-byte aligned.
+std::string header_bytes_with(nlohmann::json header, const std::string& sum) {
+  header["__metadata__"]["checksum"] = sum;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string prefix(8, '\0');
+  const std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) prefix[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return prefix + text;
+}
+
 void fsync_or_fail(int fd, const std::string& path) {
   if (::fsync(fd) != 0) throw CheckpointError(path, std::string("fsync failed (") + std::strerror(errno) + ")");
 }
@@ -162,7 +174,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
 }
 
 std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata,
-                      const WriteProgress& progress) {
+                      const WriteProgress& progress, const FileWriter& writer) {
   // The bytes go from each tensor's memory to the file: no copy on the CPU, one to the host for CUDA.
   std::vector<Tensor> staged;  // CUDA tensors' host copies, kept alive until written
   std::vector<std::string_view> data;
@@ -189,19 +201,18 @@ std::string save_safetensors(const std::string& path, const NamedTensors& tensor
   nlohmann::json meta = nlohmann::json::object();
   for (const auto& [key, value] : metadata) meta[key] = value;
   header["__metadata__"] = meta;
+  if (writer) {  // another writer: the whole file in order, its header (and so its checksum) first
+    const std::string sum = checksum_of(header, data);
+    const std::string first = header_bytes_with(header, sum);
+    std::vector<std::string_view> pieces{first};
+    pieces.insert(pieces.end(), data.begin(), data.end());
+    writer(path, pieces, progress);
+    return sum;
+  }
   // The checksum is computed on another thread while the data goes out, and the header is written
   // last, over a placeholder of the same length: hashing costs no time next to the disk.
   auto checksum = std::async(std::launch::async, [&] { return checksum_of(header, data); });
-  auto header_bytes = [&](const std::string& sum) {
-    nlohmann::json full = header;
-    full["__metadata__"]["checksum"] = sum;
-    std::string text = full.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-    std::string prefix(8, '\0');
-    const std::uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) prefix[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
-    return prefix + text;
-  };
+  auto header_bytes = [&](const std::string& sum) { return header_bytes_with(header, sum); };
   const std::string placeholder = header_bytes(std::string(16, '0'));  // a checksum is 16 hex digits
   std::vector<std::string_view> pieces{placeholder};
   pieces.insert(pieces.end(), data.begin(), data.end());

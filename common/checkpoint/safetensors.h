@@ -34,10 +34,17 @@ struct CheckpointError : std::runtime_error {
 // --fail-during-save, which kills the writer halfway to show that the previous checkpoint survives.
 using WriteProgress = std::function<void(std::size_t written, std::size_t total)>;
 
+// How bytes reach a file atomically: write_file_atomically (below), or another of its contract given to a
+// checkpoint folder (chapter 06's own, its exercise 06.1).
+using FileWriter = std::function<void(const std::string& path, const std::vector<std::string_view>& pieces,
+                                      const WriteProgress& progress)>;
+
 // Writes `tensors` (float32, bfloat16 or float16: F32, BF16, F16; any device) and `metadata` to `path` atomically, and returns the checksum it
-// recorded (16 hex digits). Throws CheckpointError.
+// recorded (16 hex digits). Throws CheckpointError. `writer`: another FileWriter than the library's (which
+// writes the header last, its checksum computed while the data goes out); given one, the checksum is
+// computed first and the file handed over whole.
 std::string save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {},
-                      const WriteProgress& progress = {});
+                      const WriteProgress& progress = {}, const FileWriter& writer = {});
 
 struct Loaded {
   NamedTensors tensors;  // on the CPU, in the file's order of offsets

@@ -91,7 +91,9 @@ bool StepFolder::has_checkpoints() const {
 }
 
 void StepFolder::commit(std::int64_t step) const {
-  write_file_atomically(latest_pointer(), fs::path(path_of(step)).filename().string() + "\n");
+  const std::string pointer = fs::path(path_of(step)).filename().string() + "\n";
+  if (writer_) writer_(latest_pointer(), {pointer}, {});
+  else write_file_atomically(latest_pointer(), pointer);
   const auto on_disk = steps_on_disk();
   std::error_code error;
   for (std::size_t i = static_cast<std::size_t>(keep_); i < on_disk.size(); ++i) fs::remove_all(on_disk[i].second, error);

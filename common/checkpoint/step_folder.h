@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/checkpoint/safetensors.h"  // FileWriter
+
 namespace course::checkpoint {
 
 // Whether a run of `steps` steps writes a checkpoint once `step` steps are done: every `every` steps,
@@ -40,6 +42,10 @@ class StepFolder {
   // Whether the folder holds a pointer or any complete step (a fresh run refuses to overwrite them; what a
   // writer that died left half-written is not a checkpoint).
   bool has_checkpoints() const;
+  // How this folder's files reach the disk: the library's write_file_atomically unless given another
+  // (chapter 06 gives its own, exercise 06.1). Every file of the folder goes through it, `latest` too.
+  void set_writer(FileWriter writer) { writer_ = std::move(writer); }
+  const FileWriter& writer() const { return writer_; }
   virtual ~StepFolder() = default;
 
  protected:
@@ -54,6 +60,7 @@ class StepFolder {
   int keep_;
   std::string suffix_;
   bool folders_;
+  FileWriter writer_;
 };
 
 }  // namespace course::checkpoint
