@@ -17,6 +17,7 @@
 #include "07_zero/checkpoints.h"                 // --ckpt-dir's sharded checkpoints, loaded and saved
 #include "07_zero/options.h"                     // the chapter's flags
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
+#include "07_zero/shards.h"                      // the lesson: the pieces of the parameters a rank owns
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards
 #include "common/comm/agree.h"                   // all_reduce_scalar: the ranks' mean loss
 #include "common/cli/precision_options.h"        // --tf32
@@ -61,6 +62,7 @@ StageRun train(const Options& o, const RunPlan& plan, const nn::TrainingTask& ta
   // gradients (2), the parameters (3). The rest (AdamW, clipping, precision, offload) is every stage's.
   parallel::ZeroOptions options = zero_options(o);
   options.stage = plan.stage, options.prefetch = plan.prefetch;
+  options.owned_segments = chapter07::owned_segments;  // which pieces of each unit this rank updates (shards.cpp)
   parallel::ZeroOptimizer zero(*model, group, options);
   parallel::DistributedSampler sampler(task.size, group, o.common.seed);
   const std::int64_t local_batch = global_batch / group.size();

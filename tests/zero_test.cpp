@@ -134,6 +134,26 @@ Result train(const TrainingRun& run) {
   return result;
 }
 
+// Another hand's pieces (chapter 07's exercise 07.1) that reach outside a parameter or the rank's part are
+// refused before AdamW writes through them, naming the unit and the rank.
+TEST(Zero, OwnedPiecesOutsideTheirParameterOrPartAreRefused) {
+  auto model = nn::make_mlp(6, 32, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+  parallel::ZeroOptions options;
+  options.stage = 1;
+  options.owned_segments = [](const std::vector<std::int64_t>& numels, std::int64_t part, int) {
+    return std::vector<parallel::FlatSegment>{{0, 0, 0, std::min(numels[0], part) + 1}};  // every rank, one too long
+  };
+  parallel::ZeroOptimizer zero(*model, world(), options);
+  sum((*model)(Tensor::randn({4, 6}, 1))).backward();
+  try {
+    zero.step();
+    ADD_FAILURE() << "a piece one element too long was used";
+  } catch (const std::logic_error& e) {
+    const std::string named = "rank " + std::to_string(world().rank()) + " a piece outside its parameter or its part";
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+  }
+}
+
 TEST(Zero, StageZeroOnOneRankIsAdamWBitForBit) {
   // Every rank alone, in a group of its own, at any world size.
   auto alone = world().split(world().rank(), 0);

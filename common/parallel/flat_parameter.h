@@ -46,6 +46,7 @@ class FlatLayout {
   std::int64_t padded() const { return padded_; }  // the flat buffer's length
   std::int64_t shard() const { return padded_ / shards_; }  // one rank's share of every unit together
   std::int64_t offset_of(std::size_t param) const { return offsets_[param]; }
+  std::int64_t numel_of(std::size_t param) const { return numels_[param]; }
   std::size_t unit_of(std::size_t param) const { return unit_of_[param]; }
   // The pieces of parameters in rank `rank`'s part of `unit`.
   std::vector<FlatSegment> segments(std::size_t unit, int rank) const;

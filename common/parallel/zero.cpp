@@ -252,7 +252,7 @@ void ZeroOptimizer::update(const Tensor& grads) {
   std::vector<AdamTensor> list;  // every segment this rank owns, one launch on a GPU
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const FlatUnit& unit = layout_.units()[u];
-    for (const FlatSegment& s : layout_.segments(u, me)) {
+    for (const FlatSegment& s : segments_owned(u, me)) {
       const std::int64_t flat = unit.offset + me * unit.part + s.part_offset, shard = unit.shard_offset + s.part_offset;
       float* param = has_master() ? master_.data() + shard
                      : options_.stage == 3 ? param_shard_.data() + shard
@@ -262,6 +262,28 @@ void ZeroOptimizer::update(const Tensor& grads) {
     }
   }
   kernels(grads.device()).adam_step(list, a);
+}
+
+// The pieces of unit `u` that rank `rank` updates: the layout's, or options.owned_segments' (chapter 07's
+// exercise), each checked to lie inside its parameter and the rank's part before AdamW writes through it.
+std::vector<FlatSegment> ZeroOptimizer::segments_owned(std::size_t u, int rank) const {
+  if (!options_.owned_segments) return layout_.segments(u, rank);
+  const FlatUnit& unit = layout_.units()[u];
+  std::vector<std::int64_t> numels;
+  for (std::size_t p : unit.params) numels.push_back(layout_.numel_of(p));
+  std::vector<FlatSegment> pieces = options_.owned_segments(numels, unit.part, rank);
+  for (FlatSegment& s : pieces) {
+    const bool inside = s.param < numels.size() && s.length > 0 && s.param_offset >= 0 && s.part_offset >= 0 &&
+                        s.param_offset + s.length <= numels[s.param] && s.part_offset + s.length <= unit.part;
+    if (!inside)
+      throw std::logic_error("ZeroOptimizer: owned_segments gives unit " + std::to_string(u) + ", rank " +
+                             std::to_string(rank) + " a piece outside its parameter or its part (parameter " +
+                             std::to_string(s.param) + ", from " + std::to_string(s.param_offset) + " in it and " +
+                             std::to_string(s.part_offset) + " in the part, " + std::to_string(s.length) +
+                             " elements; the part holds " + std::to_string(unit.part) + ")");
+    s.param = unit.params[s.param];  // the position in the unit, as the layout numbers parameters
+  }
+  return pieces;
 }
 
 // The masters into the parameters the model computes with: rounded to 16 bits in mixed precision, and

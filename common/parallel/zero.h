@@ -107,6 +107,12 @@ struct ZeroOptions {
   // this rank's part of the parameters too.
   enum class Offload { none, optimizer, parameters };
   Offload offload = Offload::none;
+  // Which pieces of a unit's parameters a rank updates: given the unit's parameters' element counts in
+  // their layout order, one rank's part (`part` elements) and the rank, the pieces of its part, each
+  // FlatSegment's `param` the parameter's position in that order. Empty: FlatLayout::segments. Chapter 07
+  // gives its own (exercise 07.1); each piece is checked to lie inside its parameter and the rank's part.
+  std::function<std::vector<FlatSegment>(const std::vector<std::int64_t>& numels, std::int64_t part, int rank)>
+      owned_segments;
 };
 const char* offload_name(ZeroOptions::Offload offload);  // "none", "optimizer", "parameters"
 
@@ -201,6 +207,7 @@ class ZeroOptimizer {
   Tensor update_gradients();        // the held gradients in float32: themselves, or widened (mixed)
   double clip(const Tensor& grads);
   void update(const Tensor& grads);
+  std::vector<FlatSegment> segments_owned(std::size_t unit, int rank) const;
   void round_parameters();          // mixed: the masters rounded into the 16-bit parameters this rank updates
   void gather_parameters();
   Tensor part_of(const Tensor& flat_unit_buffer, std::size_t unit) const;  // this rank's part of a unit
