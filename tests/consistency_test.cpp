@@ -61,6 +61,28 @@ TEST(CheckCollectives, RanksInDifferentCollectivesAreNamed) {
       << what;
 }
 
+// Point to point is not collective: ranks that sent different numbers of messages still agree on the next
+// collective (a pipeline's middle stages send more than its ends).
+TEST(CheckCollectives, MessagesBetweenSomeRanksDoNotCount) {
+  Tensor message = Tensor::zeros({3});
+  if (world().rank() == 0) for (int i = 0; i < 2; ++i) world().send(message, 1);
+  if (world().rank() == 1) for (int i = 0; i < 2; ++i) world().recv(message, 0);
+  Tensor t = Tensor::ones({2});
+  EXPECT_EQ(thrown([&] { world().all_reduce(t, comm::ReduceOp::sum); }), "");
+  EXPECT_EQ(t.to_host(), std::vector<float>(2, static_cast<float>(world().size())));
+}
+
+// A rank that skipped a collective and calls another kind next is named there.
+TEST(CheckCollectives, ARankThatSkippedACollectiveIsNamedAtItsNext) {
+  Tensor t = Tensor::ones({2});
+  const std::string what = thrown([&] {
+    if (world().rank() != 1) world().broadcast(t, 0);  // rank 1 skips it
+    world().all_reduce(t, comm::ReduceOp::sum);
+  });
+  EXPECT_NE(what.find("disagree on the collective: rank 0 gives broadcast, rank 1 gives all_reduce"), std::string::npos)
+      << what;
+}
+
 TEST(CheckCollectives, RanksAveragingAgainstSummingAreNamed) {
   Tensor t = Tensor::zeros({2});
   const std::string what = thrown([&] {

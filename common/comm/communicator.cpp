@@ -126,7 +126,7 @@ WorkHandle Communicator::submit(Collective c) {
   long sequence = ++sequence_;
   std::uint64_t id = watchdog_begin(op_name(c.kind), sequence, rank(), timeout_);
   try {
-    if (consistency_checks()) check_consistency(c, sequence);
+    if (consistency_checks()) check_consistency(c);
     return std::make_shared<WatchedWork>(start(c), id);
   } catch (...) {
     watchdog_end(id);

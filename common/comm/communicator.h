@@ -143,11 +143,12 @@ class Communicator {
   WorkHandle submit(Collective c);  // checks arguments, numbers the op, attaches the watchdog
   // COURSE_CHECK_COLLECTIVES=1 (consistency.cpp): the ranks compare each collective before running it.
   static bool consistency_checks();
-  void check_consistency(const Collective& c, long sequence);
+  void check_consistency(const Collective& c);
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what) const;
   Placement placement_;
   long sequence_ = 0;
+  long collectives_ = 0;  // the collectives alone (not point to point), to name one in the check's message
   std::int64_t bytes_sent_ = 0;
   bool ring_order_ = false;
 };

@@ -14,10 +14,12 @@
 namespace course::comm {
 namespace {
 
-// What every rank must agree on. The sequence number modulo 2^20 keeps it exact in a float32.
-enum Field { kKind, kSequence, kRoot, kOp, kElement, kDType, kCount, kFields };
-const char* const kFieldNames[kFields] = {"collective", "position in the sequence of collectives", "root",
-                                          "reduction", "packed element type", "element type", "element count"};
+// What every rank must agree on. (Not the collective's number: every check is itself a collective of
+// them all, so the ranks' counts advance together; a rank that skipped a collective shows as the next one
+// it calls, of another kind, or as a wait the watchdog ends.)
+enum Field { kKind, kRoot, kOp, kElement, kDType, kCount, kFields };
+const char* const kFieldNames[kFields] = {"collective", "root", "reduction", "packed element type", "element type",
+                                          "element count"};
 
 bool rooted(OpKind k) { return k == OpKind::broadcast || k == OpKind::reduce || k == OpKind::scatter || k == OpKind::gather; }
 bool reduces(OpKind k) { return k == OpKind::reduce || k == OpKind::all_reduce || k == OpKind::reduce_scatter; }
@@ -57,12 +59,12 @@ bool Communicator::consistency_checks() {
   return on;
 }
 
-void Communicator::check_consistency(const Collective& c, long sequence) {
+void Communicator::check_consistency(const Collective& c) {
   if (c.kind == OpKind::send || c.kind == OpKind::recv || c.kind == OpKind::send_recv) return;  // not collective
+  const long sequence = ++collectives_;  // this group's collectives so far, to name this one
   const Tensor* shared = shared_tensor(c);
   const bool sized = shared && shared->defined();
   float mine[kFields] = {static_cast<float>(c.kind),
-                         static_cast<float>(sequence % (1L << 20)),
                          rooted(c.kind) ? static_cast<float>(c.root) : 0.0f,
                          reduces(c.kind) ? static_cast<float>(c.op) : 0.0f,
                          static_cast<float>(c.element),
