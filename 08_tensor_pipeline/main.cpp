@@ -16,6 +16,7 @@
 #include "08_tensor_pipeline/context_parallel.h"   // lesson 3: sequences split, attention over the CP group
 #include "08_tensor_pipeline/grid.h"               // lesson 4: the grid, each rank's part of the model
 #include "08_tensor_pipeline/pipeline.h"           // lesson 2: run_stages, the schedule played
+#include "08_tensor_pipeline/schedule.h"           // lesson 2: the 1F1B schedule, as data (exercise 08.1)
 #include "08_tensor_pipeline/tensor_parallel.h"    // lesson 1: accumulate, clip_across_the_grid
 #include "08_tensor_pipeline/options.h"            // the chapter's flags
 #include "08_tensor_pipeline/report.h"             // the stages' figures, the timeline
@@ -152,7 +153,7 @@ int run(Options o, cli::Session& session) {
     return sweep(o, task, topology, device, session.metrics, network);
   }
   if (topology.pp_size() > 1)
-    log("%s", parallel::describe(parallel::make_schedule(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
+    log("%s", parallel::describe(schedule_for(o.schedule, topology.pp_size(), o.micro_batches, o.virtual_stages)).c_str());
   cli::arm_faults(o.faults, o.verify, o.training.steps);
   GridRun run = train_grid(o, task, topology, device, o.schedule, o.micro_batches, &session.metrics, o.verify);
   report_run(o, task, topology, run, network, session.metrics);

@@ -1,7 +1,7 @@
 // Lesson 2: pipeline parallelism, the chapter's side (the schedules and their player: common/parallel/pipeline*.cpp).
 #include "08_tensor_pipeline/pipeline.h"
 
-#include "common/parallel/pipeline_schedule.h"
+#include "08_tensor_pipeline/schedule.h"  // the schedule played: 1F1B the chapter's own (exercise 08.1)
 
 namespace course::chapter08 {
 
@@ -20,7 +20,7 @@ parallel::PipelineStep run_stages(GridRun& run, const ChapterTask& task, paralle
   std::vector<parallel::DistributedDataParallel*> replicas;  // DDP of the stage, or of each chunk
   for (auto& ddp : run.ddp) replicas.push_back(ddp.get());
   return parallel::run_pipeline(*run.stage, links,
-                                parallel::make_schedule(schedule, p, static_cast<int>(parts.size()), run.stage->chunks()),
+                                schedule_for(schedule, p, static_cast<int>(parts.size()), run.stage->chunks()),
                                 ids, targets, data::AdditionTask::kIgnore, replicas, &training.mixed_precision());
 }
 
