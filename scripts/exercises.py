@@ -11,10 +11,17 @@ An exercise is a region of the course's own source, between `// BEGIN EXERCISE N
   exercises.py release DIR          the participant's repository: every region a stub that stops the run
                                     with "exercise NN.K (...) is not done yet", a fresh history of one commit
   exercises.py check EX [--build B] builds what EX needs and runs its graded tests, PASS or FAIL each
-  exercises.py mistakes [--build B] [NAME...]
-                                    each common mistake (tests/mistakes/) written into its region in turn:
-                                    its exercise's graded tests must fail, saying what it names; the
-                                    course's own solution is put back (and rebuilt) after each
+  exercises.py mistakes [--build B] [--quick] [NAME...]
+                                    each common mistake (tests/mistakes/) written into its region: its
+                                    exercise's graded tests must fail, saying what it names (mistakes in
+                                    different files are tried together); the solutions are put back and
+                                    rebuilt after
+  exercises.py stubs [--build B] [--quick]
+                                    every region its stub, as in the participant's copy: every graded test
+                                    must fail with its exercise's not-done line (no crash, no hang)
+  exercises.py selftest [--build B] [--quick]
+                                    stubs, then mistakes, one rebuild after: what CI runs
+  --quick: the graded tests without the long ones (those that run the chapters)
 
 Standard library only. Exit codes: 0 done, 1 a test failed, 2 bad input.
 """
@@ -201,6 +208,21 @@ def cmd_solution(args):
     return 0
 
 
+def stubbed(text, regions):
+    """A file's text with each of `regions` ([(Region, handout)], all in this file) replaced by its stub."""
+    lines = text.splitlines(keepends=True)
+    regions = sorted(regions, key=lambda e: e[0].begin)
+    # Each stub names its BEGIN line in the participant's file: earlier regions, shortened to one line,
+    # move it up.
+    begins, shift = [], 0
+    for region, _ in regions:
+        begins.append(region.begin - shift)
+        shift += (region.end - 1 - region.begin) - 1
+    for (region, handout), begin in reversed(list(zip(regions, begins))):
+        lines[region.begin:region.end - 1] = [region.stub(handout, begin)]
+    return "".join(lines)
+
+
 def release(dest):
     """Writes the participant's repository into `dest` (which must not exist): the course's tracked
     files, every exercise region replaced by its stub, a fresh history of one commit."""
@@ -224,17 +246,7 @@ def release(dest):
             out = scratch / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
-                lines = src.read_text(encoding="utf-8").splitlines(keepends=True)
-                regions = sorted(by_file[rel], key=lambda e: e[0].begin)
-                # Each stub names its BEGIN line in the participant's file: earlier regions, shortened to one
-                # line, move it up.
-                begins, shift = [], 0
-                for region, _ in regions:
-                    begins.append(region.begin - shift)
-                    shift += (region.end - 1 - region.begin) - 1
-                for (region, handout), begin in reversed(list(zip(regions, begins))):
-                    lines[region.begin:region.end - 1] = [region.stub(handout, begin)]
-                out.write_text("".join(lines), encoding="utf-8")
+                out.write_text(stubbed(src.read_text(encoding="utf-8"), by_file[rel]), encoding="utf-8")
             else:
                 shutil.copyfile(src, out)
             shutil.copymode(src, out)
@@ -357,39 +369,134 @@ def build_and_grade(build, exercise, executables):
     return ran.returncode == 0, ran.stdout + ran.stderr, "a graded test failed"
 
 
-def cmd_mistakes(args):
-    build = configured(args.build)
-    exercises, tests = find(), registered()
-    chosen = mistakes(args.names)
-    if not chosen:
-        raise Bad(f"no mistakes in {MISTAKES.relative_to(ROOT)}")
-    missed = 0
-    for mistake in chosen:
-        ex = pick(exercises, mistake.exercise)
-        executables = sorted({e for e, _ in tests.get(ex.id, [])})
-        originals = {path: (ROOT / path).read_text(encoding="utf-8") for path in {r.path for r in ex.regions}}
-        mistaken = mistake.apply(ex)
-        try:
-            for path, text in mistaken.items():
-                write_atomically(ROOT / path, text)
-            passed, output, _ = build_and_grade(build, ex, executables)
-        except subprocess.TimeoutExpired:
-            passed, output = False, f"(no answer within {TIME_LIMIT_S} s)"
-        finally:
-            for path, text in originals.items():
-                write_atomically(ROOT / path, text)
-        caught = not passed and mistake.caught_by in output
-        missed += not caught
-        print(f"{'CAUGHT' if caught else 'MISSED'}  {mistake.name} (exercise {ex.id}): {' '.join(mistake.why)}")
-        if not caught:
-            print(f"      expected the graded tests to fail saying '{mistake.caught_by}'; "
-                  f"{'they passed' if passed else 'they said otherwise'}:\n{output[-3000:]}")
-    # The course's own solutions back in the build, so that what runs next tests them.
-    restored = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
+TEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+) \.*\s*(\S.*?)\s+[\d.]+ sec\s*$")
+
+
+def per_test(output):
+    """ctest's output split by test: {name: (status, the lines ctest printed after it)}."""
+    tests, current = {}, None
+    for line in output.splitlines():
+        if m := TEST_LINE.match(line):
+            current = m.group(1)
+            tests[current] = [m.group(2), []]
+        elif current:
+            tests[current][1].append(line)
+    return {name: (status, "\n".join(lines)) for name, (status, lines) in tests.items()}
+
+
+def graded_round(build, edits, quick):
+    """Writes `edits` ({path: text}, for the exercises `exercises`), builds what they need at once, runs each
+    exercise's graded tests (without the long ones when `quick`), and puts the files back. Returns
+    {exercise id: ctest's output}, or raises Bad when the edited tree does not build."""
+    paths, exercises = edits
+    originals = {path: (ROOT / path).read_text(encoding="utf-8") for path in paths}
+    tests = registered()
+    # Every exercise's graded tests in one target (tests/CMakeLists.txt; a chapter's test brings its chapter),
+    # built in parallel: what the edits did not touch is already up to date.
+    target = "course_exercises_quick" if quick else "course_exercises"
+    outputs = {}
+    try:
+        for path, text in paths.items():
+            write_atomically(ROOT / path, text)
+        made = subprocess.run(["cmake", "--build", str(build), "--target", target, "--parallel", str(os.cpu_count() or 1)],
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            return {ex.id: "does not build:\n" + made.stdout[-3000:] + made.stderr[-3000:] for ex in exercises}
+        for ex in exercises:
+            command = ["ctest", "--test-dir", str(build), "-L", f"^ex{re.escape(ex.id)}$", "--output-on-failure"]
+            try:
+                ran = subprocess.run(command + (["-LE", "long"] if quick else []), capture_output=True, text=True,
+                                     timeout=TIME_LIMIT_S)
+                outputs[ex.id] = ran.stdout + ran.stderr
+            except subprocess.TimeoutExpired:
+                outputs[ex.id] = f"(no answer within {TIME_LIMIT_S} s)"
+    finally:
+        for path, text in originals.items():
+            write_atomically(ROOT / path, text)
+    return outputs
+
+
+def rebuild(build):
+    """The course's own solutions back in the build, so that what runs next tests them."""
+    restored = subprocess.run(["cmake", "--build", str(build), "--parallel", str(os.cpu_count() or 1)],
+                              capture_output=True, text=True)
     if restored.returncode != 0:
         print(f"FAIL  the build with the solutions put back:\n{restored.stdout[-3000:]}{restored.stderr[-3000:]}")
-        return 1
-    return 0 if missed == 0 else 1
+    return restored.returncode == 0
+
+
+def cmd_mistakes(args):
+    build = configured(args.build)
+    missed = try_mistakes(build, args.names, args.quick)
+    return 0 if rebuild(build) and missed == 0 else 1
+
+
+def cmd_stubs(args):
+    build = configured(args.build)
+    wrong = try_stubs(build, args.quick)
+    return 0 if rebuild(build) and wrong == 0 else 1
+
+
+def cmd_selftest(args):
+    """stubs, then mistakes, then one rebuild: what CI runs."""
+    build = configured(args.build)
+    failures = try_stubs(build, args.quick) + try_mistakes(build, [], args.quick)
+    return 0 if rebuild(build) and failures == 0 else 1
+
+
+def try_mistakes(build, names, quick):
+    """Each common mistake in its region; returns how many its graded tests missed."""
+    exercises = find()
+    chosen = mistakes(names)
+    if not chosen:
+        raise Bad(f"no mistakes in {MISTAKES.relative_to(ROOT)}")
+    # Rounds of mistakes in different files, each round built once: as many rounds as the most mistakes
+    # one file has.
+    rounds = []
+    for mistake in chosen:
+        ex = pick(exercises, mistake.exercise)
+        texts = mistake.apply(ex)
+        home = next((r for r in rounds if not set(texts) & set(r["paths"])), None)
+        if home is None:
+            home = {"paths": {}, "mistakes": []}
+            rounds.append(home)
+        home["paths"].update(texts)
+        home["mistakes"].append((mistake, ex))
+    missed = 0
+    for r in rounds:
+        outputs = graded_round(build, (r["paths"], [ex for _, ex in r["mistakes"]]), quick)
+        for mistake, ex in r["mistakes"]:
+            output = outputs[ex.id]
+            caught = mistake.caught_by in output and "100% tests passed" not in output
+            missed += not caught
+            print(f"{'CAUGHT' if caught else 'MISSED'}  {mistake.name} (exercise {ex.id}): {' '.join(mistake.why)}")
+            if not caught:
+                print(f"      expected the graded tests to fail saying '{mistake.caught_by}':\n{output[-3000:]}")
+    return missed
+
+
+def try_stubs(build, quick):
+    """Every region a stub at once, as in the participant's copy: every graded test must fail, each saying
+    which exercise is not done yet (no crash, no hang, no other failure). Returns how many exercises' did not."""
+    exercises = find()
+    by_file = {}
+    for ex in exercises.values():
+        for region in ex.regions:
+            by_file.setdefault(region.path, []).append((region, ex.handout))
+    paths = {rel: stubbed((ROOT / rel).read_text(encoding="utf-8"), regions) for rel, regions in by_file.items()}
+    outputs = graded_round(build, (paths, list(exercises.values())), quick)
+    wrong = 0
+    for ex in exercises.values():
+        tests = per_test(outputs[ex.id])
+        clean = [name for name, (status, text) in tests.items() if status != "Passed" and
+                 f"exercise {ex.id} (" in text and "is not done yet" in text]
+        ok = bool(tests) and len(clean) == len(tests)
+        wrong += not ok
+        print(f"{'STOPS' if ok else 'WRONG'}  exercise {ex.id} stubbed: {len(clean)} of {len(tests)} graded test(s) "
+              "fail with its not-done line")
+        if not ok:
+            print(outputs[ex.id][-3000:])
+    return wrong
 
 
 def configured(build):
@@ -412,11 +519,15 @@ def main():
     c.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
     m = verbs.add_parser("mistakes", help="each common mistake must fail its exercise's graded tests")
     m.add_argument("names", nargs="*", help="mistakes by name (tests/mistakes/NAME.txt); all by default")
-    m.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
+    t = verbs.add_parser("stubs", help="every exercise a stub: each graded test must stop with its not-done line")
+    a = verbs.add_parser("selftest", help="stubs, then mistakes, one rebuild after (CI)")
+    for v in (m, t, a):
+        v.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
+        v.add_argument("--quick", action="store_true", help="the graded tests without the long ones (the chapters' runs)")
     args = parser.parse_args()
     try:
         return {"list": cmd_list, "solution": cmd_solution, "release": cmd_release, "check": cmd_check,
-                "mistakes": cmd_mistakes}[args.verb](args)
+                "mistakes": cmd_mistakes, "stubs": cmd_stubs, "selftest": cmd_selftest}[args.verb](args)
     except Bad as e:
         print(f"exercises.py: {e}", file=sys.stderr)
         return 2

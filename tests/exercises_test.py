@@ -8,7 +8,9 @@
   line and handout, with no line of the solution left, and which the compiler accepts (-Wall -Wextra, no
   warning) in every file that holds a region;
 - `solution` prints a region's lines, `release` refuses a folder that exists, a malformed region is one
-  line and exit code 2.
+  line and exit code 2;
+- every exercise has a common mistake (tests/mistakes/), each of them well formed and fitting its regions
+  (that its graded tests fail is `exercises.py mistakes`, which builds: CI runs it).
 Exit code 0 when all hold, 1 otherwise.
 """
 import os
@@ -52,6 +54,20 @@ def main():
         check(solution.returncode == 0 and all("".join(r.body) in solution.stdout for r in ex.regions) and
               (len(ex.regions) == 1 or all(f"{r.path}:{r.begin}" in solution.stdout for r in ex.regions)),
               f"solution {ex.id} prints its regions, each named where there are several")
+    # The common mistakes (exercises.py mistakes; CI runs them): each well formed, for an exercise that
+    # exists, within its regions, and every exercise has one.
+    known = exercises.mistakes()
+    for mistake in known:
+        check(mistake.exercise in found, f"mistake {mistake.name} is for an exercise that exists ({mistake.exercise})")
+        if mistake.exercise in found:
+            try:
+                texts = mistake.apply(found[mistake.exercise])
+                check(all(texts[p] != (ROOT / p).read_text(encoding="utf-8") for p in texts),
+                      f"mistake {mistake.name} changes its exercise's code")
+            except exercises.Bad as e:
+                check(False, f"mistake {mistake.name} fits its exercise's regions ({e})")
+    for ex in found.values():
+        check(any(m.exercise == ex.id for m in known), f"exercise {ex.id} has a common mistake in tests/mistakes/")
     missing = run("solution", "99.9")
     check(missing.returncode == 2 and missing.stderr.count("\n") == 1 and "99.9" in missing.stderr,
           "an unknown exercise is one line and exit code 2")
