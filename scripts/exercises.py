@@ -29,6 +29,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,7 +226,8 @@ def stubbed(text, regions):
 
 def release(dest):
     """Writes the participant's repository into `dest` (which must not exist): the course's tracked
-    files, every exercise region replaced by its stub, a fresh history of one commit."""
+    files but the common mistakes (tests/mistakes/, near-solutions), every exercise region replaced by its
+    stub, a fresh history of one commit."""
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
         raise Bad(f"release: {dest} already exists (give a new folder)")
@@ -241,8 +243,8 @@ def release(dest):
         for rel in (Path(p) for p in subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
                                                       text=True, check=True).stdout.splitlines()):
             src = ROOT / rel
-            if not src.is_file() or src.is_symlink():
-                continue
+            if not src.is_file() or src.is_symlink() or MISTAKES in src.parents:
+                continue  # the common mistakes are near-solutions: the instructor's alone
             out = scratch / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
@@ -507,6 +509,7 @@ def configured(build):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `list | head` ends quietly
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     verbs.add_parser("list", help="every exercise, where it is, its tests, done or not")
