@@ -10,7 +10,9 @@ An exercise is a region of the course's own source, between `// BEGIN EXERCISE N
   exercises.py solution EX          the reference solution (for the instructor)
   exercises.py release DIR          the participant's repository: every region a stub that stops the run
                                     with "exercise NN.K (...) is not done yet", a fresh history of one commit
-  exercises.py check EX [--build B] builds what EX needs and runs its graded tests, PASS or FAIL each
+  exercises.py check EX [--build B] [--runs R]
+                                    builds what EX needs and runs its graded tests, PASS or FAIL, the
+                                    verdict added to R/exercises/checks.jsonl for the results page
   exercises.py mistakes [--build B] [--quick] [NAME...]
                                     each common mistake (tests/mistakes/) written into its region: its
                                     exercise's graded tests must fail, saying what it names (mistakes in
@@ -26,6 +28,8 @@ An exercise is a region of the course's own source, between `// BEGIN EXERCISE N
 Standard library only. Exit codes: 0 done, 1 a test failed, 2 bad input.
 """
 import argparse
+import datetime
+import json
 import os
 import re
 import shutil
@@ -281,13 +285,34 @@ def cmd_check(args):
         print(f"FAIL  exercise {ex.id}: no answer within {TIME_LIMIT_S} s (a rank waiting forever?)")
         return 1
     print(("PASS" if passed else "FAIL") + f"  exercise {ex.id} ({ex.title})" + ("" if passed else f": {reason}"))
+    first = None
     if not passed:
         lines = output.splitlines()
-        first = next((l for key in ("is not done yet", "FAILED at", "Failure") for l in lines if key in l), None)
+        first = next((l.strip() for key in ("is not done yet", "FAILED at", "Failure") for l in lines if key in l), None)
         if first:
-            print("      " + first.strip())
+            print("      " + first)
         print(output[-4000:])
+    record_check(Path(args.runs), ex, passed, first or ("" if passed else reason))
     return 0 if passed else 1
+
+
+def record_check(runs, ex, passed, first_failure):
+    """One JSON line in RUNS/exercises/checks.jsonl for the results page (scripts/report.py): the exercise,
+    its verdict, the first failure's line, when. Appended through no link (O_NOFOLLOW); a folder that cannot
+    take it is named and the check's verdict stands."""
+    record = {"event": "exercise_check", "exercise": ex.id, "title": ex.title, "passed": passed,
+              "first_failure": first_failure, "when": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    folder = runs / "exercises"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if folder.is_symlink():
+            raise OSError(f"{folder} is a link")
+        fd = os.open(folder / "checks.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        print(f"exercises.py: --runs: {folder / 'checks.jsonl'} could not be written ({e}); the verdict above stands",
+              file=sys.stderr)
 
 
 class Mistake:
@@ -520,6 +545,8 @@ def main():
     c = verbs.add_parser("check", help="build and run an exercise's graded tests")
     c.add_argument("exercise")
     c.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
+    c.add_argument("--runs", default=str(ROOT / "runs"),
+                   help="the results page's folder: the verdict is added to RUNS/exercises/checks.jsonl")
     m = verbs.add_parser("mistakes", help="each common mistake must fail its exercise's graded tests")
     m.add_argument("names", nargs="*", help="mistakes by name (tests/mistakes/NAME.txt); all by default")
     t = verbs.add_parser("stubs", help="every exercise a stub: each graded test must stop with its not-done line")

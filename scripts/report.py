@@ -10,7 +10,8 @@ drawn in place as SVG from the chapters' Chrome traces, nothing fetched from any
 through scripts/plot.py (the same summary line, figures and trace reading as the charts): for each
 chapter its verdict, device and time (run.json, written by run_course.sh; or the metrics' own verdict),
 the figures that carry its lesson beside what they are measured against, its charts and timelines, a
-link to its output, and for a failed run its error line. A chapter that did not run says so.
+link to its output, and for a failed run its error line. A chapter that did not run says so. When
+`scripts/exercises.py check` has run, the workshop's exercises with their last verdicts.
 """
 import datetime
 import glob
@@ -205,6 +206,26 @@ def cell(value):
     return html.escape("" if value is None else str(value))
 
 
+def exercises_section(runs):
+    """The workshop's exercises as `exercises.py check` last found them (RUNS/exercises/checks.jsonl), or
+    nothing when no check has run here."""
+    latest = {}
+    for record in read_records(os.path.join(runs, "exercises", "checks.jsonl")):
+        if isinstance(record, dict) and record.get("event") == "exercise_check" and isinstance(record.get("exercise"), str):
+            latest[record["exercise"]] = record
+    if not latest:
+        return ""
+    rows = []
+    for exercise in sorted(latest):
+        r = latest[exercise]
+        verdict = "PASSED" if r.get("passed") is True else "FAILED"
+        rows.append(f"<tr><td>{cell(exercise)}</td><td>{cell(r.get('title'))}</td><td class='{verdict}'>{verdict}</td>"
+                    f"<td>{cell(r.get('when'))}</td><td class='error'>{cell(r.get('first_failure'))}</td></tr>")
+    return ("<h2 id='exercises'>Exercises</h2><p class='note'>The last <code>scripts/exercises.py check</code> of each "
+            "exercise in this checkout.</p><table><tr><th>exercise</th><th>what</th><th>verdict</th><th>checked</th>"
+            f"<th>first failure</th></tr>{''.join(rows)}</table>")
+
+
 def render(runs):
     rows, sections = [], []
     for chapter in CHAPTERS:
@@ -261,7 +282,7 @@ def render(runs):
             "<p class='note'>Written by scripts/report.py from the chapters' metrics under this folder; each "
             "chapter's README says what to expect.</p>"
             "<table id='summary'><tr><th>chapter</th><th>verdict</th><th>ran on</th><th>time</th><th>key figures</th>"
-            f"<th></th></tr>{''.join(rows)}</table>{''.join(sections)}"
+            f"<th></th></tr>{''.join(rows)}</table>{exercises_section(runs)}{''.join(sections)}"
             f"<h2>The machine</h2><table id='machine'>{facts}</table></body></html>\n")
 
 

@@ -111,6 +111,29 @@ def main():
             check(compiled.returncode == 0 and "warning" not in compiled.stderr,
                   f"{path} compiles in the copy without a warning:\n{compiled.stderr[-2000:]}")
 
+        # check's verdicts on the results page: the last of each exercise, escaped; a link in the file's
+        # place is refused and its target left as it was.
+        import report  # noqa: E402  (scripts/, on the path above)
+        runs = Path(scratch) / "runs"
+        first = next(iter(found.values()))
+        exercises.record_check(runs, first, False, "<b>the gradient of '0.weight'</b> differs")
+        exercises.record_check(runs, first, True, "")
+        section = report.exercises_section(str(runs))
+        check(f"<td>{first.id}</td>" in section and "PASSED" in section and "FAILED" not in section,
+              f"the page shows the last check of {first.id}:\n{section}")
+        exercises.record_check(runs, first, False, "<script>x</script>")
+        section = report.exercises_section(str(runs))
+        check("FAILED" in section and "<script>" not in section and "&lt;script&gt;" in section,
+              f"a failure's line is shown escaped:\n{section}")
+        check(report.exercises_section(str(Path(scratch) / "nowhere")) == "", "no checks, no section")
+        victim = Path(scratch) / "victim.txt"
+        victim.write_text("keep me")
+        linked = Path(scratch) / "linked_runs"
+        (linked / "exercises").mkdir(parents=True)
+        (linked / "exercises" / "checks.jsonl").symlink_to(victim)
+        exercises.record_check(linked, first, True, "")
+        check(victim.read_text() == "keep me", "a checks.jsonl that is a link is never written through")
+
         # A malformed region: one line naming the file and line, exit code 2.
         broken = Path(scratch) / "broken"
         subprocess.run(["git", "init", "-q", str(broken)], check=True)
