@@ -62,6 +62,7 @@ Session start_session(const CommonOptions& common, const DistributedOptions& dis
   if (distributed.timeout > comm::kMaxTimeoutSeconds)
     throw UsageError("--timeout: " + std::to_string(distributed.timeout) + " is more than a week (" +
                      std::to_string(static_cast<long>(comm::kMaxTimeoutSeconds)) + " s)");
+  comm::Communicator::consistency_checks();  // COURSE_CHECK_COLLECTIVES read (and refused if bad) before any collective
   const comm::Placement placement = comm::world_placement();
   Session s;
   // These depend only on the flags and the machine, so every rank fails alike and rank 0 says why.

@@ -131,6 +131,10 @@ class Communicator {
   void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // COURSE_CHECK_COLLECTIVES=1 (consistency.cpp): the ranks compare each collective before running it.
+  // Throws UsageError when the variable is neither 0 nor 1 (read once).
+  static bool consistency_checks();
+
  protected:
   explicit Communicator(const Placement& placement) : placement_(placement) {}
   // The backend's entry points: start `c` and return its work; make the sub-group of a split
@@ -141,8 +145,6 @@ class Communicator {
 
  private:
   WorkHandle submit(Collective c);  // checks arguments, numbers the op, attaches the watchdog
-  // COURSE_CHECK_COLLECTIVES=1 (consistency.cpp): the ranks compare each collective before running it.
-  static bool consistency_checks();
   void check_consistency(const Collective& c);
   void check_root(int root, const char* what) const;
   void check_peer(int peer, const char* what) const;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/comm/communicator.h"
+#include "common/core/errors.h"  // UsageError
 
 namespace course::comm {
 namespace {
@@ -54,7 +55,7 @@ bool Communicator::consistency_checks() {
     const char* value = std::getenv("COURSE_CHECK_COLLECTIVES");
     if (!value || !*value || std::strcmp(value, "0") == 0) return false;
     if (std::strcmp(value, "1") == 0) return true;
-    throw std::invalid_argument(std::string("COURSE_CHECK_COLLECTIVES: '") + value + "' is not 0 or 1");
+    throw UsageError(std::string("COURSE_CHECK_COLLECTIVES: '") + value + "' is not 0 or 1");  // exit code 2
   }();
   return on;
 }
