@@ -411,13 +411,11 @@ def per_test(output):
     return {name: (status, "\n".join(lines)) for name, (status, lines) in tests.items()}
 
 
-def graded_round(build, edits, quick):
-    """Writes `edits` ({path: text}, for the exercises `exercises`), builds what they need at once, runs each
-    exercise's graded tests (without the long ones when `quick`), and puts the files back. Returns
-    {exercise id: ctest's output}, or raises Bad when the edited tree does not build."""
-    paths, exercises = edits
+def graded_round(build, paths, exercises, quick):
+    """Writes `paths` ({path: text}), builds every exercise's graded tests at once, runs those of
+    `exercises` (without the long ones when `quick`), and puts the files back. Returns {exercise id:
+    ctest's output}; when the edited tree does not build, the build's output for each."""
     originals = {path: (ROOT / path).read_text(encoding="utf-8") for path in paths}
-    tests = registered()
     # Every exercise's graded tests in one target (tests/CMakeLists.txt; a chapter's test brings its chapter),
     # built in parallel: what the edits did not touch is already up to date.
     target = "course_exercises_quick" if quick else "course_exercises"
@@ -491,7 +489,7 @@ def try_mistakes(build, names, quick):
         home["mistakes"].append((mistake, ex))
     missed = 0
     for r in rounds:
-        outputs = graded_round(build, (r["paths"], [ex for _, ex in r["mistakes"]]), quick)
+        outputs = graded_round(build, r["paths"], [ex for _, ex in r["mistakes"]], quick)
         for mistake, ex in r["mistakes"]:
             output = outputs[ex.id]
             caught = mistake.caught_by in output and "100% tests passed" not in output
@@ -511,7 +509,7 @@ def try_stubs(build, quick):
         for region in ex.regions:
             by_file.setdefault(region.path, []).append((region, ex.handout))
     paths = {rel: stubbed((ROOT / rel).read_text(encoding="utf-8"), regions) for rel, regions in by_file.items()}
-    outputs = graded_round(build, (paths, list(exercises.values())), quick)
+    outputs = graded_round(build, paths, list(exercises.values()), quick)
     wrong = 0
     for ex in exercises.values():
         tests = per_test(outputs[ex.id])
