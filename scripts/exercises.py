@@ -21,8 +21,13 @@ An exercise is a region of the course's own source, between `// BEGIN EXERCISE N
   exercises.py stubs [--build B] [--quick]
                                     every region its stub, as in the participant's copy: every graded test
                                     must fail with its exercise's not-done line (no crash, no hang)
+  exercises.py grade SUBMISSION... --out grades.csv [--feedback DIR] [--build B] [--quick] [--time-limit S]
+                                    each participant's regions (only those) built into the course and its
+                                    graded and hidden tests run in a sandbox (scripts/grading.py): a row per
+                                    submission and exercise, a feedback file per submission
   exercises.py selftest [--build B] [--quick]
-                                    stubs, then mistakes, one rebuild after: what CI runs
+                                    stubs, then mistakes, then grade on three fixture submissions (the
+                                    solution, a mistake, one that does not compile), one rebuild after: CI
   --quick: the graded tests without the long ones (those that run the chapters)
 
 Standard library only. Exit codes: 0 done, 1 a test failed, 2 bad input.
@@ -40,6 +45,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.modules.setdefault("exercises", sys.modules[__name__])  # grading.py's `import exercises` is this module, run as a script too
 SOURCES = (".cpp", ".h", ".cu")
 HEADER = re.compile(r"^\s*// EXERCISE (\d\d\.\d+): (.+?)\.?\s*$")
 BEGIN = re.compile(r"^(\s*)// BEGIN EXERCISE (\d\d\.\d+)\s*$")
@@ -49,6 +55,7 @@ STUB = "course::exercise::not_done("
 REGISTERED = re.compile(r"^course_exercise\((\d\d\.\d+)\s([^)]*)\)", re.M)
 TIME_LIMIT_S = 600  # a check's build and tests together
 MISTAKES = ROOT / "tests" / "mistakes"
+HIDDEN = ROOT / "tests" / "hidden"  # the hidden graded tests: the instructor's, run by `grade`
 
 
 class Bad(Exception):
@@ -134,48 +141,55 @@ def source_files(root):
     return [Path(p) for p in out.stdout.splitlines() if p.endswith(SOURCES) and (root / p).is_file()]
 
 
+def regions_in(text, rel):
+    """The exercise regions of one file's text, in order, checked for shape: a header, one BEGIN, one END
+    (Bad, naming `rel` and the line, otherwise)."""
+    lines = text.splitlines(keepends=True)
+    found, title, open_at, signature = [], None, None, ""
+    for n, line in enumerate(lines, 1):
+        if m := HEADER.match(line):
+            title = (m.group(1), m.group(2))
+            signature = ""
+        elif title and not open_at and not BEGIN.match(line) and not line.lstrip().startswith("//"):
+            signature += line
+        elif m := BEGIN.match(line):
+            if open_at:
+                raise Bad(f"{rel}:{n}: exercise {m.group(2)} begins inside exercise {open_at[1]}")
+            if not title or title[0] != m.group(2):
+                raise Bad(f"{rel}:{n}: exercise {m.group(2)} has no '// EXERCISE {m.group(2)}: title' comment above it")
+            open_at = (n, m.group(2), m.group(1), signature)
+        elif m := END.match(line):
+            if not open_at or open_at[1] != m.group(1):
+                raise Bad(f"{rel}:{n}: END EXERCISE {m.group(1)} without its BEGIN")
+            found.append(Region(m.group(1), title[1], rel, open_at[0], n, open_at[2], lines[open_at[0]:n - 1],
+                                parameters(open_at[3])))
+            open_at, title = None, None
+    if open_at:
+        raise Bad(f"{rel}:{open_at[0]}: exercise {open_at[1]} never ends")
+    return found
+
+
 def find(root=ROOT):
-    """Every exercise region under `root`, checked for shape: a header, one BEGIN, one END."""
+    """Every exercise under `root`: its regions, in the order of the files and lines."""
     found = {}
     for rel in source_files(root):
-        lines = (root / rel).read_text(encoding="utf-8").splitlines(keepends=True)
-        title = None
-        open_at = None
-        signature = ""
-        for n, line in enumerate(lines, 1):
-            if m := HEADER.match(line):
-                title = (m.group(1), m.group(2))
-                signature = ""
-            elif title and not open_at and not BEGIN.match(line) and not line.lstrip().startswith("//"):
-                signature += line
-            elif m := BEGIN.match(line):
-                if open_at:
-                    raise Bad(f"{rel}:{n}: exercise {m.group(2)} begins inside exercise {open_at[1]}")
-                if not title or title[0] != m.group(2):
-                    raise Bad(f"{rel}:{n}: exercise {m.group(2)} has no '// EXERCISE {m.group(2)}: title' comment above it")
-                open_at = (n, m.group(2), m.group(1), signature)
-            elif m := END.match(line):
-                if not open_at or open_at[1] != m.group(1):
-                    raise Bad(f"{rel}:{n}: END EXERCISE {m.group(1)} without its BEGIN")
-                id = m.group(1)
-                region = Region(id, title[1], rel, open_at[0], n, open_at[2], lines[open_at[0]:n - 1],
-                                parameters(open_at[3]))
-                if id not in found:
-                    found[id] = Exercise(region)
-                elif found[id].chapter != Exercise(region).chapter:
-                    raise Bad(f"{rel}:{n}: exercise {id} is also at {found[id].path}:{found[id].begin}, "
-                              "another chapter's")
-                else:
-                    found[id].regions.append(region)
-                open_at, title = None, None
-        if open_at:
-            raise Bad(f"{rel}:{open_at[0]}: exercise {open_at[1]} never ends")
+        for region in regions_in((root / rel).read_text(encoding="utf-8"), rel):
+            if region.id not in found:
+                found[region.id] = Exercise(region)
+            elif found[region.id].chapter != Exercise(region).chapter:
+                raise Bad(f"{rel}:{region.end}: exercise {region.id} is also at {found[region.id].path}:"
+                          f"{found[region.id].begin}, another chapter's")
+            else:
+                found[region.id].regions.append(region)
     return dict(sorted(found.items()))
 
 
 def registered(root=ROOT):
-    """Each exercise's graded parts: [(test executable, gtest filter)], in the order registered."""
+    """Each exercise's graded parts: [(test executable, gtest filter)], in the order registered, the hidden
+    ones (tests/hidden/hidden.cmake) after, where this tree has them."""
     text = (root / "tests" / "CMakeLists.txt").read_text(encoding="utf-8")
+    if (root / "tests" / "hidden" / "hidden.cmake").is_file():
+        text += "\n" + (root / "tests" / "hidden" / "hidden.cmake").read_text(encoding="utf-8")
     parts = {}
     for m in REGISTERED.finditer(text):
         executable = re.search(r"\bEXECUTABLE\s+(\S+)", m.group(2))
@@ -230,8 +244,8 @@ def stubbed(text, regions):
 
 def release(dest):
     """Writes the participant's repository into `dest` (which must not exist): the course's tracked
-    files but the common mistakes (tests/mistakes/, near-solutions), every exercise region replaced by its
-    stub, a fresh history of one commit."""
+    files but the common mistakes (tests/mistakes/, near-solutions) and the hidden tests (tests/hidden/),
+    every exercise region replaced by its stub, a fresh history of one commit."""
     dest = Path(dest)
     if dest.exists() or dest.is_symlink():
         raise Bad(f"release: {dest} already exists (give a new folder)")
@@ -247,8 +261,8 @@ def release(dest):
         for rel in (Path(p) for p in subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
                                                       text=True, check=True).stdout.splitlines()):
             src = ROOT / rel
-            if not src.is_file() or src.is_symlink() or MISTAKES in src.parents:
-                continue  # the common mistakes are near-solutions: the instructor's alone
+            if not src.is_file() or src.is_symlink() or MISTAKES in src.parents or HIDDEN in src.parents:
+                continue  # the common mistakes are near-solutions, the hidden tests `grade`'s: the instructor's alone
             out = scratch / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
@@ -462,10 +476,17 @@ def cmd_stubs(args):
     return 0 if rebuild(build) and wrong == 0 else 1
 
 
+def cmd_grade(args):
+    import grading  # scripts/, beside this file
+    grading.grade(args)
+    return 0 if rebuild(configured(args.build)) else 1
+
+
 def cmd_selftest(args):
-    """stubs, then mistakes, then one rebuild: what CI runs."""
+    """stubs, then mistakes, then grade on fixtures, then one rebuild: what CI runs."""
+    import grading
     build = configured(args.build)
-    failures = try_stubs(build, args.quick) + try_mistakes(build, [], args.quick)
+    failures = try_stubs(build, args.quick) + try_mistakes(build, [], args.quick) + grading.fixtures(build, args.quick)
     return 0 if rebuild(build) and failures == 0 else 1
 
 
@@ -548,14 +569,19 @@ def main():
     m = verbs.add_parser("mistakes", help="each common mistake must fail its exercise's graded tests")
     m.add_argument("names", nargs="*", help="mistakes by name (tests/mistakes/NAME.txt); all by default")
     t = verbs.add_parser("stubs", help="every exercise a stub: each graded test must stop with its not-done line")
-    a = verbs.add_parser("selftest", help="stubs, then mistakes, one rebuild after (CI)")
-    for v in (m, t, a):
+    g = verbs.add_parser("grade", help="grade participants' submissions: a CSV row per exercise, a feedback file each")
+    g.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="a participant's copy of the course (a folder)")
+    g.add_argument("--out", required=True, help="the grades, a new CSV file")
+    g.add_argument("--feedback", help="a new folder for the feedback files (default: beside --out, OUT-feedback)")
+    g.add_argument("--time-limit", type=float, default=300.0, help="seconds a test may run at most (default 300)")
+    a = verbs.add_parser("selftest", help="stubs, mistakes, grade on fixtures, one rebuild after (CI)")
+    for v in (m, t, g, a):
         v.add_argument("--build", default=os.environ.get("COURSE_BUILD", str(ROOT / "build" / "release")))
         v.add_argument("--quick", action="store_true", help="the graded tests without the long ones (the chapters' runs)")
     args = parser.parse_args()
     try:
         return {"list": cmd_list, "solution": cmd_solution, "release": cmd_release, "check": cmd_check,
-                "mistakes": cmd_mistakes, "stubs": cmd_stubs, "selftest": cmd_selftest}[args.verb](args)
+                "mistakes": cmd_mistakes, "stubs": cmd_stubs, "grade": cmd_grade, "selftest": cmd_selftest}[args.verb](args)
     except Bad as e:
         print(f"exercises.py: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/exercises.py and the course's exercise regions, checked without building the course:
 
-  exercises_test.py COMPILER INCLUDE...
+  exercises_test.py COMPILER BUILD INCLUDE...
 
 - every region is well formed (a task comment, one BEGIN, one END) and has graded tests registered;
 - `release` writes a repository of one commit, without the common mistakes, whose regions are stubs that name their exercise, file,
@@ -10,7 +10,11 @@
 - `solution` prints a region's lines, `release` refuses a folder that exists, a malformed region is one
   line and exit code 2;
 - every exercise has a common mistake (tests/mistakes/), each of them well formed and fitting its regions
-  (that its graded tests fail is `exercises.py mistakes`, which builds: CI runs it).
+  (that its graded tests fail is `exercises.py mistakes`, which builds: CI runs it);
+- the participant's copy holds no hidden test (tests/hidden/), and `grade` refuses bad input with one line
+  and exit code 2 before it writes anything (that it grades is `exercises.py selftest`, which builds);
+- a submitted file is read only as a plain file inside its submission, and a region that is not code is
+  named.
 Exit code 0 when all hold, 1 otherwise.
 """
 import os
@@ -39,7 +43,7 @@ def run(*args, cwd=ROOT):
 
 
 def main():
-    compiler, includes = sys.argv[1], sys.argv[2:]
+    compiler, build, includes = sys.argv[1], sys.argv[2], sys.argv[3:]
     found = exercises.find()
     check(len(found) > 0, "the course holds exercises")
     graded = exercises.registered()
@@ -88,6 +92,7 @@ def main():
         nowhere = run("release", str(Path(scratch) / "missing" / "participant"))
         check(nowhere.returncode == 2 and "is not a folder" in nowhere.stderr, "release refuses a folder with no parent")
         check(not (dest / "tests" / "mistakes").exists(), "the participant's copy holds no common mistake (near-solutions)")
+        check(not (dest / "tests" / "hidden").exists(), "the participant's copy holds no hidden test")
         log = subprocess.run(["git", "-C", str(dest), "log", "--oneline"], capture_output=True, text=True).stdout
         check(len(log.splitlines()) == 1, "the participant's copy has a history of one commit")
         stubs = exercises.find(dest)
@@ -147,8 +152,64 @@ def main():
         except exercises.Bad as e:
             check("a.cpp:3" in str(e) and "never ends" in str(e), f"a region that never ends is named ({e})")
 
+        check_grade_input(Path(scratch), build, found)
+
     print(f"{'PASSED' if not failures else 'FAILED'}: {len(found)} exercise(s), {len(failures)} failure(s)")
     return 0 if not failures else 1
+
+
+def check_grade_input(scratch, build, found):
+    """grade's bad input: one line naming what is wrong, exit code 2, nothing written; and how it reads a
+    submission's files."""
+    import grading  # noqa: E402  (scripts/)
+    (scratch / "one").mkdir()
+    (scratch / "other" / "one").mkdir(parents=True)
+    (scratch / "taken.csv").write_text("keep me")
+    (scratch / "taken-feedback").mkdir()
+    one = [str(scratch / "one")]
+    cases = [
+        (["--out", str(scratch / "taken.csv")], one, "--out", "already exists"),
+        (["--out", str(scratch / "g.csv"), "--feedback", str(scratch / "taken-feedback")], one, "--feedback", "already exists"),
+        (["--out", str(scratch / "nowhere" / "g.csv")], one, "--out", "is not a folder"),
+        (["--out", str(scratch / "g.csv")], [str(scratch / "missing")], "missing", "is not a folder"),
+        (["--out", str(scratch / "g.csv"), "--time-limit", "0"], one, "--time-limit", "positive"),
+        (["--out", str(scratch / "g.csv")], one + [str(scratch / "other" / "one")], "two submissions", "one"),
+        (["--out", str(scratch / "g.csv"), "--build", str(scratch)], one, "--build", "not a configured"),
+    ]
+    for flags, submissions, names, what in cases:
+        graded = run("grade", *submissions, "--build", build, *flags)
+        check(graded.returncode == 2 and graded.stderr.count("\n") == 1 and names in graded.stderr and what in graded.stderr,
+              f"grade {' '.join(flags)} {' '.join(submissions)} is refused naming {names} ({graded.returncode}: {graded.stderr.strip()})")
+    check((scratch / "taken.csv").read_text() == "keep me" and not (scratch / "g.csv").exists() and
+          not (scratch / "g-feedback").exists() and not (scratch / "taken-feedback" / "one.txt").exists(),
+          "a refused grade writes nothing and keeps what was there")
+
+    # A submission's files: a link out of it, a FIFO, a file that is not UTF-8, a region with a preprocessor
+    # line, markers removed: each a reason, never followed, opened blocking or taken as code.
+    ex = next(iter(found.values()))
+    rel = str(ex.regions[0].path)
+    sub = scratch / "sub"
+    (sub / rel).parent.mkdir(parents=True)
+    outside = scratch / "outside.cpp"
+    outside.write_text((ROOT / rel).read_text(encoding="utf-8"))
+    (sub / rel).symlink_to(outside)
+    check("link out of the submission" in str(grading.submitted_bodies(sub, {ex.id: ex})[ex.id]),
+          "a submitted file that links out of the submission is refused")
+    (sub / rel).unlink()
+    os.mkfifo(sub / rel)
+    check("not a plain file" in str(grading.submitted_bodies(sub, {ex.id: ex})[ex.id]), "a FIFO is refused, not read")
+    (sub / rel).unlink()
+    (sub / rel).write_bytes(b"\xff\xfe")
+    check("not UTF-8" in str(grading.submitted_bodies(sub, {ex.id: ex})[ex.id]), "a file that is not UTF-8 is refused")
+    lines = (ROOT / rel).read_text(encoding="utf-8").splitlines(keepends=True)
+    region = ex.regions[0]
+    (sub / rel).write_text("".join(lines[:region.begin] + ["#define float double\n"] + lines[region.end - 1:]))
+    check("preprocessor line" in str(grading.submitted_bodies(sub, {ex.id: ex})[ex.id]), "a region's #define is refused")
+    (sub / rel).write_text("".join(lines[:region.begin - 1] + lines[region.end:]))
+    check("marks 0 region(s)" in str(grading.submitted_bodies(sub, {ex.id: ex})[ex.id]), "removed markers are named")
+    (sub / rel).write_text("".join(lines))
+    got = grading.submitted_bodies(sub, {ex.id: ex})[ex.id]
+    check(got == [r.body for r in ex.regions if str(r.path) == rel], "an intact file gives its regions' lines")
 
 
 if __name__ == "__main__":
