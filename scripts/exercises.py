@@ -242,6 +242,39 @@ def stubbed(text, regions):
     return "".join(lines)
 
 
+CITATION = re.compile(r"\((?:([\w./]+), )?(lines?) (\d+(?:, \d+)*)\)")  # a handout's "(line N)", as readme_test reads it
+
+
+def moved(line, regions):
+    """Where line `line` of a file is once `regions` (its regions, each shortened to its stub's one line) are
+    stubbed: up by what the regions above it lost. A line inside a region has no place there: (None, the
+    region)."""
+    shift = 0
+    for region in sorted(regions, key=lambda r: r.begin):
+        if line >= region.end:
+            shift += (region.end - 1 - region.begin) - 1
+        elif line > region.begin:
+            return None, region
+    return line - shift, None
+
+
+def cited(text, chapter, by_file):
+    """A chapter handout's line citations ("(line N)" of main.cpp, "(file.cpp, line N)") moved with the
+    stubs, so that they still name the lines they named (readme_test checks them in either copy); one of a
+    line inside a region becomes "(exercise NN.K)": that line is the participant's to write."""
+    def move(m):
+        path = Path(chapter) / (m.group(1) or "main.cpp")
+        regions = [region for region, _ in by_file.get(path, [])]
+        if not regions:
+            return m.group(0)
+        places = [moved(int(n), regions) for n in m.group(3).split(", ")]
+        inside = next((region for line, region in places if line is None), None)
+        if inside:
+            return f"(exercise {inside.id})"
+        return f"({m.group(1) + ', ' if m.group(1) else ''}{m.group(2)} {', '.join(str(line) for line, _ in places)})"
+    return CITATION.sub(move, text)
+
+
 def release(dest):
     """Writes the participant's repository into `dest` (which must not exist): the course's tracked
     files but the common mistakes (tests/mistakes/, near-solutions) and the hidden tests (tests/hidden/),
@@ -267,6 +300,8 @@ def release(dest):
             out.parent.mkdir(parents=True, exist_ok=True)
             if rel in by_file:
                 out.write_text(stubbed(src.read_text(encoding="utf-8"), by_file[rel]), encoding="utf-8")
+            elif rel.suffix == ".md" and len(rel.parts) == 2 and rel.parts[0][:2].isdigit():
+                out.write_text(cited(src.read_text(encoding="utf-8"), rel.parts[0], by_file), encoding="utf-8")
             else:
                 shutil.copyfile(src, out)
             shutil.copymode(src, out)

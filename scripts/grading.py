@@ -62,11 +62,9 @@ while [ "$1" != "--" ]; do
   shift
 done
 shift
-ulimit -c 0
-ulimit -f 4194304
-if [ -n "$nproc" ]; then ulimit -u "$nproc"; fi
 cd "$cwd"
-exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@"
+exec prlimit --core=0 --fsize=4294967296 ${nproc:+--nproc=$nproc} -- \
+  setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@"
 '''
 
 RESULTS = ("pass", "fail", "not done", "does not compile", "time out", "crash", "no region")
@@ -81,8 +79,8 @@ class Sandbox:
         for path in sorted({os.path.realpath(p) for p in protected}):
             if not any(path == q or path.startswith(q + os.sep) for q in self.protected):
                 self.protected.append(path)  # a path inside one already protected is read-only with it
-        if not shutil.which("unshare") or not shutil.which("setpriv") or not shutil.which("findmnt"):
-            raise Bad("grade: the sandbox needs unshare, setpriv and findmnt (Debian's util-linux)")
+        if not all(shutil.which(tool) for tool in ("unshare", "setpriv", "findmnt", "prlimit")):
+            raise Bad("grade: the sandbox needs unshare, setpriv, findmnt and prlimit (Debian's util-linux)")
         # A network namespace of its own needs its loopback raised (mpirun talks over it): iproute2's ip.
         self.ip = shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin") or ""
 
@@ -300,11 +298,19 @@ def verdict(rc, output):
     return "fail"
 
 
-def first_failure(name, result, output, limit):
+def first_failure(name, result, rc, output, limit):
     """The line a participant reads first: where the test failed and why, in the test's words."""
     if result == "time out":
         return f"{name}: no answer within {limit:.0f} s (a rank waiting forever?)"
     lines = [l.replace(str(ROOT) + os.sep, "").strip() for l in output.splitlines()]
+    if result == "crash" and rc is not None and (rc < 0 or rc > 128):
+        number = -rc if rc < 0 else rc - 128
+        try:
+            name_of = signal.Signals(number).name
+        except ValueError:
+            name_of = f"signal {number}"
+        last = next((l for l in reversed(lines) if l), "nothing")
+        return f"{name}: killed by {name_of}; the last line it printed: {last[:400]}"
     for key in ("is not done yet", "FAILED at", "Failure", "error", "signal", "Aborted"):
         for i, line in enumerate(lines):
             if key in line:
@@ -325,7 +331,7 @@ def remove(folder):
 
 
 def run_tests(sandbox, tests, time_limit):
-    """Each test in the sandbox: [(name, result, output, limit)]."""
+    """Each test in the sandbox: [(name, result, exit code, output, limit)]."""
     done = []
     for name, argv, environment, cwd, timeout in tests:
         limit = min(timeout, time_limit)
@@ -334,7 +340,7 @@ def run_tests(sandbox, tests, time_limit):
             rc, output = bounded(sandbox.command(scratch, cwd, argv), clean_environment(scratch, environment), limit)
         finally:
             remove(scratch)
-        done.append((name, verdict(rc, output), output, limit))
+        done.append((name, verdict(rc, output), rc, output, limit))
     return done
 
 
@@ -368,10 +374,10 @@ def grade_one(name, submission, exercises, originals, tests_of, build_dir, targe
         if id in outcome:
             continue
         ran = run_tests(sandbox, tests_of[id], time_limit)
-        failed = [(n, r, o, limit) for n, r, o, limit in ran if r != "pass"]
+        failed = [test for test in ran if test[1] != "pass"]
         result = failed[0][1] if failed else "pass"
-        first = first_failure(failed[0][0], result, failed[0][2], failed[0][3]) if failed else ""
-        outcome[id] = (result, len(ran) - len(failed), len(ran), first, [(n, r, o) for n, r, o, _ in ran])
+        first = first_failure(*failed[0]) if failed else ""
+        outcome[id] = (result, len(ran) - len(failed), len(ran), first, [(n, r, o) for n, r, _, o, _ in ran])
         print(f"  {id} {result} ({len(ran) - len(failed)} of {len(ran)} tests)", flush=True)
     return outcome
 
