@@ -11,13 +11,15 @@
   line and exit code 2;
 - every exercise has a common mistake (tests/mistakes/), each of them well formed and fitting its regions
   (that its graded tests fail is `exercises.py mistakes`, which builds: CI runs it);
-- the participant's copy holds no hidden test (tests/hidden/), and `grade` refuses bad input with one line
+- the participant's copy holds no hidden test (tests/hidden/), its handouts' line citations still name
+  the lines they name in the course (moved with the stubs), and `grade` refuses bad input with one line
   and exit code 2 before it writes anything (that it grades is `exercises.py selftest`, which builds);
 - a submitted file is read only as a plain file inside its submission, and a region that is not code is
   named.
 Exit code 0 when all hold, 1 otherwise.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -93,6 +95,18 @@ def main():
         check(nowhere.returncode == 2 and "is not a folder" in nowhere.stderr, "release refuses a folder with no parent")
         check(not (dest / "tests" / "mistakes").exists(), "the participant's copy holds no common mistake (near-solutions)")
         check(not (dest / "tests" / "hidden").exists(), "the participant's copy holds no hidden test")
+        # The handouts' citations moved with the stubs: "`name` (line N)" still names a line holding it, and
+        # none points into a region (readme_test's rule, here for the copy that CI does not build).
+        named = re.compile(r"`([^`]+)`\s+\((?:([\w./]+), )?lines? (\d+(?:, \d+)*)\)")
+        citations = sum(len(named.findall(r.read_text(encoding="utf-8"))) for r in dest.glob("[0-9][0-9]_*/README.md"))
+        check(citations > 20, f"the copy's handouts cite the code ({citations} citations)")
+        for readme in sorted(dest.glob("[0-9][0-9]_*/README.md")):
+            text = readme.read_text(encoding="utf-8")
+            for m in named.finditer(text):
+                code = (readme.parent / (m.group(2) or "main.cpp")).read_text(encoding="utf-8").splitlines()
+                for n in m.group(3).split(", "):
+                    check(int(n) <= len(code) and m.group(1) in code[int(n) - 1],
+                          f"{readme.relative_to(dest)} in the copy cites {m.group(0)}, and that line holds it")
         log = subprocess.run(["git", "-C", str(dest), "log", "--oneline"], capture_output=True, text=True).stdout
         check(len(log.splitlines()) == 1, "the participant's copy has a history of one commit")
         stubs = exercises.find(dest)
