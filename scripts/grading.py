@@ -3,15 +3,15 @@
 For each submission (a participant's copy of the course, or any folder holding its exercise files), only the
 exercise regions' contents are taken, written into the course's own files in place of the solutions, built,
 and every exercise's graded tests run, the hidden ones too (tests/hidden/). A participant who edits a test
-or any line outside a region gains nothing: those lines are the course's. The course's files are put back
-after each submission and rebuilt at the end.
+or any line outside a region gains nothing: those lines are the course's. The course's own files are put
+back when the last submission is graded (or grading stops), and rebuilt.
 
 Submissions are untrusted code. Their tests run, one at a time, in a sandbox (`unshare`, util-linux):
 - as `nobody` when the grader is root (setpriv), with at most NPROC processes; its own user otherwise;
 - in new user, mount, PID and network namespaces (the network: loopback only, where `ip` can raise it):
-  the course, its build, every submission and the feedback folder
-  mounted read-only, capabilities dropped before the test starts (no remounting), and every process the
-  test started killed with it (a job that forks away dies with the namespace);
+  the course, its build, every submission and the feedback folder mounted read-only, capabilities dropped
+  before the test starts (no remounting), and every process the test started killed with it (a job that
+  forks away dies with the namespace);
 - with a scratch folder of its own as HOME and TMPDIR, removed after; no core files; files of at most 4 GiB;
 - under a time limit per test (the test's own ctest TIMEOUT, or --time-limit when smaller).
 The build itself (the compiler, on the submission's code) runs as the grader, under a time limit.
@@ -44,12 +44,10 @@ OUTPUT_TAIL = 48 << 10    # and its last (the summary)
 NOBODY = 65534
 NPROC = "4096"            # processes and threads of nobody at once (a fork bomb stops there); only when
                           # the tests run as nobody: for the grader's own user it would count its other work
-# The flags a read-only bind mount must keep from the mount it copies, or the kernel refuses the remount
-# inside a user namespace (they are locked there).
-LOCKED = {"nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime", "strictatime"}
-
 # Run inside the namespaces, as their root: each protected path bound read-only onto itself, then the test
-# started with no capabilities left (it cannot undo the mounts), in its scratch folder.
+# started with no capabilities left (it cannot undo the mounts), in its scratch folder. A read-only bind
+# mount keeps the flags of the mount it copies (nosuid, nodev, noexec, the atime ones): the kernel locks
+# them inside a user namespace and refuses a remount without them.
 INNER = r'''set -e
 cwd=$1; ip=$2; nproc=$3; shift 3
 if [ -n "$ip" ]; then "$ip" link set lo up; fi
@@ -66,8 +64,6 @@ cd "$cwd"
 exec prlimit --core=0 --fsize=4294967296 ${nproc:+--nproc=$nproc} -- \
   setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@"
 '''
-
-RESULTS = ("pass", "fail", "not done", "does not compile", "time out", "crash", "no region")
 
 
 class Sandbox:
@@ -167,10 +163,12 @@ def graded_tests(build, exercise_id, quick):
     if listed.returncode != 0:
         raise Bad(f"grade: ctest cannot list the tests of {build}: {listed.stderr.strip()[-300:]}")
     tests = []
-    for test in json.loads(listed.stdout).get("tests", []):
+    for test in json.loads(listed.stdout).get("tests", []):  # ctest's own order
         properties = {p["name"]: p["value"] for p in test.get("properties", [])}
         tests.append((test["name"], test["command"], properties.get("ENVIRONMENT", []),
                       properties.get("WORKING_DIRECTORY", str(build)), float(properties.get("TIMEOUT", TEST_LIMIT_S))))
+    if not tests:
+        raise Bad(f"grade: {build} registers no graded test of exercise {exercise_id} (configure it again?)")
     return tests
 
 
@@ -432,7 +430,7 @@ def grade(args):
         if safe in {s for _, s in names.values()}:
             raise Bad(f"grade: two submissions are named {safe} ({given} and another): give each its own folder name")
         names[given] = (name, safe)
-    tests_of = {id: ex_tool_tests(build_dir, id, args.quick) for id in exercises}
+    tests_of = {id: graded_tests(build_dir, id, args.quick) for id in exercises}
     sandbox = Sandbox([ROOT, build_dir, *args.submissions])
     sandbox.probe(build_dir)
 
@@ -458,16 +456,14 @@ def grade(args):
     writer = csv.writer(table)
     writer.writerow(["submission", "exercise", "title", "result", "tests_passed", "tests_run", "first_failure"])
     writer.writerows(rows)
-    create_new(out, table.getvalue())
+    try:
+        create_new(out, table.getvalue())
+    except FileExistsError:  # made while the submissions were graded: kept, and the grades written beside it
+        out = out.with_name(f"{out.name}.{os.getpid()}")
+        create_new(out, table.getvalue())
     print(f"wrote {len(rows)} row(s) to {out}")
     return rows
 
-
-def ex_tool_tests(build_dir, id, quick):
-    tests = graded_tests(build_dir, id, quick)
-    if not tests:
-        raise Bad(f"grade: {build_dir} registers no graded test of exercise {id} (configure it again?)")
-    return tests
 
 
 FIXTURE_MISTAKE = "05.1_one_cap_for_every_bucket"  # caught by quick tests, in a file of its own
