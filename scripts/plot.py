@@ -13,10 +13,11 @@
                                        with the theory) and OUT_PREFIX_activations.png (per stage, GPipe and 1F1B)
   plot.py plan METRICS OUT.png        the planner (benchmarks/plan --metrics): the ranked configurations'
                                        predicted step time by part and memory per GPU by category
-  plot.py speedup OUT.png --strong M1 M2 M4 [--weak W1 W2 W4]
+  plot.py speedup OUT.png --strong M... [--weak W...]
                                        speedup against ideal and parallel efficiency, from runs of
                                        chapter 04 at several rank counts (strong: fixed global batch;
-                                       weak: fixed per-rank batch)
+                                       weak: fixed per-rank batch); several runs at one rank count are
+                                       repeats: the point is their median, drawn with their spread
 """
 import json
 import re
@@ -434,13 +435,76 @@ def timeline_chart(trace_path, out):
     fig.savefig(out, dpi=120)
 
 
+# A point whose repeats spread (max - min) by more than this fraction of their median is marked noisy: the
+# machine's other work moved it more than the effect a participant is to read from it (issue: two ranks
+# on two cores differ from one by tens of percent; a 10% wobble would hide or fake that).
+NOISY_SPREAD = 0.10
+
+
+class ScalingPoint:
+    """One rank count of a scaling sweep: the samples/s of each repeat, and what they share."""
+
+    def __init__(self, ranks):
+        self.ranks, self.samples_per_s, self.oversubscribed, self.threads = ranks, [], False, set()
+
+    @property
+    def median(self):
+        v = sorted(self.samples_per_s)
+        return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+    @property
+    def spread(self):
+        """(max - min) / median of the repeats: 0 for a single run."""
+        return (max(self.samples_per_s) - min(self.samples_per_s)) / self.median
+
+    @property
+    def noisy(self):
+        return self.spread > NOISY_SPREAD
+
+
 def scaling_points(paths):
-    """(ranks, samples/s, oversubscribed) per run, sorted by ranks."""
-    points = []
+    """The runs grouped by rank count (repeats together), sorted by ranks."""
+    points = {}
     for path in paths:
-        s = events(read(path), "ddp_summary")[-1]
-        points.append((s["ranks"], s["samples_per_s"], s["local_size"] > s.get("cores", s["local_size"])))
-    return sorted(points)
+        records = read(path)
+        s = events(records, "ddp_summary")[-1]
+        cores = events(records, "cpu_cores")
+        point = points.setdefault(s["ranks"], ScalingPoint(s["ranks"]))
+        point.samples_per_s.append(s["samples_per_s"])
+        point.oversubscribed |= s["local_size"] > s.get("cores", s["local_size"])
+        point.threads.add(cores[-1]["threads"] if cores else None)
+    return [points[r] for r in sorted(points)]
+
+
+def scaling(points, mode):
+    """Speedup and efficiency of each point's median against the 1-rank median; the summary lines."""
+    base = next((p for p in points if p.ranks == 1), None)
+    if not base:
+        raise SystemExit(f"speedup: the {mode} runs need a 1-rank run as the baseline")
+    rows = []
+    for p in points:
+        speedup = p.median / base.median
+        rows.append((p, speedup, speedup / p.ranks))
+    lines = [f"{mode:6s} ranks {p.ranks}: {p.median:10.0f} samples/s (median of {len(p.samples_per_s)}, spread "
+             f"{100 * p.spread:4.1f}%)  speedup {s:5.2f}  efficiency {e:5.2f}"
+             f"{'  (oversubscribed)' if p.oversubscribed else ''}{'  NOISY' if p.noisy else ''}" for p, s, e in rows]
+    return rows, lines
+
+
+def threads_per_rank(modes_points):
+    """The one thread count every run used, or None when they differ (the chart then measures threads too)."""
+    threads = set().union(*(p.threads for points in modes_points.values() for p in points))
+    return next(iter(threads)) if len(threads) == 1 else None
+
+
+def efficiency_top(modes_points):
+    """The efficiency axis's top: 1.2, or above the fastest repeat of any point (no axis clips a point)."""
+    top = 1.2
+    for points in modes_points.values():
+        base = next((p for p in points if p.ranks == 1), None)
+        if base:
+            top = max(top, 1.1 * max(max(p.samples_per_s) / base.median / p.ranks for p in points))
+    return top
 
 
 def speedup_chart(out, modes):
@@ -448,36 +512,54 @@ def speedup_chart(out, modes):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_speedup, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
-    top, annotated = 1, set()
-    for mode, paths in modes.items():
-        points = scaling_points(paths)
-        base = next((sps for ranks, sps, _ in points if ranks == 1), None)
-        if not base:
-            raise SystemExit(f"speedup: the {mode} runs need a 1-rank run as the baseline")
-        ranks = [p[0] for p in points]
-        speedup = [p[1] / base for p in points]
-        efficiency = [s / r for s, r in zip(speedup, ranks)]
+    top, annotated, noisy, total = 1, set(), 0, 0
+    modes_points = {mode: scaling_points(paths) for mode, paths in modes.items()}
+    for mode, points in modes_points.items():
+        rows, lines = scaling(points, mode)
+        print("\n".join(lines))
+        base = next(p for p in points if p.ranks == 1).median
+        ranks = [p.ranks for p, _, _ in rows]
+        speedup = [s for _, s, _ in rows]
+        efficiency = [e for _, _, e in rows]
+        # The bars: each point's slowest and fastest repeat, against the same baseline median.
+        low = [s - min(p.samples_per_s) / base for p, s, _ in rows]
+        high = [max(p.samples_per_s) / base - s for p, s, _ in rows]
         top = max(top, max(ranks))
-        line = ax_speedup.plot(ranks, speedup, marker="o", label=f"{mode} scaling")[0]
-        ax_eff.plot(ranks, efficiency, marker="o", color=line.get_color(), label=f"{mode} scaling")
-        for (r, _, over), s, e in zip(points, speedup, efficiency):
-            if over:  # more ranks than cores: hollow marker, and say so once
-                ax_speedup.plot([r], [s], marker="o", markerfacecolor="white", color=line.get_color())
-                if r not in annotated:
-                    ax_speedup.annotate("oversubscribed", (r, s), textcoords="offset points", xytext=(-40, -16), fontsize=8)
-                    annotated.add(r)
-            print(f"{mode:6s} ranks {r}: {points[ranks.index(r)][1]:10.0f} samples/s  speedup {s:5.2f}  "
-                  f"efficiency {e:5.2f}{'  (oversubscribed)' if over else ''}")
+        line = ax_speedup.errorbar(ranks, speedup, yerr=[low, high], marker="o", capsize=3, label=f"{mode} scaling")[0]
+        ax_eff.errorbar(ranks, efficiency, yerr=[[l / r for l, r in zip(low, ranks)], [h / r for h, r in zip(high, ranks)]],
+                        marker="o", capsize=3, color=line.get_color(), label=f"{mode} scaling")
+        for p, s, e in rows:
+            total += 1
+            if p.oversubscribed:  # more ranks than cores: hollow marker, and say so once
+                ax_speedup.plot([p.ranks], [s], marker="o", markerfacecolor="white", color=line.get_color())
+                if p.ranks not in annotated:
+                    ax_speedup.annotate("oversubscribed", (p.ranks, s), textcoords="offset points", xytext=(-40, -16), fontsize=8)
+                    annotated.add(p.ranks)
+            if p.noisy:
+                noisy += 1
+                ax_eff.annotate("noisy", (p.ranks, e), textcoords="offset points", xytext=(4, 4), fontsize=8, color="red")
+    threads = threads_per_rank(modes_points)
+    repeats = sorted({len(p.samples_per_s) for points in modes_points.values() for p in points})
+    setting = (f"{threads} thread{'s' if threads != 1 else ''} per rank at every rank count" if threads else
+               "THREADS PER RANK DIFFER between the points: the chart measures threads as well as ranks")
+    counted = str(repeats[0]) if len(repeats) == 1 else f"{repeats[0]}-{repeats[-1]}"
+    fig.suptitle(f"{setting}; each point the median of {counted} run(s), bars from the slowest to the fastest",
+                 fontsize=9)
     ax_speedup.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")
     ax_speedup.set(xlabel="ranks", ylabel="speedup (samples/s vs 1 rank)", title="Speedup")
     ax_eff.axhline(1.0, linestyle="--", color="grey", label="ideal")
-    ax_eff.set(xlabel="ranks", ylabel="parallel efficiency (speedup / ranks)", title="Efficiency", ylim=(0, 1.2))
+    ax_eff.set(xlabel="ranks", ylabel="parallel efficiency (speedup / ranks)", title="Efficiency",
+               ylim=(0, efficiency_top(modes_points)))
     for ax in (ax_speedup, ax_eff):
-        ax.set_xticks(sorted({r for paths in modes.values() for r, _, _ in scaling_points(paths)}))
+        ax.set_xticks(sorted({p.ranks for points in modes_points.values() for p in points}))
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    print(f"speedup: {setting}")
+    if noisy:
+        print(f"speedup: {noisy} of {total} point(s) NOISY (their repeats spread by more than "
+              f"{100 * NOISY_SPREAD:.0f}% of their median): the machine was too busy for these figures to carry the lesson")
 
 
 def ensure_matplotlib():

@@ -2,22 +2,41 @@
 # Runs chapter 04 at several rank counts in strong scaling (fixed global batch) and weak scaling
 # (fixed per-rank batch), then draws the speedup chart.
 #   scripts/sweep.sh [OUT_DIR] [RANKS...]        default: runs/04_ddp 1 2 4
-# Environment: STRONG_BATCH (240), WEAK_PER_RANK (60), STEPS (60), plus any extra flags in SWEEP_ARGS.
+# Environment: STRONG_BATCH (240), WEAK_PER_RANK (60), STEPS (60), REPEATS (5), THREADS_PER_RANK (1),
+# plus any extra flags in SWEEP_ARGS.
+# Every run, the 1-rank baseline too, computes with THREADS_PER_RANK threads (OMP_NUM_THREADS and
+# OPENBLAS_NUM_THREADS): the speedup then measures ranks, not threads (one rank left to itself would use
+# every core, two ranks one each). Each rank count runs REPEATS times, strong and weak in turn; the chart
+# draws each point's median with its spread, and marks a point whose repeats spread by more than 10%.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/04_ddp}
 shift || true
 ranks=("$@")
 [ ${#ranks[@]} -gt 0 ] || ranks=(1 2 4)
+for name in REPEATS THREADS_PER_RANK STEPS STRONG_BATCH WEAK_PER_RANK; do
+  value=${!name:-1}
+  if ! [[ $value =~ ^[1-9][0-9]{0,5}$ ]]; then
+    echo "sweep.sh: $name must be a whole number from 1, not '$value'" >&2; exit 2
+  fi
+done
+for n in "${ranks[@]}"; do
+  [[ $n =~ ^[1-9][0-9]{0,3}$ ]] || { echo "sweep.sh: a rank count must be a whole number from 1, not '$n'" >&2; exit 2; }
+done
 bin=$(course_binary sweep 04_ddp)
+threads=${THREADS_PER_RANK:-1}
 mkdir -p "$out"
 strong=() weak=()
 for n in "${ranks[@]}"; do
-  course_mpirun "$n" "$bin" --global-batch "${STRONG_BATCH:-240}" --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
-    --metrics "$out/strong_np$n.jsonl" >"$out/strong_np$n.txt" 2>&1
-  course_mpirun "$n" "$bin" --global-batch $(( ${WEAK_PER_RANK:-60} * n )) --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
-    --metrics "$out/weak_np$n.jsonl" >"$out/weak_np$n.txt" 2>&1
-  strong+=("$out/strong_np$n.jsonl"); weak+=("$out/weak_np$n.jsonl")
+  for k in $(seq 1 "${REPEATS:-5}"); do
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
+      --global-batch "${STRONG_BATCH:-240}" --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
+      --metrics "$out/strong_np${n}_r$k.jsonl" >"$out/strong_np${n}_r$k.txt" 2>&1
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
+      --global-batch $(( ${WEAK_PER_RANK:-60} * n )) --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
+      --metrics "$out/weak_np${n}_r$k.jsonl" >"$out/weak_np${n}_r$k.txt" 2>&1
+    strong+=("$out/strong_np${n}_r$k.jsonl"); weak+=("$out/weak_np${n}_r$k.jsonl")
+  done
 done
 "$(course_python)" "$COURSE_ROOT/scripts/plot.py" speedup "$out/speedup.png" --strong "${strong[@]}" --weak "${weak[@]}"
 echo "sweep: chart in $out/speedup.png"
