@@ -491,6 +491,23 @@ def scaling(points, mode):
     return rows, lines
 
 
+# Efficiency above this is speedup beyond ideal, which data parallelism alone cannot give: the chart flags it.
+ABOVE_IDEAL = 1.05
+
+
+def contradictions(rows, mode, same_threads):
+    """One line for each point whose speedup exceeds ideal, with the reason the measured data give."""
+    lines = []
+    for p, speedup, efficiency in rows:
+        if efficiency <= ABOVE_IDEAL:
+            continue
+        why = (f"its repeats spread by {100 * p.spread:.0f}% of their median: the machine's noise" if p.noisy else
+               "the points ran with different threads per rank: the speedup measures threads too" if not same_threads else
+               "neither noise nor threads explain it: each rank's smaller share may fit a faster cache")
+        lines.append(f"{mode} scaling at {p.ranks} ranks is ABOVE IDEAL (efficiency {efficiency:.2f}): {why}")
+    return lines
+
+
 def threads_per_rank(modes_points):
     """The one thread count every run used, or None when they differ (the chart then measures threads too)."""
     threads = set().union(*(p.threads for points in modes_points.values() for p in points))
@@ -514,9 +531,12 @@ def speedup_chart(out, modes):
     fig, (ax_speedup, ax_eff) = plt.subplots(1, 2, figsize=(10, 4))
     top, annotated, noisy, total = 1, set(), 0, 0
     modes_points = {mode: scaling_points(paths) for mode, paths in modes.items()}
+    threads = threads_per_rank(modes_points)
+    flagged = []
     for mode, points in modes_points.items():
         rows, lines = scaling(points, mode)
         print("\n".join(lines))
+        flagged += contradictions(rows, mode, threads is not None)
         base = next(p for p in points if p.ranks == 1).median
         ranks = [p.ranks for p, _, _ in rows]
         speedup = [s for _, s, _ in rows]
@@ -538,7 +558,9 @@ def speedup_chart(out, modes):
             if p.noisy:
                 noisy += 1
                 ax_eff.annotate("noisy", (p.ranks, e), textcoords="offset points", xytext=(4, 4), fontsize=8, color="red")
-    threads = threads_per_rank(modes_points)
+            if e > ABOVE_IDEAL:
+                ax_eff.annotate("above ideal", (p.ranks, e), textcoords="offset points", xytext=(4, -12), fontsize=8,
+                                color="red")
     repeats = sorted({len(p.samples_per_s) for points in modes_points.values() for p in points})
     setting = (f"{threads} thread{'s' if threads != 1 else ''} per rank at every rank count" if threads else
                "THREADS PER RANK DIFFER between the points: the chart measures threads as well as ranks")
@@ -557,6 +579,8 @@ def speedup_chart(out, modes):
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"speedup: {setting}")
+    for line in flagged:
+        print(f"speedup: {line}")
     if noisy:
         print(f"speedup: {noisy} of {total} point(s) NOISY (their repeats spread by more than "
               f"{100 * NOISY_SPREAD:.0f}% of their median): the machine was too busy for these figures to carry the lesson")

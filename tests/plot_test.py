@@ -2,7 +2,8 @@
 """scripts/plot.py's scaling arithmetic and scripts/sweep.sh's settings, checked:
 
   plot_test.py speedup          medians, spreads, the noisy mark, speedup and efficiency, the threads per
-                                rank, the efficiency axis, on recorded metrics (no run, no timing)
+                                rank, the efficiency axis, a point above ideal flagged with its reason,
+                                on recorded metrics (no run, no timing)
   plot_test.py sweep BUILD      sweep.sh runs every rank count, the 1-rank baseline too, REPEATS times
                                 with the same threads per rank, and refuses a bad setting (runs chapter 04)
 Exit code 0 when all hold, 1 otherwise.
@@ -56,6 +57,12 @@ def speedup():
         fast = [metrics(folder, "fast1.jsonl", 1, 100), metrics(folder, "fast2.jsonl", 2, 300)]
         fast_points = plot.scaling_points(fast)
         check(abs(plot.efficiency_top({"weak": fast_points}) - 1.65) < 1e-12, "a super-linear point widens the axis")
+        rows, _ = plot.scaling(fast_points, "weak")
+        flagged = plot.contradictions(rows, "weak", True)
+        check(len(flagged) == 1 and "ABOVE IDEAL (efficiency 1.50)" in flagged[0] and "2 ranks" in flagged[0],
+              f"a super-linear point is flagged with its reason: {flagged}")
+        check("different threads" in plot.contradictions(rows, "weak", False)[0], "threads that differ are the reason given")
+        check(plot.contradictions(plot.scaling(points, "strong")[0], "strong", True) == [], "no flag at or below ideal")
         mixed = paths[:5] + [metrics(folder, "threads2.jsonl", 2, 190, threads=2)]
         check(plot.threads_per_rank({"strong": plot.scaling_points(mixed)}) is None, "threads that differ are found")
         # The chart itself: drawn, with the setting and the noisy points named.
