@@ -578,12 +578,29 @@ def speedup_chart(out, modes):
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
-    print(f"speedup: {setting}")
-    for line in flagged:
-        print(f"speedup: {line}")
+    notes = [setting] + flagged
     if noisy:
-        print(f"speedup: {noisy} of {total} point(s) NOISY (their repeats spread by more than "
-              f"{100 * NOISY_SPREAD:.0f}% of their median): the machine was too busy for these figures to carry the lesson")
+        notes.append(f"{noisy} of {total} point(s) NOISY (their repeats spread by more than {100 * NOISY_SPREAD:.0f}% "
+                     "of their median): the machine was too busy for these figures to carry the lesson")
+    for line in notes:
+        print(f"speedup: {line}")
+    write_caption(out, notes)
+
+
+def write_caption(chart, lines):
+    """CHART's caption beside it (CHART without .png, .caption.txt), which the results page shows under the
+    chart: through a temporary made anew (O_EXCL) and renamed over, so a link in its place is replaced, not
+    followed."""
+    path = os.path.splitext(chart)[0] + ".caption.txt"
+    temporary = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def ensure_matplotlib():

@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -30,7 +31,9 @@ import plot  # noqa: E402  (the one reading of the metrics)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAPTERS = ["01_single_gpu", "02_grad_accumulation", "03_collectives", "04_ddp", "05_bucketing_overlap",
             "06_checkpoint_failover", "07_zero", "08_tensor_pipeline"]
-SKIPPED_FOLDERS = {"checkpoints"}  # what a run keeps that is not a run
+SKIPPED_FOLDERS = {"checkpoints", "sweep"}  # what a run keeps that is not a run (sweep: a chart's points)
+# A chart's caption line that says its figure contradicts its lesson or cannot carry it (scripts/plot.py).
+FLAGGED = re.compile(r"NOISY|ABOVE IDEAL|DIFFER")
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
@@ -57,6 +60,21 @@ def read_json(path):
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def caption_of(image):
+    """The lines of IMAGE's caption file (IMAGE without .png, .caption.txt), read only as a plain file of at
+    most 64 KB (never a link, a FIFO or a folder); none when there is none."""
+    path = os.path.splitext(image)[0] + ".caption.txt"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 65536:
+            return []
+        return [line.strip() for line in f.read().decode("utf-8", errors="replace").splitlines() if line.strip()]
 
 
 def error_line(output_path):
@@ -265,7 +283,10 @@ def render(runs):
                         f"<th></th></tr>{''.join(extras)}</table>")
         for image in files_under(runs, chapter, "*.png"):
             rel = os.path.relpath(image, runs)
-            body.append(f"<figure><img src='{cell(rel)}' alt='{cell(rel)}'><figcaption>{cell(rel)}</figcaption></figure>")
+            notes = "".join(f"<div class='{'error' if FLAGGED.search(line) else 'note'}'>{cell(line)}</div>"
+                            for line in caption_of(image))
+            body.append(f"<figure><img src='{cell(rel)}' alt='{cell(rel)}'><figcaption>{cell(rel)}{notes}</figcaption>"
+                        "</figure>")
         for trace in files_under(runs, chapter, "*.json"):
             doc = read_json(trace)
             if not isinstance(doc, dict) or "traceEvents" not in doc:

@@ -8,6 +8,8 @@
 # OPENBLAS_NUM_THREADS): the speedup then measures ranks, not threads (one rank left to itself would use
 # every core, two ranks one each). Each rank count runs REPEATS times, strong and weak in turn; the chart
 # draws each point's median with its spread, and marks a point whose repeats spread by more than 10%.
+# The runs go to OUT_DIR/sweep/, the chart to OUT_DIR/speedup.png, its notes to OUT_DIR/speedup.caption.txt
+# (the results page shows them under the chart).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/04_ddp}
@@ -25,17 +27,18 @@ for n in "${ranks[@]}"; do
 done
 bin=$(course_binary sweep 04_ddp)
 threads=${THREADS_PER_RANK:-1}
-mkdir -p "$out"
+points=$out/sweep
+mkdir -p "$points"
 strong=() weak=()
 for n in "${ranks[@]}"; do
   for k in $(seq 1 "${REPEATS:-5}"); do
     OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
       --global-batch "${STRONG_BATCH:-240}" --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
-      --metrics "$out/strong_np${n}_r$k.jsonl" >"$out/strong_np${n}_r$k.txt" 2>&1
+      --metrics "$points/strong_np${n}_r$k.jsonl" >"$points/strong_np${n}_r$k.txt" 2>&1
     OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
       --global-batch $(( ${WEAK_PER_RANK:-60} * n )) --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
-      --metrics "$out/weak_np${n}_r$k.jsonl" >"$out/weak_np${n}_r$k.txt" 2>&1
-    strong+=("$out/strong_np${n}_r$k.jsonl"); weak+=("$out/weak_np${n}_r$k.jsonl")
+      --metrics "$points/weak_np${n}_r$k.jsonl" >"$points/weak_np${n}_r$k.txt" 2>&1
+    strong+=("$points/strong_np${n}_r$k.jsonl"); weak+=("$points/weak_np${n}_r$k.jsonl")
   done
 done
 "$(course_python)" "$COURSE_ROOT/scripts/plot.py" speedup "$out/speedup.png" --strong "${strong[@]}" --weak "${weak[@]}"

@@ -71,6 +71,15 @@ def speedup():
         check(drawn.returncode == 0 and (Path(folder) / "s.png").is_file(), f"the chart is drawn: {drawn.stderr[-500:]}")
         check("1 thread per rank at every rank count" in drawn.stdout and "2 of 3 point(s) NOISY" in drawn.stdout,
               f"the chart's summary names the threads and the noisy points:\n{drawn.stdout}")
+        caption = Path(folder) / "s.caption.txt"
+        check(caption.is_file() and "NOISY" in caption.read_text(), "the caption file holds the chart's notes")
+        victim = Path(folder) / "victim.txt"
+        victim.write_text("keep me")
+        caption.unlink()
+        caption.symlink_to(victim)
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "speedup", str(Path(folder) / "s.png"),
+                        "--strong", *paths], capture_output=True, text=True)
+        check(victim.read_text() == "keep me" and not caption.is_symlink(), "a caption that is a link is replaced, not followed")
         drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "speedup", str(Path(folder) / "m.png"),
                                 "--strong", *mixed], capture_output=True, text=True)
         check("THREADS PER RANK DIFFER" in drawn.stdout, "a sweep whose points differ in threads says so")
@@ -91,13 +100,15 @@ def sweep(build):
         for mode in ("strong", "weak"):
             for ranks in (1, 2):
                 for k in (1, 2):
-                    path = Path(folder) / f"{mode}_np{ranks}_r{k}.jsonl"
+                    path = Path(folder) / "sweep" / f"{mode}_np{ranks}_r{k}.jsonl"
                     records = plot.read(path) if path.is_file() else []
                     cores = plot.events(records, "cpu_cores")
                     summary = plot.events(records, "ddp_summary")
                     check(cores and all(c["threads"] == 1 for c in cores) and summary and summary[-1]["ranks"] == ranks,
                           f"{path.name}: {ranks} rank(s), each with 1 thread")
         check("1 thread per rank at every rank count" in ran.stdout, "the chart says the threads per rank")
+        caption = Path(folder) / "speedup.caption.txt"
+        check(caption.is_file() and "1 thread per rank" in caption.read_text(), "the chart's caption is written beside it")
 
 
 def main():

@@ -17,6 +17,7 @@ the chapters with tiny settings, then checked twice:
 import base64
 import html.parser
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -77,6 +78,19 @@ def record_tree(build, runs, mpirun):
                   "--fault", "average-twice")
     if code == 0:
         fail("04_ddp --fault average-twice --verify passed")
+    # 04's scaling chart as scripts/sweep.sh draws it, from recorded points (no timing here): two ranks
+    # above ideal, which the page must flag.
+    sweep = os.path.join(runs, "04_ddp", "sweep")
+    os.makedirs(sweep)
+    points = []
+    for ranks, samples_per_s in ((1, 100.0), (1, 101.0), (2, 240.0), (2, 242.0)):
+        points.append(os.path.join(sweep, f"strong_np{ranks}_r{len(points)}.jsonl"))
+        with open(points[-1], "w") as f:
+            f.write(json.dumps({"event": "cpu_cores", "threads": 1}) + "\n" + json.dumps(
+                {"event": "ddp_summary", "ranks": ranks, "samples_per_s": samples_per_s, "local_size": ranks, "cores": 2,
+                 "global_batch": 240, "per_rank_batch": 240 // ranks, "step_ms": 1.0}) + "\n")
+    subprocess.run([python, os.path.join(ROOT, "scripts", "plot.py"), "speedup", os.path.join(runs, "04_ddp", "speedup.png"),
+                    "--strong", *points], check=True, capture_output=True)
     run("05_bucketing_overlap", "", 2, "--steps", "4", "--verify", trace=True)
     run("07_zero", "", 2, "--steps", "2", "--hidden", "8", "--layers", "2", "--global-batch", "8", "--compare")
     run("08_tensor_pipeline", "", 2, "--pp", "2", "--n-layer", "2", "--n-embd", "16", "--n-head", "2",
@@ -152,6 +166,12 @@ def check_page(runs):
         said = [line.strip() for line in f if line.startswith("lock-step check FAILED")]
     if not said or said[-1] not in text.replace("&#x27;", "'").replace("&quot;", '"').replace("&amp;", "&"):
         fail(f"the failed run's error line is not on the page: {said[-1:]}")
+    # A chart's caption: a figure that contradicts its lesson is flagged with its reason; a sweep's points
+    # are the chart's, not runs of their own.
+    if not re.search(r"<div class='error'>strong scaling at 2 ranks is ABOVE IDEAL \(efficiency 1\.20\): [^<]+</div>", text):
+        fail("04's speedup chart above ideal is not flagged under it")
+    if "sweep strong_np" in text:
+        fail("a sweep's points are listed as runs")
     if page.svgs < 2:
         fail(f"{page.svgs} timelines drawn; 05's and 08's traces make two")
     size = len(text.encode())
