@@ -446,6 +446,7 @@ class ScalingPoint:
 
     def __init__(self, ranks):
         self.ranks, self.samples_per_s, self.oversubscribed, self.threads = ranks, [], False, set()
+        self.step_ms, self.parameters = [], set()
 
     @property
     def median(self):
@@ -473,7 +474,21 @@ def scaling_points(paths):
         point.samples_per_s.append(s["samples_per_s"])
         point.oversubscribed |= s["local_size"] > s.get("cores", s["local_size"])
         point.threads.add(cores[-1]["threads"] if cores else None)
+        point.step_ms.append(s.get("step_ms"))
+        point.parameters.add(s.get("parameters"))
     return [points[r] for r in sorted(points)]
+
+
+def workload(modes_points):
+    """The model's size and one rank's step, the scale a participant reads the speedup against."""
+    parameters = set().union(*(p.parameters for points in modes_points.values() for p in points)) - {None}
+    one = [ms for points in modes_points.values() for p in points if p.ranks == 1 for ms in p.step_ms if ms]
+    said = []
+    if len(parameters) == 1:
+        said.append(f"{next(iter(parameters)):,} parameters")
+    if one:
+        said.append(f"one rank's step {sorted(one)[len(one) // 2]:.1f} ms")
+    return ", ".join(said)
 
 
 def scaling(points, mode):
@@ -565,8 +580,9 @@ def speedup_chart(out, modes):
     setting = (f"{threads} thread{'s' if threads != 1 else ''} per rank at every rank count" if threads else
                "THREADS PER RANK DIFFER between the points: the chart measures threads as well as ranks")
     counted = str(repeats[0]) if len(repeats) == 1 else f"{repeats[0]}-{repeats[-1]}"
-    fig.suptitle(f"{setting}; each point the median of {counted} run(s), bars from the slowest to the fastest",
-                 fontsize=9)
+    size = workload(modes_points)
+    fig.suptitle(f"{size + '; ' if size else ''}{setting}; each point the median of {counted} run(s), bars from the "
+                 "slowest to the fastest", fontsize=9)
     ax_speedup.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")
     ax_speedup.set(xlabel="ranks", ylabel="speedup (samples/s vs 1 rank)", title="Speedup")
     ax_eff.axhline(1.0, linestyle="--", color="grey", label="ideal")
@@ -578,7 +594,7 @@ def speedup_chart(out, modes):
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
-    notes = [setting] + flagged
+    notes = [setting + (f" ({workload(modes_points)})" if workload(modes_points) else "")] + flagged
     if noisy:
         notes.append(f"{noisy} of {total} point(s) NOISY (their repeats spread by more than {100 * NOISY_SPREAD:.0f}% "
                      "of their median): the machine was too busy for these figures to carry the lesson")

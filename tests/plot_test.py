@@ -28,11 +28,11 @@ def check(condition, what):
         print(f"FAIL  {what}")
 
 
-def metrics(folder, name, ranks, samples_per_s, threads=1, cores=2):
+def metrics(folder, name, ranks, samples_per_s, threads=1, cores=2, **more):
     path = Path(folder) / name
     path.write_text(json.dumps({"event": "cpu_cores", "threads": threads}) + "\n" +
                     json.dumps({"event": "ddp_summary", "ranks": ranks, "samples_per_s": samples_per_s,
-                                "local_size": ranks, "cores": cores}) + "\n")
+                                "local_size": ranks, "cores": cores, **more}) + "\n")
     return str(path)
 
 
@@ -63,6 +63,9 @@ def speedup():
               f"a super-linear point is flagged with its reason: {flagged}")
         check("different threads" in plot.contradictions(rows, "weak", False)[0], "threads that differ are the reason given")
         check(plot.contradictions(plot.scaling(points, "strong")[0], "strong", True) == [], "no flag at or below ideal")
+        sized = [metrics(folder, f"gpt{k}.jsonl", 1, 10, parameters=1234567, step_ms=ms) for k, ms in enumerate((30, 31, 90))]
+        check(plot.workload({"strong": plot.scaling_points(sized)}) == "1,234,567 parameters, one rank's step 31.0 ms",
+              "the chart names the model's size and one rank's median step")
         mixed = paths[:5] + [metrics(folder, "threads2.jsonl", 2, 190, threads=2)]
         check(plot.threads_per_rank({"strong": plot.scaling_points(mixed)}) is None, "threads that differ are found")
         # The chart itself: drawn, with the setting and the noisy points named.
