@@ -109,12 +109,17 @@ run_variant "08 zero-bubble" 08_tensor_pipeline zero_bubble 2 --pp 2 --n-layer 4
 # Context parallelism: every sequence split across two ranks, attention by the ring, verified in
 # lock-step, its bytes beside the formula.
 run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify
+# 04's scaling, two workloads: the tiny MLP (communication-bound) and a GPT whose step is compute-bound
+# (scripts/sweep.sh: one thread per rank, five repeats, each point's median and spread).
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
-  if "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/04_ddp" 1 2 4 >"$RUNS/04_ddp/sweep.txt" 2>&1; then
-    printf '%-24s %-7s %s\n' "04_ddp speedup chart" "written" "${RUNS#$COURSE_ROOT/}/04_ddp/speedup.png"
-  else
-    printf '%-24s %-7s %s\n' "04_ddp speedup chart" "FAILED" "see ${RUNS#$COURSE_ROOT/}/04_ddp/sweep.txt"; failed=1
-  fi
+  for workload in mlp gpt; do
+    folder=04_ddp; [ "$workload" = mlp ] || folder=04_ddp/$workload
+    if WORKLOAD=$workload "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/$folder" 1 2 4 >"$RUNS/04_ddp/sweep_$workload.txt" 2>&1; then
+      printf '%-24s %-7s %s\n' "04 speedup, $workload" "written" "${RUNS#$COURSE_ROOT/}/$folder/speedup.png"
+    else
+      printf '%-24s %-7s %s\n' "04 speedup, $workload" "FAILED" "see ${RUNS#$COURSE_ROOT/}/04_ddp/sweep_$workload.txt"; failed=1
+    fi
+  done
 fi
 # The page: every chapter's verdict, figures, charts and timelines (open it in a browser, from the disk).
 if "$PY" "$COURSE_ROOT/scripts/report.py" "$RUNS" >/dev/null; then

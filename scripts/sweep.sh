@@ -2,8 +2,11 @@
 # Runs chapter 04 at several rank counts in strong scaling (fixed global batch) and weak scaling
 # (fixed per-rank batch), then draws the speedup chart.
 #   scripts/sweep.sh [OUT_DIR] [RANKS...]        default: runs/04_ddp 1 2 4
-# Environment: STRONG_BATCH (240), WEAK_PER_RANK (60), STEPS (60), REPEATS (5), THREADS_PER_RANK (1),
-# plus any extra flags in SWEEP_ARGS.
+# Environment: WORKLOAD (mlp, or gpt), STRONG_BATCH, WEAK_PER_RANK, STEPS, REPEATS (5), THREADS_PER_RANK (1),
+# plus any extra flags in SWEEP_ARGS. WORKLOAD=mlp is 04's house-price MLP (70k parameters, a step under a
+# millisecond: communication-bound; batches 240 and 60 a rank, 400 steps); WORKLOAD=gpt a GPT of 4 blocks of
+# width 128 (796k parameters, about 30 ms a step on one core: compute-bound, where data parallelism pays;
+# batches 64 and 32 a rank, 20 steps).
 # Every run, the 1-rank baseline too, computes with THREADS_PER_RANK threads (OMP_NUM_THREADS and
 # OPENBLAS_NUM_THREADS): the speedup then measures ranks, not threads (one rank left to itself would use
 # every core, two ranks one each). Each rank count runs REPEATS times, strong and weak in turn; the chart
@@ -25,6 +28,12 @@ done
 for n in "${ranks[@]}"; do
   [[ $n =~ ^[1-9][0-9]{0,3}$ ]] || { echo "sweep.sh: a rank count must be a whole number from 1, not '$n'" >&2; exit 2; }
 done
+case ${WORKLOAD:-mlp} in
+  mlp) model=() defaults=(240 60 400) ;;
+  gpt) model=(--model gpt --n-layer 4 --n-embd 128 --n-head 4) defaults=(64 32 20) ;;
+  *) echo "sweep.sh: WORKLOAD must be mlp or gpt, not '$WORKLOAD'" >&2; exit 2 ;;
+esac
+STRONG_BATCH=${STRONG_BATCH:-${defaults[0]}} WEAK_PER_RANK=${WEAK_PER_RANK:-${defaults[1]}} STEPS=${STEPS:-${defaults[2]}}
 bin=$(course_binary sweep 04_ddp)
 threads=${THREADS_PER_RANK:-1}
 points=$out/sweep
@@ -33,10 +42,10 @@ strong=() weak=()
 for n in "${ranks[@]}"; do
   for k in $(seq 1 "${REPEATS:-5}"); do
     OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
-      --global-batch "${STRONG_BATCH:-240}" --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
+      --global-batch "$STRONG_BATCH" --steps "$STEPS" ${model[@]+"${model[@]}"} ${SWEEP_ARGS:-} \
       --metrics "$points/strong_np${n}_r$k.jsonl" >"$points/strong_np${n}_r$k.txt" 2>&1
     OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads course_mpirun "$n" "$bin" \
-      --global-batch $(( ${WEAK_PER_RANK:-60} * n )) --steps "${STEPS:-60}" ${SWEEP_ARGS:-} \
+      --global-batch $(( WEAK_PER_RANK * n )) --steps "$STEPS" ${model[@]+"${model[@]}"} ${SWEEP_ARGS:-} \
       --metrics "$points/weak_np${n}_r$k.jsonl" >"$points/weak_np${n}_r$k.txt" 2>&1
     strong+=("$points/strong_np${n}_r$k.jsonl"); weak+=("$points/weak_np${n}_r$k.jsonl")
   done

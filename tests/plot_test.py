@@ -91,7 +91,7 @@ def speedup():
 def sweep(build):
     env = dict(os.environ, COURSE_BUILD=build, STEPS="3", REPEATS="2", STRONG_BATCH="16", WEAK_PER_RANK="8",
                SWEEP_ARGS="--hidden 8 --layers 2")
-    for name, value in (("REPEATS", "0"), ("THREADS_PER_RANK", "two"), ("STEPS", "-1")):
+    for name, value in (("REPEATS", "0"), ("THREADS_PER_RANK", "two"), ("STEPS", "-1"), ("WORKLOAD", "cnn")):
         with tempfile.TemporaryDirectory() as folder:
             refused = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1"], env=dict(env, **{name: value}),
                                      capture_output=True, text=True)
