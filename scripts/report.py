@@ -316,10 +316,23 @@ def main(argv):
         print(f"report.py: {runs}: not a folder of runs", file=sys.stderr)
         return 2
     page = os.path.join(runs, "index.html")
-    temporary = page + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(render(runs))
-    os.replace(temporary, page)  # a reader never sees half a page
+    text = render(runs)
+    # A reader never sees half a page, and nothing is written through a link: the page goes to a temporary
+    # made anew (O_EXCL, never one a link stands in the place of), renamed over index.html (which replaces
+    # a link there rather than following it).
+    temporary = f"{page}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as e:
+        print(f"report.py: {runs}: the page cannot be written ({e.strerror})", file=sys.stderr)
+        return 2
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temporary, page)
+    except BaseException:
+        os.unlink(temporary)
+        raise
     print(page)
     return 0
 

@@ -141,6 +141,22 @@ def render(runs):
 
 
 def check_page(runs):
+    # Nothing is written through a link: not a link at index.html, nor one where a temporary used to be.
+    victim = os.path.join(os.path.dirname(os.path.abspath(runs)), "report_victim.txt")
+    with open(victim, "w") as f:
+        f.write("keep me")
+    for name in ("index.html", "index.html.tmp"):
+        if os.path.lexists(os.path.join(runs, name)):
+            os.unlink(os.path.join(runs, name))
+        os.symlink(victim, os.path.join(runs, name))
+    render(runs)
+    with open(victim) as f:
+        kept = f.read() == "keep me"
+    if os.path.lexists(os.path.join(runs, "index.html.tmp")):
+        os.unlink(os.path.join(runs, "index.html.tmp"))
+    os.unlink(victim)
+    if not kept or os.path.islink(os.path.join(runs, "index.html")):
+        fail("report.py wrote through a link in the runs folder")
     text = render(runs)
     page = Page()
     page.feed(text)
