@@ -228,6 +228,30 @@ def plt_module():
     return plt
 
 
+# Compute that differs by more than this between 05's modes, which do the same work, is the machine's noise.
+EQUAL_WORK_SPREAD = 0.10
+
+
+def overlap_notes(modes):
+    """05's modes chart's caption: a figure that contradicts the lesson, with the reason its data give."""
+    by = {r["mode"]: r for r in modes}
+    notes = []
+    overlap, plain = by.get("buckets+overlap"), by.get("buckets")
+    if overlap and plain and overlap["step_ms"] > plain["step_ms"]:
+        slower = overlap["compute_ms"] / plain["compute_ms"] - 1 if plain["compute_ms"] else 0.0
+        why = (f"its compute took {100 * slower:.0f}% longer ({overlap['compute_ms']:.1f} against "
+               f"{plain['compute_ms']:.1f} ms): the communication's progress competes with the computation it "
+               "overlaps for the cores" if slower > EQUAL_WORK_SPREAD else
+               f"its exposed communication was longer ({overlap['exposed_ms']:.1f} against {plain['exposed_ms']:.1f} ms)")
+        notes.append(f"buckets+overlap ({overlap['step_ms']:.1f} ms a step) is SLOWER THAN buckets without overlap "
+                     f"({plain['step_ms']:.1f} ms): {why}")
+    compute = [r["compute_ms"] for r in modes if r.get("compute_ms")]
+    if len(compute) > 1 and (max(compute) - min(compute)) / min(compute) > EQUAL_WORK_SPREAD:
+        notes.append(f"compute DIFFERS by {100 * (max(compute) - min(compute)) / min(compute):.0f}% between modes that do "
+                     "the same work: the machine's noise moved these figures, one run a mode")
+    return notes
+
+
 def overlap_charts(path, prefix):
     plt = plt_module()
     records = read(path)
@@ -247,6 +271,10 @@ def overlap_charts(path, prefix):
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(f"{prefix}_modes.png", dpi=120)
+        notes = overlap_notes(modes)
+        for line in notes:
+            print(f"overlap: {line}")
+        write_caption(f"{prefix}_modes.png", notes)
     sweep = events(records, "bucket_sweep")
     if sweep:
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -2,8 +2,9 @@
 """scripts/plot.py's scaling arithmetic and scripts/sweep.sh's settings, checked:
 
   plot_test.py speedup          medians, spreads, the noisy mark, speedup and efficiency, the threads per
-                                rank, the efficiency axis, a point above ideal flagged with its reason,
-                                on recorded metrics (no run, no timing)
+                                rank, the efficiency axis, a point above ideal flagged with its reason;
+                                05's overlap slower than none and unequal compute flagged; on recorded
+                                metrics (no run, no timing)
   plot_test.py sweep BUILD      sweep.sh runs every rank count, the 1-rank baseline too, REPEATS times
                                 with the same threads per rank, and refuses a bad setting (runs chapter 04)
 Exit code 0 when all hold, 1 otherwise.
@@ -88,6 +89,18 @@ def speedup():
         check("THREADS PER RANK DIFFER" in drawn.stdout, "a sweep whose points differ in threads says so")
 
 
+def overlap():
+    def mode(name, compute, exposed):
+        return {"mode": name, "compute_ms": compute, "exposed_ms": exposed, "step_ms": compute + exposed}
+    notes = plot.overlap_notes([mode("flat", 20, 10), mode("buckets", 20, 8), mode("buckets+overlap", 26, 4)])
+    check(len(notes) == 2 and "SLOWER THAN buckets" in notes[0] and "compute took 30% longer" in notes[0] and
+          "DIFFERS by 30%" in notes[1], f"overlap slower than none, by its compute, and unequal compute: {notes}")
+    notes = plot.overlap_notes([mode("buckets", 20, 8), mode("buckets+overlap", 21, 9)])
+    check(len(notes) == 1 and "exposed communication was longer (9.0 against 8.0 ms)" in notes[0],
+          f"overlap slower by its exposed communication: {notes}")
+    check(plot.overlap_notes([mode("buckets", 20, 8), mode("buckets+overlap", 20, 3)]) == [], "no note when overlap pays")
+
+
 def sweep(build):
     env = dict(os.environ, COURSE_BUILD=build, STEPS="3", REPEATS="2", STRONG_BATCH="16", WEAK_PER_RANK="8",
                SWEEP_ARGS="--hidden 8 --layers 2")
@@ -117,6 +130,7 @@ def sweep(build):
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "speedup":
         speedup()
+        overlap()
     elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":
         sweep(sys.argv[2])
     else:
