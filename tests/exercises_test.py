@@ -29,14 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import exercises  # noqa: E402
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print(f"FAIL  {what}")
+from checks import check, failures  # noqa: E402  (tests/, beside this file)
 
 
 def run(*args, cwd=ROOT):

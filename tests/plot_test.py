@@ -19,14 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import plot  # noqa: E402
-
-failures = []
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
-        print(f"FAIL  {what}")
+from checks import check, failures  # noqa: E402  (tests/, beside this file)
 
 
 def metrics(folder, name, ranks, samples_per_s, threads=1, cores=2, **more):
