@@ -227,19 +227,21 @@ def cmd_solution(args):
     return 0
 
 
-def stubbed(text, regions):
-    """A file's text with each of `regions` ([(Region, handout)], all in this file) replaced by its stub."""
+def with_bodies(text, bodies):
+    """A file's text with the lines between each region's markers replaced: `bodies` [(Region, lines)], all
+    regions of this file. Later regions first, so that the earlier ones' line numbers still hold."""
     lines = text.splitlines(keepends=True)
-    regions = sorted(regions, key=lambda e: e[0].begin)
-    # Each stub names its BEGIN line in the participant's file: earlier regions, shortened to one line,
-    # move it up.
-    begins, shift = [], 0
-    for region, _ in regions:
-        begins.append(region.begin - shift)
-        shift += (region.end - 1 - region.begin) - 1
-    for (region, handout), begin in reversed(list(zip(regions, begins))):
-        lines[region.begin:region.end - 1] = [region.stub(handout, begin)]
+    for region, body in sorted(bodies, key=lambda pair: pair[0].begin, reverse=True):
+        lines[region.begin:region.end - 1] = body
     return "".join(lines)
+
+
+def stubbed(text, regions):
+    """A file's text with each of `regions` ([(Region, handout)], all in this file) replaced by its stub.
+    Each stub names its BEGIN line in the participant's file, moved up by the regions above it."""
+    stubs = [region for region, _ in regions]
+    return with_bodies(text, [(region, [region.stub(handout, moved(region.begin, stubs)[0])])
+                              for region, handout in regions])
 
 
 CITATION = re.compile(r"\((?:([\w./]+), )?(lines?) (\d+(?:, \d+)*)\)")  # a handout's "(line N)", as readme_test reads it
@@ -397,15 +399,13 @@ class Mistake:
 
     def apply(self, exercise):
         """The files as this mistake writes them: {path: text}."""
-        texts = {}
-        for number in sorted(self.regions, reverse=True):  # later regions first: earlier lines stay put
+        by_file = {}
+        for number, body in self.regions.items():
             if not 1 <= number <= len(exercise.regions):
                 raise Bad(f"{self.path}: exercise {exercise.id} has {len(exercise.regions)} region(s), not {number}")
             region = exercise.regions[number - 1]
-            lines = texts.get(region.path, (ROOT / region.path).read_text(encoding="utf-8")).splitlines(keepends=True)
-            lines[region.begin:region.end - 1] = self.regions[number]
-            texts[region.path] = "".join(lines)
-        return texts
+            by_file.setdefault(region.path, []).append((region, body))
+        return {path: with_bodies((ROOT / path).read_text(encoding="utf-8"), bodies) for path, bodies in by_file.items()}
 
 
 def mistakes(names=None):

@@ -242,13 +242,7 @@ def transplanted(originals, exercises, bodies):
         for k, region in enumerate(ex.regions):
             lines = given[k] if isinstance(given, list) else [region.stub(ex.handout)]
             by_file.setdefault(str(region.path), []).append((region, lines))
-    texts = {}
-    for rel, pairs in by_file.items():
-        lines = originals[rel].splitlines(keepends=True)
-        for region, body in sorted(pairs, key=lambda p: p[0].begin, reverse=True):  # later regions first
-            lines[region.begin:region.end - 1] = body
-        texts[rel] = "".join(lines)
-    return texts
+    return {rel: ex_tool.with_bodies(originals[rel], pairs) for rel, pairs in by_file.items()}
 
 
 def write_changed(texts):
