@@ -15,6 +15,7 @@
 #include "common/parallel/context_parallel.h"
 #include "common/parallel/ddp.h"
 #include "common/parallel/pipeline.h"
+#include "common/parallel/pipeline_schedule.h"
 #include "common/parallel/tensor_parallel.h"
 #include "common/parallel/topology.h"
 #include "common/verify/lockstep.h"
@@ -38,6 +39,7 @@ struct GridRun {
   faults::Installation faults_installed;          // --fault: the run's objects it acts on, its step-end hook
   std::vector<float> losses;
   std::vector<double> bubble, peak_activations;  // per stage
+  std::vector<parallel::StageTimes> work;        // per stage: its passes' time in a step (ms, the mean after the first)
   std::vector<std::vector<parallel::TimedAction>> timeline;  // per stage, the last step
   double step_ms = 0;  // the whole step (pipeline, DP average, update), the slowest rank's mean
   std::int64_t cp_bytes = 0;  // with --cp: what attention handed the CP group per step (this rank, the mean)

@@ -32,12 +32,24 @@ void report_stages(const GridRun& run, int m, const std::string& schedule, metri
   log("pipeline: %d stages%s, %d micro-batches, %s%s; bubble (idle share of the step) against %s = %.3f:\n", p,
       v > 1 ? (" of " + std::to_string(v) + " chunks each").c_str() : "", m, schedule.c_str(), network.c_str(),
       formula, theory);
+  // The theory assumes equal stages and free transfers. Each stage's measured work (a micro-batch's
+  // passes, the mean over the steps) put through the same schedule says how much of a stage's distance
+  // from the theory its unequal work explains; the rest is the transfers' and the waits' time.
+  std::vector<parallel::StageTimes> work = run.work;
+  for (auto& w : work) w = {w.forward / m, w.backward / m, w.weight / m};
+  const auto simulated = parallel::simulate(parallel::make_schedule(schedule, p, m, v), work).idle_fraction;
   for (int s = 0; s < p; ++s) {
-    log("  stage %d  bubble %.3f  peak activations %s\n", s, run.bubble[static_cast<std::size_t>(s)],
+    const auto& mine = work[static_cast<std::size_t>(s)];
+    log("  stage %d  bubble %.3f (with the stages' measured work %.3f; a micro-batch's passes %.2f ms)  peak "
+        "activations %s\n",
+        s, run.bubble[static_cast<std::size_t>(s)], simulated[static_cast<std::size_t>(s)],
+        mine.forward + mine.backward + mine.weight,
         format_bytes(static_cast<std::int64_t>(run.peak_activations[static_cast<std::size_t>(s)])).c_str());
     metrics.write({{"event", event}, {"stage", s}, {"stages", p}, {"micro_batches", m}, {"schedule", schedule},
                    {"virtual_stages", v},
                    {"bubble", run.bubble[static_cast<std::size_t>(s)]}, {"theory", theory},
+                   {"simulated", simulated[static_cast<std::size_t>(s)]},
+                   {"forward_ms", mine.forward}, {"backward_ms", mine.backward}, {"weight_ms", mine.weight},
                    {"peak_activation_bytes", run.peak_activations[static_cast<std::size_t>(s)]},
                    {"simulated_network", network.empty() ? "" : "simulated" + network.substr(network.find(':') + 1)}});
   }
@@ -119,7 +131,12 @@ void StepFigures::begin_step() { begin_ = std::chrono::steady_clock::now(); }
 void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& result, double checked_ms) {
   if (step > 0 || steps_ == 1) {  // the first step warms up allocators
     pipeline_ms_ += result.step_ms;
-    for (const auto& a : result.timeline) busy_ms_ += a.end_ms - a.begin_ms;
+    for (const auto& a : result.timeline) {
+      busy_ms_ += a.end_ms - a.begin_ms;
+      (a.action.op == parallel::PipeOp::forward    ? work_ms_.forward
+       : a.action.op == parallel::PipeOp::backward ? work_ms_.backward
+                                                   : work_ms_.weight) += a.end_ms - a.begin_ms;
+    }
     whole_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_).count() - checked_ms;
   }
   peak_ = std::max(peak_, result.peak_activation_bytes);
@@ -128,11 +145,13 @@ void StepFigures::end_step(std::int64_t step, const parallel::PipelineStep& resu
 
 void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
   // Each stage's figures, from its first TP rank of the first replica, gathered on every rank: [the rank
-  // speaks for its stage (1 or 0), the stage, bubble, peak, then per action: op, micro-batch, chunk,
-  // begin, end].
+  // speaks for its stage (1 or 0), the stage, bubble, peak, its forwards', backwards' and W's time in a
+  // step, then per action: op, micro-batch, chunk, begin, end].
   const bool speaks = topology.tp_rank() == 0 && topology.dp_rank() == 0 && topology.cp_rank() == 0;
+  const auto timed = static_cast<double>(std::max<std::int64_t>(1, steps_ - 1));  // the steps end_step summed
   std::vector<double> mine = {speaks ? 1.0 : 0.0, static_cast<double>(topology.pp_rank()),
-                              pipeline_ms_ > 0 ? 1.0 - busy_ms_ / pipeline_ms_ : 0.0, static_cast<double>(peak_)};
+                              pipeline_ms_ > 0 ? 1.0 - busy_ms_ / pipeline_ms_ : 0.0, static_cast<double>(peak_),
+                              work_ms_.forward / timed, work_ms_.backward / timed, work_ms_.weight / timed};
   for (const auto& timed : last_)
     mine.insert(mine.end(), {static_cast<double>(static_cast<int>(timed.action.op)),  // forward, backward, weight
                              static_cast<double>(timed.action.micro_batch), static_cast<double>(timed.action.chunk),
@@ -142,11 +161,13 @@ void StepFigures::finish(GridRun& run, parallel::Topology& topology) const {
   run.step_ms = comm::all_reduce_scalar(topology.world(), static_cast<float>(mean_ms), comm::ReduceOp::max);  // the slowest
   const auto p = static_cast<std::size_t>(topology.pp_size());
   run.bubble.assign(p, 0.0), run.peak_activations.assign(p, 0.0), run.timeline.assign(p, {});
+  run.work.assign(p, {0.0, 0.0, 0.0});
   for (const auto& figures : all) {
     if (figures[0] == 0.0) continue;
     const auto s = static_cast<std::size_t>(figures[1]);
     run.bubble[s] = figures[2], run.peak_activations[s] = figures[3];
-    for (std::size_t at = 4; at + 5 <= figures.size(); at += 5)
+    run.work[s] = {figures[4], figures[5], figures[6]};
+    for (std::size_t at = 7; at + 5 <= figures.size(); at += 5)
       run.timeline[s].push_back({{static_cast<parallel::PipeOp>(static_cast<int>(figures[at])), static_cast<int>(figures[at + 1]),
                                   static_cast<int>(figures[at + 2])},
                                  figures[at + 3], figures[at + 4]});

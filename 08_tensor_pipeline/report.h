@@ -10,6 +10,7 @@
 #include "08_tensor_pipeline/grid.h"
 #include "common/metrics/metrics.h"
 #include "common/parallel/pipeline.h"
+#include "common/parallel/pipeline_schedule.h"
 
 namespace course::chapter08 {
 
@@ -28,6 +29,7 @@ class StepFigures {
   std::int64_t steps_;
   std::chrono::steady_clock::time_point begin_;
   double busy_ms_ = 0, pipeline_ms_ = 0, whole_ms_ = 0;
+  parallel::StageTimes work_ms_{0.0, 0.0, 0.0};  // the forwards', backwards' and W's time, summed over the steps
   std::int64_t peak_ = 0;
   std::vector<parallel::TimedAction> last_;
 };

@@ -106,6 +106,28 @@ TEST(PipelineSchedule, ZeroBubbleNeverDeadlocksAndIdlesAThirdOf1F1B) {
     }
 }
 
+// Unequal stages (the last one also runs the head and the loss): in 1F1B the slowest stage runs without
+// a pause once its first input arrives, so the step is the others' one pass each plus m of its own,
+// sum_{s != k} (f_s + b_s) + m (f_k + b_k), and a faster stage idles more than the theory's bubble.
+TEST(PipelineSchedule, UnequalStagesWaitForTheSlowest) {
+  for (int p = 2; p <= 4; ++p)
+    for (int m = p; m <= 16; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      std::vector<StageTimes> times(static_cast<std::size_t>(p), {1.0, 2.0, 1.0});
+      times.back() = {1.25, 2.5, 1.0};
+      const auto run = simulate(one_f_one_b_schedule(p, m), times);
+      const double others = 3.0 * (p - 1), slowest = 3.75;
+      EXPECT_NEAR(run.makespan, others + m * slowest, 1e-9);
+      EXPECT_NEAR(run.idle_fraction.back(), others / (others + m * slowest), 1e-12);
+      EXPECT_NEAR(run.idle_fraction.front(), 1.0 - 3.0 * m / (others + m * slowest), 1e-12);
+      EXPECT_GT(run.idle_fraction.front(), bubble_fraction(p, m));
+      // Equal times given per stage are the scalar simulation's, span for span.
+      const auto equal = simulate(one_f_one_b_schedule(p, m), std::vector<StageTimes>(static_cast<std::size_t>(p)));
+      EXPECT_EQ(equal.makespan, simulate(one_f_one_b_schedule(p, m)).makespan);
+    }
+  EXPECT_THROW(simulate(one_f_one_b_schedule(2, 4), std::vector<StageTimes>(3)), std::logic_error);
+}
+
 TEST(PipelineSchedule, ABadOrderIsCaught) {
   // Stage 0 waits for B0 before F1; stage 1 runs F1 before B0: each waits for the other.
   PipelineSchedule crossed = {{{PipeOp::forward, 0}, {PipeOp::backward, 0}, {PipeOp::forward, 1}, {PipeOp::backward, 1}},

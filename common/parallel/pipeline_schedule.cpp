@@ -144,8 +144,14 @@ std::string describe(const PipelineSchedule& schedule) {
 
 SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time, double backward_time,
                            double weight_time) {
+  return simulate(schedule, std::vector<StageTimes>(schedule.size(), {forward_time, backward_time, weight_time}));
+}
+
+SimulatedPipeline simulate(const PipelineSchedule& schedule, const std::vector<StageTimes>& stages) {
   const std::size_t p = schedule.size();
   if (p == 0) throw std::logic_error("a schedule of no stages");
+  if (stages.size() != p)
+    throw std::logic_error(std::to_string(stages.size()) + " stages' times for a schedule of " + std::to_string(p) + " stages");
   // Every stage: each micro-batch's forward and backward (and W, if the schedule splits backward) of
   // every chunk exactly once, in that order.
   int max_chunk = 0;
@@ -173,7 +179,6 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
   // (negative: not yet); backward_done likewise.
   std::vector<std::vector<double>> forward_done(p, std::vector<double>(m * v, -1)),
       backward_done(p, std::vector<double>(m * v, -1));
-  const double chunk_forward = forward_time / static_cast<double>(v), chunk_backward = backward_time / static_cast<double>(v);
   std::vector<std::size_t> next(p, 0);
   std::vector<double> free_at(p, 0);
   SimulatedPipeline result;
@@ -199,9 +204,10 @@ SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time
         }  // W needs only its own B, earlier in the same list
         if (input < 0) break;
         const double ready = std::max(free_at[s], input);
-        const double end = ready + (a.op == PipeOp::forward    ? chunk_forward
-                                    : a.op == PipeOp::backward ? chunk_backward
-                                                               : weight_time / static_cast<double>(v));
+        const StageTimes& times = stages[s];  // a chunk's pass takes 1/v of the stage's
+        const double end = ready + (a.op == PipeOp::forward    ? times.forward
+                                    : a.op == PipeOp::backward ? times.backward
+                                                               : times.weight) / static_cast<double>(v);
         if (a.op != PipeOp::weight) (a.op == PipeOp::forward ? forward_done : backward_done)[s][i * v + c] = end;
         result.spans[s].push_back({a, ready, end});
         // A micro-batch's activations are held until its last pass: B, or W where backward is split.

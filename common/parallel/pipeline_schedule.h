@@ -92,6 +92,15 @@ struct SimulatedPipeline {
 SimulatedPipeline simulate(const PipelineSchedule& schedule, double forward_time = 1.0, double backward_time = 2.0,
                            double weight_time = 1.0);
 
+// One stage's own times (its forward, backward and W of one micro-batch through all its chunks). The
+// theory's bubble assumes equal stages; a measured pipeline's are not (the last stage also runs the head
+// and the loss), and the schedule simulated with each stage's measured times says what that costs.
+struct StageTimes {
+  double forward = 1.0, backward = 2.0, weight = 1.0;
+};
+// As above, with stage s taking stages[s]'s times (one entry per stage).
+SimulatedPipeline simulate(const PipelineSchedule& schedule, const std::vector<StageTimes>& stages);
+
 // The bubble of the theory, the share of the step a stage idles: (p - 1) / (v m + p - 1).
 double bubble_fraction(int stages, int micro_batches, int chunks = 1);
 // Zero bubble's, with F, B and W one unit each: 1 - 3m / max(3m + p - 1, 2m + 2p - 1) (below p
