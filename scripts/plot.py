@@ -11,6 +11,9 @@
                                        category and stage, the formula marked) and OUT_PREFIX_communication.png
   plot.py pipeline METRICS OUT_PREFIX  chapter 08 --sweep: OUT_PREFIX_bubble.png (bubble against micro-batches,
                                        with the theory) and OUT_PREFIX_activations.png (per stage, GPipe and 1F1B)
+  plot.py schedules OUT.png METRICS...  chapter 08's runs of several schedules at the same p and m: each
+                                       stage's bubble beside the theory's and the schedule simulated with
+                                       the stages' measured work; OUT.caption.txt explains what differs
   plot.py plan METRICS OUT.png        the planner (benchmarks/plan --metrics): the ranked configurations'
                                        predicted step time by part and memory per GPU by category
   plot.py speedup OUT.png --strong M... [--weak W...]
@@ -18,7 +21,11 @@
                                        chapter 04 at several rank counts (strong: fixed global batch;
                                        weak: fixed per-rank batch); several runs at one rank count are
                                        repeats: the point is their median, drawn with their spread
+      [--predicted-strong P... --predicted-weak P... --calibration FILE]
+                                       the course's cost model's prediction of each point
+                                       (benchmarks/plan --metrics, one a rank count) and its calibration
 """
+import datetime
 import json
 import re
 import os
@@ -420,6 +427,99 @@ def pipeline_charts(path, prefix):
     fig.savefig(f"{prefix}_activations.png", dpi=120)
 
 
+# A stage whose bubble is this far from its theory (a fraction of the theory's) gets a line that says
+# why: the theory assumes equal stages and free transfers, and a 10% wobble is within a loaded laptop's.
+OFF_THEORY = 0.10
+
+
+def schedule_rows(paths):
+    """The pipeline_stage records of each run (one schedule a file), checked to share p and m: the
+    schedules are compared only at equal stages and micro-batches."""
+    runs = []
+    for path in paths:
+        rows = events(read(path), "pipeline_stage")
+        if not rows:
+            raise SystemExit(f"schedules: {path} has no pipeline_stage records (run 08_tensor_pipeline --pp P --metrics FILE)")
+        runs.append(rows)
+    shape = {(rows[0]["stages"], rows[0]["micro_batches"]) for rows in runs}
+    if len(shape) > 1:
+        raise SystemExit("schedules: the runs differ in stages or micro-batches (" +
+                         ", ".join(f"{p} stages x {m}" for p, m in sorted(shape)) + "): compare schedules at equal p and m")
+    return runs
+
+
+def schedule_notes(runs):
+    """What the chart's reader needs beside the bars: each stage off its theory with the part its measured
+    work explains, and a schedule that idles more than one meant to idle less (zero bubble above 1F1B)."""
+    notes = []
+    for rows in runs:
+        name = rows[0]["schedule"] + (f" v={rows[0]['virtual_stages']}" if rows[0]["virtual_stages"] > 1 else "")
+        work = ", ".join(f"{r['forward_ms'] + r['backward_ms'] + r['weight_ms']:.2f}" for r in rows)
+        for r in rows:
+            off = (r["bubble"] - r["theory"]) / r["theory"] if r["theory"] else 0.0
+            if abs(off) <= OFF_THEORY:
+                continue
+            line = (f"{name} stage {r['stage']}: idles {r['bubble']:.3f}, {100 * off:+.0f}% off the theory's {r['theory']:.3f}; "
+                    f"the stages' measured work ({work} ms a micro-batch) gives {r['simulated']:.3f}")
+            rest = r["bubble"] - r["simulated"]
+            if r["theory"] and abs(rest) <= OFF_THEORY * r["theory"]:
+                line += ": their unequal work is the difference"
+            else:
+                line += f", the other {rest:+.3f} is the transfers between the stages and the waits for them (free in the theory)"
+            notes.append(line)
+    by = {rows[0]["schedule"]: rows for rows in runs}
+    if "zero-bubble" in by and "1f1b" in by:
+        zero = sum(r["bubble"] for r in by["zero-bubble"]) / len(by["zero-bubble"])
+        one = sum(r["bubble"] for r in by["1f1b"]) / len(by["1f1b"])
+        if zero >= one:
+            zero_work = sum(r["simulated"] for r in by["zero-bubble"]) / len(by["zero-bubble"])
+            one_work = sum(r["simulated"] for r in by["1f1b"]) / len(by["1f1b"])
+            why = (f"with the stages' measured work the schedules give {zero_work:.3f} against {one_work:.3f}, so the "
+                   "extra idle time is the transfers and the waits, which W cannot fill" if zero_work < one_work else
+                   f"even with the stages' measured work it gives {zero_work:.3f} against {one_work:.3f}: its split "
+                   "backward costs more than the bubble it fills at this size")
+            notes.append(f"zero-bubble idles {zero:.3f} (mean of the stages), ABOVE 1F1B's {one:.3f} at equal p and m: {why}")
+    return notes
+
+
+def schedules_chart(out, paths):
+    plt = plt_module()
+    runs = schedule_rows(paths)
+    p, m = runs[0][0]["stages"], runs[0][0]["micro_batches"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels, x = [], 0
+    for k, rows in enumerate(runs):
+        for r in rows:
+            ax.bar(x - 0.27, r["theory"], 0.27, color="white", edgecolor="black", hatch="//",
+                   label="theory (equal stages, free transfers)" if x == 0 else None)
+            ax.bar(x, r["simulated"], 0.27, color="#9ecae1",
+                   label="the schedule with the stages' measured work" if x == 0 else None)
+            ax.bar(x + 0.27, r["bubble"], 0.27, color="#08519c", label="measured" if x == 0 else None)
+            if r["simulated"] >= 0.01:  # below, the ratio says nothing
+                ax.annotate(f"{r['bubble'] / r['simulated']:.2f}x", (x + 0.27, r["bubble"]), ha="center", va="bottom",
+                            fontsize=7)
+            v = r["virtual_stages"]
+            labels.append(f"{r['schedule']}{f' v={v}' if v > 1 else ''}\nstage {r['stage']}")
+            x += 1
+        x += 0.5
+    ticks = [i + 0.5 * k for k, rows in enumerate(runs) for i in range(k * len(rows), (k + 1) * len(rows))]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set(ylabel="idle share of the step (bubble)")
+    top = max(max(r["bubble"], r["simulated"], r["theory"]) for rows in runs for r in rows)
+    ax.set_ylim(0, 1.4 * top)  # room for the legend above the tallest bar
+    ax.set_title(f"Schedules at equal p = {p}, m = {m}: each stage's bubble (measured / with the measured work above "
+                 "each bar)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    notes = schedule_notes(runs)
+    for line in notes:
+        print(f"schedules: {line}")
+    write_caption(out, notes)
+
+
 def trace_lanes(doc):
     """A Chrome trace (chapter 05's buckets, chapter 08's stages) read once for the chart and the page:
     its complete spans, its lanes (pid, tid) in order, each lane's name, and whether the spans are a
@@ -567,7 +667,49 @@ def efficiency_top(modes_points):
     return top
 
 
-def speedup_chart(out, modes):
+# Predicted and measured speedups further apart than this fraction get a line that says why.
+OFF_MODEL = 0.25
+
+
+def predicted_speedups(mode, paths):
+    """The course's cost model's speedup at each rank count, from benchmarks/plan's records (one a file, DP
+    ranks): samples/s against one rank's, strong t(1)/t(n) (the same batch), weak n t(1)/t(n)."""
+    step = {}
+    for path in paths:
+        plan = events(read(path), "plan")
+        if not plan:
+            raise SystemExit(f"speedup: {path} has no plan record (benchmarks/plan --calibration ... --metrics FILE)")
+        step[plan[-1]["dp"]] = plan[-1]["step_seconds"]
+    if 1 not in step:
+        raise SystemExit(f"speedup: the {mode} prediction needs the 1-rank one as its baseline")
+    return {n: step[1] / t * (n if mode == "weak" else 1) for n, t in sorted(step.items())}
+
+
+def model_notes(rows, mode, model):
+    """Each point's predicted/measured speedup; where they differ by more than OFF_MODEL, the reason the
+    measured data give."""
+    lines = []
+    for p, speedup, _ in rows:
+        if p.ranks not in model or p.ranks == 1:
+            continue
+        ratio = model[p.ranks] / speedup
+        line = f"{mode} at {p.ranks} ranks: measured {speedup:.2f}x, the model {model[p.ranks]:.2f}x (predicted/measured {ratio:.2f})"
+        if abs(ratio - 1) > OFF_MODEL:
+            why = (["more ranks than cores: the model gives each rank its share of a core, the run also waits "
+                    "for a descheduled rank at every all-reduce"] if p.oversubscribed else []) + \
+                  ([f"its repeats spread by {100 * p.spread:.0f}%: the machine's noise"] if p.noisy else []) or \
+                  ["the ranks' MPI progress and the machine's own work compete with compute for the cores, which "
+                   "the model leaves out (04's NOTES, Speedup charts)"]
+            line += f", off the model by {100 * (ratio - 1):+.0f}%: {'; '.join(why)}"
+        lines.append(line)
+    return lines
+
+
+def speedup_chart(out, modes, predicted=None, calibration=None):
+    """The chart and its caption; PREDICTED: benchmarks/plan's records per mode, CALIBRATION: its calibration
+    file (its date goes on the chart)."""
+    day = calibration and datetime.datetime.fromtimestamp(os.path.getmtime(calibration),
+                                                          datetime.timezone.utc).date().isoformat()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -580,6 +722,8 @@ def speedup_chart(out, modes):
         rows, lines = scaling(points, mode)
         print("\n".join(lines))
         flagged += contradictions(rows, mode, threads is not None)
+        model = predicted_speedups(mode, predicted[mode]) if predicted and mode in predicted else {}
+        flagged += model_notes(rows, mode, model)
         base = next(p for p in points if p.ranks == 1).median
         ranks = [p.ranks for p, _, _ in rows]
         speedup = [s for _, s, _ in rows]
@@ -591,6 +735,12 @@ def speedup_chart(out, modes):
         line = ax_speedup.errorbar(ranks, speedup, yerr=[low, high], marker="o", capsize=3, label=f"{mode} scaling")[0]
         ax_eff.errorbar(ranks, efficiency, yerr=[[l / r for l, r in zip(low, ranks)], [h / r for h, r in zip(high, ranks)]],
                         marker="o", capsize=3, color=line.get_color(), label=f"{mode} scaling")
+        if model:
+            at = [n for n in ranks if n in model]
+            ax_speedup.plot(at, [model[n] for n in at], linestyle=":", marker="x", color=line.get_color(),
+                            label=f"{mode}, the course's model")
+            ax_eff.plot(at, [model[n] / n for n in at], linestyle=":", marker="x", color=line.get_color(),
+                        label=f"{mode}, the course's model")
         for p, s, e in rows:
             total += 1
             if p.oversubscribed:  # more ranks than cores: hollow marker, and say so once
@@ -612,7 +762,8 @@ def speedup_chart(out, modes):
     fig.suptitle(f"{size + '; ' if size else ''}{setting}; each point the median of {counted} run(s), bars from the "
                  "slowest to the fastest", fontsize=9)
     ax_speedup.plot([1, top], [1, top], linestyle="--", color="grey", label="ideal")
-    ax_speedup.set(xlabel="ranks", ylabel="speedup (samples/s vs 1 rank)", title="Speedup")
+    ax_speedup.set(xlabel="ranks", ylabel="speedup (samples/s vs 1 rank)",
+                   title=f"Speedup (dotted: the model, calibrated {day})" if day else "Speedup")
     ax_eff.axhline(1.0, linestyle="--", color="grey", label="ideal")
     ax_eff.set(xlabel="ranks", ylabel="parallel efficiency (speedup / ranks)", title="Efficiency",
                ylim=(0, efficiency_top(modes_points)))
@@ -622,7 +773,13 @@ def speedup_chart(out, modes):
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
-    notes = [setting + (f" ({workload(modes_points)})" if workload(modes_points) else "")] + flagged
+    notes = [setting + (f" ({workload(modes_points)})" if workload(modes_points) else "")]
+    if day:
+        notes.append(f"dotted: the course's cost model (benchmarks/plan), calibrated on this machine on {day}")
+    elif not predicted:
+        notes.append("no prediction beside these points: the course's cost model (benchmarks/plan) prices GPTs "
+                     "(scripts/sweep.sh draws it for WORKLOAD=gpt)")
+    notes += flagged
     if noisy:
         notes.append(f"{noisy} of {total} point(s) NOISY (their repeats spread by more than {100 * NOISY_SPREAD:.0f}% "
                      "of their median): the machine was too busy for these figures to carry the lesson")
@@ -663,7 +820,7 @@ def ensure_matplotlib():
 
 
 def main(argv):
-    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline", "plan"):
+    if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline", "plan", "schedules"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[1] != "summary":
@@ -682,21 +839,35 @@ def main(argv):
         pipeline_charts(argv[2], argv[3])
     elif argv[1] == "plan":
         plan_chart(argv[2], argv[3])
+    elif argv[1] == "schedules":
+        if len(argv) < 4:
+            print("schedules: give OUT.png and each schedule's metrics", file=sys.stderr)
+            return 2
+        schedules_chart(argv[2], argv[3:])
     elif argv[1] == "speedup":
-        modes, current = {}, None
-        for arg in argv[3:]:
+        modes, predicted, calibration, current = {}, {}, None, None
+        args = iter(argv[3:])
+        for arg in args:
             if arg in ("--strong", "--weak"):
-                current = arg[2:]
-                modes[current] = []
-            elif current:
-                modes[current].append(arg)
+                current = modes.setdefault(arg[2:], [])
+            elif arg in ("--predicted-strong", "--predicted-weak"):
+                current = predicted.setdefault(arg[len("--predicted-"):], [])
+            elif arg == "--calibration":
+                calibration = next(args, None)
+                if calibration is None or not os.path.isfile(calibration):
+                    print(f"speedup: --calibration needs the calibration file benchmarks/plan wrote, not '{calibration}'",
+                          file=sys.stderr)
+                    return 2
+                current = None
+            elif current is not None:
+                current.append(arg)
             else:
                 print(f"speedup: '{arg}' comes before --strong or --weak", file=sys.stderr)
                 return 2
         if not modes or not all(modes.values()):
             print("speedup: give --strong and/or --weak, each with metrics files", file=sys.stderr)
             return 2
-        speedup_chart(argv[2], modes)
+        speedup_chart(argv[2], modes, predicted, calibration)
     return 0
 
 

@@ -33,7 +33,7 @@ CHAPTERS = ["01_single_gpu", "02_grad_accumulation", "03_collectives", "04_ddp",
             "06_checkpoint_failover", "07_zero", "08_tensor_pipeline"]
 SKIPPED_FOLDERS = {"checkpoints", "sweep"}  # what a run keeps that is not a run (sweep: a chart's points)
 # A chart's caption line that says its figure contradicts its lesson or cannot carry it (scripts/plot.py).
-FLAGGED = re.compile(r"NOISY|ABOVE IDEAL|DIFFER|SLOWER THAN")
+FLAGGED = re.compile(r"NOISY|ABOVE IDEAL|ABOVE 1F1B|DIFFER|SLOWER THAN")
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }

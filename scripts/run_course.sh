@@ -100,12 +100,21 @@ run_chapter 07_zero 4 --compare
 run_variant "07 --offload" 07_zero offload 2 --compare --offload optimizer --precision bf16
 run_chapter 08_tensor_pipeline 2 --pp 2 --n-layer 4 --micro-batches 8 --verify --trace "$RUNS/08_tensor_pipeline/trace.json"
 # Interleaved 1F1B: two chunks of the layers per stage, verified in lock-step, its bubble beside the theory.
-run_variant "08 interleaved" 08_tensor_pipeline interleaved 2 --pp 2 --n-layer 4 --micro-batches 4 \
+run_variant "08 interleaved" 08_tensor_pipeline interleaved 2 --pp 2 --n-layer 4 --micro-batches 8 \
   --schedule interleaved --virtual-stages 2 --verify --trace "$RUNS/08_tensor_pipeline/interleaved/trace.json"
 # Zero bubble: backward split into the activations' half and the weights', the latter filling the idle
 # time; verified in lock-step, its bubble beside the theory.
-run_variant "08 zero-bubble" 08_tensor_pipeline zero_bubble 2 --pp 2 --n-layer 4 --micro-batches 4 \
+run_variant "08 zero-bubble" 08_tensor_pipeline zero_bubble 2 --pp 2 --n-layer 4 --micro-batches 8 \
   --schedule zero-bubble --verify --trace "$RUNS/08_tensor_pipeline/zero_bubble/trace.json"
+# The three schedules side by side at the same p and m: each stage's bubble, the theory's and what the
+# stages' measured work gives; the caption says what the theory leaves out.
+if "$PY" "$COURSE_ROOT/scripts/plot.py" schedules "$RUNS/08_tensor_pipeline/schedules.png" "$RUNS/08_tensor_pipeline/metrics.jsonl" \
+  "$RUNS/08_tensor_pipeline/interleaved/metrics.jsonl" "$RUNS/08_tensor_pipeline/zero_bubble/metrics.jsonl" \
+  >"$RUNS/08_tensor_pipeline/schedules.txt" 2>&1; then
+  printf '%-24s %-7s %s\n' "08 schedules" "written" "${RUNS#$COURSE_ROOT/}/08_tensor_pipeline/schedules.png"
+else
+  printf '%-24s %-7s %s\n' "08 schedules" "FAILED" "see ${RUNS#$COURSE_ROOT/}/08_tensor_pipeline/schedules.txt"; failed=1
+fi
 # Context parallelism: every sequence split across two ranks, attention by the ring, verified in
 # lock-step, its bytes beside the formula.
 run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify

@@ -3,8 +3,13 @@
 
   plot_test.py speedup          medians, spreads, the noisy mark, speedup and efficiency, the threads per
                                 rank, the efficiency axis, a point above ideal flagged with its reason;
+                                the cost model's speedups and predicted/measured, with the reason where
+                                they differ by more than 25%;
                                 05's overlap slower than none and unequal compute flagged; on recorded
                                 metrics (no run, no timing)
+  plot_test.py schedules        08's schedules compared at equal p and m only; a stage off its theory
+                                explained by the stages' measured work or by the transfers; zero bubble
+                                idling more than 1F1B flagged with its reason (recorded metrics)
   plot_test.py sweep BUILD      sweep.sh runs every rank count, the 1-rank baseline too, REPEATS times
                                 with the same threads per rank, and refuses a bad setting (runs chapter 04)
 Exit code 0 when all hold, 1 otherwise.
@@ -19,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import plot  # noqa: E402
+import report  # noqa: E402
 from checks import check, failures  # noqa: E402  (tests/, beside this file)
 
 
@@ -80,6 +86,55 @@ def speedup():
         drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "speedup", str(Path(folder) / "m.png"),
                                 "--strong", *mixed], capture_output=True, text=True)
         check("THREADS PER RANK DIFFER" in drawn.stdout, "a sweep whose points differ in threads says so")
+        check("no prediction beside these points" in drawn.stdout, "a chart without the model's prediction says why")
+        model(folder, paths)
+
+
+def model(folder, paths):
+    """The cost model's prediction beside the measured points: its speedups, predicted/measured, the reason
+    when they differ by more than 25%, and the chart with the calibration's date."""
+    def plan(name, dp, seconds):
+        path = Path(folder) / name
+        path.write_text(json.dumps({"event": "plan", "dp": dp, "step_seconds": seconds}) + "\n")
+        return str(path)
+    strong = [plan("p1.jsonl", 1, 0.040), plan("p2.jsonl", 2, 0.020), plan("p4.jsonl", 4, 0.025)]
+    def near(got, expected):
+        return got.keys() == expected.keys() and all(abs(got[n] - expected[n]) < 1e-12 for n in got)
+    check(near(plot.predicted_speedups("strong", strong), {1: 1.0, 2: 2.0, 4: 1.6}), "strong: t(1)/t(n)")
+    check(near(plot.predicted_speedups("weak", strong), {1: 1.0, 2: 4.0, 4: 6.4}), "weak: n t(1)/t(n)")
+    try:
+        plot.predicted_speedups("strong", strong[1:])
+        check(False, "a prediction without its 1-rank baseline is refused")
+    except SystemExit as e:
+        check("1-rank" in str(e), f"a prediction without its 1-rank baseline is refused: {e}")
+    points = plot.scaling_points(paths)  # medians 100, 190 (noisy), 150 (4 ranks on 2 cores)
+    rows, _ = plot.scaling(points, "strong")
+    notes = plot.model_notes(rows, "strong", {1: 1.0, 2: 2.0, 4: 1.6})
+    check(len(notes) == 2 and notes[0] == "strong at 2 ranks: measured 1.90x, the model 2.00x (predicted/measured 1.05)",
+          f"within 25%: predicted/measured alone: {notes[:1]}")
+    check(len(notes) == 2 and notes[1].startswith("strong at 4 ranks: measured 1.50x, the model 1.60x (predicted/measured 1.07)")
+          and "off the model" not in notes[1], f"1.07 is within 25%: {notes[1:]}")
+    notes = plot.model_notes(rows, "strong", {1: 1.0, 2: 2.0, 4: 2.0})
+    check("off the model by +33%: more ranks than cores" in notes[1] and "spread" in notes[1],
+          f"off by 33%, 4 ranks on 2 cores and noisy: both reasons: {notes[1:]}")
+    quiet = plot.scaling_points([metrics(folder, f"q{r}_{k}.jsonl", r, v) for r, v in ((1, 100), (2, 120)) for k in range(3)])
+    notes = plot.model_notes(plot.scaling(quiet, "weak")[0], "weak", {2: 1.8})
+    check(len(notes) == 1 and "off the model by +50%: the ranks' MPI progress" in notes[0],
+          f"off the model with neither noise nor oversubscription: the cores' competition named: {notes}")
+    calibration = Path(folder) / "calibration.json"
+    calibration.write_text("{}")
+    os.utime(calibration, (1795086400, 1795086400))  # 2026-11-19 UTC
+    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "speedup", str(Path(folder) / "p.png"),
+                            "--strong", *paths, "--predicted-strong", *strong, "--calibration", str(calibration)],
+                           capture_output=True, text=True)
+    check(drawn.returncode == 0 and "calibrated on this machine on 2026-11-19" in drawn.stdout and
+          "strong at 2 ranks: measured 1.90x, the model 2.00x" in drawn.stdout,
+          f"the chart draws the prediction, its date and predicted/measured: {drawn.stdout[-600:]}{drawn.stderr[-600:]}")
+    refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "speedup", str(Path(folder) / "r.png"),
+                              "--strong", *paths, "--calibration", str(Path(folder) / "none.json")],
+                             capture_output=True, text=True)
+    check(refused.returncode == 2 and "--calibration" in refused.stderr and not (Path(folder) / "r.png").exists(),
+          f"a missing calibration is refused, nothing drawn: {refused.returncode} {refused.stderr.strip()}")
 
 
 def overlap():
@@ -92,6 +147,42 @@ def overlap():
     check(len(notes) == 1 and "exposed communication was longer (9.0 against 8.0 ms)" in notes[0],
           f"overlap slower by its exposed communication: {notes}")
     check(plot.overlap_notes([mode("buckets", 20, 8), mode("buckets+overlap", 20, 3)]) == [], "no note when overlap pays")
+
+
+def schedules():
+    def stage(schedule, s, bubble, simulated, theory, work=(1.0, 2.0, 0.0), m=8):
+        return {"event": "pipeline_stage", "schedule": schedule, "stage": s, "stages": 2, "micro_batches": m,
+                "virtual_stages": 1, "bubble": bubble, "simulated": simulated, "theory": theory,
+                "forward_ms": work[0], "backward_ms": work[1], "weight_ms": work[2]}
+    one = [stage("1f1b", 0, 0.20, 0.19, 0.111), stage("1f1b", 1, 0.115, 0.11, 0.111)]
+    zero = [stage("zero-bubble", 0, 0.25, 0.05, 0.04, (1, 1, 1)), stage("zero-bubble", 1, 0.041, 0.04, 0.04, (1, 1, 1))]
+    notes = plot.schedule_notes([one, zero])
+    check(len(notes) == 2, f"one note for each stage more than 10% off its theory (2 of 4): {notes}")
+    check(notes and notes[0].startswith("1f1b stage 0: idles 0.200, +80% off the theory's 0.111") and
+          "(3.00, 3.00 ms a micro-batch) gives 0.190: their unequal work is the difference" in notes[0],
+          f"a stage off its theory, explained by the stages' measured work: {notes[:1]}")
+    check(len(notes) > 1 and "zero-bubble stage 0" in notes[1] and "gives 0.050, the other +0.200 is the transfers" in notes[1],
+          f"a stage the measured work does not explain: the rest named: {notes[1:2]}")
+    check("ABOVE 1F1B" not in " ".join(notes), f"zero bubble below 1F1B (0.146 against 0.158) is not flagged: {notes}")
+    zero[0]["bubble"] = 0.359  # now its mean, 0.200, is above 1F1B's 0.158
+    notes = plot.schedule_notes([one, zero])
+    flagged = [n for n in notes if "ABOVE 1F1B" in n]
+    check(len(flagged) == 1 and flagged[0].startswith(
+        "zero-bubble idles 0.200 (mean of the stages), ABOVE 1F1B's 0.158 at equal p and m: with the stages' measured "
+        "work the schedules give 0.045 against 0.150, so the extra idle time is the transfers"),
+        f"zero bubble above 1F1B flagged, with the reason the measured work gives: {notes}")
+    check(flagged and report.FLAGGED.search(flagged[0]), "the page marks the flagged line")
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for name, rows in (("a", one), ("b", [dict(r, micro_batches=4) for r in zero])):
+            path = Path(folder) / f"{name}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            paths.append(str(path))
+        try:
+            plot.schedule_rows(paths)
+            check(False, "schedules at unequal m are refused")
+        except SystemExit as e:
+            check("compare schedules at equal p and m" in str(e) and "2 stages x 4" in str(e), f"unequal m refused: {e}")
 
 
 def sweep(build):
@@ -118,12 +209,29 @@ def sweep(build):
         check("1 thread per rank at every rank count" in ran.stdout, "the chart says the threads per rank")
         caption = Path(folder) / "speedup.caption.txt"
         check(caption.is_file() and "1 thread per rank" in caption.read_text(), "the chart's caption is written beside it")
+        check("no prediction beside these points" in caption.read_text(), "the MLP's chart says why it has no prediction")
+    # The GPT: the cost model calibrated on this machine predicts every point of both modes.
+    with tempfile.TemporaryDirectory() as folder:
+        gpt = dict(env, WORKLOAD="gpt", REPEATS="1", STRONG_BATCH="8", WEAK_PER_RANK="4")
+        gpt.pop("SWEEP_ARGS")
+        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1", "2"], env=gpt, capture_output=True, text=True)
+        check(ran.returncode == 0, f"sweep.sh runs the GPT ({ran.stdout[-1000:]}{ran.stderr[-1000:]})")
+        for mode in ("strong", "weak"):
+            for ranks in (1, 2):
+                path = Path(folder) / "sweep" / f"predicted_{mode}_np{ranks}.jsonl"
+                plan = plot.events(plot.read(path), "plan") if path.is_file() else []
+                check(plan and plan[-1]["dp"] == ranks and plan[-1]["micro_batch"] == (8 // ranks if mode == "strong" else 4),
+                      f"{path.name}: the model priced {ranks} rank(s) at the run's batch")
+        check(f"strong at 2 ranks: measured" in ran.stdout and "calibrated on this machine on" in ran.stdout,
+              f"the chart's notes give predicted/measured and the calibration's date: {ran.stdout[-800:]}")
 
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "speedup":
         speedup()
         overlap()
+    elif len(sys.argv) >= 2 and sys.argv[1] == "schedules":
+        schedules()
     elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":
         sweep(sys.argv[2])
     else:
