@@ -3,8 +3,11 @@
 
   plot.py summary METRICS              the key figure of a run, in one line
   plot.py loss METRICS OUT.png         loss per epoch (or per step)
-  plot.py overlap METRICS OUT_PREFIX   chapter 05: OUT_PREFIX_modes.png (step time by mode) and, after
-                                       --sweep-buckets, OUT_PREFIX_buckets.png (step time by bucket cap)
+  plot.py overlap METRICS... OUT_PREFIX
+                                       chapter 05: OUT_PREFIX_modes.png (step time by mode; several runs are
+                                       repeats: each mode's median, its spread drawn and the noisy marked)
+                                       and, after --sweep-buckets, OUT_PREFIX_buckets.png (step time by bucket
+                                       cap, the first run's)
   plot.py timeline TRACE.json OUT.png  a Chrome trace (chapter 05's trace.json) as a picture: one row per
                                        rank and lane
   plot.py zero METRICS OUT_PREFIX      chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
@@ -239,6 +242,26 @@ def plt_module():
 EQUAL_WORK_SPREAD = 0.10
 
 
+def median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def mode_medians(runs):
+    """05's modes over repeated runs (each run's "mode" records): per mode, in the first run's order, the
+    median compute, exposed communication and step, and the step's spread ((max - min) / median)."""
+    names = [r["mode"] for r in runs[0]]
+    merged = []
+    for name in names:
+        rows = [r for records in runs for r in records if r["mode"] == name]
+        step = [r["step_ms"] for r in rows]
+        merged.append(dict(rows[0], compute_ms=median([r["compute_ms"] for r in rows]),
+                           exposed_ms=median([r["exposed_ms"] for r in rows]), step_ms=median(step),
+                           spread=(max(step) - min(step)) / median(step) if median(step) else 0.0, repeats=len(rows),
+                           step_low=min(step), step_high=max(step)))
+    return merged
+
+
 def overlap_notes(modes):
     """05's modes chart's caption: a figure that contradicts the lesson, with the reason its data give."""
     by = {r["mode"]: r for r in modes}
@@ -254,25 +277,40 @@ def overlap_notes(modes):
                      f"({plain['step_ms']:.1f} ms): {why}")
     compute = [r["compute_ms"] for r in modes if r.get("compute_ms")]
     if len(compute) > 1 and (max(compute) - min(compute)) / min(compute) > EQUAL_WORK_SPREAD:
+        repeats = min(r.get("repeats", 1) for r in modes)
         notes.append(f"compute DIFFERS by {100 * (max(compute) - min(compute)) / min(compute):.0f}% between modes that do "
-                     "the same work: the machine's noise moved these figures, one run a mode")
+                     "the same work: the machine's noise moved these figures, " +
+                     ("one run a mode" if repeats == 1 else f"even the medians of {repeats} runs"))
+    noisy = [r["mode"] for r in modes if r.get("spread", 0) > NOISY_SPREAD]
+    if noisy:
+        notes.append(f"{', '.join(noisy)} NOISY: the step's repeats spread by more than {100 * NOISY_SPREAD:.0f}% of "
+                     "their median; the machine was too busy for these figures to carry the lesson")
     return notes
 
 
-def overlap_charts(path, prefix):
+def overlap_charts(paths, prefix):
     plt = plt_module()
-    records = read(path)
-    modes = events(records, "mode")
-    if modes:
+    records = read(paths[0])
+    runs = [events(read(path), "mode") for path in paths]
+    if any(runs) and not all(runs):
+        raise SystemExit("overlap: " + ", ".join(p for p, r in zip(paths, runs) if not r) + " has no mode records")
+    if runs[0]:
+        modes = mode_medians(runs)
         fig, ax = plt.subplots(figsize=(7, 4))
         names = [r["mode"] for r in modes]
         compute = [r["compute_ms"] for r in modes]
         exposed = [r["exposed_ms"] for r in modes]
         ax.bar(names, compute, label="compute")
         ax.bar(names, exposed, bottom=compute, label="exposed communication")
+        if len(runs) > 1:  # the step's slowest and fastest repeat around the median's bar
+            steps = [r["step_ms"] for r in modes]
+            ax.errorbar(names, steps, yerr=[[s - r["step_low"] for s, r in zip(steps, modes)],
+                                            [r["step_high"] - s for s, r in zip(steps, modes)]],
+                        fmt="none", ecolor="black", capsize=4, label="step, slowest to fastest run")
         simulated = modes[0].get("simulated_network", "")
-        ax.set_title(f"Step time by mode, {modes[0]['ranks']} ranks" + (f"\n{simulated.strip()}" if simulated else ""),
-                     fontsize=10)
+        repeats = f", median of {len(runs)} runs" if len(runs) > 1 else ""
+        ax.set_title(f"Step time by mode, {modes[0]['ranks']} ranks{repeats}" +
+                     (f"\n{simulated.strip()}" if simulated else ""), fontsize=10)
         ax.set(ylabel="ms per step")
         ax.legend()
         ax.grid(True, axis="y", alpha=0.3)
@@ -578,8 +616,7 @@ class ScalingPoint:
 
     @property
     def median(self):
-        v = sorted(self.samples_per_s)
-        return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+        return median(self.samples_per_s)
 
     @property
     def spread(self):
@@ -830,7 +867,10 @@ def main(argv):
     elif argv[1] == "loss":
         loss_chart(argv[2], argv[3])
     elif argv[1] == "overlap":
-        overlap_charts(argv[2], argv[3])
+        if len(argv) < 4:
+            print("overlap: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
+            return 2
+        overlap_charts(argv[2:-1], argv[-1])
     elif argv[1] == "timeline":
         timeline_chart(argv[2], argv[3])
     elif argv[1] == "zero":

@@ -31,7 +31,7 @@ import plot  # noqa: E402  (the one reading of the metrics)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAPTERS = ["01_single_gpu", "02_grad_accumulation", "03_collectives", "04_ddp", "05_bucketing_overlap",
             "06_checkpoint_failover", "07_zero", "08_tensor_pipeline"]
-SKIPPED_FOLDERS = {"checkpoints", "sweep"}  # what a run keeps that is not a run (sweep: a chart's points)
+SKIPPED_FOLDERS = {"checkpoints", "sweep", "repeats"}  # what a run keeps that is not a run (a chart's points)
 # A chart's caption line that says its figure contradicts its lesson or cannot carry it (scripts/plot.py).
 FLAGGED = re.compile(r"NOISY|ABOVE IDEAL|ABOVE 1F1B|DIFFER|SLOWER THAN")
 

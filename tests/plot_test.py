@@ -5,7 +5,8 @@
                                 rank, the efficiency axis, a point above ideal flagged with its reason;
                                 the cost model's speedups and predicted/measured, with the reason where
                                 they differ by more than 25%;
-                                05's overlap slower than none and unequal compute flagged; on recorded
+                                05's overlap slower than none and unequal compute flagged, each mode's
+                                median over repeated runs and its spread; on recorded
                                 metrics (no run, no timing)
   plot_test.py schedules        08's schedules compared at equal p and m only; a stage off its theory
                                 explained by the stages' measured work or by the transfers; zero bubble
@@ -147,6 +148,27 @@ def overlap():
     check(len(notes) == 1 and "exposed communication was longer (9.0 against 8.0 ms)" in notes[0],
           f"overlap slower by its exposed communication: {notes}")
     check(plot.overlap_notes([mode("buckets", 20, 8), mode("buckets+overlap", 20, 3)]) == [], "no note when overlap pays")
+    # Repeats: each mode's medians, the step's spread, the noisy marked; equal work, equal median compute.
+    runs = [[mode("buckets", c, 8), mode("buckets+overlap", c + d, 3)] for c, d in ((20, 0), (30, 1), (21, -1), (19, 0), (22, 0))]
+    merged = plot.mode_medians(runs)
+    check([m["mode"] for m in merged] == ["buckets", "buckets+overlap"] and merged[0]["compute_ms"] == 21 and
+          merged[1]["compute_ms"] == 20 and merged[0]["repeats"] == 5, f"each mode's median compute over the runs: {merged}")
+    check(abs(merged[0]["spread"] - 11 / 29) < 1e-12 and merged[0]["step_ms"] == 29, "the step's spread around its median")
+    notes = plot.overlap_notes(merged)
+    check(len(notes) == 1 and notes[0].startswith("buckets, buckets+overlap NOISY"), f"both modes noisy, nothing else: {notes}")
+    quiet = plot.overlap_notes(plot.mode_medians([[mode("flat", 20, 5), mode("buckets", c, 5)] for c in (26, 26.5, 25.5)]))
+    check(any("DIFFERS by 30%" in n and "even the medians of 3 runs" in n for n in quiet),
+          f"unequal compute after repeats says so: {quiet}")
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for k, records in enumerate(runs):
+            paths.append(Path(folder) / f"r{k}.jsonl")
+            paths[-1].write_text("".join(json.dumps(dict(r, event="mode", ranks=2)) + "\n" for r in records))
+        drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "overlap", *map(str, paths),
+                                str(Path(folder) / "o")], capture_output=True, text=True)
+        caption = Path(folder) / "o_modes.caption.txt"
+        check(drawn.returncode == 0 and (Path(folder) / "o_modes.png").is_file() and caption.is_file() and
+              "NOISY" in caption.read_text(), f"the chart of five runs is drawn, its caption beside: {drawn.stderr[-500:]}")
 
 
 def schedules():
