@@ -6,6 +6,7 @@
 //   plan [--model gpt3-175b] [--cluster dgx-a100] [--gpus 1024] [--global-batch 1536] [--precision bf16]
 //        [--top 10] [--paper-techniques] [--published] [--metrics FILE]
 //   plan --calibrate OUT.json --link 03_METRICS.jsonl
+//   plan --calibration FILE --mlp FEATURES,HIDDEN,LAYERS --grid DP,1,1,1 --global-batch B   (chapter 04's MLP)
 //   plan --calibration FILE --shape L,H,A,S,V --grid DP,TP,PP,CP [--micro-batch 1] [--zero 0]
 //        [--recompute none] [--sequence-parallel] [--virtual-stages 1] [--global-batch] [--precision]
 // scripts/plot.py plan FILE OUT.png draws the ranked configurations' step time and memory.
@@ -101,18 +102,44 @@ void print_published(metrics::MetricsWriter& metrics) {
   }
 }
 
+// --calibration with --mlp: chapter 04's MLP data parallel on this machine, one step priced and written.
+int price_mlp(const CLI::App& app, const MlpShape& shape, const Calibration& c, const ParallelConfig& grid,
+              double global_batch, int threads, const std::string& metrics_path) {
+  if (grid.tp * grid.pp * grid.cp != 1)
+    throw UsageError("--grid: the MLP runs data parallel only (N,1,1,1), not " + describe(grid));
+  for (const char* flag : {"--micro-batch", "--zero", "--recompute", "--sequence-parallel", "--virtual-stages", "--precision"})
+    if (app.count(flag) > 0) throw UsageError(std::string(flag) + ": prices a GPT's configuration; --mlp takes none");
+  const Cluster cluster = this_machine(c, grid.dp, threads);
+  const TimeBreakdown t = predict_mlp_step(shape, global_batch, grid.dp, cluster);
+  std::printf("MLP %lld-%lldx%d-1 DP(%d), global batch %.0f, on %s: step %.3f ms (compute %.3f, DP %.3f, optimizer %.3f)\n",
+              static_cast<long long>(shape.features), static_cast<long long>(shape.hidden), shape.layers, grid.dp,
+              global_batch, cluster.name.c_str(), 1e3 * t.total(), 1e3 * t.compute, 1e3 * t.dp, 1e3 * t.optimizer);
+  metrics::MetricsWriter metrics(metrics_path);
+  metrics.write({{"event", "plan"}, {"model", "mlp"}, {"dp", grid.dp}, {"global_batch", global_batch},
+                 {"step_seconds", t.total()}, {"compute_seconds", t.compute}, {"dp_seconds", t.dp},
+                 {"optimizer_seconds", t.optimizer}});
+  return 0;
+}
+
 // Chapter 03's alpha-beta fit from its metrics (the last alpha_beta line).
 Link read_link(const std::string& path) {
-  Link link;
   std::ifstream in(path);
+  nlohmann::json fit;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("event", "") == "alpha_beta" && j.value("beta_s_per_byte", 0.0) > 0)
-      link = {j.value("alpha_us", 0.0) * 1e-6, 1 / j["beta_s_per_byte"].get<double>()};
+    if (!j.is_discarded() && j.is_object() && j.value("event", "") == "alpha_beta") fit = j;
   }
-  if (link.bytes_per_second <= 0)
+  if (fit.is_null())
     throw UsageError("--link: " + path + " has no alpha_beta line (run 03_collectives on 2 or more ranks with --metrics)");
-  return link;
+  const double alpha = fit.value("alpha_us", -1.0) * 1e-6, beta = fit.value("beta_s_per_byte", 0.0);
+  // A busy machine can tilt the least-squares line: a latency or a cost per byte below zero prices nothing.
+  if (!(alpha >= 0) || !(beta > 0)) {
+    char figures[96];
+    std::snprintf(figures, sizeof figures, "alpha %.3g us, beta %.3g s a byte", alpha * 1e6, beta);
+    throw UsageError("--link: " + path + "'s alpha-beta fit is not a link (" + figures +
+                     "): the machine was too busy for it; run 03 again");
+  }
+  return {alpha, 1 / beta};
 }
 
 }  // namespace
@@ -149,7 +176,7 @@ int main(int argc, char** argv) {
       ->check(cli::OutputFile);
   // This machine.
   std::string calibrate, link_path, calibration_path;
-  std::vector<int> shape, grid;
+  std::vector<int> shape, grid, mlp;
   ParallelConfig one;
   std::string recompute = "none";
   app.add_option("--calibrate", calibrate, "Measure this machine and write its calibration (JSON) to FILE")
@@ -163,6 +190,9 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--shape", shape, "With --calibration: the GPT's layers,hidden,heads,sequence,vocabulary")
       ->delimiter(',')->expected(5)->check(CLI::PositiveNumber);
+  app.add_option("--mlp", mlp, "With --calibration, in place of --shape: chapter 04's MLP, features,hidden,layers "
+                 "(data parallel only: --grid N,1,1,1)")
+      ->delimiter(',')->expected(3)->check(CLI::PositiveNumber);
   app.add_option("--grid", grid, "With --calibration: DP,TP,PP,CP")->delimiter(',')->expected(4)->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", one.micro_batch, "With --calibration: sequences per micro-batch")
       ->check(CLI::PositiveNumber)->capture_default_str();
@@ -174,7 +204,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--virtual-stages", one.virtual_stages, "With --calibration: chunks per pipeline rank")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  for (const char* flag : {"--shape", "--grid", "--micro-batch", "--zero", "--recompute", "--sequence-parallel",
+  for (const char* flag : {"--shape", "--mlp", "--grid", "--micro-batch", "--zero", "--recompute", "--sequence-parallel",
                            "--threads", "--virtual-stages"})
     cli::refuse_inert(app, flag, [&calibration_path] {
       return calibration_path.empty() ? "describes the one configuration --calibration prices; add --calibration FILE"
@@ -204,7 +234,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!calibration_path.empty()) {
-      if (shape.size() != 5 || grid.size() != 4) throw UsageError("--calibration: needs --shape and --grid");
+      if (!mlp.empty() && !shape.empty()) throw UsageError("--mlp: prices the MLP in place of --shape's GPT; give one of them");
+      if ((shape.size() != 5 && mlp.size() != 3) || grid.size() != 4)
+        throw UsageError("--calibration: needs --shape (or --mlp) and --grid");
       std::ifstream in(calibration_path);
       const auto j = nlohmann::json::parse(in, nullptr, false);
       if (j.is_discarded()) throw UsageError("--calibration: " + calibration_path + " is not JSON");
@@ -216,6 +248,7 @@ int main(int argc, char** argv) {
       }
       if (!link_path.empty()) c.link = read_link(link_path);
       one.dp = grid[0], one.tp = grid[1], one.pp = grid[2], one.cp = grid[3];
+      if (!mlp.empty()) return price_mlp(app, {mlp[0], mlp[1], mlp[2]}, c, one, global_batch, threads, metrics_path);
       one.recompute = nn::recompute_named(recompute);
       const Workload w{{shape[0], shape[1], shape[2], shape[3], shape[4]}, global_batch, dtype};
       const Cluster cluster = this_machine(c, one.gpus(), threads);

@@ -814,8 +814,8 @@ def speedup_chart(out, modes, predicted=None, calibration=None):
     if day:
         notes.append(f"dotted: the course's cost model (benchmarks/plan), calibrated on this machine on {day}")
     elif not predicted:
-        notes.append("no prediction beside these points: the course's cost model (benchmarks/plan) prices GPTs "
-                     "(scripts/sweep.sh draws it for WORKLOAD=gpt)")
+        notes.append("no prediction beside these points: scripts/sweep.sh prices its two workloads as they run, "
+                     "without SWEEP_ARGS")
     notes += flagged
     if noisy:
         notes.append(f"{noisy} of {total} point(s) NOISY (their repeats spread by more than {100 * NOISY_SPREAD:.0f}% "

@@ -12,8 +12,8 @@
 # every core, two ranks one each). Each rank count runs REPEATS times, strong and weak in turn; the chart
 # draws each point's median with its spread, and marks a point whose repeats spread by more than 10%.
 # The runs go to OUT_DIR/sweep/, the chart to OUT_DIR/speedup.png, its notes to OUT_DIR/speedup.caption.txt
-# (the results page shows them under the chart). For the GPT, the course's cost model (benchmarks/plan,
-# calibrated on this machine by the sweep) predicts every point, drawn beside it.
+# (the results page shows them under the chart). The course's cost model (benchmarks/plan, calibrated on
+# this machine by the sweep) predicts every point, drawn beside it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/04_ddp}
@@ -30,7 +30,8 @@ for n in "${ranks[@]}"; do
   [[ $n =~ ^[1-9][0-9]{0,3}$ ]] || { echo "sweep.sh: a rank count must be a whole number from 1, not '$n'" >&2; exit 2; }
 done
 case ${WORKLOAD:-mlp} in
-  mlp) model=() defaults=(240 60 400) ;;
+  mlp) model=() defaults=(240 60 400)
+       shape=16,256,2 ;;  # features, hidden width, hidden layers (04's defaults)
   gpt) model=(--model gpt --n-layer 4 --n-embd 128 --n-head 4) defaults=(64 32 20)
        shape=4,128,4,8,12 ;;  # layers, width, heads, sequence (2-digit additions: 8 tokens), vocabulary
   *) echo "sweep.sh: WORKLOAD must be mlp or gpt, not '$WORKLOAD'" >&2; exit 2 ;;
@@ -52,37 +53,46 @@ for n in "${ranks[@]}"; do
     strong+=("$points/strong_np${n}_r$k.jsonl"); weak+=("$points/weak_np${n}_r$k.jsonl")
   done
 done
-# The course's own prediction of every point (the GPT only: the cost model prices GPTs): benchmarks/plan
-# calibrated on this machine now (its ops' rates, and chapter 03's alpha-beta fit at each rank count).
+# The course's own prediction of every point: benchmarks/plan calibrated on this machine now (its ops'
+# rates, and chapter 03's alpha-beta fit at each rank count), pricing the MLP or the GPT as the runs ran.
+# SWEEP_ARGS may change the model: then no prediction.
 predicted=()
-# SWEEP_ARGS may change the model the shape describes: then no prediction.
-if [ "${WORKLOAD:-mlp}" = gpt ] && [ -n "${SWEEP_ARGS:-}" ]; then
-  echo "sweep: no prediction: SWEEP_ARGS changes the GPT the cost model would price"
-elif [ "${WORKLOAD:-mlp}" = gpt ]; then
-  plan=$COURSE_BUILD/benchmarks/plan
-  collectives=$(course_binary sweep 03_collectives)
-  [ -x "$plan" ] || { echo "sweep: $plan is missing; run scripts/setup.sh first" >&2; exit 1; }
+predict() {
+  local plan=$COURSE_BUILD/benchmarks/plan collectives n mode first batch micro
+  collectives=$(course_binary sweep 03_collectives) || return 1
+  [ -x "$plan" ] || { echo "$plan is missing; run scripts/setup.sh first"; return 1; }
   declare -A link=()
   for n in "${ranks[@]}"; do
     [ "$n" -gt 1 ] && [ -z "${link[$n]:-}" ] || continue
     link[$n]=$points/link_np$n.jsonl
     course_mpirun "$n" "$collectives" --mode bench --ops all_reduce --maxbytes 4M --metrics "${link[$n]}" \
-      >"$points/link_np$n.txt" 2>&1
+      >"$points/link_np$n.txt" 2>&1 || { echo "03_collectives at $n ranks failed (see $points/link_np$n.txt)"; return 1; }
   done
   first=$(printf '%s\n' "${!link[@]}" | sort -n | head -1)
-  "$plan" --calibrate "$points/calibration.json" ${first:+--link "${link[$first]}"} >"$points/calibration.txt"
+  "$plan" --calibrate "$points/calibration.json" ${first:+--link "${link[$first]}"} >"$points/calibration.txt" 2>&1 \
+    || { tail -1 "$points/calibration.txt"; return 1; }
   predicted=(--calibration "$points/calibration.json")
   for mode in strong weak; do
     predicted+=(--predicted-$mode)
     for n in "${ranks[@]}"; do
-      if [ $mode = strong ]; then micro=$(( (STRONG_BATCH + n - 1) / n )); else micro=$WEAK_PER_RANK; fi
-      # (strong: the largest share sets the step where the batch does not divide)
-      "$plan" --calibration "$points/calibration.json" --shape "$shape" --grid "$n,1,1,1" --micro-batch "$micro" \
-        --global-batch $(( micro * n )) --threads "$threads" ${link[$n]:+--link "${link[$n]}"} \
-        --metrics "$points/predicted_${mode}_np$n.jsonl" >/dev/null
+      if [ "${WORKLOAD:-mlp}" = mlp ]; then
+        batch=$STRONG_BATCH; [ $mode = strong ] || batch=$(( WEAK_PER_RANK * n ))
+        priced=(--mlp "$shape" --global-batch "$batch" --threads "$threads")
+      else  # the largest share sets the step where the batch does not divide
+        if [ $mode = strong ]; then micro=$(( (STRONG_BATCH + n - 1) / n )); else micro=$WEAK_PER_RANK; fi
+        priced=(--shape "$shape" --micro-batch "$micro" --global-batch $(( micro * n )) --threads "$threads")
+      fi
+      "$plan" --calibration "$points/calibration.json" "${priced[@]}" --grid "$n,1,1,1" \
+        ${link[$n]:+--link "${link[$n]}"} --metrics "$points/predicted_${mode}_np$n.jsonl" 2>&1 >/dev/null || return 1
       predicted+=("$points/predicted_${mode}_np$n.jsonl")
     done
   done
+}
+if [ -n "${SWEEP_ARGS:-}" ]; then
+  echo "sweep: no prediction: SWEEP_ARGS changes the model the cost model would price"
+elif ! predict >"$points/prediction.txt"; then  # a busy machine's link fit, say: the chart goes on without
+  echo "sweep: no prediction: $(tail -1 "$points/prediction.txt")"
+  predicted=()
 fi
 "$(course_python)" "$COURSE_ROOT/scripts/plot.py" speedup "$out/speedup.png" --strong "${strong[@]}" --weak "${weak[@]}" \
   ${predicted[@]+"${predicted[@]}"}

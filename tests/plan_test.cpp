@@ -103,6 +103,40 @@ TEST(Plan, PricesOneConfigurationOnACalibratedMachine) {
   EXPECT_NE(heads.err.find("--shape: the heads do not divide the width"), std::string::npos) << heads.err;
   const auto odd = run_process(kPlan + " --calibration " + file + " --shape 2,64,4,9,12 --grid 1,1,1,1");
   EXPECT_EQ(odd.exit_code, 0) << odd.out << odd.err;
+  // Chapter 04's MLP, data parallel: its step in the same record's form (dp, step_seconds); a flag that
+  // describes a GPT's configuration, a model-parallel grid or both models at once are refused.
+  std::remove(metrics.c_str());
+  const auto mlp = run_process(kPlan + " --calibration " + file + " --mlp 16,256,2 --grid 2,1,1,1 --global-batch 240 "
+                               "--metrics " + metrics);
+  ASSERT_EQ(mlp.exit_code, 0) << mlp.err;
+  EXPECT_NE(mlp.out.find("MLP 16-256x2-1 DP(2), global batch 240, on this machine: 2 ranks on 2 cores: step"),
+            std::string::npos) << mlp.out;
+  std::ifstream mlp_in(metrics);
+  ASSERT_TRUE(std::getline(mlp_in, line));
+  const auto priced = nlohmann::json::parse(line);
+  EXPECT_EQ(priced["model"], "mlp");
+  EXPECT_EQ(priced["dp"], 2);
+  EXPECT_GT(priced["dp_seconds"].get<double>(), 0);
+  EXPECT_NEAR(priced["step_seconds"].get<double>(), priced["compute_seconds"].get<double>() +
+                  priced["dp_seconds"].get<double>() + priced["optimizer_seconds"].get<double>(), 1e-15);
+  for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"--mlp 16,256,2 --grid 2,2,1,1", "--grid: the MLP runs data parallel only"},
+           {"--mlp 16,256,2 --grid 2,1,1,1 --micro-batch 8", "--micro-batch: prices a GPT's configuration"},
+           {"--mlp 16,256,2 --grid 2,1,1,1 --precision bf16", "--precision: prices a GPT's configuration"},
+           {"--mlp 16,256,2 --shape 2,64,4,8,12 --grid 2,1,1,1", "--mlp: prices the MLP in place of --shape"}}) {
+    const auto bad = run_process(kPlan + " --calibration " + file + " " + args);
+    EXPECT_EQ(bad.exit_code, 2) << args;
+    EXPECT_EQ(count_lines(bad.err), 1) << args << ": " << bad.err;
+    EXPECT_NE(bad.err.find(flag), std::string::npos) << args << ": " << bad.err;
+  }
+  // A link fit a busy machine tilted below zero prices nothing: refused, naming --link.
+  const std::string tilted = dir + "/plan_tilted_link.jsonl";
+  std::ofstream(tilted) << R"({"event":"alpha_beta","alpha_us":-3.5,"beta_s_per_byte":1e-10})" << "\n";
+  const auto busy = run_process(kPlan + " --calibration " + file + " --mlp 16,256,2 --grid 2,1,1,1 --link " + tilted);
+  EXPECT_EQ(busy.exit_code, 2);
+  EXPECT_EQ(count_lines(busy.err), 1) << busy.err;
+  EXPECT_NE(busy.err.find("--link: " + tilted + "'s alpha-beta fit is not a link (alpha -3.5 us"), std::string::npos)
+      << busy.err;
   nlohmann::json broken = planner::to_json(c);
   broken["one_thread"].erase("attention_seconds_per_head");
   std::ofstream(file) << broken.dump();

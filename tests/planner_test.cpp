@@ -373,6 +373,39 @@ TEST(Calibration, RanksShareTheMachineAsTheChaptersSetThem) {
   EXPECT_NEAR(with - without, 4 * (2 * per_layer + 6 * 2e-6) + 26 * 2e-6, 1e-12);
 }
 
+// Chapter 04's MLP step: the largest share's compute, every gradient tensor's all-reduce in turn (and the
+// loss's) only with more than one rank, and SGD's update; on a free machine only the link is left.
+TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
+  Calibration c;
+  c.cores = 2;
+  c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
+  c.all_cores = c.one_thread;
+  c.op_seconds = 2e-6;
+  c.memory_bytes = 8e9;
+  c.link = {10e-6, 1e9};
+  const MlpShape mlp{16, 256, 2};
+  const TimeBreakdown one = predict_mlp_step(mlp, 120, 1, this_machine(c, 1));
+  const TimeBreakdown two = predict_mlp_step(mlp, 240, 2, this_machine(c, 2));
+  EXPECT_EQ(one.dp, 0.0);
+  EXPECT_EQ(two.compute, one.compute);      // 240 over 2 ranks: the same 120 each
+  EXPECT_EQ(two.optimizer, one.optimizer);  // every rank updates the whole model
+  EXPECT_EQ(predict_mlp_step(mlp, 239, 2, this_machine(c, 2)).compute, one.compute);  // the larger share, 120
+  // 7 all-reduces (6 tensors and the loss), each a ring of 2 (n - 1) = 2 messages of bytes / 2.
+  double dp = 0;
+  for (double elements : {16.0 * 256, 256.0, 256.0 * 256, 256.0, 256.0, 1.0, 1.0}) dp += 2 * (10e-6 + 4 * elements / 2 / 1e9);
+  EXPECT_NEAR(two.dp, dp, 1e-15);
+  // The compute, by hand: three GEMMs a layer at the curve's rate, 32 bytes per output element, 7 ops a
+  // layer and 6 for the loss; the update 16 bytes a parameter and an op a tensor.
+  const auto gemm = [](double flops) { return flops / (1e10 * flops / (flops + 1e5)); };  // half rate at 3e5 / 3
+  double compute = 6 * 2e-6;
+  for (auto [in, out] : {std::pair{16.0, 256.0}, {256.0, 256.0}, {256.0, 1.0}})
+    compute += 3 * gemm(2 * 120 * in * out) + 32 * 120 * out / 1e10 + 7 * 2e-6;
+  EXPECT_NEAR(one.compute, compute, 1e-15);
+  EXPECT_NEAR(one.optimizer, 16 * 70401 / 1e10 + 6 * 2e-6, 1e-15);
+  // More ranks than cores: each its share of a core, the compute twice as long.
+  EXPECT_NEAR(predict_mlp_step(mlp, 480, 4, this_machine(c, 4)).compute, 2 * one.compute, 1e-15);
+}
+
 // The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8
 // and TP 4 trade places; and a model that fits one GPU (1.7B) is best trained with data parallelism alone,
 // as the decision slide says.

@@ -12,7 +12,8 @@
                                 explained by the stages' measured work or by the transfers; zero bubble
                                 idling more than 1F1B flagged with its reason (recorded metrics)
   plot_test.py sweep BUILD      sweep.sh runs every rank count, the 1-rank baseline too, REPEATS times
-                                with the same threads per rank, and refuses a bad setting (runs chapter 04)
+                                with the same threads per rank, prices each point of the MLP and the GPT
+                                with the cost model, and refuses a bad setting (runs chapter 04)
 Exit code 0 when all hold, 1 otherwise.
 """
 import json
@@ -231,7 +232,8 @@ def sweep(build):
         check("1 thread per rank at every rank count" in ran.stdout, "the chart says the threads per rank")
         caption = Path(folder) / "speedup.caption.txt"
         check(caption.is_file() and "1 thread per rank" in caption.read_text(), "the chart's caption is written beside it")
-        check("no prediction beside these points" in caption.read_text(), "the MLP's chart says why it has no prediction")
+        check("no prediction beside these points" in caption.read_text() and "SWEEP_ARGS changes the model" in ran.stdout,
+              "a sweep of a changed model says why it has no prediction")
     # The GPT: the cost model calibrated on this machine predicts every point of both modes.
     with tempfile.TemporaryDirectory() as folder:
         gpt = dict(env, WORKLOAD="gpt", REPEATS="1", STRONG_BATCH="8", WEAK_PER_RANK="4")
@@ -246,6 +248,28 @@ def sweep(build):
                       f"{path.name}: the model priced {ranks} rank(s) at the run's batch")
         check(f"strong at 2 ranks: measured" in ran.stdout and "calibrated on this machine on" in ran.stdout,
               f"the chart's notes give predicted/measured and the calibration's date: {ran.stdout[-800:]}")
+    # No prediction that can be made (one rank: no link to fit): the chart is drawn without, saying why.
+    with tempfile.TemporaryDirectory() as folder:
+        alone = dict(env, REPEATS="1")
+        alone.pop("SWEEP_ARGS")
+        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1"], env=alone, capture_output=True, text=True)
+        caption = Path(folder) / "speedup.caption.txt"
+        check(ran.returncode == 0 and "sweep: no prediction: error: --calibrate: needs --link" in ran.stdout and
+              caption.is_file() and "no prediction beside these points" in caption.read_text(),
+              f"a prediction that fails leaves the chart without it, saying why ({ran.stdout[-600:]}{ran.stderr[-600:]})")
+    # The MLP as 04 runs it (no SWEEP_ARGS): priced too, at each mode's global batch.
+    with tempfile.TemporaryDirectory() as folder:
+        mlp = dict(env, REPEATS="1")
+        mlp.pop("SWEEP_ARGS")
+        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1", "2"], env=mlp, capture_output=True, text=True)
+        check(ran.returncode == 0, f"sweep.sh runs the MLP ({ran.stdout[-1000:]}{ran.stderr[-1000:]})")
+        for mode in ("strong", "weak"):
+            for ranks in (1, 2):
+                path = Path(folder) / "sweep" / f"predicted_{mode}_np{ranks}.jsonl"
+                plan = plot.events(plot.read(path), "plan") if path.is_file() else []
+                check(plan and plan[-1]["model"] == "mlp" and plan[-1]["dp"] == ranks and
+                      plan[-1]["global_batch"] == (16 if mode == "strong" else 8 * ranks),
+                      f"{path.name}: the model priced the MLP at {ranks} rank(s) and the run's global batch")
 
 
 def main():

@@ -2,8 +2,10 @@
 #include "common/planner/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "common/comm/simulated_network.h"
 
@@ -37,6 +39,16 @@ constexpr double kElementwiseBytesPerStoredByte = 2;
 // final norm, the head and the loss (6); and the optimizer's step on each parameter tensor (12 a block:
 // 6 weights, 6 biases or gains).
 constexpr double kTensorParallelOpsPerLayer = 4, kOpsOutsideLayers = 6, kTensorsPerLayer = 12;
+
+// Chapter 04's MLP layer, per output element and step, in float32: the bias add (reads and writes it), the
+// ReLU forward (the same), its backward (reads the gradient and the input, writes the gradient) and the
+// bias's gradient (reads it): 8 + 8 + 12 + 4 bytes, bound by memory bandwidth. Its ops, each at its fixed
+// cost: forward the product, the bias add and the ReLU; backward the ReLU's, the bias's and the two
+// products'. The squared loss: the difference, its square and the mean, forward and backward.
+constexpr double kMlpBytesPerOutput = 32, kMlpOpsPerLayer = 7, kMlpLossOps = 6;
+// SGD's update reads the parameter and the gradient and writes the parameter; zeroing the gradient
+// writes it once more.
+constexpr double kSgdBytesPerParameter = 16;
 
 // A GEMM of `flops` on this device, at the efficiency its size allows (cluster.h).
 double gemm_seconds(double flops, const DeviceProfile& d, DType precision) {
@@ -104,6 +116,30 @@ std::string structural_rejection(const Workload& w, const Cluster& c, const Para
 }
 
 }  // namespace
+
+TimeBreakdown predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c) {
+  const DeviceProfile& d = c.device;
+  const double b = std::ceil(global_batch / ranks);  // the largest share
+  TimeBreakdown t;
+  double parameters = 0;
+  std::vector<double> tensors;  // each gradient tensor's elements, all-reduced one after another
+  double in = static_cast<double>(shape.features);
+  for (int layer = 0; layer <= shape.layers; ++layer) {
+    const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
+    t.compute += 3 * gemm_seconds(2 * b * in * out, d, DType::float32) +  // forward, and backward's two
+                 kMlpBytesPerOutput * b * out / d.memory_bandwidth + kMlpOpsPerLayer * d.op_seconds;
+    tensors.insert(tensors.end(), {in * out, out});
+    parameters += in * out + out;
+    in = out;
+  }
+  t.compute += kMlpLossOps * d.op_seconds;
+  if (ranks > 1) {
+    for (double elements : tensors) t.dp += all_reduce_seconds(4 * elements, ranks, c.intra);
+    t.dp += all_reduce_seconds(4, ranks, c.intra);  // the loss, averaged for the log
+  }
+  t.optimizer = kSgdBytesPerParameter * parameters / d.memory_bandwidth + static_cast<double>(tensors.size()) * d.op_seconds;
+  return t;
+}
 
 std::string describe(const ParallelConfig& p) {
   std::string text = "TP(" + to_string(p.tp) + ")-PP(" + to_string(p.pp) + ")";

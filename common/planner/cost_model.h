@@ -4,6 +4,7 @@
 // bubble), and the model FLOP utilisation that results. Every term is a formula of the papers the
 // chapters implement (formulas.h) or a message of chapter 03's alpha-beta model; cost_model.cpp says which.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "common/planner/cluster.h"
@@ -62,6 +63,18 @@ constexpr double kUsableMemoryFraction = 0.9;
 // "kind: details" (the kinds: TP across nodes, out of memory, too few micro-batches for the bubble, a degree
 // that does not divide the model, ...); out of memory, with its figures.
 Prediction predict(const Workload& w, const Cluster& c, const ParallelConfig& config);
+
+// Chapter 04's MLP: `features` in, `layers` hidden layers of `hidden` with ReLU, one output, a squared loss.
+struct MlpShape {
+  std::int64_t features = 16, hidden = 256;
+  int layers = 2;
+};
+
+// One step of chapter 04's data parallelism on `ranks` ranks of the cluster's device, in float32: each
+// rank computes its share of the global batch (the largest, ceil(batch / ranks), sets the step), then
+// all-reduces every gradient tensor in turn after the backward, nothing overlapped, and the loss; then
+// SGD's update. Priced as compute, dp (those all-reduces) and optimizer.
+TimeBreakdown predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c);
 
 // "TP(8)-PP(8)-DP(16) mb 1 v 2 ZeRO-1 full SP": one line for a table.
 std::string describe(const ParallelConfig& config);
