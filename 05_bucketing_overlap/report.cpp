@@ -5,6 +5,7 @@
 
 #include "common/core/log.h"
 #include "common/metrics/trace.h"
+#include "common/parallel/replicas.h"  // on_rank0
 #include "common/verify/compare.h"
 
 namespace course::chapter05 {
@@ -51,23 +52,25 @@ void write_trace(const Options& o, comm::Communicator& group, const parallel::Ti
   Tensor local = Tensor::from_host(packed, {static_cast<std::int64_t>(packed.size())});
   Tensor all = Tensor::zeros({static_cast<std::int64_t>(packed.size()) * group.size()});
   group.all_gather(local, all);  // every rank's timeline has the same shape: the same layers and buckets
-  if (group.rank() != 0 || o.trace.empty()) return;
-  auto values = all.to_host();
-  metrics::ChromeTrace trace;
-  trace.label(label);
-  for (int r = 0; r < group.size(); ++r) {
-    std::size_t at = static_cast<std::size_t>(r) * packed.size();
-    for (const auto& i : mine.compute) {
-      trace.add(r, "backward compute", "layer " + i.name, values[at], values[at + 1]);
-      at += 2;
+  if (o.trace.empty()) return;
+  parallel::on_rank0(group, [&] {  // a full disk ends every rank alike, with one line
+    auto values = all.to_host();
+    metrics::ChromeTrace trace;
+    trace.label(label);
+    for (int r = 0; r < group.size(); ++r) {
+      std::size_t at = static_cast<std::size_t>(r) * packed.size();
+      for (const auto& i : mine.compute) {
+        trace.add(r, "backward compute", "layer " + i.name, values[at], values[at + 1]);
+        at += 2;
+      }
+      for (const auto& i : mine.communication) {
+        trace.add(r, label.empty() ? "all-reduce" : "all-reduce (simulated)", i.name, values[at], values[at + 1]);
+        at += 2;
+      }
     }
-    for (const auto& i : mine.communication) {
-      trace.add(r, label.empty() ? "all-reduce" : "all-reduce (simulated)", i.name, values[at], values[at + 1]);
-      at += 2;
-    }
-  }
-  trace.write(o.trace);
-  log("timeline of the last overlapped step written to %s (open it in ui.perfetto.dev)\n", o.trace.c_str());
+    trace.write(o.trace);
+    log("timeline of the last overlapped step written to %s (open it in ui.perfetto.dev)\n", o.trace.c_str());
+  });
 }
 
 std::string why_overlap_gains_little(Device device, const std::string& backend, const std::string& label) {

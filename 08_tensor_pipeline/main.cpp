@@ -121,10 +121,12 @@ int sweep(const Options& o, const ChapterTask& task, parallel::Topology& topolog
       swept.virtual_stages = schedule == "interleaved" ? v : 1;
       GridRun run = train_grid(swept, task, topology, device, schedule, m, nullptr);
       report_stages(run, m, schedule, metrics, "pipeline_sweep", network);
-      if (m == 4 && !o.trace.empty() && topology.rank() == 0)  // each schedule's timeline, with --trace
-        write_timeline(run, stem + "_" + schedule + ".json",
-                       schedule + ", " + std::to_string(topology.pp_size()) +
-                           " stages, 4 micro-batches: the last step" + network);
+      if (m == 4 && !o.trace.empty())  // each schedule's timeline, with --trace (rank 0 writes)
+        parallel::on_rank0(topology.world(), [&] {
+          write_timeline(run, stem + "_" + schedule + ".json",
+                         schedule + ", " + std::to_string(topology.pp_size()) +
+                             " stages, 4 micro-batches: the last step" + network);
+        });
     }
   log("charts: python3 scripts/plot.py pipeline %s PREFIX (PREFIX_bubble.png, PREFIX_activations.png)\n",
       o.common.metrics.empty() ? "METRICS (run with --metrics FILE)" : o.common.metrics.c_str());

@@ -6,6 +6,7 @@
 #include "common/core/memory.h"
 #include "common/metrics/trace.h"
 #include "common/parallel/pipeline_schedule.h"
+#include "common/parallel/replicas.h"  // on_rank0
 
 namespace course::chapter08 {
 
@@ -121,9 +122,11 @@ void report_run(const Options& o, const ChapterTask& task, parallel::Topology& t
                          {"final_loss", run.losses.empty() ? 0.0f : run.losses.back()},
                          {std::string(unit) + "_per_s", per_step / (run.step_ms / 1000.0)}, {"step_ms", run.step_ms},
                          {"simulated_network", network.empty() ? "" : "simulated " + o.sim_network}});
-  if (!o.trace.empty() && topology.rank() == 0)
-    write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
-                                     std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
+  if (!o.trace.empty())  // rank 0 writes; a full disk ends every rank alike, with one line
+    parallel::on_rank0(topology.world(), [&] {
+      write_timeline(run, o.trace, grid + ", " + (topology.pp_size() > 1 ? o.schedule + ", " : std::string()) +
+                                       std::to_string(o.micro_batches) + " micro-batches: the last step" + network);
+    });
 }
 
 void StepFigures::begin_step() { begin_ = std::chrono::steady_clock::now(); }

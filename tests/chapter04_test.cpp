@@ -376,15 +376,13 @@ TEST(Chapter04, HelpAndBadInput) {
 }
 
 TEST(Chapter04, AnErrorOnOneRankEndsTheWholeJobWithinSeconds) {
-  // During set-up and during training, on rank 0 alone and on rank 1 alone (COURSE_FAIL injects it).
+  // During set-up and during training, on rank 0 alone and on rank 1 alone (COURSE_FAIL injects it). The
+  // job is killed at 120 s, before the 300 s watchdog could end it: an end at all is the failing rank's.
   for (const std::string fault : {"setup:0:0", "setup:0:1", "train:3:0", "train:3:1"}) {
-    const auto begin = std::chrono::steady_clock::now();
     auto r = run_process("COURSE_FAIL=" + fault + " timeout 120 " + std::string(MPIRUN_NP2) + " " + kBinary +
                          " --device cpu --steps 10 --timeout 300");
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     EXPECT_NE(r.exit_code, 0) << fault;
-    EXPECT_NE(r.exit_code, 124) << fault << ": the job hung";
-    EXPECT_LT(seconds, 30.0) << fault << ": the other rank waited for the watchdog";
+    EXPECT_NE(r.exit_code, 124) << fault << ": the job hung (the other rank waited for the watchdog)";
     EXPECT_NE(r.err.find("error: rank " + fault.substr(fault.size() - 1) + ": injected failure"), std::string::npos)
         << fault << ": " << r.err;
     EXPECT_EQ(r.out.find("PASSED"), std::string::npos) << fault;

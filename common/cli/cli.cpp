@@ -238,6 +238,8 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     return e.code;
   } catch (const UsageError& e) {
     return report_and_leave(e.what(), 2);
+  } catch (const SharedError& e) {
+    return report_and_leave(e.what(), 1);
   } catch (const std::exception& caught) {
     const bool memory = dynamic_cast<const std::bad_alloc*>(&caught) != nullptr;
     const std::string message = memory ? "out of memory (a size flag may be too large for this machine)" : caught.what();

@@ -10,4 +10,10 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A failure every rank of the job throws alike, once they have agreed on it (parallel::on_rank0's work
+// that failed on rank 0: a full disk under a trace): reported once, the ranks leave together, exit code 1.
+struct SharedError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace course

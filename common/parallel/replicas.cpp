@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/comm/agree.h"  // broadcast_string
+#include "common/core/errors.h"
 #include "common/core/fnv.h"
 
 namespace course::parallel {
@@ -46,9 +48,21 @@ void stray_by_one_rounding(const Tensor& parameter) {
   Tensor(parameter).copy_from(Tensor::from_host(values, parameter.shape(), parameter.device()));
 }
 
-void on_rank0(comm::Communicator& group, const std::function<void()>& work, bool wait) {
-  if (group.rank() == 0) work();
-  if (wait) group.barrier();
+void on_rank0(comm::Communicator& group, const std::function<void()>& work) {
+  std::string failed;  // "" when it worked, else 'U' (a usage error) or 'E', then the message
+  if (group.rank() == 0) {
+    try {
+      work();
+    } catch (const UsageError& e) {
+      failed = std::string("U") + e.what();
+    } catch (const std::exception& e) {
+      failed = std::string("E") + e.what();
+    }
+  }
+  comm::broadcast_string(group, failed, 0);
+  if (failed.empty()) return;
+  if (failed[0] == 'U') throw UsageError(failed.substr(1));
+  throw SharedError(failed.substr(1));
 }
 
 }  // namespace course::parallel

@@ -24,7 +24,10 @@ bool parameters_identical(comm::Communicator& group, const std::vector<Tensor>& 
 // it alone no longer holds its replicas' bits.
 void stray_by_one_rounding(const Tensor& parameter);
 
-// Runs `work` on rank 0 of `group` only (saving, statistics); with `wait`, the others wait for it.
-void on_rank0(comm::Communicator& group, const std::function<void()>& work, bool wait = false);
+// Runs `work` on rank 0 of `group` only (saving, a trace, statistics), and every rank learns whether it
+// failed: then all throw rank 0's error alike (a UsageError as one, anything else as a SharedError), so
+// the job ends with one line and together, never with rank 0 aborting while the others finish. The
+// others wait for it. Collective.
+void on_rank0(comm::Communicator& group, const std::function<void()>& work);
 
 }  // namespace course::parallel
