@@ -9,7 +9,8 @@ namespace course::chapter06 {
 
 ResumeCheck::ResumeCheck(const Options& o, const nn::TrainingTask& task, const data::SampleStream& stream,
                          const Trainer& trainer, comm::Communicator& group, std::int64_t global_batch)
-    : DataParallelCheck(Run{group, *trainer.model, *trainer.recipe}, [&] { return task.make_model(o.common.seed); },
+    : DataParallelCheck(Run{group, *trainer.model, *trainer.recipe, false, [&trainer] { return trainer.share; }},
+                        [&] { return task.make_model(o.common.seed); },
                         verify::rounding_of(o.precision.reduce()),  // --reduce-dtype bf16|fp16: the parts added in 16 bits
                         [&stream, global_batch](std::int64_t step) { return stream.take(step * global_batch, global_batch); },
                         as_the_recipe_computes(*trainer.recipe, task)) {}

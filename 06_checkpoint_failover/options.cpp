@@ -34,6 +34,9 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_verify_options(app, o.verify, "against one rank, and the end against the uninterrupted run: "
                           "bit-identical at an unchanged world size", o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
                                          {"repeat-batch", "the data goes back one batch"},
+                                         {"skewed-share", "the sampler, at 3 ranks or more, gives the last rank rank "
+                                                          "0's first sample in place of its own (one sample twice, one "
+                                                          "never; the reference cuts its shares with the same sampler)"},
                                          {"zero-saved-moments", "the checkpoints written carry Adam's second moments "
                                                                 "zeroed (a writer's bug)"}});
 }

@@ -40,7 +40,7 @@ Trainer::Trainer(const Options& o, const nn::TrainingTask& task, comm::Communica
 
 float Trainer::forward_backward(const nn::TrainingTask& task, const data::SampleStream& stream, std::int64_t position,
                                 std::int64_t global_batch, comm::Communicator& group) {
-  auto share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
+  share = parallel::DistributedSampler::share_of(stream.take(position, global_batch), group.rank(), group.size());
   const Tensor loss = recipe->forward_backward([&] { return task.loss(*model, share); });  // DDP averages in backward
   return comm::all_reduce_scalar(group, loss.item(), comm::ReduceOp::average);  // the ranks' mean
 }

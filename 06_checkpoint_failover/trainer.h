@@ -27,6 +27,7 @@ struct Trainer {
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<parallel::DistributedDataParallel> ddp;
   std::unique_ptr<optim::Recipe> recipe;
+  std::vector<std::int64_t> share;  // the samples this rank trained on in the last step (--verify checks them)
 
   Trainer(const Options& o, const nn::TrainingTask& task, comm::Communicator& group);
   optim::Optimizer& optimizer() { return recipe->optimizer(); }

@@ -316,6 +316,24 @@ TEST(Chapter06, AKillDuringASaveLeavesThePreviousCheckpoint) {
     EXPECT_FALSE(checkpoint::is_partial_write(e.path().filename().string()));
 }
 
+// A sampler wrong only at the new world size (--fault skewed-share: at 3 ranks or more one sample twice,
+// one never). The run, its lock-step reference and the uninterrupted twin all cut their shares with it,
+// so only the data order, held against the global batch alone, sees it: at the step it begins, the
+// resume's own, a late one and the last.
+TEST(Chapter06, ASamplerWrongAtTheNewWorldSizeFailsAtItsStep) {
+  for (const int from : {20, 31, 39}) {
+    const std::string dir = fresh_folder();
+    expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20"));
+    Outcome resumed = run(MPIRUN_NP4, "--ckpt-dir " + dir + " --steps 40 --resume --verify --fault skewed-share" +
+                                          (from == 20 ? std::string() : " --fault-from-step " + std::to_string(from)));
+    EXPECT_EQ(resumed.process.exit_code, 1) << resumed.process.out << resumed.process.err;
+    EXPECT_NE(resumed.process.out.find("lock-step FAILED at step " + std::to_string(from) + ": the data order: sample "),
+              std::string::npos) << resumed.process.out;
+    EXPECT_NE(resumed.process.out.find("is taken 2 time(s) by rank 0, rank 3, not 1"), std::string::npos)
+        << resumed.process.out;
+  }
+}
+
 TEST(Chapter06, ElasticResumePassesInLockStep) {
   for (const auto& [before, after] : {std::pair{MPIRUN_NP4, MPIRUN_NP2}, std::pair{MPIRUN_NP2, MPIRUN_NP4}}) {
     const std::string dir = fresh_folder();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/data/sampling.h"
+#include "common/faults/faults.h"
 
 namespace course::parallel {
 
@@ -82,6 +83,9 @@ std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::in
   std::vector<std::int64_t> share;
   for (std::size_t i = static_cast<std::size_t>(rank); i < global_batch.size(); i += static_cast<std::size_t>(ranks))
     share.push_back(global_batch[i]);
+  // --fault skewed-share (chapter 06): a sampler wrong only at 3 ranks or more, as after an elastic resume
+  // at a new world size; everyone who cuts shares here makes the same mistake (faults.h).
+  if (ranks >= 3 && rank == ranks - 1 && !share.empty() && faults::active("skewed-share")) share[0] = global_batch[0];
   return share;
 }
 

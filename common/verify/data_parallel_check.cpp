@@ -5,6 +5,7 @@
 
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/parallel/distributed_sampler.h"
+#include "common/verify/data_order.h"
 
 namespace course::verify {
 
@@ -45,6 +46,12 @@ void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
   const float global_loss = run_.loss_is_local ? comm::all_reduce_scalar(run_.group, loss, comm::ReduceOp::average) : loss;
   const int ranks = run_.group.size();
   const auto global = global_batch_(step);
+  // What the ranks trained on, against the global batch alone: a sampler bug the reference shares (it
+  // cuts its shares with the same share_of below) fails here, at its step.
+  if (run_.share) {
+    const std::string wrong = check_data_order(run_.group, run_.share(), global);
+    if (!wrong.empty()) lockstep().record(step, "the data order: " + wrong);
+  }
   lockstep().set_loss_scale(run_.recipe.scaler().get_scale());  // fp16: the parts carried it when they were added
   // Each rank's share of the global batch (positions r, r + R, ...), recomputed as that rank computed
   // it, and averaged exactly.

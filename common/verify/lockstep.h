@@ -170,10 +170,13 @@ class Lockstep {
                    const PartFunction& part);
   LockstepSummary finish(const nn::Module& run);
 
+  // A failure a check beside the comparisons found at `step` (on rank 0, which judges): the verdict's,
+  // when it is the first.
+  void record(std::int64_t step, const std::string& text);
+
  private:
   bool judges() const { return !group_ || group_->rank() == 0; }
   int ranks() const { return group_ ? group_->size() : 1; }
-  void record(std::int64_t step, const std::string& text);
   // The run's parameters at the start of `step` against the prediction.
   void compare_parameters(std::int64_t step, const std::vector<float>& run_parameters);
   // Adds `values` over the group onto rank 0 (in place; nothing without a group).
