@@ -29,9 +29,12 @@ std::function<void(const std::string&, const checkpoint::Loaded&)> restores_into
 }
 
 faults::Installation install_faults(const Options& o, Trainer& trainer, checkpoint::TrainingState& state,
-                                    std::int64_t start_step, std::int64_t global_batch) {
+                                    std::int64_t start_step, std::int64_t global_batch, int ranks) {
   faults::Installation installed;
   if (o.faults.fault == "none" || o.faults.fault == "zero-saved-moments") return installed;  // the latter: the writer's
+  if (o.faults.fault == "skewed-share" && ranks < 3)
+    throw UsageError("--fault: skewed-share acts at 3 ranks or more, and this run has " + std::to_string(ranks) +
+                     ": it would do nothing");
   if (o.fault_step_given && o.faults.from_step < start_step)
     throw UsageError("--fault-from-step: step " + std::to_string(o.faults.from_step) + " is before step " +
                      std::to_string(start_step) + ", where this run resumes: the fault would never act");

@@ -44,9 +44,9 @@ std::function<void(const std::string& path, const checkpoint::Loaded&)> restores
 // --fault, once training starts at `start`: at step --fault-from-step, or without it at the step the run
 // resumes, what that step inherits is broken (the optimizer's moments lost, or the data back one batch:
 // `state` is the run's); zero-saved-moments is a writer's bug in the checkpoint library itself. Refuses a
-// --fault-from-step before the step the run resumes at (it would never act). For as long as the
-// installation lives.
+// --fault-from-step before the step the run resumes at (it would never act), and skewed-share below 3
+// ranks (`ranks`: the run's), where it does nothing. For as long as the installation lives.
 faults::Installation install_faults(const Options& o, Trainer& trainer, checkpoint::TrainingState& state,
-                                    std::int64_t start_step, std::int64_t global_batch);
+                                    std::int64_t start_step, std::int64_t global_batch, int ranks);
 
 }  // namespace course::chapter06

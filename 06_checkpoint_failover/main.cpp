@@ -53,7 +53,7 @@ int run(Options& o, cli::Session& session) {
   // 1. Resume or start: with --resume, the newest good checkpoint (a damaged or foreign one is named
   //    and skipped) restores the parameters, the optimizer's moments and `state`, the place in the data.
   const std::int64_t first = checkpoints.load();
-  const faults::Installation faulty = install_faults(o, trainer, state, first, global_batch);
+  const faults::Installation faulty = install_faults(o, trainer, state, first, global_batch, group.size());
 
   for (std::int64_t step = first; step < o.training.steps; ++step) {
     // 2. Train: one data-parallel step on the global batch at the saved position, then move on.

@@ -221,6 +221,9 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {ch07 + " --fault skip-rank-share", "--fault", "--verify"},
       {ch08 + " --fault lose-micro-batch", "--fault", "--verify"},
       {ch07 + " --stage 1 --prefetch", "--prefetch", "--stage"},
+      // A fault that acts only at 3 ranks or more, at one.
+      {ch06 + " --ckpt-dir " + (scratch / "d").string() + " --verify --fault skewed-share --fault-from-step 1", "--fault",
+       "3 ranks or more"},
       {ch08 + " --schedule gpipe", "--schedule", "--pp"},
       {ch08 + " --cp-method ulysses", "--cp-method", "--cp"},
       {ch08 + " --model mlp --cp-method ulysses", "--cp-method", "--model"},
