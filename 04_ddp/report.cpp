@@ -57,6 +57,7 @@ bool Report::end_step(std::int64_t step, float loss, double communication_ms, do
     log("step %4lld  loss %g: training diverged; lower the learning rate (--lr %g)\n", static_cast<long long>(step),
         loss, o_.training.lr);
     diverged_ = true;
+    diverged_step_ = step;
     return false;
   }
   if (training_.skipped())
@@ -101,6 +102,7 @@ int Report::finish(bool identical, verify::StepCheck& check_run) {
   log("parameters identical on all %d ranks: %s\n", ranks, identical ? "yes" : "NO");
   verify::LockstepSummary check;
   verify::Drift drift;
+  if (check_run.checks() && diverged_) check = verify::finish_diverged(check_run, diverged_step_);
   if (check_run.checks() && !diverged_) {
     check = check_run.finish();
     if (check.passed)

@@ -46,6 +46,7 @@ class Report {
   std::int64_t timed_samples_ = 0;
   std::int64_t activations_before_ = 0, peak_activations_ = 0;  // this rank's, above the step's start
   bool diverged_ = false;
+  std::int64_t diverged_step_ = -1;
   std::chrono::steady_clock::time_point began_;
 };
 

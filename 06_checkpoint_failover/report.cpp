@@ -35,6 +35,7 @@ bool Report::end_step(std::int64_t step, float loss, double checked_ms) {
     log("step %4lld  loss %g: training diverged; lower the learning rate (--lr %g)\n", static_cast<long long>(step),
         loss, o_.training.lr);
     diverged_ = true;
+    diverged_step_ = step;
     return false;
   }
   if (step % o_.log_every == 0 || step + 1 == o_.training.steps) {
@@ -80,6 +81,7 @@ int Report::finish(const checkpoint::TrainingState& state, verify::StepCheck& ch
   double difference = 0, optimizer_difference = 0;
   verify::LockstepSummary check;
   bool passed = identical && !diverged_;
+  if (check_run.checks() && diverged_) check = verify::finish_diverged(check_run, diverged_step_);
   if (check_run.checks() && !diverged_) {
     check = check_run.finish();
     if (check.passed)

@@ -45,6 +45,7 @@ class Report {
   std::int64_t timed_steps_ = 0;
   int checkpoints_ = 0;
   bool diverged_ = false;
+  std::int64_t diverged_step_ = -1;
 };
 
 }  // namespace course::chapter06

@@ -142,6 +142,17 @@ TEST(Chapter04, ADivergedRunFails) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("training diverged; lower the learning rate"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("PASSED"), std::string::npos) << r.out;
+  // Checked, a learning rate too high diverges with every step before it in lock-step; a bug that blows
+  // training up (the gradient halved from step 3, under a learning rate twice as high) is named at its step.
+  auto high = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 30 --lr 0.3 --verify");
+  EXPECT_NE(high.exit_code, 0);
+  EXPECT_NE(high.out.find("lock-step check: every step before the divergence at step "), std::string::npos) << high.out;
+  auto bug = run_process(std::string(MPIRUN_NP2) + " " + kBinary +
+                         " --device cpu --steps 30 --lr 0.6 --verify --fault average-twice --fault-from-step 3");
+  EXPECT_NE(bug.exit_code, 0);
+  EXPECT_NE(bug.out.find("training diverged"), std::string::npos) << bug.out;
+  EXPECT_NE(bug.out.find("lock-step check FAILED at step 3, before training diverged at step "), std::string::npos)
+      << bug.out;
 }
 
 TEST(Chapter04, VerifyPassesWithAccumulationAndAnUnevenDataset) {

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "common/core/log.h"
 #include "common/faults/faults.h"
 
 namespace course::verify {
@@ -52,5 +53,17 @@ class Unchecked final : public StepCheck {
 }  // namespace
 
 std::unique_ptr<StepCheck> unchecked() { return std::make_unique<Unchecked>(); }
+
+LockstepSummary finish_diverged(StepCheck& check, std::int64_t diverged_step) {
+  LockstepSummary summary = check.finish();
+  if (!summary.passed && summary.first_failed_step < diverged_step) {
+    log("lock-step check FAILED at step %lld, before training diverged at step %lld: %s\n",
+        static_cast<long long>(summary.first_failed_step), static_cast<long long>(diverged_step),
+        summary.first_failure.c_str());
+    return summary;
+  }
+  log("lock-step check: every step before the divergence at step %lld held\n", static_cast<long long>(diverged_step));
+  return LockstepSummary{};
+}
 
 }  // namespace course::verify

@@ -50,6 +50,12 @@ class StepCheck {
   double ms_ = 0;
 };
 
+// A run that diverged at `diverged_step` (its loss not finite) still hears where lock-step failed first,
+// when that was before: a bug that blows training up is named at its step, not taken for a learning rate
+// too high. Logs one line (rank 0) and returns the summary (passed when nothing failed before the
+// divergence). Collective, as finish() is.
+LockstepSummary finish_diverged(StepCheck& check, std::int64_t diverged_step);
+
 // A run without --verify: every call does nothing (and takes no time).
 std::unique_ptr<StepCheck> unchecked();
 
