@@ -235,41 +235,38 @@ def sweep(build):
         check("no prediction beside these points" in caption.read_text() and "SWEEP_ARGS changes the model" in ran.stdout,
               "a sweep of a changed model says why it has no prediction")
     # The GPT: the cost model calibrated on this machine predicts every point of both modes.
-    with tempfile.TemporaryDirectory() as folder:
-        gpt = dict(env, WORKLOAD="gpt", REPEATS="1", STRONG_BATCH="8", WEAK_PER_RANK="4")
-        gpt.pop("SWEEP_ARGS")
-        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1", "2"], env=gpt, capture_output=True, text=True)
-        check(ran.returncode == 0, f"sweep.sh runs the GPT ({ran.stdout[-1000:]}{ran.stderr[-1000:]})")
-        for mode in ("strong", "weak"):
-            for ranks in (1, 2):
-                path = Path(folder) / "sweep" / f"predicted_{mode}_np{ranks}.jsonl"
-                plan = plot.events(plot.read(path), "plan") if path.is_file() else []
-                check(plan and plan[-1]["dp"] == ranks and plan[-1]["micro_batch"] == (8 // ranks if mode == "strong" else 4),
-                      f"{path.name}: the model priced {ranks} rank(s) at the run's batch")
-        check(f"strong at 2 ranks: measured" in ran.stdout and "calibrated on this machine on" in ran.stdout,
-              f"the chart's notes give predicted/measured and the calibration's date: {ran.stdout[-800:]}")
+    gpt = dict(env, WORKLOAD="gpt", REPEATS="1", STRONG_BATCH="8", WEAK_PER_RANK="4")
+    gpt.pop("SWEEP_ARGS")
+    said = priced(gpt, "the GPT", lambda plan, mode, ranks: plan["micro_batch"] == (8 // ranks if mode == "strong" else 4))
+    check("strong at 2 ranks: measured" in said and "calibrated on this machine on" in said,
+          f"the chart's notes give predicted/measured and the calibration's date: {said[-800:]}")
     # No prediction that can be made (one rank: no link to fit): the chart is drawn without, saying why.
+    alone = dict(env, REPEATS="1")
+    alone.pop("SWEEP_ARGS")
     with tempfile.TemporaryDirectory() as folder:
-        alone = dict(env, REPEATS="1")
-        alone.pop("SWEEP_ARGS")
         ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1"], env=alone, capture_output=True, text=True)
         caption = Path(folder) / "speedup.caption.txt"
         check(ran.returncode == 0 and "sweep: no prediction: error: --calibrate: needs --link" in ran.stdout and
               caption.is_file() and "no prediction beside these points" in caption.read_text(),
               f"a prediction that fails leaves the chart without it, saying why ({ran.stdout[-600:]}{ran.stderr[-600:]})")
     # The MLP as 04 runs it (no SWEEP_ARGS): priced too, at each mode's global batch.
+    priced(alone, "the MLP", lambda plan, mode, ranks: plan["model"] == "mlp" and
+           plan["global_batch"] == (16 if mode == "strong" else 8 * ranks))
+
+
+def priced(env, what, batch_of):
+    """sweep.sh at 1 and 2 ranks under ENV; each point's prediction must be the model's of its rank count,
+    at the batch BATCH_OF(plan, mode, ranks) accepts. Returns what the sweep printed."""
     with tempfile.TemporaryDirectory() as folder:
-        mlp = dict(env, REPEATS="1")
-        mlp.pop("SWEEP_ARGS")
-        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1", "2"], env=mlp, capture_output=True, text=True)
-        check(ran.returncode == 0, f"sweep.sh runs the MLP ({ran.stdout[-1000:]}{ran.stderr[-1000:]})")
+        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1", "2"], env=env, capture_output=True, text=True)
+        check(ran.returncode == 0, f"sweep.sh runs {what} ({ran.stdout[-1000:]}{ran.stderr[-1000:]})")
         for mode in ("strong", "weak"):
             for ranks in (1, 2):
                 path = Path(folder) / "sweep" / f"predicted_{mode}_np{ranks}.jsonl"
                 plan = plot.events(plot.read(path), "plan") if path.is_file() else []
-                check(plan and plan[-1]["model"] == "mlp" and plan[-1]["dp"] == ranks and
-                      plan[-1]["global_batch"] == (16 if mode == "strong" else 8 * ranks),
-                      f"{path.name}: the model priced the MLP at {ranks} rank(s) and the run's global batch")
+                check(plan and plan[-1]["dp"] == ranks and batch_of(plan[-1], mode, ranks),
+                      f"{path.name}: the model priced {what} at {ranks} rank(s) and the run's batch")
+        return ran.stdout
 
 
 def main():
