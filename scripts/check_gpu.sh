@@ -22,14 +22,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 build=${COURSE_GPU_BUILD:-$COURSE_ROOT/build/gpu}
 out=${COURSE_GPU_OUT:-$COURSE_ROOT/runs/check_gpu}
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+# No GPU: every check would skip after a CUDA build of many minutes. Say so before anything is written,
+# and leave the last machine's results as they are.
+if [ -z "$gpu" ]; then
+  echo "check_gpu: no GPU here (nvidia-smi lists none): nothing checked, ${out#$COURSE_ROOT/} left as it was" >&2
+  exit 2
+fi
 mkdir -p "$out"
 results="$out/results.jsonl"
 summary="$out/summary.txt"
 : >"$results"
 : >"$summary"
-[ -x /usr/local/cuda/bin/nvcc ] && export PATH="$PATH:/usr/local/cuda/bin"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-gpu=${gpu:-none found}
 today=$(date +%F)
 
 # record NAME STATUS SECONDS DETAIL [JSON FIELDS]: one line of results.jsonl and of summary.txt (appended
