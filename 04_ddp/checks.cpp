@@ -29,6 +29,9 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
 faults::Installation install_faults(const Options& o, DataParallelNaive& ddp) {
   if (faults::armed("stray-replica") && ddp.communicator().size() < 2)
     throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
+  if (faults::armed("average-twice") && ddp.communicator().size() < 2)  // divided by 1 twice: nothing
+    throw UsageError("--fault: average-twice needs two or more ranks (at one, dividing by the world size twice "
+                     "changes nothing)");
   if (faults::armed("adamw-decay") && o.optimizer != "adamw")
     throw UsageError("--fault: adamw-decay breaks AdamW, which --optimizer " + o.optimizer + " does not use: add --optimizer adamw");
   faults::Installation installed;

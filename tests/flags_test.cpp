@@ -221,6 +221,8 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {ch07 + " --fault skip-rank-share", "--fault", "--verify"},
       {ch08 + " --fault lose-micro-batch", "--fault", "--verify"},
       {ch07 + " --stage 1 --prefetch", "--prefetch", "--stage"},
+      // A fault that acts only at 2 ranks or more, at one (ch04 is one rank here).
+      {ch04 + " --verify --fault average-twice", "--fault", "two or more ranks"},
       // A fault that acts only at 3 ranks or more, at one.
       {ch06 + " --ckpt-dir " + (scratch / "d").string() + " --verify --fault skewed-share --fault-from-step 1", "--fault",
        "3 ranks or more"},
