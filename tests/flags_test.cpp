@@ -319,5 +319,24 @@ TEST(Flags, Chapter08) {
                   kModelFlags});
 }
 
+// OMP_NUM_THREADS and OPENBLAS_NUM_THREADS read whole, as libgomp reads them: "1e3" and "3abc" are no
+// counts (atoi read 1 and 3), nor is one past the cores a process may have; each is one line naming the
+// variable, exit 2. A count is obeyed.
+TEST(EnvironmentVariables, ThreadCountsAreReadWhole) {
+  const std::string ch04 = std::string(CHAPTER04_BINARY) + " --device cpu --steps 1 --samples 64 --global-batch 8 --hidden 8";
+  for (const std::string setting : {"OMP_NUM_THREADS=1e3", "OPENBLAS_NUM_THREADS=3abc", "OMP_NUM_THREADS=2147483648",
+                                    "OMP_NUM_THREADS=1025", "OMP_NUM_THREADS=-2"}) {
+    const auto r = run_process(setting + " " + ch04);
+    EXPECT_EQ(r.exit_code, 2) << setting << "\n" << r.out << r.err;
+    EXPECT_EQ(error_lines(r.err), 1) << setting << "\n" << r.err;
+    const std::string name = setting.substr(0, setting.find('='));
+    EXPECT_NE(r.err.find("error: " + name + ": '" + setting.substr(setting.find('=') + 1) +
+                         "' is not a number of threads from 1 to 1024"), std::string::npos) << r.err;
+  }
+  const auto two = run_process("OMP_NUM_THREADS=2 " + ch04);
+  EXPECT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_NE(two.out.find("cpu: 2 threads"), std::string::npos) << two.out;
+}
+
 }  // namespace
 }  // namespace course::testing

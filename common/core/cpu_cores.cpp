@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
+#include "common/core/errors.h"
 #include "common/kernels/kernels.h"
 
 namespace course {
@@ -30,6 +32,24 @@ void widen_to_every_core(int machine) {
   sched_setaffinity(0, sizeof mask, &mask);  // on failure the launcher's binding stays: allowed_cores() says so
 }
 
+// The most threads a variable may ask for: CPU_SETSIZE's cores, one thread each.
+constexpr long kMostThreads = CPU_SETSIZE;
+
+// OMP_NUM_THREADS or OPENBLAS_NUM_THREADS as a count of threads, read whole: decimal digits, 1 to
+// kMostThreads (atoi read "1e3" as 1 and "3abc" as 3, where libgomp calls both invalid). Unset or empty:
+// 0, not given; anything else a UsageError naming the variable.
+int threads_asked(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  const std::string value(text);
+  const bool digits = value.size() <= 9 && value.find_first_not_of("0123456789") == std::string::npos;
+  const long threads = digits ? std::stol(value) : 0;
+  if (threads < 1 || threads > kMostThreads)
+    throw UsageError(std::string(name) + ": '" + value + "' is not a number of threads from 1 to " +
+                     std::to_string(kMostThreads));
+  return static_cast<int>(threads);
+}
+
 std::mutex g_mutex;
 bool g_placed = false;
 CpuCores g_cores;
@@ -41,10 +61,11 @@ CpuCores place_cpu_threads(int ranks_on_this_machine) {
   c.machine = online_cores();
   c.bound = c.allowed = allowed_cores();
   const char* variable = nullptr;
+  int asked = 0;
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (!variable && std::getenv(name) && std::atoi(std::getenv(name)) >= 1) variable = name;
+    if (const int threads = threads_asked(name); !variable && threads > 0) variable = name, asked = threads;
   if (variable) {
-    c.threads = std::atoi(std::getenv(variable));
+    c.threads = asked;
     c.why = std::string(variable) + " set";
   } else if (ranks_on_this_machine <= 1) {
     if (c.allowed < c.machine) {
