@@ -274,6 +274,45 @@ TEST(Chapter06, AJobWaitsForTheLockOfOneStillEndingAndRefusesALiveOne) {
   ::close(fd);
 }
 
+// A .lock that cannot be the lock (a folder, a link to a file elsewhere or to nothing, a pipe) is refused,
+// never skipped (two jobs would write one folder) nor followed (a link would lock, or create, a file
+// anywhere); and a folder's dead writer's temporaries stay while it is refused.
+TEST(Chapter06, ALockThatCannotBeTheLockIsRefused) {
+  for (const std::string kind : {"folder", "link", "dangling link", "pipe"}) {
+    for (const bool resume : {false, true}) {
+      const std::string dir = fresh_folder(), elsewhere = temp_path("ch06_lock_target_" + std::to_string(resume));
+      fs::remove(elsewhere);
+      if (resume) expect_passed(run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 10"));
+      fs::create_directories(dir);
+      fs::remove_all(dir + "/.lock");
+      std::ofstream(dir + "/.step_00000030.safetensors.tmp.4242") << "half";
+      if (kind == "folder") fs::create_directories(dir + "/.lock");
+      if (kind == "link") std::ofstream(elsewhere) << "someone's file";
+      if (kind == "link" || kind == "dangling link") fs::create_symlink(elsewhere, dir + "/.lock");
+      if (kind == "pipe") {
+        ASSERT_EQ(::mkfifo((dir + "/.lock").c_str(), 0600), 0);
+      }
+      Outcome refused = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20" + (resume ? " --resume" : ""));
+      const std::string what = kind + (resume ? ", resumed" : ", fresh");
+      EXPECT_EQ(refused.process.exit_code, 2) << what << "\n" << refused.process.out << refused.process.err;
+      EXPECT_NE(refused.process.err.find("--ckpt-dir: " + dir + "/.lock is not a lock this job can hold"),
+                std::string::npos) << what << ": " << refused.process.err;
+      EXPECT_EQ(refused.process.out.find("step "), std::string::npos) << what << ": trained\n" << refused.process.out;
+      EXPECT_TRUE(fs::exists(dir + "/.step_00000030.safetensors.tmp.4242")) << what << ": removed by a run that refused";
+      if (kind == "link") {
+        std::ifstream in(elsewhere);
+        std::string kept;
+        std::getline(in, kept);
+        EXPECT_EQ(kept, "someone's file") << what;
+      }
+      if (kind == "dangling link") {
+        EXPECT_FALSE(fs::exists(elsewhere)) << what << ": the link's target was created";
+      }
+      fs::remove(elsewhere);
+    }
+  }
+}
+
 // Killed halfway through the very first checkpoint: nothing to resume from, the restart starts afresh,
 // removes the temporary, and ends bit-identical to the uninterrupted run.
 TEST(Chapter06, AKillDuringTheFirstSaveRecoversFromTheStart) {

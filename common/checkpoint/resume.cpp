@@ -3,11 +3,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <thread>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -77,28 +79,41 @@ namespace {
 // second) and may still be checkpointing; a restart that started writing meanwhile would share the folder
 // with them. So rank 0 holds an exclusive lock on dir/.lock for its whole life (flock: the kernel lets
 // go when the process ends, however it ends), and a new job waits for a dying one's lock, for at most
-// kFolderLockWaitSeconds, then refuses. Returns false when the lock stayed held.
+// kFolderLockWaitSeconds, then refuses. The lock is a regular file, opened without following a link (one
+// would lock, or create, a file elsewhere) and never skipped: a .lock that cannot be the lock (a folder, a
+// link, a pipe) is refused, as a lock that is not taken would let two jobs write one folder. Returns ""
+// when this process holds the lock, else why not (the --ckpt-dir error).
 constexpr int kFolderLockWaitSeconds = 10;
 
-bool lock_folder(const std::string& dir) {
+std::string lock_folder(const std::string& dir) {
   static int held = -1;  // open until the process ends; one folder a process
-  if (held >= 0) return true;
+  if (held >= 0) return "";
   const std::string path = dir + "/.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return true;  // an unwritable folder: refused next, by the writability check
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  const int why = errno;
+  struct stat what {};
+  if (fd < 0 && (why == EACCES || why == EROFS) && ::access(dir.c_str(), W_OK) != 0)
+    return "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
+  if (fd < 0 || ::fstat(fd, &what) != 0 || !S_ISREG(what.st_mode)) {
+    if (fd >= 0) ::close(fd);
+    return "--ckpt-dir: " + path + " is not a lock this job can hold (" +
+           (fd < 0 ? std::string(why == ELOOP ? "a link" : why == EISDIR ? "a folder" : std::strerror(why)) : "not a regular file") +
+           "), so the folder could not be kept to one job; remove it";
+  }
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(kFolderLockWaitSeconds);
   bool waited = false;
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (std::chrono::steady_clock::now() >= give_up) {
       ::close(fd);
-      return false;
+      return "--ckpt-dir: " + dir + " is in use by another job (it holds " + path + " for " +
+             std::to_string(kFolderLockWaitSeconds) + " s and more); stop that job, or choose another folder";
     }
     if (!waited) log("waiting for another job's lock on %s (a job killed a moment ago may still be ending)\n", dir.c_str());
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   held = fd;
-  return true;
+  return "";
 }
 
 void remove_logged(const std::function<std::vector<std::string>()>& remove_partial) {
@@ -122,9 +137,8 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
       error = "--ckpt-dir: " + dir + " is not a folder";
     } else if (resume && !exists) {
       error = "--resume: the folder " + dir + " does not exist";
-    } else if (exists && !lock_folder(dir)) {
-      error = "--ckpt-dir: " + dir + " is in use by another job (it holds " + dir + "/.lock for " +
-              std::to_string(kFolderLockWaitSeconds) + " s and more); stop that job, or choose another folder";
+    } else if (const std::string locked = exists ? lock_folder(dir) : ""; !locked.empty()) {
+      error = locked;
     } else if (exists && fs::exists(pointed) && !fs::is_regular_file(pointed)) {
       error = "--ckpt-dir: " + pointer.string() + " is not a regular file (the pointer to the newest checkpoint "
               "is); remove it";
@@ -136,14 +150,14 @@ void prepare_checkpoint_folder(comm::Communicator& group, const std::string& dir
               "or a pipe where the checkpoint goes); remove it";
     } else if (exists && ::access(dir.c_str(), W_OK | X_OK) != 0) {
       error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
-    } else if (!resume) {  // a fresh run goes ahead: clear what a dead writer left, or make the folder
-      if (exists) remove_logged(remove_partial);
+    } else if (!resume) {  // a fresh run goes ahead: make the folder, lock it, clear what a dead writer left
       fs::create_directories(dir, e);
       if (e || !fs::is_directory(dir)) error = "--ckpt-dir: " + dir + " cannot be created (" + e.message() + ")";
       else if (::access(dir.c_str(), W_OK | X_OK) != 0)
         error = "--ckpt-dir: " + dir + " is not writable: checkpoints could not be written into it";
-      else if (!lock_folder(dir))
-        error = "--ckpt-dir: " + dir + " is in use by another job (it holds " + dir + "/.lock); choose another folder";
+      else
+        error = lock_folder(dir);
+      if (error.empty() && exists) remove_logged(remove_partial);  // only once no other job can be writing
     }
   }
   comm::broadcast_string(group, error, 0);
