@@ -257,12 +257,14 @@ TEST(Chapter06, AJobWaitsForTheLockOfOneStillEndingAndRefusesALiveOne) {
   const int fd = ::open((dir + "/.lock").c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  std::thread release([fd] {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    ::flock(fd, LOCK_UN);
-  });
-  Outcome waited = run(MPIRUN_NP2, "--ckpt-dir " + dir + " --steps 20 --resume");
-  release.join();
+  // Let go once the job says it waits (not after a sleep: a slow start would never wait).
+  Outcome waited;
+  const std::string metrics = temp_path("ch06_waited.jsonl");
+  waited.process = run_process_when(std::string(MPIRUN_NP2) + " " + kBinary +
+                                        with_defaults("--ckpt-dir " + dir + " --steps 20 --resume") + " --metrics " + metrics,
+                                    "waiting for another job's lock on " + dir, [fd] { ::flock(fd, LOCK_UN); });
+  if (auto summary = events(read_metrics(metrics), "failover_summary"); !summary.empty()) waited.summary = summary.back();
+  std::remove(metrics.c_str());
   expect_passed(waited);
   EXPECT_NE(waited.process.out.find("waiting for another job's lock on " + dir), std::string::npos) << waited.process.out;
   ASSERT_EQ(::flock(fd, LOCK_EX), 0);

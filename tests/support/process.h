@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +43,35 @@ inline std::string temp_path(const std::string& name) {
 inline ProcessResult run_process(const std::string& command) {
   std::string out = temp_path("course_out"), err = temp_path("course_err");
   int status = std::system((command + " >" + out + " 2>" + err).c_str());
+  ProcessResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+// As run_process, and once the command's standard output holds `text`, `then()` (once, on this thread):
+// what the test does next waits for the command's own word, never for a clock. When the command ends
+// without saying it, `then` is not called.
+inline ProcessResult run_process_when(const std::string& command, const std::string& text,
+                                      const std::function<void()>& then) {
+  std::string out = temp_path("course_out"), err = temp_path("course_err");
+  std::atomic<bool> done{false};
+  int status = -1;
+  std::thread job([&] {
+    status = std::system((command + " >" + out + " 2>" + err).c_str());
+    done = true;
+  });
+  for (bool said = false; !done;) {
+    if (!said && read_file(out).find(text) != std::string::npos) {
+      said = true;
+      then();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // how often to look, not how long to wait
+  }
+  job.join();
   ProcessResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = read_file(out);
