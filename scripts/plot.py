@@ -45,7 +45,11 @@ def events(records, name):
 
 
 def summary(path):
-    records = read(path)
+    return summary_of(read(path))
+
+
+def summary_of(records):
+    """summary's line from records already read."""
     final = (events(records, "final") or [None])[-1]
     acc = (events(records, "accumulation") or [None])[-1]
     ddp = (events(records, "ddp_summary") or [None])[-1]

@@ -47,18 +47,54 @@ figcaption, .note { color: #555; font-size: 0.9em; } svg { border: 1px solid #ee
 """
 
 
-def read_records(path):
+# The most lanes a timeline draws (a trace of more is cut, and the page says so): beyond, an SVG of
+# megabytes that no reader can read.
+TIMELINE_LANES = 64
+
+
+def open_regular(path):
+    """PATH opened for reading as bytes if it is a regular file (a FIFO would hang the page, a folder fail
+    it); None otherwise, or when it cannot be opened."""
     try:
-        return plot.read(path)
-    except (OSError, ValueError):
-        return []
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def read_records(path):
+    """A metrics file's records, line by line: the good ones kept (a run killed mid-line, a bad byte or a
+    line that is no JSON object costs that line only), and the first bad line's number and why; ([], None)
+    for a file that is not there or not a regular file."""
+    f = open_regular(path)
+    if f is None:
+        return [], None
+    records, bad = [], None
+    with f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+                records.append(record)
+            except (ValueError, RecursionError) as e:
+                bad = bad or f"{os.path.basename(path)} line {number}: {str(e)[:80] or type(e).__name__}"
+    return records, bad
 
 
 def read_json(path):
+    f = open_regular(path)
+    if f is None:
+        return None
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with f:
+            return json.loads(f.read().decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
 
 
@@ -81,11 +117,11 @@ def error_line(output_path):
     """What went wrong, in the run's own words: its last "error:" line, else its last line saying FAILED
     with a reason (a bare verdict with the two lines before it), else its last line. mpirun's own notices
     (the blocks between its lines of dashes) say only that a rank exited."""
-    try:
-        with open(output_path, errors="replace") as f:
-            lines = [line.rstrip() for line in f if line.strip()]
-    except OSError:
+    f = open_regular(output_path)
+    if f is None:
         return "no output was written"
+    with f:
+        lines = [line.decode("utf-8", errors="replace").rstrip() for line in f if line.strip()]
     own, inside = [], False
     for line in lines:
         if re.fullmatch(r"-{20,}", line.strip()):
@@ -103,17 +139,23 @@ def describe_run(runs, folder, metrics, output, label):
     """One run: its verdict, device, time, summary line and figures, from run.json (if run_course.sh
     wrote one) and its metrics."""
     meta = read_json(os.path.join(folder, "run.json")) if os.path.basename(metrics) == "metrics.jsonl" else None
-    records = read_records(metrics)
-    status = (meta or {}).get("status") or plot.verdict(records) or ("ran" if records or os.path.exists(output) else None)
+    meta = meta if isinstance(meta, dict) else {}
+    records, bad = read_records(metrics)
+    status = meta.get("status") or plot.verdict(records) or ("ran" if records or os.path.exists(output) else None)
     if status is None:
         return None
     last = lambda key: next((r[key] for r in reversed(records) if key in r), None)  # noqa: E731
-    run = {"label": label, "status": status, "seconds": (meta or {}).get("seconds"), "device": last("device"),
-           "backend": last("backend"), "ranks": (meta or {}).get("ranks") or last("ranks"),
-           "summary": plot.summary(metrics) if records else "no metrics", "figures": plot.figures(records),
+    run = {"label": label, "status": str(status), "seconds": meta.get("seconds"), "device": last("device"),
+           "backend": last("backend"), "ranks": meta.get("ranks") or last("ranks"),
+           "summary": plot.summary_of(records) if records else "no metrics", "figures": plot.figures(records),
            "output": os.path.relpath(output, runs) if os.path.exists(output) else None, "error": None}
-    if status == "FAILED":
-        run["error"] = error_line(output)
+    # A failed run's own words; a run without a verdict (it stopped before writing one) shows its error
+    # line when it printed one.
+    said = error_line(output) if status in ("FAILED", "ran") else None
+    if status == "FAILED" or (said and re.match(r"error:", said)):
+        run["error"] = said
+    if bad:
+        run["summary"] += f" (a line of its metrics could not be read, and was left out: {bad})"
     return run
 
 
@@ -164,6 +206,11 @@ def timeline_svg(doc, width=1000):
     spans, lanes, names, pipeline = plot.trace_lanes(doc)
     if not spans:
         return "<p class='note'>the trace holds no spans</p>"
+    cut = len(lanes) - TIMELINE_LANES
+    lanes = lanes[:TIMELINE_LANES]
+    by_lane = {}  # each lane's spans, gathered once (not every span scanned for every lane)
+    for e in spans:
+        by_lane.setdefault((e["pid"], e["tid"]), []).append(e)
     left, row_h = 170, 24
     start = min(e["ts"] for e in spans)
     end = max(e["ts"] + max(e["dur"], 1) for e in spans)
@@ -174,7 +221,7 @@ def timeline_svg(doc, width=1000):
     for row, lane in enumerate(lanes):
         y = 5 + row * row_h
         out.append(f"<text x='4' y='{y + 16}' font-size='11'>{html.escape(f'rank {lane[0]}: {names.get(lane, lane[1])}')}</text>")
-        for i, e in enumerate(x for x in spans if (x["pid"], x["tid"]) == lane):
+        for i, e in enumerate(by_lane.get(lane, [])):
             x, w = left + (e["ts"] - start) * scale, max(e["dur"] * scale, 0.5)
             color = colors["FBW".index(e["name"][0])] if pipeline else colors[i % len(colors)]
             name = html.escape(e["name"])
@@ -186,6 +233,8 @@ def timeline_svg(doc, width=1000):
     out.append(f"<text x='{left}' y='{height - 6}' font-size='11'>{(end - start) / 1000:.2f} ms from the first span to "
                "the last" + ("; F forward, B backward, W weights' backward of micro-batch i (.c chunk c); white: "
                              "the bubble" if pipeline else "") + "</text></svg>")
+    if cut > 0:
+        out.append(f"<p class='note'>{cut} more lanes are in the file, not drawn here</p>")
     return "".join(out)
 
 
@@ -244,59 +293,78 @@ def exercises_section(runs):
             f"<th>first failure</th></tr>{''.join(rows)}</table>")
 
 
+def chapter_html(runs, chapter, title, anchor):
+    """One chapter's rows of the summary table and its section."""
+    rows = []
+    found = chapter_runs(runs, chapter)
+    if not found:
+        rows.append(f"<tr><td><a href='#{anchor}'>{cell(title)}</a></td><td class='absent'>not run</td>"
+                    "<td colspan='4' class='absent'>no output under this folder</td></tr>")
+        return rows, f"<h2 id='{anchor}'>{cell(title)}</h2><p class='absent'>This chapter did not run.</p>"
+    body, extras = [f"<h2 id='{anchor}'>{cell(title)}</h2>"], []
+    for i, run in enumerate(found):
+        ranks = run["ranks"]
+        where = ", ".join(str(x) for x in (run["device"], run["backend"],
+                                            f"{ranks} rank{'s' if ranks != 1 else ''}" if ranks else None) if x)
+        seconds = f"{run['seconds']:.0f} s" if isinstance(run["seconds"], (int, float)) else ""
+        output = f"<a href='{cell(run['output'])}'>output</a>" if run["output"] else ""
+        detail = cell(run["summary"]) + (f"<div class='error'>{cell(run['error'])}</div>" if run["error"] else "")
+        name = cell(title if i == 0 and run["label"] == chapter else run["label"])
+        if run.get("extra"):
+            extras.append(f"<tr><td>{cell(run['label'])}</td><td class='{cell(run['status'])}'>{cell(run['status'])}"
+                          f"</td><td>{cell(where)}</td><td>{detail}</td><td>{output}</td></tr>")
+            continue
+        rows.append(f"<tr class='run'><td><a href='#{anchor}'>{name}</a></td><td class='{cell(run['status'])}'>"
+                    f"{cell(run['status'])}</td><td>{cell(where)}</td><td>{seconds}</td><td>{detail}</td>"
+                    f"<td>{output}</td></tr>")
+        body.append(f"<h3>{cell(run['label'])}: <span class='{cell(run['status'])}'>{cell(run['status'])}</span></h3>")
+        if run["error"]:
+            body.append(f"<p class='error'>{cell(run['error'])}</p>")
+        if run["figures"]:
+            body.append("<table><tr><th>figure</th><th>measured</th><th>against</th></tr>" + "".join(
+                f"<tr><td>{cell(a)}</td><td>{cell(b)}</td><td>{cell(c)}</td></tr>" for a, b, c in run["figures"])
+                + "</table>")
+    if extras:
+        body.append("<h3>More runs</h3><table><tr><th>run</th><th>verdict</th><th>ran on</th><th>key figures</th>"
+                    f"<th></th></tr>{''.join(extras)}</table>")
+    for image in files_under(runs, chapter, "*.png"):
+        rel = os.path.relpath(image, runs)
+        notes = "".join(f"<div class='{'error' if FLAGGED.search(line) else 'note'}'>{cell(line)}</div>"
+                        for line in caption_of(image))
+        body.append(f"<figure><img src='{cell(rel)}' alt='{cell(rel)}'><figcaption>{cell(rel)}{notes}</figcaption>"
+                    "</figure>")
+    for trace in files_under(runs, chapter, "*.json"):
+        doc = read_json(trace)
+        if not isinstance(doc, dict) or "traceEvents" not in doc:
+            continue
+        rel = os.path.relpath(trace, runs)
+        label = doc.get("metadata", {}).get("label", "") if isinstance(doc.get("metadata"), dict) else ""
+        body.append(f"<h3>Timeline: {cell(rel)}</h3><p class='note'>{cell(label)} The file opens in a trace "
+                    f"viewer (Perfetto, or chrome://tracing): <a href='{cell(rel)}'>{cell(rel)}</a>.</p>")
+        try:
+            body.append(timeline_svg(doc))
+        except Exception as e:  # noqa: BLE001: a trace of another shape is named, not drawn
+            body.append(f"<p class='error'>{cell(rel)} could not be drawn ({cell(type(e).__name__)}: "
+                        f"{cell(str(e)[:120])})</p>")
+    return rows, "".join(body)
+
+
 def render(runs):
     rows, sections = [], []
     for chapter in CHAPTERS:
         title = title_of(chapter)
-        found = chapter_runs(runs, chapter)
         anchor = f"ch{chapter[:2]}"
-        if not found:
-            rows.append(f"<tr><td><a href='#{anchor}'>{cell(title)}</a></td><td class='absent'>not run</td>"
-                        "<td colspan='4' class='absent'>no output under this folder</td></tr>")
-            sections.append(f"<h2 id='{anchor}'>{cell(title)}</h2><p class='absent'>This chapter did not run.</p>")
-            continue
-        body, extras = [f"<h2 id='{anchor}'>{cell(title)}</h2>"], []
-        for i, run in enumerate(found):
-            ranks = run["ranks"]
-            where = ", ".join(str(x) for x in (run["device"], run["backend"],
-                                                f"{ranks} rank{'s' if ranks != 1 else ''}" if ranks else None) if x)
-            seconds = f"{run['seconds']:.0f} s" if isinstance(run["seconds"], (int, float)) else ""
-            output = f"<a href='{cell(run['output'])}'>output</a>" if run["output"] else ""
-            detail = cell(run["summary"]) + (f"<div class='error'>{cell(run['error'])}</div>" if run["error"] else "")
-            name = cell(title if i == 0 and run["label"] == chapter else run["label"])
-            if run.get("extra"):
-                extras.append(f"<tr><td>{cell(run['label'])}</td><td class='{cell(run['status'])}'>{cell(run['status'])}"
-                              f"</td><td>{cell(where)}</td><td>{detail}</td><td>{output}</td></tr>")
-                continue
-            rows.append(f"<tr class='run'><td><a href='#{anchor}'>{name}</a></td><td class='{cell(run['status'])}'>"
-                        f"{cell(run['status'])}</td><td>{cell(where)}</td><td>{seconds}</td><td>{detail}</td>"
-                        f"<td>{output}</td></tr>")
-            body.append(f"<h3>{cell(run['label'])}: <span class='{cell(run['status'])}'>{cell(run['status'])}</span></h3>")
-            if run["error"]:
-                body.append(f"<p class='error'>{cell(run['error'])}</p>")
-            if run["figures"]:
-                body.append("<table><tr><th>figure</th><th>measured</th><th>against</th></tr>" + "".join(
-                    f"<tr><td>{cell(a)}</td><td>{cell(b)}</td><td>{cell(c)}</td></tr>" for a, b, c in run["figures"])
-                    + "</table>")
-        if extras:
-            body.append("<h3>More runs</h3><table><tr><th>run</th><th>verdict</th><th>ran on</th><th>key figures</th>"
-                        f"<th></th></tr>{''.join(extras)}</table>")
-        for image in files_under(runs, chapter, "*.png"):
-            rel = os.path.relpath(image, runs)
-            notes = "".join(f"<div class='{'error' if FLAGGED.search(line) else 'note'}'>{cell(line)}</div>"
-                            for line in caption_of(image))
-            body.append(f"<figure><img src='{cell(rel)}' alt='{cell(rel)}'><figcaption>{cell(rel)}{notes}</figcaption>"
-                        "</figure>")
-        for trace in files_under(runs, chapter, "*.json"):
-            doc = read_json(trace)
-            if not isinstance(doc, dict) or "traceEvents" not in doc:
-                continue
-            rel = os.path.relpath(trace, runs)
-            label = doc.get("metadata", {}).get("label", "")
-            body.append(f"<h3>Timeline: {cell(rel)}</h3><p class='note'>{cell(label)} The file opens in a trace "
-                        f"viewer (Perfetto, or chrome://tracing): <a href='{cell(rel)}'>{cell(rel)}</a>.</p>")
-            body.append(timeline_svg(doc))
-        sections.append("".join(body))
+        # One chapter's files that cannot be read (a shape no chapter writes, a number no float holds)
+        # cost that chapter's section, said on the page, never the page.
+        try:
+            chapter_rows, section = chapter_html(runs, chapter, title, anchor)
+        except Exception as e:  # noqa: BLE001: whatever the files hold, the other chapters are shown
+            why = f"its files could not be read ({type(e).__name__}: {str(e)[:120]})"
+            chapter_rows = [f"<tr><td><a href='#{anchor}'>{cell(title)}</a></td><td class='FAILED'>unreadable</td>"
+                            f"<td colspan='4' class='error'>{cell(why)}</td></tr>"]
+            section = f"<h2 id='{anchor}'>{cell(title)}</h2><p class='error'>This chapter's {cell(why)}.</p>"
+        rows += chapter_rows
+        sections.append(section)
     facts = "".join(f"<tr><th>{cell(k)}</th><td>{cell(v)}</td></tr>" for k, v in machine())
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>The course's runs</title>"
             f"<style>{CSS}</style></head><body><h1>The course's runs</h1>"
@@ -327,9 +395,14 @@ def main(argv):
         print(f"report.py: {runs}: the page cannot be written ({e.strerror})", file=sys.stderr)
         return 2
     try:
-        with os.fdopen(fd, "w") as f:
+        # errors="replace": a metrics file's lone surrogate ("\\ud800") is shown as one, not a failure.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
             f.write(text)
         os.replace(temporary, page)
+    except OSError as e:  # index.html a folder, say: one line, and no temporary left
+        os.unlink(temporary)
+        print(f"report.py: {page}: the page cannot be written ({e.strerror or e})", file=sys.stderr)
+        return 2
     except BaseException:
         os.unlink(temporary)
         raise

@@ -8,6 +8,12 @@ the chapters with tiny settings, then checked twice:
   report_test.py page RUNS                   renders the page and checks its structure: a row per chapter
                                              with its verdict, the failure's error line, every image a file
                                              under RUNS, no absolute path, no address elsewhere, under 2 MB
+  report_test.py robust                      a tree of what a killed run, a stray file or another program
+                                             leaves (a cut-off last line, FIFOs, JSON of other shapes, a
+                                             number no float holds, a trace of 20,000 lanes, a run that died
+                                             before its metrics, index.html a folder): the page keeps every
+                                             good line, names the bad one, degrades one chapter at a time,
+                                             never hangs, and a page it cannot write is one line, exit 2
   report_test.py browser RUNS SCREENSHOT     loads the page from disk in headless Chromium (Debian's
                                              chromium; exit 77, skipped, where it is absent) through the
                                              DevTools protocol over a pipe: no console error, every image
@@ -329,7 +335,62 @@ def check_in_browser(runs, screenshot):
     return 0
 
 
+def check_robust():
+    import tempfile
+    with tempfile.TemporaryDirectory() as runs:
+        def put(chapter, name, text):
+            os.makedirs(os.path.join(runs, chapter), exist_ok=True)
+            with open(os.path.join(runs, chapter, name), "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(text)
+        good = json.dumps({"event": "final", "loss": 0.0112, "w": [2.996, 1.488], "b": 1.999, "passed": True})
+        put("01_single_gpu", "metrics.jsonl", json.dumps({"event": "step", "step": 0, "loss": 1.0}) + "\n" + good +
+            "\n" + '{"event": "step", "ste')  # killed mid-line
+        put("02_grad_accumulation", "metrics.jsonl", "[1, 2]\nnull\n" + "[" * 100000 + "\n" + '"\\ud800"\n' +
+            json.dumps({"event": "step", "step": 0, "loss": 2.5, "note": "\ud800"}) + "\n")
+        for chapter, name in (("03_collectives", "metrics.jsonl"), ("03_collectives", "output.txt"),
+                              ("05_bucketing_overlap", "trace.json")):  # nothing writes into them: a read hangs
+            os.makedirs(os.path.join(runs, chapter), exist_ok=True)
+            os.mkfifo(os.path.join(runs, chapter, name))
+        put("05_bucketing_overlap", "output.txt", "ran\n")
+        put("04_ddp", "metrics.jsonl", json.dumps({"event": "ddp_summary", "ranks": 2, "samples_per_s": int("9" * 400),
+                                                   "step_ms": 1.0, "comm_ms": 0.5}) + "\n")
+        put("07_zero", "output.txt", "cpu: 1 thread\nerror: out of memory (a size flag may be too large for this machine)\n")
+        lanes = [{"ph": "X", "name": "F0", "pid": i, "tid": 0, "ts": i, "dur": 1} for i in range(20000)]
+        put("08_tensor_pipeline", "trace.json", json.dumps({"traceEvents": lanes}))
+        put("08_tensor_pipeline", "metrics.jsonl", json.dumps({"event": "step", "step": 0, "loss": 2.0}) + "\n")
+        os.makedirs(os.path.join(runs, "08_tensor_pipeline", "broken"))
+        put("08_tensor_pipeline/broken", "trace.json", json.dumps({"traceEvents": [
+            {"ph": "X", "name": "F0", "pid": 0, "tid": 0, "ts": 0, "dur": "long"}], "metadata": [1]}))
+        text = render(runs)
+        checks = [
+            ("metrics.jsonl line 3", "a cut-off last line is named, the rest of the file kept"),
+            ("loss 0.0112", "the good lines of a cut-off file still give the summary"),
+            ("19936 more lanes are in the file", "a trace of 20,000 lanes is cut to 64"),
+            ("broken/trace.json could not be drawn", "a trace of another shape is named, not drawn"),
+            ("error: out of memory", "a run that died before its metrics shows its error line"),
+            ("its files could not be read (OverflowError", "a number no float holds costs its chapter only"),
+        ]
+        for needle, what in checks:
+            if needle not in text:
+                fail(f"{what}: '{needle}' is not on the page")
+        if "metrics.jsonl line 1: not a JSON object" not in text:
+            fail("JSON of another shape ([1, 2], null, a string) is a bad line, named")
+        if os.listdir(runs).count("index.html") != 1 or any(n.endswith(".tmp") for n in os.listdir(runs)):
+            fail(f"one page and no temporary: {os.listdir(runs)}")
+    with tempfile.TemporaryDirectory() as runs:
+        os.makedirs(os.path.join(runs, "index.html"))
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "report.py"), runs], capture_output=True, text=True)
+        if r.returncode != 2 or r.stderr.count("\n") != 1 or not r.stderr.startswith("report.py: ") or "Traceback" in r.stderr:
+            fail(f"index.html a folder: one report.py line, exit 2 ({r.returncode}: {r.stderr})")
+        if any(n.endswith(".tmp") for n in os.listdir(runs)):
+            fail(f"a temporary left behind: {os.listdir(runs)}")
+    print("PASSED")
+
+
 def main(argv):
+    if len(argv) == 2 and argv[1] == "robust":
+        check_robust()
+        return 0
     if len(argv) >= 5 and argv[1] == "tree":
         record_tree(argv[2], argv[3], argv[4:])
         return 0
