@@ -491,6 +491,15 @@ TEST(Chapter04, ARankAloneUsesEveryCoreAndRanksSharingAMachineSplitThem) {
   const auto cores = events(read_metrics(metrics), "cpu_cores");
   ASSERT_EQ(cores.size(), 1u);
   EXPECT_EQ(cores[0]["threads"].get<int>(), 1) << "OMP_NUM_THREADS is the user's choice";
+  // A user's own affinity (taskset) stays, under mpirun or without it: only the launcher's binding is undone.
+  if (machine > 1)
+    for (const std::string& launch : {std::string("taskset -c 0 ") + MPIRUN_NP1 + " ", std::string("taskset -c 0 ")}) {
+      auto narrowed = run_process("env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS " + launch + kBinary +
+                                  " --device cpu --steps 2");
+      EXPECT_EQ(narrowed.exit_code, 0) << narrowed.err;
+      EXPECT_NE(narrowed.out.find("cpu: 1 thread on 1 of " + std::to_string(machine) + " cores"), std::string::npos)
+          << launch << ": " << narrowed.out;
+    }
 }
 
 // On a GPU, in lock-step with one rank: the MLP and the GPT, fp32 and bf16, one rank on NCCL and two to four

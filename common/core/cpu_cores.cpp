@@ -24,11 +24,16 @@ int allowed_cores() {
 
 int online_cores() { return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN))); }
 
-// Every online core; the kernel keeps only those the process's cpuset (a batch job's cgroup) permits.
+// The cores the launcher itself may use (the parent's affinity: mpirun's, which a user's `taskset -c 0
+// mpirun ...` narrows, while the launcher's binding of this rank is its own choice), else every online
+// core; the kernel keeps only those the process's cpuset (a batch job's cgroup) permits.
 void widen_to_every_core(int machine) {
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  for (int cpu = 0; cpu < machine && cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, &mask);
+  if (sched_getaffinity(getppid(), sizeof mask, &mask) != 0 || CPU_COUNT(&mask) == 0) {
+    CPU_ZERO(&mask);
+    for (int cpu = 0; cpu < machine && cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, &mask);
+  }
   sched_setaffinity(0, sizeof mask, &mask);  // on failure the launcher's binding stays: allowed_cores() says so
 }
 
@@ -50,6 +55,16 @@ int threads_asked(const char* name) {
   return static_cast<int>(threads);
 }
 
+// Whether an MPI launcher started this process (and so may have bound it to a core of its choosing);
+// without one, a narrow affinity is the user's own (taskset) and stays. Read as the program loads,
+// before MPI starts: a process started alone becomes a singleton whose MPI sets the same variables.
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+const bool g_launched = launched_by_mpi();
+
 std::mutex g_mutex;
 bool g_placed = false;
 CpuCores g_cores;
@@ -68,7 +83,7 @@ CpuCores place_cpu_threads(int ranks_on_this_machine) {
     c.threads = asked;
     c.why = std::string(variable) + " set";
   } else if (ranks_on_this_machine <= 1) {
-    if (c.allowed < c.machine) {
+    if (c.allowed < c.machine && g_launched) {
       widen_to_every_core(c.machine);
       c.allowed = allowed_cores();
     }
