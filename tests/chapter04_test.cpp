@@ -361,7 +361,9 @@ TEST(Chapter04, HelpAndBadInput) {
   // The message says what was wrong, and that alone: a value with a space is not a number (not also
   // "Value 4  not in range"), a flag given twice is named as such.
   for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
-           {"--steps '4 '", "error: --steps: must be a positive integer, got '4 '\n"},
+           {"--steps '4 '", "error: --steps: must be a whole number in decimal digits, got '4 '\n"},
+           {"--hidden '4 '", "error: --hidden: must be a whole number in decimal digits, got '4 '\n"},
+           {"--fault-from-step 3.0", "error: --fault-from-step: must be a whole number in decimal digits, got '3.0'\n"},
            {"--steps 4 --steps 5", "error: --steps: given 2 times; give it once\n"}}) {
     auto r = run_process(kBinary + " " + args);
     EXPECT_EQ(r.exit_code, 2) << args;

@@ -177,6 +177,9 @@ const CLI::Validator NotEmpty(
 const CLI::Validator Decimal(
     [](std::string& input) -> std::string {
       std::size_t digits = input.empty() || (input[0] != '-' && input[0] != '+') ? 0 : 1;
+      // Decimal digits only: "4 " and "3.0" are refused as what they are, not as out of a range.
+      if (input.size() == digits || input.find_first_not_of("0123456789", digits) != std::string::npos)
+        return "must be a whole number in decimal digits, got '" + input + "'";
       if (input.size() > digits + 1 && input[digits] == '0') {
         for (std::size_t i = digits; i < input.size(); ++i)
           if (!std::isdigit(static_cast<unsigned char>(input[i]))) return "must be a decimal integer, got '" + input + "'";
