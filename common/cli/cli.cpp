@@ -181,8 +181,6 @@ const CLI::Validator Decimal(
       if (input.size() == digits || input.find_first_not_of("0123456789", digits) != std::string::npos)
         return "must be a whole number in decimal digits, got '" + input + "'";
       if (input.size() > digits + 1 && input[digits] == '0') {
-        for (std::size_t i = digits; i < input.size(); ++i)
-          if (!std::isdigit(static_cast<unsigned char>(input[i]))) return "must be a decimal integer, got '" + input + "'";
         const std::size_t first = input.find_first_not_of('0', digits);
         input.erase(digits, (first == std::string::npos ? input.size() - 1 : first) - digits);
       }
