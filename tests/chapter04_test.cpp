@@ -369,6 +369,21 @@ TEST(Chapter04, HelpAndBadInput) {
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_EQ(r.err, line) << args;
   }
+  // An output file's folder: what is wrong with it, said as it is.
+  const std::string regular = temp_path("ch04_regular");
+  std::ofstream(regular) << "a file";
+  for (const auto& [args, line] : std::vector<std::pair<std::string, std::string>>{
+           {"--metrics " + regular + "/m.jsonl", "error: --metrics: " + regular + "/m.jsonl: " + regular +
+                                                     " is a file, not a folder\n"},
+           {"--save " + regular + "/a/m.safetensors", "error: --save: " + regular + "/a/m.safetensors: " + regular +
+                                                          ", on the way to " + regular + "/a, is a file, not a folder\n"},
+           {"--metrics " + regular + ".none/m.jsonl", "error: --metrics: " + regular + ".none/m.jsonl: its folder " +
+                                                          regular + ".none does not exist\n"}}) {
+    auto r = run_process(kBinary + " --steps 1 " + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(r.err, line) << args;
+  }
+  std::remove(regular.c_str());
   // COURSE_CHECK_COLLECTIVES (the exercises' graded tests set it) is 0 or 1: anything else is named, exit 2.
   auto checked = run_process("COURSE_CHECK_COLLECTIVES=yes " + std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --steps 2");
   EXPECT_EQ(checked.exit_code, 2) << checked.err;

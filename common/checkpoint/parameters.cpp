@@ -10,6 +10,7 @@
 
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
+#include "common/core/output_folder.h"
 
 namespace course::checkpoint {
 
@@ -56,8 +57,7 @@ void check_writable(const std::string& path) {
   // The atomic write's temporary, ".NAME.tmp.PID", must fit the file system's limit on a name.
   if (target.filename().string().size() + 20 > static_cast<std::size_t>(NAME_MAX))
     throw UsageError(path + ": the file name is longer than the " + std::to_string(NAME_MAX - 20) + " characters it may have");
-  if (!std::filesystem::is_directory(folder, error) || ::access(folder.c_str(), W_OK) != 0)
-    throw UsageError(path + ": its folder " + folder.string() + " does not exist or is not writable");
+  if (const std::string problem = output_folder_problem(folder); !problem.empty()) throw UsageError(path + ": " + problem);
 }
 
 }  // namespace course::checkpoint

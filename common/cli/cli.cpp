@@ -23,6 +23,7 @@
 #include "common/comm/simulated_network.h"
 #include "common/core/log.h"
 #include "common/core/device.h"
+#include "common/core/output_folder.h"
 #include "common/faults/faults.h"
 #include "common/kernels/kernels.h"
 
@@ -37,8 +38,7 @@ const CLI::Validator OutputFile(
       if (target.filename().empty() || fs::is_directory(target, error)) return input + ": is a folder, not a file name";
       if (target.filename().string().size() > static_cast<std::size_t>(NAME_MAX))
         return input + ": the file name is longer than the " + std::to_string(NAME_MAX) + " characters it may have";
-      if (!fs::is_directory(folder, error) || ::access(folder.c_str(), W_OK | X_OK) != 0)
-        return input + ": its folder " + folder.string() + " does not exist or is not writable";
+      if (const std::string problem = output_folder_problem(folder); !problem.empty()) return input + ": " + problem;
       if (fs::exists(target, error) && ::access(target.c_str(), W_OK) != 0) return input + ": is not writable";
       // A named pipe blocks the writer until something reads it: refused, where /dev/stdout and a shell's
       // /dev/fd/N (process substitution, read already) are not.
