@@ -102,6 +102,9 @@ void print_published(metrics::MetricsWriter& metrics) {
   }
 }
 
+// The most ranks a plan of this machine takes: far more than any machine's cores, far below an int's overflow.
+constexpr long long kMostRanksHere = 1 << 16;
+
 // --calibration with --mlp: chapter 04's MLP data parallel on this machine, one step priced and written.
 int price_mlp(const CLI::App& app, const MlpShape& shape, const Calibration& c, const ParallelConfig& grid,
               double global_batch, int threads, const std::string& metrics_path) {
@@ -247,6 +250,12 @@ int main(int argc, char** argv) {
         throw UsageError("--calibration: " + calibration_path + ": " + e.what());
       }
       if (!link_path.empty()) c.link = read_link(link_path);
+      // Ranks on this one machine: their product, in 64 bits, bounded (1024^4 once overflowed to 0 GPUs).
+      const long long ranks = 1LL * grid[0] * grid[1] * grid[2] * grid[3];
+      if (ranks > kMostRanksHere)
+        throw UsageError("--grid: " + std::to_string(grid[0]) + " x " + std::to_string(grid[1]) + " x " +
+                         std::to_string(grid[2]) + " x " + std::to_string(grid[3]) + " = " + std::to_string(ranks) +
+                         " ranks on this machine; the plan takes at most " + std::to_string(kMostRanksHere));
       one.dp = grid[0], one.tp = grid[1], one.pp = grid[2], one.cp = grid[3];
       if (!mlp.empty()) return price_mlp(app, {mlp[0], mlp[1], mlp[2]}, c, one, global_batch, threads, metrics_path);
       one.recompute = nn::recompute_named(recompute);

@@ -123,7 +123,8 @@ TEST(Plan, PricesOneConfigurationOnACalibratedMachine) {
            {"--mlp 16,256,2 --grid 2,2,1,1", "--grid: the MLP runs data parallel only"},
            {"--mlp 16,256,2 --grid 2,1,1,1 --micro-batch 8", "--micro-batch: prices a GPT's configuration"},
            {"--mlp 16,256,2 --grid 2,1,1,1 --precision bf16", "--precision: prices a GPT's configuration"},
-           {"--mlp 16,256,2 --shape 2,64,4,8,12 --grid 2,1,1,1", "--mlp: prices the MLP in place of --shape"}}) {
+           {"--mlp 16,256,2 --shape 2,64,4,8,12 --grid 2,1,1,1", "--mlp: prices the MLP in place of --shape"},
+           {"--shape 2,64,4,8,12 --grid 1024,1024,1024,1024", "--grid: 1024 x 1024 x 1024 x 1024 = 1099511627776 ranks"}}) {
     const auto bad = run_process(kPlan + " --calibration " + file + " " + args);
     EXPECT_EQ(bad.exit_code, 2) << args;
     EXPECT_EQ(count_lines(bad.err), 1) << args << ": " << bad.err;
