@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "common/checkpoint/safetensors.h"
 #include "support/gpu_runs.h"
@@ -511,6 +512,21 @@ TEST(Chapter07, MixedOrImpossibleStateIsNeverLoaded) {
   EXPECT_EQ(mixed.exit_code, 2) << mixed.out;
   EXPECT_NE(mixed.err.find("is not the shard its index lists"), std::string::npos) << mixed.err;
   EXPECT_FALSE(fs::exists(out));
+  // An index that lists a shard out of its step's folder, or a size no file has: refused, naming it.
+  for (const auto& [field, value, said] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"file", "../step_00000002/shard_00000_of_00002.safetensors", "index.json: lists shard 0 as \"../step_00000002/"},
+           {"bytes", nlohmann::json::parse("1e30"), "index.json: lists shard 0's size as 1e+30, not a number of bytes"}}) {
+    const std::string listed = other + "/step_00000004/index.json";
+    const std::string kept = read_file(listed);
+    auto edited = nlohmann::json::parse(kept);
+    edited["shards"][0][field] = value;
+    std::ofstream(listed) << edited.dump();
+    auto refused = run_process(kBinary + std::string(" --device cpu --consolidate ") + other + "/step_00000004 --save " + out);
+    EXPECT_EQ(refused.exit_code, 2) << field << ": " << refused.out << refused.err;
+    EXPECT_NE(refused.err.find(said), std::string::npos) << field << ": " << refused.err;
+    EXPECT_FALSE(fs::exists(out)) << field;
+    std::ofstream(listed) << kept;
+  }
   // An index whose layout points outside the buffers.
   const std::string index_path = other + "/step_00000002/index.json";
   auto index = nlohmann::json::parse(read_file(index_path));

@@ -51,6 +51,23 @@ Loaded load_listed_shard(const std::string& path, const nlohmann::json& entry) {
   return shard;
 }
 
+// Shard r of `shards` as an index read from disk lists it: under the name the writer gives it (never a
+// path out of the step's folder, "../../elsewhere") and with a whole number of bytes; the file's path.
+std::string listed_path(const std::string& step_dir, const nlohmann::json& entry, int r, int shards) {
+  const std::string index_path = (fs::path(step_dir) / kIndex).string();
+  const std::string expected = ShardedFolder::shard_name(r, shards);
+  if (!entry.is_object() || !entry.contains("file") || !entry.at("file").is_string() ||
+      entry.at("file").get<std::string>() != expected)
+    throw CheckpointError(index_path + ": lists shard " + std::to_string(r) + " as " +
+                          (entry.is_object() && entry.contains("file") ? entry.at("file").dump() : std::string("nothing")) +
+                          ", not " + expected);
+  if (!entry.contains("bytes") || !entry.at("bytes").is_number_unsigned())
+    throw CheckpointError(index_path + ": lists shard " + std::to_string(r) + "'s size as " +
+                          (entry.contains("bytes") ? entry.at("bytes").dump() : std::string("nothing")) +
+                          ", not a number of bytes");
+  return (fs::path(step_dir) / expected).string();
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot be read");
@@ -192,13 +209,21 @@ Loaded ShardedFolder::load_shard(comm::Communicator& group, std::int64_t step) c
   try {
     const nlohmann::json idx = index(step);
     const auto& files = idx.at("shards");
-    if (idx.at("world_size").get<int>() != group.size())
-      throw CheckpointError(step_dir(step) + ": was written by " + std::to_string(idx.at("world_size").get<int>()) +
-                            " ranks; this run has " + std::to_string(group.size()) +
-                            " (a sharded checkpoint resumes at the world size that wrote it)");
+    const auto& world = idx.at("world_size");
+    if (!world.is_number_unsigned() || world.get<std::uint64_t>() != static_cast<std::uint64_t>(group.size()))
+      throw CheckpointError(step_dir(step) + ": was written by " + world.dump() + " ranks; this run has " +
+                            std::to_string(group.size()) + " (a sharded checkpoint resumes at the world size that wrote it)");
+    if (!files.is_array() || files.empty() || files.size() > static_cast<std::size_t>(group.size()))
+      throw CheckpointError(step_dir(step) + "/" + kIndex + ": lists " + files.dump().substr(0, 60) + " as the shards of " +
+                            std::to_string(group.size()) + " ranks");
     if (group.rank() < static_cast<int>(files.size())) {
       const auto& entry = files.at(static_cast<std::size_t>(group.rank()));
-      const std::string path = (fs::path(step_dir(step)) / entry.at("file").get<std::string>()).string();
+      // The writer names each shard by the layout's count of them (checked against the files further on).
+      const auto& layout = idx.at("layout");
+      const int shards = layout.is_object() && layout.contains("shards") && layout.at("shards").is_number_unsigned()
+                             ? static_cast<int>(std::min<std::uint64_t>(layout.at("shards").get<std::uint64_t>(), 1 << 20))
+                             : static_cast<int>(files.size());
+      const std::string path = listed_path(step_dir(step), entry, group.rank(), shards);
       std::error_code e;
       if (fs::file_size(path, e) != entry.at("bytes").get<std::uintmax_t>() || e)
         throw CheckpointError(path + ": is not the file the index lists (" + std::to_string(entry.at("bytes").get<std::uintmax_t>()) +
@@ -248,7 +273,7 @@ void consolidate(const std::string& step_dir, const std::string& out, const Meta
     std::vector<float> flat(static_cast<std::size_t>(padded));
     for (int r = 0; r < shards; ++r) {
       const auto& entry = index.at("shards").at(static_cast<std::size_t>(r));
-      const std::string path = (fs::path(step_dir) / entry.at("file").get<std::string>()).string();
+      const std::string path = listed_path(step_dir, entry, r, shards);
       const Loaded shard = load_listed_shard(path, entry);
       const Tensor* param = nullptr;
       for (const auto& [name, t] : shard.tensors)
