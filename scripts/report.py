@@ -68,11 +68,13 @@ def open_regular(path):
 def read_records(path):
     """A metrics file's records, line by line: the good ones kept (a run killed mid-line, a bad byte or a
     line that is no JSON object costs that line only), and the first bad line's number and why; ([], None)
-    for a file that is not there or not a regular file."""
+    for a file that is not there or not a regular file. Of the per-step records, which the page never
+    shows and a long run writes by the million, only the last is kept: the page's memory is the run's
+    summaries', not its length's."""
     f = open_regular(path)
     if f is None:
         return [], None
-    records, bad = [], None
+    records, bad, last_step = [], None, None
     with f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
@@ -81,10 +83,13 @@ def read_records(path):
                 record = json.loads(raw.decode("utf-8"))
                 if not isinstance(record, dict):
                     raise ValueError("not a JSON object")
-                records.append(record)
+                if record.get("event") == "step":
+                    last_step = record
+                else:
+                    records.append(record)
             except (ValueError, RecursionError) as e:
                 bad = bad or f"{os.path.basename(path)} line {number}: {str(e)[:80] or type(e).__name__}"
-    return records, bad
+    return records + ([last_step] if last_step else []), bad
 
 
 def read_json(path):
