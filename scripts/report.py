@@ -282,7 +282,7 @@ def exercises_section(runs):
     """The workshop's exercises as `exercises.py check` last found them (RUNS/exercises/checks.jsonl), or
     nothing when no check has run here."""
     latest = {}
-    for record in read_records(os.path.join(runs, "exercises", "checks.jsonl")):
+    for record in read_records(os.path.join(runs, "exercises", "checks.jsonl"))[0]:
         if isinstance(record, dict) and record.get("event") == "exercise_check" and isinstance(record.get("exercise"), str):
             latest[record["exercise"]] = record
     if not latest:
