@@ -3,7 +3,8 @@
 # (fixed per-rank batch), then draws the speedup chart.
 #   scripts/sweep.sh [OUT_DIR] [RANKS...]        default: runs/04_ddp 1 2 4
 # Environment: WORKLOAD (mlp, or gpt), STRONG_BATCH, WEAK_PER_RANK, STEPS, REPEATS (5), THREADS_PER_RANK (1),
-# plus any extra flags in SWEEP_ARGS. WORKLOAD=mlp is 04's house-price MLP (70k parameters, a step under a
+# LINK (03's metrics whose alpha-beta fit the prediction uses at every rank count, in place of measuring it
+# here), plus any extra flags in SWEEP_ARGS. WORKLOAD=mlp is 04's house-price MLP (70k parameters, a step under a
 # millisecond: communication-bound; batches 240 and 60 a rank, 400 steps); WORKLOAD=gpt a GPT of 4 blocks of
 # width 128 (796k parameters, about 30 ms a step on one core: compute-bound, where data parallelism pays;
 # batches 64 and 32 a rank, 20 steps).
@@ -29,6 +30,9 @@ done
 for n in "${ranks[@]}"; do
   [[ $n =~ ^[1-9][0-9]{0,3}$ ]] || { echo "sweep.sh: a rank count must be a whole number from 1, not '$n'" >&2; exit 2; }
 done
+if [ -n "${LINK:-}" ] && ! grep -qs '"alpha_beta"' "$LINK"; then
+  echo "sweep.sh: LINK must be 03_collectives' metrics with its alpha-beta fit, not '$LINK'" >&2; exit 2
+fi
 case ${WORKLOAD:-mlp} in
   mlp) model=() defaults=(240 60 400)
        shape=16,256,2 ;;  # features, hidden width, hidden layers (04's defaults)
@@ -64,6 +68,7 @@ predict() {
   declare -A link=()
   for n in "${ranks[@]}"; do
     [ "$n" -gt 1 ] && [ -z "${link[$n]:-}" ] || continue
+    if [ -n "${LINK:-}" ]; then link[$n]=$LINK; continue; fi  # a fit given (an idle machine's, a test's)
     link[$n]=$points/link_np$n.jsonl
     course_mpirun "$n" "$collectives" --mode bench --ops all_reduce --maxbytes 4M --metrics "${link[$n]}" \
       >"$points/link_np$n.txt" 2>&1 || { echo "03_collectives at $n ranks failed (see $points/link_np$n.txt)"; return 1; }
