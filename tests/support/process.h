@@ -40,9 +40,8 @@ inline std::string temp_path(const std::string& name) {
       .string();
 }
 
-inline ProcessResult run_process(const std::string& command) {
-  std::string out = temp_path("course_out"), err = temp_path("course_err");
-  int status = std::system((command + " >" + out + " 2>" + err).c_str());
+// A finished command's result from its wait status and the files its output went to (removed).
+inline ProcessResult finished(int status, const std::string& out, const std::string& err) {
   ProcessResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = read_file(out);
@@ -50,6 +49,11 @@ inline ProcessResult run_process(const std::string& command) {
   std::remove(out.c_str());
   std::remove(err.c_str());
   return r;
+}
+
+inline ProcessResult run_process(const std::string& command) {
+  std::string out = temp_path("course_out"), err = temp_path("course_err");
+  return finished(std::system((command + " >" + out + " 2>" + err).c_str()), out, err);
 }
 
 // As run_process, and once the command's standard output holds `text`, `then()` (once, on this thread):
@@ -72,13 +76,7 @@ inline ProcessResult run_process_when(const std::string& command, const std::str
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // how often to look, not how long to wait
   }
   job.join();
-  ProcessResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(out);
-  r.err = read_file(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
+  return finished(status, out, err);
 }
 
 inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
