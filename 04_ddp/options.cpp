@@ -10,7 +10,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_distributed_options(app, o.distributed);
   cli::add_save_option(app, o.save);
   app.add_option("--init", o.init, "Start from the parameters in this safetensors file (names and shapes must match "
-                                   "the model)")->check(CLI::ExistingFile);
+                                   "the model)")->check(cli::InputFile);
   auto* steps = cli::add_training_options(app, o.training, "Learning rate (scale it with the global batch, see README)");
   app.add_option("--accum", o.accum, "Micro-batches per step on each rank (gradient accumulation)")
       ->check(cli::PositiveInteger & CLI::Range(1, 1 << 16))->capture_default_str();

@@ -132,7 +132,7 @@ int run(const Options& o, cli::Session& session) {
   ModeResult no_overlap, overlapped;
   for (const Mode& mode : modes(o)) {
     ModeResult r = train(o, mode, group, task, global_batch, o.training.steps);
-    passed = report_mode(o, mode.name, r, first, group.size(), label, session.metrics) && passed;
+    passed = report_mode(o, mode.name, r, first, group.size(), global_batch, label, session.metrics) && passed;
     if (first.empty()) first = r.parameters;
     if (mode.name == "buckets") no_overlap = r;
     if (mode.name == "buckets+overlap") overlapped = r;

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "05_bucketing_overlap/prediction.h"
 #include "common/core/errors.h"
 
 namespace course::chapter05 {
@@ -32,6 +33,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--comm-hook", o.comm_hook, "How buckets travel: none (float32), fp16 or bf16 (half the bytes)")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}))
       ->capture_default_str();
+  app.add_option("--predict", o.predict,
+                 "Price each mode with the course's cost model, calibrated on this machine by FILE (benchmarks/plan "
+                 "--calibrate), beside its measured step")
+      ->check(cli::InputFile);
   app.add_flag("--sweep-buckets", o.sweep_buckets, "Also time buckets+overlap at caps from 0.25 to 100 MB");
   cli::add_verify_options(app, o.verify, "every mode against one rank", o.faults,
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
@@ -47,6 +52,7 @@ void check_options(const Options& o) {
   cli::arm_faults(o.faults, o.verify, o.training.steps);
   if (o.faults.fault == "truncating-hook" && o.comm_hook != "bf16")
     throw UsageError("--fault: truncating-hook is a fault of --comm-hook bf16's conversion; --comm-hook is " + o.comm_hook);
+  if (!o.predict.empty()) prediction_calibration(o);  // refused now, not after the runs
 }
 
 }  // namespace course::chapter05

@@ -20,6 +20,7 @@ struct Options {
   double bucket_mb = 2, first_bucket_mb = 1;  // 2 MB suits this 30 MB model (PyTorch's 25 MB, models of GBs)
   std::string sim_network, trace, comm_hook = "none";  // no trace unless asked: nothing lands in the current folder
   std::string save;
+  std::string predict;  // --predict FILE: the cost model's price of each mode beside it (prediction.h)
   bool sweep_buckets = false, verify = false;
   cli::FaultOptions faults;                   // --fault, --fault-from-step
 };

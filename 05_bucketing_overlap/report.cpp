@@ -3,6 +3,10 @@
 
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
+#include "05_bucketing_overlap/prediction.h"
+
 #include "common/core/log.h"
 #include "common/metrics/trace.h"
 #include "common/parallel/replicas.h"  // on_rank0
@@ -15,7 +19,7 @@ void print_table_header() {
 }
 
 bool report_mode(const Options& o, const std::string& name, const ModeResult& r, const std::vector<float>& first,
-                 int ranks, const std::string& label, metrics::MetricsWriter& metrics) {
+                 int ranks, std::int64_t global_batch, const std::string& label, metrics::MetricsWriter& metrics) {
   const double diff = first.empty() ? 0.0 : verify::max_abs_diff(r.parameters, first);
   const bool ok = r.check.passed;
   const std::string check = !o.verify ? "(not verified)" : ok ? "PASSED" : "FAILED at step " + std::to_string(r.check.first_failed_step);
@@ -24,7 +28,16 @@ bool report_mode(const Options& o, const std::string& name, const ModeResult& r,
   log("%-16s %8zu %10.2f %10.2f %10.2f %12.2f  %s%s\n", name.c_str(), r.messages, r.step_ms, r.step_ms - r.exposed_ms,
       r.exposed_ms, static_cast<double>(r.bytes_per_step) / 1e6, check.c_str(), differs);
   if (o.verify && !ok) log("  %s\n", r.check.first_failure.c_str());
-  metrics.write({{"event", "mode"},
+  nlohmann::json predicted = nlohmann::json::object();
+  if (!o.predict.empty()) {  // --predict: the cost model's price of the same mode
+    const ModePrediction p = predict_mode(o, prediction_calibration(o), name, ranks, global_batch);
+    log("  the course's model: %zu buckets, step %.2f ms = compute %.2f + exposed %.2f (predicted/measured step %.2f)\n",
+        static_cast<std::size_t>(p.buckets), p.compute_ms + p.exposed_ms, p.compute_ms, p.exposed_ms,
+        (p.compute_ms + p.exposed_ms) / r.step_ms);
+    predicted = {{"predicted_compute_ms", p.compute_ms}, {"predicted_exposed_ms", p.exposed_ms},
+                 {"predicted_buckets", p.buckets}};
+  }
+  nlohmann::json record = {{"event", "mode"},
                  {"mode", name},
                  {"buckets", r.messages},
                  {"step_ms", r.step_ms},
@@ -39,7 +52,9 @@ bool report_mode(const Options& o, const std::string& name, const ModeResult& r,
                  {"diff_vs_per_parameter", diff},
                  {"ranks", ranks},
                  {"simulated_network", label},
-                 {"comm_hook", o.comm_hook}});
+                 {"comm_hook", o.comm_hook}};
+  record.update(predicted);
+  metrics.write(record);
   return ok;
 }
 

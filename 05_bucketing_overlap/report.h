@@ -29,9 +29,10 @@ struct ModeResult {
 
 void print_table_header();
 // The mode's row and its "mode" metric; `first` is the first mode's final parameters (free-running, the
-// modes differ from it only by summation order). Returns whether the mode passed its check.
+// modes differ from it only by summation order); with --predict, the cost model's price of the same
+// mode beside it. Returns whether the mode passed its check.
 bool report_mode(const Options& o, const std::string& name, const ModeResult& r, const std::vector<float>& first,
-                 int ranks, const std::string& label, metrics::MetricsWriter& metrics);
+                 int ranks, std::int64_t global_batch, const std::string& label, metrics::MetricsWriter& metrics);
 // Why overlap gained little on this run, in the words true of where it ran: on the CPU a rank's copy
 // takes the cores backward runs on; on a GPU shared by MPI ranks each bucket is staged through the host
 // on the stream backward computes on; on NCCL (a GPU per rank) the buckets had their own stream.

@@ -113,7 +113,7 @@ int price_mlp(const CLI::App& app, const MlpShape& shape, const Calibration& c, 
   for (const char* flag : {"--micro-batch", "--zero", "--recompute", "--sequence-parallel", "--virtual-stages", "--precision"})
     if (app.count(flag) > 0) throw UsageError(std::string(flag) + ": prices a GPT's configuration; --mlp takes none");
   const Cluster cluster = this_machine(c, grid.dp, threads);
-  const TimeBreakdown t = predict_mlp_step(shape, global_batch, grid.dp, cluster);
+  const TimeBreakdown t = predict_mlp_step(shape, global_batch, grid.dp, cluster).time;
   std::printf("MLP %lld-%lldx%d-1 DP(%d), global batch %.0f, on %s: step %.3f ms (compute %.3f, DP %.3f, optimizer %.3f)\n",
               static_cast<long long>(shape.features), static_cast<long long>(shape.hidden), shape.layers, grid.dp,
               global_batch, cluster.name.c_str(), 1e3 * t.total(), 1e3 * t.compute, 1e3 * t.dp, 1e3 * t.optimizer);
@@ -188,9 +188,9 @@ int main(int argc, char** argv) {
   app.add_option("--link", link_path,
                  "Chapter 03's metrics (03_collectives --metrics), its alpha-beta fit: with --calibrate the link to "
                  "keep, with --calibration one measured with as many ranks as the grid's (it replaces the kept one)")
-      ->check(CLI::ExistingFile);
+      ->check(cli::InputFile);
   app.add_option("--calibration", calibration_path, "Price one configuration on this machine, calibrated by FILE")
-      ->check(CLI::ExistingFile);
+      ->check(cli::InputFile);
   app.add_option("--shape", shape, "With --calibration: the GPT's layers,hidden,heads,sequence,vocabulary")
       ->delimiter(',')->expected(5)->check(CLI::PositiveNumber);
   app.add_option("--mlp", mlp, "With --calibration, in place of --shape: chapter 04's MLP, features,hidden,layers "
@@ -240,14 +240,11 @@ int main(int argc, char** argv) {
       if (!mlp.empty() && !shape.empty()) throw UsageError("--mlp: prices the MLP in place of --shape's GPT; give one of them");
       if ((shape.size() != 5 && mlp.size() != 3) || grid.size() != 4)
         throw UsageError("--calibration: needs --shape (or --mlp) and --grid");
-      std::ifstream in(calibration_path);
-      const auto j = nlohmann::json::parse(in, nullptr, false);
-      if (j.is_discarded()) throw UsageError("--calibration: " + calibration_path + " is not JSON");
       Calibration c;
       try {
-        c = calibration_from_json(j);
+        c = read_calibration(calibration_path);
       } catch (const std::invalid_argument& e) {
-        throw UsageError("--calibration: " + calibration_path + ": " + e.what());
+        throw UsageError(std::string("--calibration: ") + e.what());
       }
       if (!link_path.empty()) c.link = read_link(link_path);
       // Ranks on this one machine: their product, in 64 bits, bounded (1024^4 once overflowed to 0 GPUs).

@@ -3,11 +3,12 @@
 
   plot.py summary METRICS              the key figure of a run, in one line
   plot.py loss METRICS OUT.png         loss per epoch (or per step)
-  plot.py overlap METRICS... OUT_PREFIX
+  plot.py overlap METRICS... OUT_PREFIX [--calibration FILE]
                                        chapter 05: OUT_PREFIX_modes.png (step time by mode; several runs are
-                                       repeats: each mode's median, its spread drawn and the noisy marked)
-                                       and, after --sweep-buckets, OUT_PREFIX_buckets.png (step time by bucket
-                                       cap, the first run's)
+                                       repeats: each mode's median, its spread drawn and the noisy marked;
+                                       runs with --predict: the course's cost model beside each mode, its
+                                       calibration FILE dated on the chart) and, after --sweep-buckets,
+                                       OUT_PREFIX_buckets.png (step time by bucket cap, the first run's)
   plot.py timeline TRACE.json OUT.png  a Chrome trace (chapter 05's trace.json) as a picture: one row per
                                        rank and lane
   plot.py zero METRICS OUT_PREFIX      chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
@@ -292,7 +293,52 @@ def overlap_notes(modes):
     return notes
 
 
-def overlap_charts(paths, prefix):
+def overlap_model_notes(modes):
+    """Each mode's predicted/measured step (runs with --predict); past OFF_MODEL, the reason the measured
+    data give."""
+    by = {r["mode"]: r for r in modes}
+    plain = by.get("buckets")
+    lines = []
+    for r in modes:
+        if "predicted_compute_ms" not in r:
+            continue
+        pc, pe = r["predicted_compute_ms"], r["predicted_exposed_ms"]
+        ratio = (pc + pe) / r["step_ms"] if r["step_ms"] else 0.0
+        line = (f"{r['mode']}: measured {r['step_ms']:.1f} ms a step (compute {r['compute_ms']:.1f} + exposed "
+                f"{r['exposed_ms']:.1f}), the model {pc + pe:.1f} ({pc:.1f} + {pe:.1f}): predicted/measured {ratio:.2f}")
+        if abs(ratio - 1) > OFF_MODEL:
+            why = []
+            if r["compute_ms"] and abs(pc / r["compute_ms"] - 1) > OFF_MODEL:
+                why.append(f"its compute took {r['compute_ms']:.1f} ms against the model's {pc:.1f}")
+            if r["mode"] == "buckets+overlap" and plain and plain["exposed_ms"] > 0 and plain.get("predicted_exposed_ms"):
+                hidden = 1 - r["exposed_ms"] / plain["exposed_ms"]
+                modelled = 1 - pe / plain["predicted_exposed_ms"]
+                if modelled - hidden > OFF_MODEL:
+                    why.append(f"overlap hid {100 * hidden:.0f}% of the bucketed communication where the model hides "
+                               f"{100 * modelled:.0f}%: the model lets backward and the all-reduces run side by side, "
+                               "but a rank's one core takes turns between backward and the all-reduce's own work "
+                               "(MPI's copies and its sum)" +
+                               ("; the simulated network's wait costs no CPU, the real all-reduce beneath it does"
+                                if r.get("simulated_network") else ""))
+            elif pe and abs(r["exposed_ms"] / pe - 1) > OFF_MODEL:
+                why.append(f"its communication took {r['exposed_ms']:.1f} ms against the model's {pe:.1f}: what MPI's "
+                           "all-reduce costs beyond 03's ping-pong fit and the sum's passes over memory")
+            if r.get("spread", 0) > NOISY_SPREAD:
+                why.append(f"its repeats spread by {100 * r['spread']:.0f}%: the machine's noise")
+            line += f", off the model by {100 * (ratio - 1):+.0f}%: " + ("; ".join(why) or
+                    "the ranks' MPI progress and the machine's own work compete with compute for the cores, which the "
+                    "model leaves out")
+        lines.append(line)
+    return lines
+
+
+def calibration_day(calibration):
+    """The day CALIBRATION (benchmarks/plan --calibrate's file) was written, for the chart."""
+    return calibration and datetime.datetime.fromtimestamp(os.path.getmtime(calibration),
+                                                           datetime.timezone.utc).date().isoformat()
+
+
+def overlap_charts(paths, prefix, calibration=None):
     plt = plt_module()
     records = read(paths[0])
     runs = [events(read(path), "mode") for path in paths]
@@ -311,16 +357,26 @@ def overlap_charts(paths, prefix):
             ax.errorbar(names, steps, yerr=[[s - r["step_low"] for s, r in zip(steps, modes)],
                                             [r["step_high"] - s for s, r in zip(steps, modes)]],
                         fmt="none", ecolor="black", capsize=4, label="step, slowest to fastest run")
+        priced = [r for r in modes if "predicted_compute_ms" in r]
+        if priced:  # the course's cost model: its step, and its compute within it
+            ax.scatter([r["mode"] for r in priced], [r["predicted_compute_ms"] + r["predicted_exposed_ms"] for r in priced],
+                       marker="_", s=900, color="black", zorder=3, label="the course's model: step")
+            ax.scatter([r["mode"] for r in priced], [r["predicted_compute_ms"] for r in priced], marker="_", s=900,
+                       color="grey", zorder=3, label="the course's model: compute")
         simulated = modes[0].get("simulated_network", "")
         repeats = f", median of {len(runs)} runs" if len(runs) > 1 else ""
+        day = calibration_day(calibration)
         ax.set_title(f"Step time by mode, {modes[0]['ranks']} ranks{repeats}" +
+                     (f"; the model calibrated {day}" if priced and day else "") +
                      (f"\n{simulated.strip()}" if simulated else ""), fontsize=10)
         ax.set(ylabel="ms per step")
-        ax.legend()
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
         fig.savefig(f"{prefix}_modes.png", dpi=120)
-        notes = overlap_notes(modes)
+        notes = overlap_notes(modes) + overlap_model_notes(modes)
+        if priced and day:
+            notes.append(f"black marks: the course's cost model (--predict), calibrated on this machine on {day}")
         for line in notes:
             print(f"overlap: {line}")
         write_caption(f"{prefix}_modes.png", notes)
@@ -749,8 +805,7 @@ def model_notes(rows, mode, model):
 def speedup_chart(out, modes, predicted=None, calibration=None):
     """The chart and its caption; PREDICTED: benchmarks/plan's records per mode, CALIBRATION: its calibration
     file (its date goes on the chart)."""
-    day = calibration and datetime.datetime.fromtimestamp(os.path.getmtime(calibration),
-                                                          datetime.timezone.utc).date().isoformat()
+    day = calibration_day(calibration)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -871,10 +926,19 @@ def main(argv):
     elif argv[1] == "loss":
         loss_chart(argv[2], argv[3])
     elif argv[1] == "overlap":
-        if len(argv) < 4:
+        args, calibration = argv[2:], None
+        if "--calibration" in args:
+            at = args.index("--calibration")
+            calibration = args[at + 1] if at + 1 < len(args) else None
+            if calibration is None or not os.path.isfile(calibration):
+                print(f"overlap: --calibration needs the calibration file benchmarks/plan wrote, not '{calibration}'",
+                      file=sys.stderr)
+                return 2
+            del args[at:at + 2]
+        if len(args) < 2:
             print("overlap: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
             return 2
-        overlap_charts(argv[2:-1], argv[-1])
+        overlap_charts(args[:-1], args[-1], calibration)
     elif argv[1] == "timeline":
         timeline_chart(argv[2], argv[3])
     elif argv[1] == "zero":

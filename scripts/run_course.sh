@@ -50,21 +50,37 @@ run_chapter 01_single_gpu 1
 run_chapter 02_grad_accumulation 1
 run_chapter 03_collectives 4
 run_chapter 04_ddp 4 --verify --drift
+# The course's cost model calibrated on this machine once (chapter 03's link fit at 2 and 4 ranks, the ops'
+# rates): its predictions are drawn beside 05's modes and 04's speedups. A busy machine's fit can fail:
+# the charts then go without, saying why.
+calibration="$RUNS/calibration"
+rm -rf "$calibration"
+predict=()
+if "$COURSE_ROOT/scripts/calibrate.sh" "$calibration" 2 4 >"$RUNS/calibration.txt" 2>&1; then
+  predict=(--predict "$calibration/calibration.json")
+  printf '%-24s %-7s %s\n' "cost model" "written" "calibrated on this machine (${calibration#$COURSE_ROOT/})"
+else
+  printf '%-24s %-7s %s\n' "cost model" "none" "$(tail -1 "$RUNS/calibration.txt"): the charts go without its prediction"
+fi
 run_chapter 05_bucketing_overlap 2 --verify --trace "$RUNS/05_bucketing_overlap/trace.json"
 if [ -f "$RUNS/05_bucketing_overlap/metrics.jsonl" ]; then
   # The same chapter on a simulated 10 GbE network, with the bucket sweep; then the charts.
   dir="$RUNS/05_bucketing_overlap"
   course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" --sim-network 10,1.25 --sweep-buckets \
-    --bucket-mb 2 --metrics "$dir/simulated.jsonl" --trace "$dir/trace_simulated.json" >"$dir/simulated.txt" 2>&1 || failed=1
+    --bucket-mb 2 ${predict[@]+"${predict[@]}"} --metrics "$dir/simulated.jsonl" --trace "$dir/trace_simulated.json" \
+    >"$dir/simulated.txt" 2>&1 || failed=1
   # Five more runs of the modes, timed without --verify's work (a few seconds each): the chart draws each
-  # mode's median of the five, with its spread.
+  # mode's median of the five, with its spread, and the cost model's price of each beside it.
   mkdir -p "$dir/repeats"
   for k in 1 2 3 4 5; do
-    course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" --metrics "$dir/repeats/r$k.jsonl" \
-      >"$dir/repeats/r$k.txt" 2>&1 || failed=1
+    course_mpirun 2 "$COURSE_BUILD/05_bucketing_overlap/05_bucketing_overlap" ${predict[@]+"${predict[@]}"} \
+      --metrics "$dir/repeats/r$k.jsonl" >"$dir/repeats/r$k.txt" 2>&1 || failed=1
   done
-  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir"/repeats/r{1,2,3,4,5}.jsonl "$dir/overlap" >/dev/null 2>&1 || failed=1
-  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/simulated.jsonl" "$dir/simulated" >/dev/null 2>&1 || failed=1
+  dated=(); [ ${#predict[@]} -eq 0 ] || dated=(--calibration "$calibration/calibration.json")
+  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir"/repeats/r{1,2,3,4,5}.jsonl "$dir/overlap" ${dated[@]+"${dated[@]}"} \
+    >/dev/null 2>&1 || failed=1
+  "$PY" "$COURSE_ROOT/scripts/plot.py" overlap "$dir/simulated.jsonl" "$dir/simulated" ${dated[@]+"${dated[@]}"} \
+    >/dev/null 2>&1 || failed=1
   "$PY" "$COURSE_ROOT/scripts/plot.py" timeline "$dir/trace_simulated.json" "$dir/timeline.png" >/dev/null 2>&1 || failed=1
   printf '%-24s %-7s %s\n' "05 simulated 10 GbE" "written" \
     "$("$PY" "$COURSE_ROOT/scripts/plot.py" summary "$dir/simulated.jsonl" 2>/dev/null)   (charts in ${dir#$COURSE_ROOT/})"
@@ -130,7 +146,9 @@ run_variant "08 --cp" 08_tensor_pipeline context 2 --cp 2 --verify
 if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   for workload in mlp gpt; do
     folder=04_ddp; [ "$workload" = mlp ] || folder=04_ddp/$workload
-    if WORKLOAD=$workload "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/$folder" 1 2 4 >"$RUNS/04_ddp/sweep_$workload.txt" 2>&1; then
+    calibrated=(); [ ${#predict[@]} -eq 0 ] || calibrated=(CALIBRATION="$calibration")
+    if env ${calibrated[@]+"${calibrated[@]}"} WORKLOAD=$workload "$COURSE_ROOT/scripts/sweep.sh" "$RUNS/$folder" 1 2 4 \
+        >"$RUNS/04_ddp/sweep_$workload.txt" 2>&1; then
       printf '%-24s %-7s %s\n' "04 speedup, $workload" "written" "${RUNS#$COURSE_ROOT/}/$folder/speedup.png"
     else
       printf '%-24s %-7s %s\n' "04 speedup, $workload" "FAILED" "see ${RUNS#$COURSE_ROOT/}/04_ddp/sweep_$workload.txt"; failed=1

@@ -4,6 +4,7 @@
 #   scripts/sweep.sh [OUT_DIR] [RANKS...]        default: runs/04_ddp 1 2 4
 # Environment: WORKLOAD (mlp, or gpt), STRONG_BATCH, WEAK_PER_RANK, STEPS, REPEATS (5), THREADS_PER_RANK (1),
 # LINK (03's metrics whose alpha-beta fit the prediction uses at every rank count, in place of measuring it
+# here), CALIBRATION (a folder scripts/calibrate.sh made for these rank counts, in place of calibrating
 # here), plus any extra flags in SWEEP_ARGS. WORKLOAD=mlp is 04's house-price MLP (70k parameters, a step under a
 # millisecond: communication-bound; batches 240 and 60 a rank, 400 steps); WORKLOAD=gpt a GPT of 4 blocks of
 # width 128 (796k parameters, about 30 ms a step on one core: compute-bound, where data parallelism pays;
@@ -14,7 +15,7 @@
 # draws each point's median with its spread, and marks a point whose repeats spread by more than 10%.
 # The runs go to OUT_DIR/sweep/, the chart to OUT_DIR/speedup.png, its notes to OUT_DIR/speedup.caption.txt
 # (the results page shows them under the chart). The course's cost model (benchmarks/plan, calibrated on
-# this machine by the sweep) predicts every point, drawn beside it.
+# this machine by scripts/calibrate.sh) predicts every point, drawn beside it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 out=${1:-$COURSE_ROOT/runs/04_ddp}
@@ -32,6 +33,9 @@ for n in "${ranks[@]}"; do
 done
 if [ -n "${LINK:-}" ] && ! grep -qs '"alpha_beta"' "$LINK"; then
   echo "sweep.sh: LINK must be 03_collectives' metrics with its alpha-beta fit, not '$LINK'" >&2; exit 2
+fi
+if [ -n "${CALIBRATION:-}" ] && ! [ -f "$CALIBRATION/calibration.json" ]; then
+  echo "sweep.sh: CALIBRATION must be a folder scripts/calibrate.sh made, not '$CALIBRATION'" >&2; exit 2
 fi
 case ${WORKLOAD:-mlp} in
   mlp) model=() defaults=(240 60 400)
@@ -62,21 +66,11 @@ done
 # SWEEP_ARGS may change the model: then no prediction.
 predicted=()
 predict() {
-  local plan=$COURSE_BUILD/benchmarks/plan collectives n mode first batch micro
-  collectives=$(course_binary sweep 03_collectives) || return 1
-  [ -x "$plan" ] || { echo "$plan is missing; run scripts/setup.sh first"; return 1; }
-  declare -A link=()
-  for n in "${ranks[@]}"; do
-    [ "$n" -gt 1 ] && [ -z "${link[$n]:-}" ] || continue
-    if [ -n "${LINK:-}" ]; then link[$n]=$LINK; continue; fi  # a fit given (an idle machine's, a test's)
-    link[$n]=$points/link_np$n.jsonl
-    course_mpirun "$n" "$collectives" --mode bench --ops all_reduce --maxbytes 4M --metrics "${link[$n]}" \
-      >"$points/link_np$n.txt" 2>&1 || { echo "03_collectives at $n ranks failed (see $points/link_np$n.txt)"; return 1; }
-  done
-  first=$(printf '%s\n' "${!link[@]}" | sort -n | head -1)
-  "$plan" --calibrate "$points/calibration.json" ${first:+--link "${link[$first]}"} >"$points/calibration.txt" 2>&1 \
-    || { tail -1 "$points/calibration.txt"; return 1; }
-  predicted=(--calibration "$points/calibration.json")
+  local plan=$COURSE_BUILD/benchmarks/plan n mode batch micro calibration=${CALIBRATION:-$points}
+  if [ -z "${CALIBRATION:-}" ]; then
+    "$COURSE_ROOT/scripts/calibrate.sh" "$points" "${ranks[@]}" || return 1
+  fi
+  predicted=(--calibration "$calibration/calibration.json")
   for mode in strong weak; do
     predicted+=(--predicted-$mode)
     for n in "${ranks[@]}"; do
@@ -87,8 +81,9 @@ predict() {
         if [ $mode = strong ]; then micro=$(( (STRONG_BATCH + n - 1) / n )); else micro=$WEAK_PER_RANK; fi
         priced=(--shape "$shape" --micro-batch "$micro" --global-batch $(( micro * n )) --threads "$threads")
       fi
-      "$plan" --calibration "$points/calibration.json" "${priced[@]}" --grid "$n,1,1,1" \
-        ${link[$n]:+--link "${link[$n]}"} --metrics "$points/predicted_${mode}_np$n.jsonl" 2>&1 >/dev/null || return 1
+      [ "$n" -eq 1 ] || priced+=(--link "$calibration/link_np$n.jsonl")
+      "$plan" --calibration "$calibration/calibration.json" "${priced[@]}" --grid "$n,1,1,1" \
+        --metrics "$points/predicted_${mode}_np$n.jsonl" 2>&1 >/dev/null || return 1
       predicted+=("$points/predicted_${mode}_np$n.jsonl")
     done
   done

@@ -204,6 +204,13 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
   std::filesystem::create_directories(scratch);
   const std::string link = (scratch / "link.jsonl").string();
   std::ofstream(link) << "{}\n";
+  // A calibration as benchmarks/plan --calibrate writes one (its figures this machine's order of magnitude).
+  const std::string calibration = (scratch / "calibration.json").string();
+  std::ofstream(calibration) << R"({"cores": 2, "op_seconds": 1e-6, "memory_bytes": 8e9, "alpha_seconds": 2e-6,
+    "link_bytes_per_second": 5e9, "one_thread": {"linear_flops_per_second": 5e10, "linear_half_rate_flops": 1e6,
+    "elementwise_seconds_per_element": 3e-8, "attention_seconds_per_head": 8e-6, "bandwidth": 1e10},
+    "all_cores": {"linear_flops_per_second": 1e11, "linear_half_rate_flops": 2e6,
+    "elementwise_seconds_per_element": 2e-8, "attention_seconds_per_head": 5e-6, "bandwidth": 2e10}})";
   struct Case {
     std::string command, flag, other;
   };
@@ -234,7 +241,12 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {std::string(PLAN_BINARY) + " --shape 2,64,4,16,64", "--shape", "--calibration"},
       {std::string(PLAN_BINARY) + " --grid 1,1,1,1", "--grid", "--calibration"},
       {std::string(PLAN_BINARY) + " --link " + link, "--link", "--calibrat"},
-      {std::string(BENCH_STEP_BINARY) + " --sdpa flash", "--sdpa", "--model"}};
+      {std::string(BENCH_STEP_BINARY) + " --sdpa flash", "--sdpa", "--model"},
+      // 05's prediction prices the MLP's float32 buckets: not the GPT, 16-bit steps or 16-bit buckets.
+      {ch05 + " --predict " + calibration + " --model gpt", "--predict", "--model"},
+      {ch05 + " --predict " + calibration + " --precision bf16", "--predict", "--precision"},
+      {ch05 + " --predict " + calibration + " --comm-hook bf16", "--predict", "--comm-hook"},
+      {ch05 + " --predict " + link, "--predict", "cores"}};
   for (const Case& c : refused) {
     const auto r = run_process(c.command);
     EXPECT_EQ(r.exit_code, 2) << c.command << "\n" << r.out << r.err;
@@ -244,7 +256,8 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
   }
   // Where each acts, the same flag runs.
   for (const std::string& command :
-       {ch05 + " --loss-scale 1024 --precision fp16", ch07 + " --stage 3 --prefetch",
+       {ch05 + " --loss-scale 1024 --precision fp16", ch05 + " --predict " + calibration,
+        np2 + ch05 + " --predict " + calibration + " --sim-network 10,1.25", ch07 + " --stage 3 --prefetch",
         np2 + ch08 + " --pp 2 --schedule gpipe", np2 + ch08 + " --cp 2 --cp-method ulysses",
         np2 + ch08 + " --reduce-dtype bf16",
         std::string(BENCH_STEP_BINARY) + " --model gpt --sdpa flash --batch 2 --steps 1 --warmup 0"}) {

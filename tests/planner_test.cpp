@@ -384,15 +384,17 @@ TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
   c.memory_bytes = 8e9;
   c.link = {10e-6, 1e9};
   const MlpShape mlp{16, 256, 2};
-  const TimeBreakdown one = predict_mlp_step(mlp, 120, 1, this_machine(c, 1));
-  const TimeBreakdown two = predict_mlp_step(mlp, 240, 2, this_machine(c, 2));
+  const TimeBreakdown one = predict_mlp_step(mlp, 120, 1, this_machine(c, 1)).time;
+  const TimeBreakdown two = predict_mlp_step(mlp, 240, 2, this_machine(c, 2)).time;
   EXPECT_EQ(one.dp, 0.0);
   EXPECT_EQ(two.compute, one.compute);      // 240 over 2 ranks: the same 120 each
   EXPECT_EQ(two.optimizer, one.optimizer);  // every rank updates the whole model
-  EXPECT_EQ(predict_mlp_step(mlp, 239, 2, this_machine(c, 2)).compute, one.compute);  // the larger share, 120
-  // 7 all-reduces (6 tensors and the loss), each a ring of 2 (n - 1) = 2 messages of bytes / 2.
+  EXPECT_EQ(predict_mlp_step(mlp, 239, 2, this_machine(c, 2)).time.compute, one.compute);  // the larger share, 120
+  // 7 all-reduces (6 tensors and the loss), each a ring of 2 (n - 1) = 2 messages of bytes / 2, then the
+  // sum over half the elements (12 bytes each) and the average over all (8) at the memory's 1e10 B/s.
   double dp = 0;
-  for (double elements : {16.0 * 256, 256.0, 256.0 * 256, 256.0, 256.0, 1.0, 1.0}) dp += 2 * (10e-6 + 4 * elements / 2 / 1e9);
+  for (double elements : {16.0 * 256, 256.0, 256.0 * 256, 256.0, 256.0, 1.0, 1.0})
+    dp += 2 * (10e-6 + 4 * elements / 2 / 1e9) + (12.0 / 2 + 8) * elements / 1e10;
   EXPECT_NEAR(two.dp, dp, 1e-15);
   // The compute, by hand: three GEMMs a layer at the curve's rate, 32 bytes per output element, 7 ops a
   // layer and 6 for the loss; the update 16 bytes a parameter and an op a tensor.
@@ -403,7 +405,43 @@ TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
   EXPECT_NEAR(one.compute, compute, 1e-15);
   EXPECT_NEAR(one.optimizer, 16 * 70401 / 1e10 + 6 * 2e-6, 1e-15);
   // More ranks than cores: each its share of a core, the compute twice as long.
-  EXPECT_NEAR(predict_mlp_step(mlp, 480, 4, this_machine(c, 4)).compute, 2 * one.compute, 1e-15);
+  EXPECT_NEAR(predict_mlp_step(mlp, 480, 4, this_machine(c, 4)).time.compute, 2 * one.compute, 1e-15);
+}
+
+// Chapter 05's modes: the same compute; one flat all-reduce or one per tensor after backward; and with
+// overlap, on a link fast enough to finish each bucket before the next is in, only the last buckets (the
+// first layer's bias and weight, in when backward ends) are left exposed. A simulated link slower than the
+// real one sets each all-reduce's time.
+TEST(CostModel, BucketsAfterBackwardAddUpAndOverlapLeavesOnlyTheLastExposed) {
+  Calibration c;
+  c.cores = 2;
+  c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
+  c.all_cores = c.one_thread;
+  c.op_seconds = 2e-6;
+  c.memory_bytes = 8e9;
+  c.link = {1e-6, 1e11};
+  const MlpShape mlp{16, 256, 2};
+  const Cluster two = this_machine(c, 2);
+  const auto all_reduce = [](double elements) { return 2 * (1e-6 + 4 * elements / 2 / 1e11) + (12.0 / 2 + 8) * elements / 1e10; };
+  const double tensors[] = {16.0 * 256, 256.0, 256.0 * 256, 256.0, 256.0, 1.0};
+  const MlpStep per_tensor = predict_mlp_step(mlp, 240, 2, two, {.average_loss = false});
+  const MlpStep flat = predict_mlp_step(mlp, 240, 2, two, {.first_cap_bytes = 1e18, .cap_bytes = 1e18, .average_loss = false});
+  const MlpStep overlap = predict_mlp_step(mlp, 240, 2, two, {.overlap = true, .average_loss = false});
+  EXPECT_EQ(per_tensor.buckets, 6);
+  EXPECT_EQ(flat.buckets, 1);
+  double each = 0;
+  for (double elements : tensors) each += all_reduce(elements);
+  EXPECT_NEAR(per_tensor.time.dp, each, 1e-15);
+  EXPECT_NEAR(per_tensor.communication, each, 1e-15);
+  EXPECT_NEAR(flat.time.dp, all_reduce(70401), 1e-15);
+  EXPECT_EQ(flat.time.compute, per_tensor.time.compute);
+  EXPECT_EQ(overlap.time.compute, per_tensor.time.compute);
+  EXPECT_NEAR(overlap.time.dp, all_reduce(256) + all_reduce(16 * 256), 1e-15);  // bias 0, then weight 0
+  EXPECT_NEAR(overlap.communication, each, 1e-15);  // the same all-reduces, most of them hidden
+  // 10 GbE simulated: each all-reduce at least 2 messages of alpha 10 us and bytes / 2 at 1.25 GB/s.
+  const MlpStep simulated = predict_mlp_step(mlp, 240, 2, two, {.first_cap_bytes = 1e18, .cap_bytes = 1e18,
+                                                               .average_loss = false, .simulated = Link{10e-6, 1.25e9}});
+  EXPECT_NEAR(simulated.time.dp, 2 * (10e-6 + 4 * 70401.0 / 2 / 1.25e9), 1e-15);
 }
 
 // The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8

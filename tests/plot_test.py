@@ -160,6 +160,26 @@ def overlap():
     quiet = plot.overlap_notes(plot.mode_medians([[mode("flat", 20, 5), mode("buckets", c, 5)] for c in (26, 26.5, 25.5)]))
     check(any("DIFFERS by 30%" in n and "even the medians of 3 runs" in n for n in quiet),
           f"unequal compute after repeats says so: {quiet}")
+    # The course's model beside each mode (--predict): predicted/measured, and past 25% the measured reason.
+    def priced(name, compute, exposed, pc, pe, **more):
+        return dict(mode(name, compute, exposed), predicted_compute_ms=pc, predicted_exposed_ms=pe, **more)
+    said = plot.overlap_model_notes([priced("buckets", 30, 10, 30, 9), priced("buckets+overlap", 31, 9, 30, 1)])
+    check(len(said) == 2 and said[0] == ("buckets: measured 40.0 ms a step (compute 30.0 + exposed 10.0), the model 39.0 "
+                                         "(30.0 + 9.0): predicted/measured 0.97"),
+          f"a mode on its model: predicted/measured, nothing more: {said}")
+    check("off the model by -22%" not in said[1] and "predicted/measured 0.78" in said[1] and "off the model" not in said[1],
+          f"22% off is within the model's 25%: {said}")
+    said = plot.overlap_model_notes([priced("buckets", 30, 10, 30, 9), priced("buckets+overlap", 31, 10, 30, 1)])
+    check("off the model by -24%" not in said[1] and "predicted/measured 0.76" in said[1], f"24% off, within: {said}")
+    said = plot.overlap_model_notes([priced("buckets", 30, 10, 30, 9),
+                                     priced("buckets+overlap", 32, 12, 30, 1, simulated_network=" (simulated)")])
+    check("off the model by -30%" in said[1] and "overlap hid -20% of the bucketed communication where the model hides 89%"
+          in said[1] and "the simulated network's wait costs no CPU" in said[1],
+          f"overlap that hid less than the model: the measured fractions, and why: {said}")
+    said = plot.overlap_model_notes([priced("flat", 50, 10, 30, 10, spread=0.3)])
+    check("its compute took 50.0 ms against the model's 30.0" in said[0] and "spread by 30%" in said[0],
+          f"a mode whose compute is off, noisy: {said}")
+    check(plot.overlap_model_notes([mode("flat", 20, 10)]) == [], "no prediction, no line")
     with tempfile.TemporaryDirectory() as folder:
         paths = []
         for k, records in enumerate(runs):
@@ -170,6 +190,19 @@ def overlap():
         caption = Path(folder) / "o_modes.caption.txt"
         check(drawn.returncode == 0 and (Path(folder) / "o_modes.png").is_file() and caption.is_file() and
               "NOISY" in caption.read_text(), f"the chart of five runs is drawn, its caption beside: {drawn.stderr[-500:]}")
+        calibration = Path(folder) / "calibration.json"
+        calibration.write_text("{}\n")
+        paths[0].write_text("".join(json.dumps(priced(r["mode"], r["compute_ms"], r["exposed_ms"], 20, 5, event="mode",
+                                                      ranks=2)) + "\n" for r in runs[0]))
+        drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "overlap", str(paths[0]),
+                                str(Path(folder) / "p"), "--calibration", str(calibration)], capture_output=True, text=True)
+        text = (Path(folder) / "p_modes.caption.txt").read_text() if drawn.returncode == 0 else ""
+        check("buckets: measured 28.0 ms a step" in text and "calibrated on this machine on" in text,
+              f"a run with --predict: the model's figures and the calibration's date in the caption: {drawn.stderr[-500:]}")
+        refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot.py"), "overlap", str(paths[0]),
+                                  str(Path(folder) / "q"), "--calibration", str(Path(folder) / "none.json")],
+                                 capture_output=True, text=True)
+        check(refused.returncode == 2 and "--calibration" in refused.stderr, "a missing calibration file is refused")
 
 
 def schedules():
@@ -212,7 +245,7 @@ def sweep(build):
     env = dict(os.environ, COURSE_BUILD=build, STEPS="3", REPEATS="2", STRONG_BATCH="16", WEAK_PER_RANK="8",
                SWEEP_ARGS="--hidden 8 --layers 2")
     for name, value in (("REPEATS", "0"), ("THREADS_PER_RANK", "two"), ("STEPS", "-1"), ("WORKLOAD", "cnn"),
-                        ("LINK", "/nonexistent/link.jsonl")):
+                        ("LINK", "/nonexistent/link.jsonl"), ("CALIBRATION", "/nonexistent")):
         with tempfile.TemporaryDirectory() as folder:
             refused = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), folder, "1"], env=dict(env, **{name: value}),
                                      capture_output=True, text=True)
@@ -241,6 +274,19 @@ def sweep(build):
     said = priced(gpt, "the GPT", lambda plan, mode, ranks: plan["micro_batch"] == (8 // ranks if mode == "strong" else 4))
     check("strong at 2 ranks: measured" in said and "calibrated on this machine on" in said,
           f"the chart's notes give predicted/measured and the calibration's date: {said[-800:]}")
+    # A calibration made once (scripts/calibrate.sh, as run_course.sh makes it) is used, not made again.
+    with tempfile.TemporaryDirectory() as folder:
+        link = Path(folder) / "link.jsonl"
+        link.write_text(json.dumps({"event": "alpha_beta", "alpha_us": 5.0, "beta_s_per_byte": 2e-10}) + "\n")
+        made = subprocess.run([str(ROOT / "scripts" / "calibrate.sh"), str(Path(folder) / "c"), "2"],
+                              env=dict(gpt, LINK=str(link)), capture_output=True, text=True)
+        check(made.returncode == 0 and (Path(folder) / "c" / "calibration.json").is_file() and
+              (Path(folder) / "c" / "link_np2.jsonl").is_file(), f"calibrate.sh writes the calibration: {made.stdout}{made.stderr}")
+        ran = subprocess.run([str(ROOT / "scripts" / "sweep.sh"), str(Path(folder) / "s"), "1", "2"],
+                             env=dict(gpt, CALIBRATION=str(Path(folder) / "c")), capture_output=True, text=True)
+        points = Path(folder) / "s" / "sweep"
+        check(ran.returncode == 0 and (points / "predicted_strong_np2.jsonl").is_file() and
+              not (points / "calibration.json").exists(), f"the sweep prices with the calibration given: {ran.stdout[-600:]}")
     # No prediction that can be made (one rank: no link to fit): the chart is drawn without, saying why.
     alone = dict(env, REPEATS="1")
     alone.pop("SWEEP_ARGS")

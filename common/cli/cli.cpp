@@ -48,6 +48,19 @@ const CLI::Validator OutputFile(
     },
     "FILE", "");
 
+const CLI::Validator InputFile(
+    [](std::string& input) -> std::string {
+      namespace fs = std::filesystem;
+      std::error_code error;
+      const fs::file_status status = fs::status(input, error);
+      if (!fs::exists(status)) return input + ": no such file";
+      if (fs::is_directory(status)) return input + ": is a folder, not a file";
+      if (!fs::is_regular_file(status)) return input + ": is not a regular file (a named pipe or a device); give a file";
+      if (::access(input.c_str(), R_OK) != 0) return input + ": cannot be read";
+      return {};
+    },
+    "FILE", "");
+
 void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--device", o.device, "Where to run: auto (CUDA when a GPU is usable), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();

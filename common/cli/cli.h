@@ -67,6 +67,11 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 // stops the job before any work instead of after it.
 extern const CLI::Validator OutputFile;
 
+// An input file a flag names (a calibration, a link's fit, a model to start from): a regular file that
+// exists and can be read; a folder, a named pipe (which would hold the run until something writes it) or
+// a device is refused, naming it.
+extern const CLI::Validator InputFile;
+
 // Whether `text` is a number in decimal notation (digits, at most one point, an optional exponent), as
 // every numeric flag is written: strtod also reads C's hexadecimal forms ("0x10" is 16, "0x1p16"), which
 // a reader of the command line would not take for numbers.

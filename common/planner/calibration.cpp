@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
@@ -204,6 +205,18 @@ Calibration calibration_from_json(const nlohmann::json& j) {
   c.memory_bytes = positive(j, "memory_bytes");
   c.link = {positive(j, "alpha_seconds"), positive(j, "link_bytes_per_second")};
   return c;
+}
+
+Calibration read_calibration(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path + " cannot be read");
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument(path + " is not a calibration's JSON (benchmarks/plan --calibrate writes one)");
+  try {
+    return calibration_from_json(j);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  }
 }
 
 Cluster this_machine(const Calibration& c, int ranks, int threads_alone) {

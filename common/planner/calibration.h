@@ -12,6 +12,7 @@
 // that share the machine run one thread each (as the chapters set them, cli::configure_cpu_threads), and
 // more ranks than cores share the cores evenly.
 #pragma once
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,10 @@ GemmCurve fit_gemm_curve(const std::vector<double>& flops, const std::vector<dou
 nlohmann::json to_json(const Calibration& c);
 // Throws std::invalid_argument naming the first field that is missing or not a positive number.
 Calibration calibration_from_json(const nlohmann::json& j);
+
+// The calibration in FILE (benchmarks/plan --calibrate's); throws std::invalid_argument saying what is
+// wrong with it, the file named.
+Calibration read_calibration(const std::string& path);
 
 // `ranks` ranks of the course on this machine: one node of `ranks` devices, each with the rate its
 // threads get (above; a rank alone `threads_alone` threads: one under mpirun, which binds a job of one or

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/comm/simulated_network.h"
+#include "common/parallel/reducer.h"
 
 namespace course::planner {
 
@@ -46,6 +47,11 @@ constexpr double kTensorParallelOpsPerLayer = 4, kOpsOutsideLayers = 6, kTensors
 // cost: forward the product, the bias add and the ReLU; backward the ReLU's, the bias's and the two
 // products'. The squared loss: the difference, its square and the mean, forward and backward.
 constexpr double kMlpBytesPerOutput = 32, kMlpOpsPerLayer = 7, kMlpLossOps = 6;
+// An all-reduce on the CPU also does arithmetic over memory, which the ping-pong of chapter 03's link fit
+// leaves out: the sum reads the received and the local values and writes the result for each element the
+// ring's reduce-scatter receives ((n - 1) / n of them: 12 bytes each), and the average divides every
+// element once more (reads and writes it: 8 bytes).
+constexpr double kSumBytesPerElement = 12, kAverageBytesPerElement = 8;
 // SGD's update reads the parameter and the gradient and writes the parameter; zeroing the gradient
 // writes it once more.
 constexpr double kSgdBytesPerParameter = 16;
@@ -117,28 +123,60 @@ std::string structural_rejection(const Workload& w, const Cluster& c, const Para
 
 }  // namespace
 
-TimeBreakdown predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c) {
+MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c, const Bucketing& how) {
   const DeviceProfile& d = c.device;
   const double b = std::ceil(global_batch / ranks);  // the largest share
-  TimeBreakdown t;
+  MlpStep step;
+  TimeBreakdown& t = step.time;
   double parameters = 0;
-  std::vector<double> tensors;  // each gradient tensor's elements, all-reduced one after another
+  std::vector<std::size_t> bytes;  // each gradient tensor's, in registration order: a layer's weight, its bias
+  std::vector<double> backward;    // each layer's backward, in layer order
   double in = static_cast<double>(shape.features);
   for (int layer = 0; layer <= shape.layers; ++layer) {
     const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
-    t.compute += 3 * gemm_seconds(2 * b * in * out, d, DType::float32) +  // forward, and backward's two
-                 kMlpBytesPerOutput * b * out / d.memory_bandwidth + kMlpOpsPerLayer * d.op_seconds;
-    tensors.insert(tensors.end(), {in * out, out});
+    const double gemm = gemm_seconds(2 * b * in * out, d, DType::float32);
+    // Half the element-wise bytes forward (the bias add, the ReLU), half backward (the ReLU's, the
+    // bias's); three of the ops forward, four backward.
+    const double elementwise = kMlpBytesPerOutput * b * out / d.memory_bandwidth;
+    const double forward = gemm + elementwise / 2 + 3 * d.op_seconds;
+    backward.push_back(2 * gemm + elementwise / 2 + (kMlpOpsPerLayer - 3) * d.op_seconds);
+    t.compute += forward + backward.back();
+    bytes.insert(bytes.end(), {static_cast<std::size_t>(4 * in * out), static_cast<std::size_t>(4 * out)});
     parameters += in * out + out;
     in = out;
   }
   t.compute += kMlpLossOps * d.op_seconds;
-  if (ranks > 1) {
-    for (double elements : tensors) t.dp += all_reduce_seconds(4 * elements, ranks, c.intra);
-    t.dp += all_reduce_seconds(4, ranks, c.intra);  // the loss, averaged for the log
+  t.optimizer = kSgdBytesPerParameter * parameters / d.memory_bandwidth + static_cast<double>(bytes.size()) * d.op_seconds;
+  if (ranks == 1) return step;
+  // Backward from its start: the loss's half of its ops, then the layers last to first; a layer's two
+  // gradients are in when its backward ends.
+  std::vector<double> ready(bytes.size());
+  double clock = kMlpLossOps / 2 * d.op_seconds;
+  for (std::size_t layer = backward.size(); layer-- > 0;) {
+    clock += backward[layer];
+    ready[2 * layer] = ready[2 * layer + 1] = clock;
   }
-  t.optimizer = kSgdBytesPerParameter * parameters / d.memory_bandwidth + static_cast<double>(tensors.size()) * d.op_seconds;
-  return t;
+  const double backward_ends = clock;
+  std::vector<std::size_t> order(bytes.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // reverse registration
+  const auto buckets = parallel::assign_buckets_by_size(order, bytes, static_cast<std::size_t>(how.first_cap_bytes),
+                                                        static_cast<std::size_t>(how.cap_bytes));
+  double link_free = how.overlap ? 0.0 : backward_ends;
+  for (const auto& bucket : buckets) {
+    double in_bucket = 0, complete = 0;
+    for (std::size_t i : bucket) in_bucket += static_cast<double>(bytes[i]), complete = std::max(complete, ready[i]);
+    const double elements = in_bucket / 4;
+    double seconds = all_reduce_seconds(in_bucket, ranks, c.intra) +
+                     (kSumBytesPerElement * (ranks - 1) / ranks + kAverageBytesPerElement) * elements / d.memory_bandwidth;
+    if (how.simulated) seconds = std::max(seconds, all_reduce_seconds(in_bucket, ranks, *how.simulated));
+    link_free = std::max(link_free, complete) + seconds;
+    step.communication += seconds;
+  }
+  step.buckets = static_cast<int>(buckets.size());
+  t.dp = std::max(0.0, link_free - backward_ends);
+  if (how.average_loss)  // the loss, averaged for the log: one element
+    t.dp += all_reduce_seconds(4, ranks, c.intra) + (kSumBytesPerElement * (ranks - 1) / ranks + kAverageBytesPerElement) / d.memory_bandwidth;
+  return step;
 }
 
 std::string describe(const ParallelConfig& p) {

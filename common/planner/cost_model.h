@@ -5,6 +5,7 @@
 // chapters implement (formulas.h) or a message of chapter 03's alpha-beta model; cost_model.cpp says which.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/planner/cluster.h"
@@ -70,11 +71,33 @@ struct MlpShape {
   int layers = 2;
 };
 
-// One step of chapter 04's data parallelism on `ranks` ranks of the cluster's device, in float32: each
-// rank computes its share of the global batch (the largest, ceil(batch / ranks), sets the step), then
-// all-reduces every gradient tensor in turn after the backward, nothing overlapped, and the loss; then
-// SGD's update. Priced as compute, dp (those all-reduces) and optimizer.
-TimeBreakdown predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c);
+// How a step's gradients travel (chapter 05's four modes, common/parallel/reducer.h): in buckets of at most
+// `cap_bytes` (the first `first_cap_bytes`), filled in backward's order as parallel::assign_buckets_by_size
+// fills them (a cap of 0: one tensor a bucket, chapter 04's way), all-reduced one after another on the
+// link, either after backward or each as soon as its last gradient is in (`overlap`).
+struct Bucketing {
+  double first_cap_bytes = 0, cap_bytes = 0;
+  bool overlap = false;
+  bool average_loss = true;  // chapter 04 also all-reduces the loss for its log; 05 does not
+  // --sim-network's link: each all-reduce takes at least its time (the real one runs underneath).
+  std::optional<Link> simulated;
+};
+
+struct MlpStep {
+  TimeBreakdown time;        // dp: the communication nothing overlapped (exposed)
+  int buckets = 0;           // all-reduces a step, the loss's not counted
+  double communication = 0;  // every bucket's all-reduce, hidden or not
+};
+
+// One step of data parallelism on chapter 04's MLP on `ranks` ranks of the cluster's device, in float32:
+// each rank computes its share of the global batch (the largest, ceil(batch / ranks), sets the step); the
+// gradients travel as `how` says (by default 04's: every tensor in turn after backward, then the loss);
+// then SGD's update. An all-reduce here costs the link's ring and, on the CPU, the sum and the average's
+// passes over memory. With overlap, each layer's gradients are in when its backward ends (backward runs the
+// layers last to first); the link takes one bucket at a time, so bucket i ends at
+// max(ready_i, end_{i-1}) + its all-reduce, and what ends after backward is exposed.
+MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c,
+                         const Bucketing& how = {});
 
 // "TP(8)-PP(8)-DP(16) mb 1 v 2 ZeRO-1 full SP": one line for a table.
 std::string describe(const ParallelConfig& config);
