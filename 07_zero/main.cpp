@@ -16,6 +16,7 @@
 
 #include "07_zero/checkpoints.h"                 // --ckpt-dir's sharded checkpoints, loaded and saved
 #include "07_zero/options.h"                     // the chapter's flags
+#include "07_zero/prediction.h"                  // --predict: the course's cost model beside each stage
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
 #include "07_zero/shards.h"                      // the lesson: the pieces of the parameters a rank owns
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards
@@ -130,6 +131,7 @@ int run(const Options& o, cli::Session& session) {
     // Every stage, checked in lock-step; with --prefetch, stage 3 twice, gathering on demand and ahead.
     for (int stage = 0; stage <= 3; ++stage) runs.push_back(train(o, {stage, false, false, true}, task, global_batch, group, device, session.metrics));
     if (o.prefetch) runs.push_back(train(o, {3, true, false, true}, task, global_batch, group, device, session.metrics));
+    price_stages(o, runs, ranks, global_batch, session.metrics);  // --predict: the cost model beside each
     print_memory_table(runs, ranks, network);
     for (const StageRun& r : runs) passed = report_check(r) && passed;
     // Free-running, the stages' final parameters differ by their summation orders only: a figure, not a verdict.
@@ -140,6 +142,7 @@ int run(const Options& o, cli::Session& session) {
   } else {
     log("stage %d\n", o.stage);
     runs.push_back(train(o, {o.stage, o.prefetch, true, o.verify}, task, global_batch, group, device, session.metrics));
+    price_stages(o, runs, ranks, global_batch, session.metrics);
     print_memory_table(runs, ranks, network);
     log("final parameter checksum %016llx (step %lld)\n", static_cast<unsigned long long>(runs[0].checksum),
         static_cast<long long>(o.training.steps));

@@ -3,8 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "07_zero/prediction.h"
 #include "common/cli/limits.h"
-
 #include "common/core/errors.h"
 #include "common/optim/recipe.h"
 
@@ -36,6 +36,10 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_memory_limit_option(app, o.mem_limit_mb);
   cli::add_save_option(app, o.save);
   cli::add_sim_network_option(app, o.sim_network);
+  app.add_option("--predict", o.predict,
+                 "Price each stage's step with the course's cost model, calibrated on this machine by FILE "
+                 "(scripts/calibrate.sh), beside the measured one")
+      ->check(cli::InputFile);
   cli::add_checkpoint_options(app, o.checkpoints, /*required=*/false,
                               "Write sharded checkpoints here (one file per rank and an index; on storage every rank "
                               "shares)",
@@ -79,6 +83,7 @@ void check_options(const Options& o) {
   if (o.checkpoints.resume && o.checkpoints.dir.empty())
     throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
   cli::arm_faults(o.faults, o.verify, o.training.steps);
+  if (!o.predict.empty()) prediction_calibration(o);  // refused now, not after the runs
   if (o.kill.at_step >= 0 && o.checkpoints.dir.empty())
     throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");
   if (o.compare && (!o.checkpoints.dir.empty() || !o.save.empty()))

@@ -34,6 +34,7 @@ struct Options {
   std::string save;              // the final parameters, consolidated into one ordinary file
   std::string consolidate;       // a step folder to consolidate into --save, without training
   std::string sim_network;       // ALPHA_US,GBPS
+  std::string predict;           // --predict FILE: the cost model's step of each stage beside it (prediction.h)
 };
 
 void add_options(CLI::App& app, Options& o);

@@ -164,10 +164,14 @@ void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std:
     const double theory = ring_theory(r.stage, r.psi, ranks, r.precision);
     char against[32] = "";
     if (runs.size() > 1) std::snprintf(against, sizeof against, " (%.2fx stage 0's)", r.step_ms / runs.front().step_ms);
-    log("  stage %d%s %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms%s\n", r.stage, r.prefetch ? "p" : " ",
+    char model[64] = "";
+    if (r.predicted_ms > 0)
+      std::snprintf(model, sizeof model, "; the course's model %.2f ms (predicted/measured %.2f)", r.predicted_ms,
+                    r.predicted_ms / r.step_ms);
+    log("  stage %d%s %-11s theory %-11s (%s)  ratio %.3f   step %.2f ms%s%s\n", r.stage, r.prefetch ? "p" : " ",
         format_bytes(r.ring_bytes).c_str(), format_bytes(static_cast<std::int64_t>(theory)).c_str(),
         r.stage == 3 ? "3 psi" : "2 psi", ranks > 1 ? static_cast<double>(r.ring_bytes) / theory : 1.0, r.step_ms,
-        against);
+        against, model);
   }
 }
 

@@ -35,6 +35,7 @@ struct StageRun {
   nlohmann::json record;        // the zero_stage metric
   double step_ms = 0;           // without the verification's own work
   double timed_ms = 0;          // the steps' sum that step_ms averages (the first step left out: it allocates)
+  double predicted_ms = 0;      // --predict: the course's cost model's step (prediction.h); 0 without
   DType precision = DType::float32;  // of the parameters and gradients (mixed: over float32 masters)
   std::int64_t skipped_steps = 0;    // fp16: steps whose gradients overflowed, skipped
   verify::LockstepSummary check;

@@ -4,8 +4,9 @@
 # messages), then `plan --calibrate` with the smallest count's fit (the ops' rates, the memory's bandwidth).
 # The predictions drawn beside 04's speedups (scripts/sweep.sh) and 05's modes (--predict) read it.
 #   scripts/calibrate.sh OUT_DIR [RANKS...]        default: 2
-# Writes OUT_DIR/link_npN.jsonl (03's metrics) for each N above 1, OUT_DIR/calibration.json and
-# OUT_DIR/calibration.txt (what plan measured). LINK, when set, is 03's metrics to use at every rank count
+# Writes OUT_DIR/link_npN.jsonl (03's metrics) and OUT_DIR/calibration_npN.json (the machine with that
+# link: what a chapter's --predict at N ranks reads) for each N above 1, and OUT_DIR/calibration.json (the
+# smallest N's; what plan measured beside it in calibration.txt). LINK, when set, is 03's metrics to use at every rank count
 # instead of measuring (an idle machine's fit; a test's). A bad argument: exit 2; a calibration that cannot
 # be made (a busy machine's tilted fit; no rank count above 1): one line saying why, exit 1.
 set -euo pipefail
@@ -38,3 +39,10 @@ for n in $(printf '%s\n' "${ranks[@]}" | sort -nu); do
 done
 "$plan" --calibrate "$out/calibration.json" ${first:+--link "$out/link_np$first.jsonl"} >"$out/calibration.txt" 2>&1 \
   || { tail -1 "$out/calibration.txt"; exit 1; }
+# A chapter's --predict reads one file: for each other rank count, the machine with that count's link.
+for n in $(printf '%s\n' "${ranks[@]}" | sort -nu); do
+  [ "$n" -gt 1 ] && [ "$n" != "$first" ] || continue
+  "$plan" --calibrate "$out/calibration_np$n.json" --link "$out/link_np$n.jsonl" >"$out/calibration_np$n.txt" 2>&1 \
+    || { tail -1 "$out/calibration_np$n.txt"; exit 1; }
+done
+[ -z "$first" ] || cp "$out/calibration.json" "$out/calibration_np$first.json"

@@ -11,8 +11,11 @@
                                        OUT_PREFIX_buckets.png (step time by bucket cap, the first run's)
   plot.py timeline TRACE.json OUT.png  a Chrome trace (chapter 05's trace.json) as a picture: one row per
                                        rank and lane
-  plot.py zero METRICS OUT_PREFIX      chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
+  plot.py zero METRICS... OUT_PREFIX [--calibration FILE]
+                                       chapter 07 --compare: OUT_PREFIX_memory.png (model states per rank by
                                        category and stage, the formula marked) and OUT_PREFIX_communication.png
+                                       (the first run's); runs with --predict: OUT_PREFIX_time.png, each stage's
+                                       median step over the runs beside the course's cost model
   plot.py pipeline METRICS OUT_PREFIX  chapter 08 --sweep: OUT_PREFIX_bubble.png (bubble against micro-batches,
                                        with the theory) and OUT_PREFIX_activations.png (per stage, GPipe and 1F1B)
   plot.py schedules OUT.png METRICS...  chapter 08's runs of several schedules at the same p and m: each
@@ -394,6 +397,72 @@ def overlap_charts(paths, prefix, calibration=None):
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         fig.savefig(f"{prefix}_buckets.png", dpi=120)
+
+
+def stage_times(paths):
+    """07's step per stage over repeated --compare --predict runs: per stage (prefetching apart), in the
+    first run's order, the median step, its slowest and fastest run, and the model's prediction."""
+    runs = [events(read(path), "zero_prediction") for path in paths]
+    if not all(runs):
+        raise SystemExit("zero: " + ", ".join(p for p, r in zip(paths, runs) if not r) +
+                         " has no zero_prediction records (run 07_zero --compare --predict FILE --metrics M)")
+    rows = []
+    for first in runs[0]:
+        same = [r for records in runs for r in records if (r["stage"], r["prefetch"]) == (first["stage"], first["prefetch"])]
+        step = [r["step_ms"] for r in same]
+        rows.append(dict(first, step_ms=median(step), step_low=min(step), step_high=max(step), repeats=len(step),
+                         spread=(max(step) - min(step)) / median(step) if median(step) else 0.0))
+    return rows
+
+
+def stage_time_notes(rows, oversubscribed):
+    """Each stage's predicted/measured step; past OFF_MODEL, the reason the runs' data give."""
+    lines = []
+    for r in rows:
+        ratio = r["predicted_step_ms"] / r["step_ms"] if r["step_ms"] else 0.0
+        line = (f"stage {r['stage']}{' prefetching' if r['prefetch'] else ''}: measured {r['step_ms']:.2f} ms a step "
+                f"(median of {r['repeats']}), the model {r['predicted_step_ms']:.2f} ms: predicted/measured {ratio:.2f}")
+        if abs(ratio - 1) > OFF_MODEL:
+            why = ([f"{r['ranks']} ranks on fewer cores: the model gives each rank its share of a core, the run also "
+                    "waits for a descheduled rank at every collective"] if oversubscribed else []) + \
+                  ([f"its runs spread by {100 * r['spread']:.0f}%: the machine's noise"] if r["spread"] > NOISY_SPREAD else []) or \
+                  ["--compare's verification runs beside each step: its work is left out of the step's time, not its "
+                   "hold on the caches and the cores (07's NOTES measure a step without it)"]
+            line += f", off the model by {100 * (ratio - 1):+.0f}%: {'; '.join(why)}"
+        lines.append(line)
+    return lines
+
+
+def zero_time_chart(paths, out, calibration=None):
+    """07's step per stage, the median of the runs with its spread, beside the course's cost model."""
+    plt = plt_module()
+    rows = stage_times(paths)
+    cores = events(read(paths[0]), "cpu_cores")
+    oversubscribed = bool(cores) and rows[0]["ranks"] > cores[-1].get("cores", rows[0]["ranks"])
+    names = [f"stage {r['stage']}" + (" prefetch" if r["prefetch"] else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step_ms"] for r in rows]
+    ax.bar(names, steps, label=f"measured, median of {rows[0]['repeats']} run(s)")
+    if len(paths) > 1:
+        ax.errorbar(names, steps, yerr=[[s - r["step_low"] for s, r in zip(steps, rows)],
+                                        [r["step_high"] - s for s, r in zip(steps, rows)]],
+                    fmt="none", ecolor="black", capsize=4, label="slowest to fastest run")
+    ax.scatter(names, [r["predicted_step_ms"] for r in rows], marker="_", s=900, color="black", zorder=3,
+               label="the course's model")
+    day = calibration_day(calibration)
+    ax.set(ylabel="ms per step")
+    ax.set_title(f"Step time per stage, {rows[0]['ranks']} ranks" + (" (more ranks than cores)" if oversubscribed else "") +
+                 (f"; the model calibrated {day}" if day else ""), fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    notes = stage_time_notes(rows, oversubscribed)
+    if day:
+        notes.append(f"black marks: the course's cost model (--predict), calibrated on this machine on {day}")
+    for line in notes:
+        print(f"zero: {line}")
+    write_caption(out, notes)
 
 
 def zero_charts(path, prefix):
@@ -915,6 +984,20 @@ def ensure_matplotlib():
     sys.exit("plot.py: matplotlib is missing: install python3-matplotlib (scripts/setup.sh does)")
 
 
+def calibration_option(args, command):
+    """ARGS without "--calibration FILE", and FILE (None when not given); (None, None) after saying why
+    a FILE given is not one."""
+    if "--calibration" not in args:
+        return args, None
+    at = args.index("--calibration")
+    calibration = args[at + 1] if at + 1 < len(args) else None
+    if calibration is None or not os.path.isfile(calibration):
+        print(f"{command}: --calibration needs the calibration file scripts/calibrate.sh wrote, not '{calibration}'",
+              file=sys.stderr)
+        return None, None
+    return args[:at] + args[at + 2:], calibration
+
+
 def main(argv):
     if len(argv) < 3 or argv[1] not in ("summary", "loss", "speedup", "overlap", "timeline", "zero", "pipeline", "plan", "schedules"):
         print(__doc__.strip(), file=sys.stderr)
@@ -926,15 +1009,9 @@ def main(argv):
     elif argv[1] == "loss":
         loss_chart(argv[2], argv[3])
     elif argv[1] == "overlap":
-        args, calibration = argv[2:], None
-        if "--calibration" in args:
-            at = args.index("--calibration")
-            calibration = args[at + 1] if at + 1 < len(args) else None
-            if calibration is None or not os.path.isfile(calibration):
-                print(f"overlap: --calibration needs the calibration file benchmarks/plan wrote, not '{calibration}'",
-                      file=sys.stderr)
-                return 2
-            del args[at:at + 2]
+        args, calibration = calibration_option(argv[2:], "overlap")
+        if args is None:
+            return 2
         if len(args) < 2:
             print("overlap: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
             return 2
@@ -942,7 +1019,15 @@ def main(argv):
     elif argv[1] == "timeline":
         timeline_chart(argv[2], argv[3])
     elif argv[1] == "zero":
-        zero_charts(argv[2], argv[3])
+        args, calibration = calibration_option(argv[2:], "zero")
+        if args is None:
+            return 2
+        if len(args) < 2:
+            print("zero: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
+            return 2
+        zero_charts(args[0], args[-1])
+        if any(events(read(path), "zero_prediction") for path in args[:-1]):
+            zero_time_chart(args[:-1], f"{args[-1]}_time.png", calibration)
     elif argv[1] == "pipeline":
         pipeline_charts(argv[2], argv[3])
     elif argv[1] == "plan":

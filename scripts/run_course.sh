@@ -116,8 +116,24 @@ if [ -x "$COURSE_BUILD/04_ddp/04_ddp" ]; then
   done
   printf '%-24s %-7s %s   (%s)\n' "04 --recompute" "$status" "peak activations per rank:${peaks%,}" "${dir#$COURSE_ROOT/}"
 fi
-run_chapter 07_zero 4 --compare
-"$PY" "$COURSE_ROOT/scripts/plot.py" zero "$RUNS/07_zero/metrics.jsonl" "$RUNS/07_zero/zero" >/dev/null 2>&1 || true  # zero_memory.png, zero_communication.png
+predict4=(); [ ${#predict[@]} -eq 0 ] || predict4=(--predict "$calibration/calibration_np4.json")
+run_chapter 07_zero 4 --compare ${predict4[@]+"${predict4[@]}"}
+if [ -f "$RUNS/07_zero/metrics.jsonl" ]; then
+  # Four more runs of the stages, each with the cost model's price: the time chart draws each stage's median
+  # of the five beside it. Then zero_memory.png, zero_communication.png (and zero_time.png).
+  dir="$RUNS/07_zero"
+  repeats=()
+  if [ ${#predict4[@]} -gt 0 ]; then
+    mkdir -p "$dir/repeats"
+    for k in 2 3 4 5; do
+      course_mpirun 4 "$COURSE_BUILD/07_zero/07_zero" --compare "${predict4[@]}" --metrics "$dir/repeats/r$k.jsonl" \
+        >"$dir/repeats/r$k.txt" 2>&1 || failed=1
+      repeats+=("$dir/repeats/r$k.jsonl")
+    done
+    repeats+=(--calibration "$calibration/calibration_np4.json")
+  fi
+  "$PY" "$COURSE_ROOT/scripts/plot.py" zero "$dir/metrics.jsonl" ${repeats[@]+"${repeats[@]}"} "$dir/zero" >/dev/null 2>&1 || failed=1
+fi
 # ZeRO-Offload (--offload optimizer): every stage verified in lock-step, its model states on the device
 # and on the host side by side.
 run_variant "07 --offload" 07_zero offload 2 --compare --offload optimizer --precision bf16

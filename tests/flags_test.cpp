@@ -246,7 +246,13 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {ch05 + " --predict " + calibration + " --model gpt", "--predict", "--model"},
       {ch05 + " --predict " + calibration + " --precision bf16", "--predict", "--precision"},
       {ch05 + " --predict " + calibration + " --comm-hook bf16", "--predict", "--comm-hook"},
-      {ch05 + " --predict " + link, "--predict", "cores"}};
+      {ch05 + " --predict " + link, "--predict", "cores"},
+      // 07's prices float32 steps of the MLP on the device, one micro-batch a step, on this machine's link.
+      {ch07 + " --predict " + calibration + " --precision bf16", "--predict", "--precision"},
+      {ch07 + " --predict " + calibration + " --offload optimizer", "--predict", "--offload"},
+      {ch07 + " --predict " + calibration + " --accum 2", "--predict", "--accum"},
+      {ch07 + " --predict " + calibration + " --sim-network 10,1.25", "--predict", "--sim-network"},
+      {ch07 + " --predict " + calibration + " --model gpt", "--predict", "--model"}};
   for (const Case& c : refused) {
     const auto r = run_process(c.command);
     EXPECT_EQ(r.exit_code, 2) << c.command << "\n" << r.out << r.err;
@@ -258,6 +264,7 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
   for (const std::string& command :
        {ch05 + " --loss-scale 1024 --precision fp16", ch05 + " --predict " + calibration,
         np2 + ch05 + " --predict " + calibration + " --sim-network 10,1.25", ch07 + " --stage 3 --prefetch",
+        np2 + ch07 + " --compare --predict " + calibration,
         np2 + ch08 + " --pp 2 --schedule gpipe", np2 + ch08 + " --cp 2 --cp-method ulysses",
         np2 + ch08 + " --reduce-dtype bf16",
         std::string(BENCH_STEP_BINARY) + " --model gpt --sdpa flash --batch 2 --steps 1 --warmup 0"}) {

@@ -444,6 +444,44 @@ TEST(CostModel, BucketsAfterBackwardAddUpAndOverlapLeavesOnlyTheLastExposed) {
   EXPECT_NEAR(simulated.time.dp, 2 * (10e-6 + 4 * 70401.0 / 2 / 1.25e9), 1e-15);
 }
 
+// Chapter 07's stages on the MLP: the same compute; stage 0 one all-reduce of every gradient, stage 1 a
+// reduce-scatter and an all-gather of the whole, stage 3 two all-gathers and a reduce-scatter a layer; the
+// loss's all-reduce, and from stage 1 the norm's; AdamW and its norm's read on the rank's part (a quarter).
+TEST(CostModel, ZeroStagesPriceTheirCollectivesAndTheirShareOfAdamW) {
+  Calibration c;
+  c.cores = 4;
+  c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
+  c.all_cores = c.one_thread;
+  c.op_seconds = 2e-6;
+  c.memory_bytes = 8e9;
+  c.link = {10e-6, 1e9};
+  const MlpShape mlp{16, 256, 2};
+  const Cluster four = this_machine(c, 4);
+  const double n = 4, psi = 16 * 256 + 256 + 256 * 256 + 256 + 256 + 1;
+  const double layers[] = {16 * 256 + 256, 256 * 256 + 256, 256 + 1};
+  // A ring over 4 ranks: an all-reduce 6 messages of a quarter, a reduce-scatter or an all-gather 3; the
+  // sum of 3/4 of the elements (12 bytes each) and the average (8 bytes, of all or of the rank's quarter).
+  const auto all_reduce = [&](double e) { return 6 * (10e-6 + 4 * e / n / 1e9) + (12 * e * 3 / 4 + 8 * e) / 1e10; };
+  const auto reduce_scatter = [&](double e) { return 3 * (10e-6 + 4 * e / n / 1e9) + (12 * e * 3 / 4 + 8 * e / n) / 1e10; };
+  const auto all_gather = [&](double e) { return 3 * (10e-6 + 4 * e / n / 1e9); };
+  const TimeBreakdown s0 = predict_zero_mlp_step(mlp, 480, 4, four, 0);
+  const TimeBreakdown s1 = predict_zero_mlp_step(mlp, 480, 4, four, 1);
+  const TimeBreakdown s2 = predict_zero_mlp_step(mlp, 480, 4, four, 2);
+  const TimeBreakdown s3 = predict_zero_mlp_step(mlp, 480, 4, four, 3);
+  EXPECT_EQ(s0.compute, predict_mlp_step(mlp, 480, 4, four).time.compute);
+  EXPECT_EQ(s3.compute, s0.compute);
+  EXPECT_NEAR(s0.dp, all_reduce(psi) + all_reduce(1), 1e-15);
+  EXPECT_NEAR(s1.dp, reduce_scatter(psi) + all_gather(psi) + 2 * all_reduce(1), 1e-15);
+  double s2_dp = all_gather(psi) + 2 * all_reduce(1), s3_dp = 2 * all_reduce(1);
+  for (double e : layers) s2_dp += reduce_scatter(e), s3_dp += 2 * all_gather(e) + reduce_scatter(e);
+  EXPECT_NEAR(s2.dp, s2_dp, 1e-15);
+  EXPECT_NEAR(s3.dp, s3_dp, 1e-15);
+  // Each rank's share of a core (4 ranks, 4 cores: a whole one); AdamW 28 bytes and the norm 4 a parameter.
+  EXPECT_NEAR(s0.optimizer, 32 * psi / 1e10 + 6 * 2e-6, 1e-15);
+  EXPECT_NEAR(s1.optimizer, 32 * psi / n / 1e10 + 3 * 2e-6, 1e-15);
+  EXPECT_EQ(predict_zero_mlp_step(mlp, 120, 1, this_machine(c, 1), 3).dp, 0.0);  // one rank sends nothing
+}
+
 // The search: everything it keeps fits and is sorted; everything it leaves out has a reason; where TP 8
 // and TP 4 trade places; and a model that fits one GPU (1.7B) is best trained with data parallelism alone,
 // as the decision slide says.

@@ -205,6 +205,38 @@ def overlap():
         check(refused.returncode == 2 and "--calibration" in refused.stderr, "a missing calibration file is refused")
 
 
+def zero_time():
+    """07's step per stage over repeats beside the course's model (plot.py zero, --predict's records)."""
+    def stage(k, step, predicted=5.0, prefetch=False):
+        return {"event": "zero_prediction", "stage": k, "prefetch": prefetch, "ranks": 4, "step_ms": step,
+                "predicted_step_ms": predicted}
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for k, steps in enumerate(((5.0, 6.0, 10.0), (5.2, 6.1, 11.0), (4.8, 5.9, 30.0))):
+            paths.append(Path(folder) / f"r{k}.jsonl")
+            paths[-1].write_text("".join(json.dumps(stage(i, t, prefetch=i == 2)) + "\n" for i, t in enumerate(steps)))
+        rows = plot.stage_times([str(p) for p in paths])
+        check([(r["stage"], r["prefetch"], r["step_ms"], r["step_low"], r["step_high"]) for r in rows] ==
+              [(0, False, 5.0, 4.8, 5.2), (1, False, 6.0, 5.9, 6.1), (2, True, 11.0, 10.0, 30.0)],
+              f"each stage's median, slowest and fastest over the runs: {rows}")
+        notes = plot.stage_time_notes(rows, oversubscribed=False)
+        check(notes[0] == "stage 0: measured 5.00 ms a step (median of 3), the model 5.00 ms: predicted/measured 1.00",
+              f"a stage on the model: {notes[0]}")
+        check("off the model" not in notes[1], f"17% off is within 25%: {notes[1]}")
+        check("stage 2 prefetching" in notes[2] and "off the model by -55%" in notes[2] and "spread by 182%" in notes[2],
+              f"a stage off the model, noisy: {notes[2]}")
+        crowded = plot.stage_time_notes([dict(rows[2], spread=0.0)], oversubscribed=True)
+        check("4 ranks on fewer cores" in crowded[0], f"oversubscribed, said: {crowded}")
+        quiet = plot.stage_time_notes([dict(rows[2], spread=0.0)], oversubscribed=False)
+        check("--compare's verification" in quiet[0], f"neither: the verification's hold, said: {quiet}")
+        (Path(folder) / "m.jsonl").write_text(json.dumps({"event": "zero_stage", "stage": 0}) + "\n")
+        try:
+            plot.stage_times([str(paths[0]), str(Path(folder) / "m.jsonl")])
+            check(False, "a run without --predict among the repeats is refused")
+        except SystemExit as e:
+            check("m.jsonl has no zero_prediction records" in str(e), f"a run without --predict is named: {e}")
+
+
 def schedules():
     def stage(schedule, s, bubble, simulated, theory, work=(1.0, 2.0, 0.0), m=8):
         return {"event": "pipeline_stage", "schedule": schedule, "stage": s, "stages": 2, "micro_batches": m,
@@ -325,6 +357,7 @@ def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "speedup":
         speedup()
         overlap()
+        zero_time()
     elif len(sys.argv) >= 2 and sys.argv[1] == "schedules":
         schedules()
     elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":

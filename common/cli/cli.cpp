@@ -55,7 +55,9 @@ const CLI::Validator InputFile(
       const fs::file_status status = fs::status(input, error);
       if (!fs::exists(status)) return input + ": no such file";
       if (fs::is_directory(status)) return input + ": is a folder, not a file";
-      if (!fs::is_regular_file(status)) return input + ": is not a regular file (a named pipe or a device); give a file";
+      // A shell's process substitution (/dev/fd/N) has its writer already; a named pipe elsewhere may never.
+      if (!fs::is_regular_file(status) && input.rfind("/dev/", 0) != 0)
+        return input + ": is not a regular file (a named pipe or a device); give a file";
       if (::access(input.c_str(), R_OK) != 0) return input + ": cannot be read";
       return {};
     },

@@ -68,8 +68,8 @@ std::size_t parse_bytes(const std::string& text, const std::string& flag, std::s
 extern const CLI::Validator OutputFile;
 
 // An input file a flag names (a calibration, a link's fit, a model to start from): a regular file that
-// exists and can be read; a folder, a named pipe (which would hold the run until something writes it) or
-// a device is refused, naming it.
+// exists and can be read; a folder, or a named pipe outside /dev (which would hold the run until something
+// writes it; a shell's /dev/fd/N has its writer), is refused, naming it.
 extern const CLI::Validator InputFile;
 
 // Whether `text` is a number in decimal notation (digits, at most one point, an optional exponent), as

@@ -121,6 +121,14 @@ std::string structural_rejection(const Workload& w, const Cluster& c, const Para
   return {};
 }
 
+// A collective's arithmetic on the CPU over `elements` (the whole buffer's), at the memory's bandwidth: the
+// sum of what a ring receives ((n - 1) / n of them) and the average's division, over all of them after an
+// all-reduce, over the rank's part after a reduce-scatter.
+double reduction_seconds(comm::OpKind kind, double elements, int n, const DeviceProfile& d) {
+  const double divided = kind == comm::OpKind::all_reduce ? elements : elements / n;
+  return (kSumBytesPerElement * elements * (n - 1) / n + kAverageBytesPerElement * divided) / d.memory_bandwidth;
+}
+
 }  // namespace
 
 MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c, const Bucketing& how) {
@@ -165,9 +173,7 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
   for (const auto& bucket : buckets) {
     double in_bucket = 0, complete = 0;
     for (std::size_t i : bucket) in_bucket += static_cast<double>(bytes[i]), complete = std::max(complete, ready[i]);
-    const double elements = in_bucket / 4;
-    double seconds = all_reduce_seconds(in_bucket, ranks, c.intra) +
-                     (kSumBytesPerElement * (ranks - 1) / ranks + kAverageBytesPerElement) * elements / d.memory_bandwidth;
+    double seconds = all_reduce_seconds(in_bucket, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, in_bucket / 4, ranks, d);
     if (how.simulated) seconds = std::max(seconds, all_reduce_seconds(in_bucket, ranks, *how.simulated));
     link_free = std::max(link_free, complete) + seconds;
     step.communication += seconds;
@@ -175,8 +181,49 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
   step.buckets = static_cast<int>(buckets.size());
   t.dp = std::max(0.0, link_free - backward_ends);
   if (how.average_loss)  // the loss, averaged for the log: one element
-    t.dp += all_reduce_seconds(4, ranks, c.intra) + (kSumBytesPerElement * (ranks - 1) / ranks + kAverageBytesPerElement) / d.memory_bandwidth;
+    t.dp += all_reduce_seconds(4, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, 1, ranks, d);
   return step;
+}
+
+TimeBreakdown predict_zero_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c, int stage) {
+  const DeviceProfile& d = c.device;
+  TimeBreakdown t;
+  t.compute = predict_mlp_step(shape, global_batch, ranks, c, {.average_loss = false}).time.compute;
+  std::vector<double> units;  // each layer's parameters (its weight and bias): stage 2 and 3's units
+  double in = static_cast<double>(shape.features);
+  for (int layer = 0; layer <= shape.layers; ++layer) {
+    const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
+    units.push_back(in * out + out);
+    in = out;
+  }
+  double psi = 0;
+  for (double u : units) psi += u;
+  const auto all_reduce = [&](double elements) {
+    return all_reduce_seconds(4 * elements, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, elements, ranks, d);
+  };
+  const auto reduce_scatter = [&](double elements) {
+    return collective_seconds(comm::OpKind::reduce_scatter, 4 * elements, ranks, c.intra) +
+           reduction_seconds(comm::OpKind::reduce_scatter, elements, ranks, d);
+  };
+  const auto all_gather = [&](double elements) { return all_gather_seconds(4 * elements, ranks, c.intra); };
+  const double part = stage == 0 ? psi : psi / ranks;  // the parameters whose update this rank computes
+  if (ranks > 1) {
+    if (stage == 0) t.dp += all_reduce(psi);
+    if (stage == 1) t.dp += reduce_scatter(psi) + all_gather(psi);
+    if (stage == 2) {
+      for (double u : units) t.dp += reduce_scatter(u);
+      t.dp += all_gather(psi);
+    }
+    if (stage == 3)
+      for (double u : units) t.dp += 2 * all_gather(u) + reduce_scatter(u);
+    t.dp += all_reduce(1);                   // the loss, averaged for the log
+    if (stage > 0) t.dp += all_reduce(1);    // the squared norm of the parts, for the clip
+  }
+  // AdamW moves 28 bytes a parameter it updates (kOptimizerBytesPerParameter); the norm reads each
+  // gradient once more; an op per tensor (stage 0) or per flat part.
+  t.optimizer = (kOptimizerBytesPerParameter + 4) * part / d.memory_bandwidth +
+                static_cast<double>(stage == 0 ? 2 * units.size() : units.size()) * d.op_seconds;
+  return t;
 }
 
 std::string describe(const ParallelConfig& p) {

@@ -80,7 +80,7 @@ struct Bucketing {
   bool overlap = false;
   bool average_loss = true;  // chapter 04 also all-reduces the loss for its log; 05 does not
   // --sim-network's link: each all-reduce takes at least its time (the real one runs underneath).
-  std::optional<Link> simulated;
+  std::optional<Link> simulated = std::nullopt;
 };
 
 struct MlpStep {
@@ -98,6 +98,16 @@ struct MlpStep {
 // max(ready_i, end_{i-1}) + its all-reduce, and what ends after backward is exposed.
 MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c,
                          const Bucketing& how = {});
+
+// One step of chapter 07's ZeRO at `stage` on chapter 04's MLP (float32 AdamW, its update clipped) on
+// `ranks` ranks: the share's compute; the stage's collectives (0: the gradients all-reduced; 1: reduce-
+// scattered, and the parameters all-gathered after the update; 2: reduce-scattered a unit, a layer, at a
+// time, the same all-gather; 3: each unit's parameters all-gathered for forward and again for backward, its
+// gradients reduce-scattered), none of them hidden: a rank of this machine does a collective's work on the
+// core that computes (chapter 05 measured overlap hiding none of it on the real transport); the loss's
+// all-reduce and, sharded, the gradient norm's; AdamW and its norm on the rank's part. Priced as compute,
+// dp (the collectives) and optimizer.
+TimeBreakdown predict_zero_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c, int stage);
 
 // "TP(8)-PP(8)-DP(16) mb 1 v 2 ZeRO-1 full SP": one line for a table.
 std::string describe(const ParallelConfig& config);
