@@ -187,14 +187,22 @@ TEST(Chapter06, TheLauncherPassesSignalsOnAndDoesNotRetryALaunchFailure) {
   EXPECT_EQ(failed.exit_code, 1) << failed.out << failed.err;
   EXPECT_NE(failed.out.find("the job ran to its verdict, FAILED (exit code 1)"), std::string::npos) << failed.out;
   EXPECT_EQ(failed.out.find("attempt 2"), std::string::npos) << failed.out;
-  const std::string dir = fresh_folder();
-  auto stopped = run_process(std::string("( python3 ") + FAILOVER_PY + " --np 2 -- " + kBinary +
-                             with_defaults("--ckpt-dir " + dir + " --steps 1000000 --log-every 1000000") +
-                             " & launcher=$!; sleep 3; kill -TERM $launcher; wait $launcher; echo \"launcher exit $?\"; "
-                             // A rank alive (not a zombie waiting to be reaped) 3 s later: a process whose
-                             // command is the binary, not this shell's line naming it.
-                             "sleep 3; ps -eo stat=,args= | grep -v '^Z' | grep -q -- '^[^ ]* */[^ ]*[0]6_checkpoint_failover "
-                             ".*--ckpt-dir " + dir + " ' && echo 'job still running' || echo 'job gone' )");
+  // SIGTERM once the job has said it trains (its step 0), not after a sleep; then, the launcher gone, no
+  // rank alive (a zombie waiting to be reaped aside): looked for until gone, for at most a minute.
+  const std::string dir = fresh_folder(), pid_file = temp_path("ch06_launcher_pid");
+  const std::string rank_alive = "ps -eo stat=,args= | grep -v '^Z' | grep -q -- '^[^ ]* */[^ ]*[0]6_checkpoint_failover "
+                                 ".*--ckpt-dir " + dir + " '";
+  auto stopped = run_process_when(
+      // The launcher writes its own pid before it becomes the launcher (exec), so the file is there first.
+      "( sh -c 'echo $$ >" + pid_file + "; exec python3 " + FAILOVER_PY + " --np 2 -- " + kBinary +
+          with_defaults("--ckpt-dir " + dir + " --steps 1000000 --log-every 1000000") +
+          "' & launcher=$!; wait $launcher; echo \"launcher exit $?\"; for i in $(seq 600); do " + rank_alive +
+          " || break; sleep 0.1; done; " + rank_alive + " && echo 'job still running' || echo 'job gone' )",
+      "step    0", [&pid_file] {
+        const pid_t launcher = static_cast<pid_t>(std::stol(read_file(pid_file)));
+        ::kill(launcher, SIGTERM);
+      });
+  std::remove(pid_file.c_str());
   EXPECT_NE(stopped.out.find("stopped by SIGTERM, passed to the job"), std::string::npos) << stopped.out;
   EXPECT_NE(stopped.out.find("launcher exit 143"), std::string::npos) << stopped.out;
   EXPECT_NE(stopped.out.find("job gone"), std::string::npos) << stopped.out;

@@ -158,6 +158,27 @@ TEST(Safetensors, OnlyARegularFileIsReplacedOrRead) {
   fs::remove_all(dir);
 }
 
+// The temporary a write goes through is made anew: a link planted at its name (".NAME.tmp.PID") is
+// removed, never written through, and what it points at is left as it was; a dead writer's leftover of
+// the same name is replaced.
+TEST(Safetensors, AWriteNeverGoesThroughALinkAtItsTemporarysName) {
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_path("planted");
+  fs::create_directories(dir);
+  const fs::path victim = dir / "victim.txt", target = dir / "model.safetensors";
+  std::ofstream(victim) << "precious";
+  const fs::path temporary = dir / (".model.safetensors.tmp." + std::to_string(::getpid()));
+  fs::create_symlink(victim, temporary);
+  checkpoint::save_safetensors(target.string(), sample());
+  EXPECT_EQ(read_file(victim.string()), "precious");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(temporary)));
+  EXPECT_EQ(checkpoint::load_safetensors(target.string()).tensors.size(), sample().size());
+  std::ofstream(temporary) << "a dead writer's half";
+  checkpoint::save_safetensors(target.string(), sample());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(temporary)));
+  fs::remove_all(dir);
+}
+
 TEST(Safetensors, PythonStandardLibraryReadsIt) {
   const std::string path = temp_path("python.safetensors");
   checkpoint::save_safetensors(path, {{"w", Tensor::from_host({1.5f, -2.0f, 3.25f, 0.0f, 8.0f, 1e-3f}, {2, 3})}},

@@ -117,7 +117,11 @@ void write_atomically(const std::string& path, const std::vector<std::string_vie
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
     throw CheckpointError(path, "is not a regular file (a folder, a device, a pipe or a link); a checkpoint replaces only a regular file");
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // Made anew (O_EXCL, never through a link left at its name): what is there already is a dead writer's
+  // of the same pid or something planted, removed (unlink removes a link, not its target) before it.
+  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+  if (fd < 0 && errno == EEXIST && ::unlink(temporary.c_str()) == 0)
+    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
   if (fd < 0) throw CheckpointError(path, std::string("cannot write into its folder (") + std::strerror(errno) + ")");
   // Straight from each piece's memory, in chunks: progress is reported between them, and the
   // kernel streams them to disk meanwhile.
