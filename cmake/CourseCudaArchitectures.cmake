@@ -1,6 +1,7 @@
-# Picks the CUDA architectures to build: the GPUs present, or 80;90 when none can be detected.
-function(course_detect_cuda_architectures out_var)
-  set(_archs "80;90")
+# The CUDA architectures of the GPUs present (nvidia-smi's compute capabilities, "90" for an H100), or
+# an empty list where none answers.
+function(course_detect_gpu_architectures out_var)
+  set(_archs "")
   find_program(_nvidia_smi nvidia-smi)
   if(_nvidia_smi)
     execute_process(COMMAND ${_nvidia_smi} --query-gpu=compute_cap --format=csv,noheader

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the course needs (through apt when root; otherwise prints the exact packages to
-# ask for), then configures and builds in Release: CUDA when nvcc is found, CPU only otherwise.
+# ask for), then configures and builds in Release: CUDA where nvcc finds a GPU, CPU only otherwise.
 #   scripts/setup.sh                  packages, then the Release build
 #   scripts/setup.sh --packages-only  packages alone
 #   scripts/setup.sh --test-packages  also what only the tests use (Chromium, for the page's browser test)

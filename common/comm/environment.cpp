@@ -125,16 +125,12 @@ std::unique_ptr<Communicator> make_world(const std::string& backend, Device devi
   // NCCL needs CUDA tensors and one GPU per rank (two ranks on one GPU: "Duplicate GPU detected").
   std::string why_not_nccl;
   int gpus = cuda_device_count();
-#if !COURSE_HAVE_NCCL
-  why_not_nccl = "this build has no NCCL";
-#else
+  // The first reason that holds, the most basic first: a machine without a GPU says so, whatever its build.
   if (device != Device::cuda) why_not_nccl = gpus == 0 ? "no usable GPU" : "the tensors are on the CPU";
+  else if (!COURSE_HAVE_NCCL) why_not_nccl = "this build has no NCCL";
   else if (placement.local_size > gpus)
     why_not_nccl = std::to_string(placement.local_size) + " ranks on this machine share " + std::to_string(gpus) +
                    " GPU(s); NCCL needs one GPU per rank";
-#endif
-  (void)gpus;
-  (void)device;
   if (backend == "nccl" && !why_not_nccl.empty()) throw UsageError("nccl: " + why_not_nccl + " (use mpi)");
   bool use_nccl = backend == "nccl" || (backend == "auto" && why_not_nccl.empty());
   std::unique_ptr<Communicator> world;

@@ -25,7 +25,7 @@ bool cuda_usable(std::string* reason) {
   if (reason) *reason = why.empty() ? "no CUDA device found" : why;
   return false;
 #else
-  if (reason) *reason = "this build has no CUDA backend (configured without nvcc)";
+  if (reason) *reason = std::string("this build has no CUDA backend (") + COURSE_NO_CUDA_REASON + ")";
   return false;
 #endif
 }
