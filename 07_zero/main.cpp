@@ -16,7 +16,6 @@
 
 #include "07_zero/checkpoints.h"                 // --ckpt-dir's sharded checkpoints, loaded and saved
 #include "07_zero/options.h"                     // the chapter's flags
-#include "07_zero/prediction.h"                  // --predict: the course's cost model beside each stage
 #include "07_zero/report.h"                      // memory and bytes against the formulas, the verdict, the files
 #include "07_zero/shards.h"                      // the lesson: the pieces of the parameters a rank owns
 #include "07_zero/verify_zero.h"                 // --verify: the whole model beside the shards

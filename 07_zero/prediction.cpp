@@ -1,10 +1,13 @@
-// Chapter 07's prediction of each stage's step (prediction.h).
+// Chapter 07's prediction of each stage's step (prediction.h), and price_stages (report.h).
 #include "07_zero/prediction.h"
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "07_zero/report.h"
 #include "common/core/errors.h"
+#include "common/metrics/metrics.h"
 #include "common/planner/cost_model.h"
 
 namespace course::chapter07 {

@@ -3,11 +3,8 @@
 // and stage, printed and recorded beside the measured step, so the chart can draw the two.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "07_zero/options.h"
-#include "07_zero/report.h"
-#include "common/metrics/metrics.h"
 #include "common/planner/calibration.h"
 
 namespace course::chapter07 {
@@ -19,9 +16,5 @@ planner::Calibration prediction_calibration(const Options& o);
 // A step of `stage` on `ranks` ranks of this machine at `global_batch`, in milliseconds.
 double predict_stage_ms(const Options& o, const planner::Calibration& c, int stage, int ranks, std::int64_t global_batch);
 
-// With --predict: each run's predicted step (StageRun::predicted_ms, which the table prints beside the
-// measured one) and a "zero_prediction" metric for it; without, nothing.
-void price_stages(const Options& o, std::vector<StageRun>& runs, int ranks, std::int64_t global_batch,
-                  metrics::MetricsWriter& metrics);
 
 }  // namespace course::chapter07

@@ -77,6 +77,10 @@ void record_step(const Options& o, StageRun& run, const parallel::ZeroOptimizer&
 void finish_run(const Options& o, StageRun& run, parallel::ZeroOptimizer& zero,
                 verify::StepCheck& check, bool save, const nn::Module& model, comm::Communicator& group, Device device,
                 metrics::MetricsWriter& metrics);
+// With --predict: each run's predicted step (StageRun::predicted_ms, which the table prints beside the
+// measured one) and a "zero_prediction" metric for it; without, nothing. In prediction.cpp.
+void price_stages(const Options& o, std::vector<StageRun>& runs, int ranks, std::int64_t global_batch,
+                  metrics::MetricsWriter& metrics);
 // --save: rank 0 writes the gathered parameters under `model`'s names and shapes. Collective-free.
 void save_gathered(const Options& o, const StageRun& run, const nn::Module& model, comm::Communicator& group);
 void print_memory_table(const std::vector<StageRun>& runs, int ranks, const std::string& network);
