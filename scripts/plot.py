@@ -984,18 +984,22 @@ def ensure_matplotlib():
     sys.exit("plot.py: matplotlib is missing: install python3-matplotlib (scripts/setup.sh does)")
 
 
-def calibration_option(args, command):
-    """ARGS without "--calibration FILE", and FILE (None when not given); (None, None) after saying why
-    a FILE given is not one."""
-    if "--calibration" not in args:
-        return args, None
-    at = args.index("--calibration")
-    calibration = args[at + 1] if at + 1 < len(args) else None
-    if calibration is None or not os.path.isfile(calibration):
-        print(f"{command}: --calibration needs the calibration file scripts/calibrate.sh wrote, not '{calibration}'",
-              file=sys.stderr)
+def repeats_and_prefix(args, command):
+    """COMMAND's METRICS... OUT_PREFIX [--calibration FILE]: (the metrics and the prefix, FILE or None);
+    (None, None) after saying what is wrong."""
+    calibration = None
+    if "--calibration" in args:
+        at = args.index("--calibration")
+        calibration = args[at + 1] if at + 1 < len(args) else None
+        if calibration is None or not os.path.isfile(calibration):
+            print(f"{command}: --calibration needs the calibration file scripts/calibrate.sh wrote, not '{calibration}'",
+                  file=sys.stderr)
+            return None, None
+        args = args[:at] + args[at + 2:]
+    if len(args) < 2:
+        print(f"{command}: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
         return None, None
-    return args[:at] + args[at + 2:], calibration
+    return args, calibration
 
 
 def main(argv):
@@ -1009,21 +1013,15 @@ def main(argv):
     elif argv[1] == "loss":
         loss_chart(argv[2], argv[3])
     elif argv[1] == "overlap":
-        args, calibration = calibration_option(argv[2:], "overlap")
+        args, calibration = repeats_and_prefix(argv[2:], "overlap")
         if args is None:
-            return 2
-        if len(args) < 2:
-            print("overlap: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
             return 2
         overlap_charts(args[:-1], args[-1], calibration)
     elif argv[1] == "timeline":
         timeline_chart(argv[2], argv[3])
     elif argv[1] == "zero":
-        args, calibration = calibration_option(argv[2:], "zero")
+        args, calibration = repeats_and_prefix(argv[2:], "zero")
         if args is None:
-            return 2
-        if len(args) < 2:
-            print("zero: give the metrics (several: repeats) and OUT_PREFIX", file=sys.stderr)
             return 2
         zero_charts(args[0], args[-1])
         if any(events(read(path), "zero_prediction") for path in args[:-1]):

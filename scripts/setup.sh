@@ -7,6 +7,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+# ocl-icd-opencl-dev: oneDNN's CMake files look for OpenCL, which libdnnl-dev only recommends.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp libdnnl-dev ocl-icd-opencl-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libbenchmark-dev python3 python3-matplotlib)
 missing=()

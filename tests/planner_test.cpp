@@ -373,16 +373,23 @@ TEST(Calibration, RanksShareTheMachineAsTheChaptersSetThem) {
   EXPECT_NEAR(with - without, 4 * (2 * per_layer + 6 * 2e-6) + 26 * 2e-6, 1e-12);
 }
 
-// Chapter 04's MLP step: the largest share's compute, every gradient tensor's all-reduce in turn (and the
-// loss's) only with more than one rank, and SGD's update; on a free machine only the link is left.
-TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
+// A machine for the MLP's figures by hand: linear layers at 1e10 FLOP/s (half of it at 3e5 FLOP), the
+// memory at 1e10 B/s, an op's fixed cost 2 us, the same on one thread and on every core.
+Calibration mlp_machine(int cores, Link link) {
   Calibration c;
-  c.cores = 2;
+  c.cores = cores;
   c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
   c.all_cores = c.one_thread;
   c.op_seconds = 2e-6;
   c.memory_bytes = 8e9;
-  c.link = {10e-6, 1e9};
+  c.link = link;
+  return c;
+}
+
+// Chapter 04's MLP step: the largest share's compute, every gradient tensor's all-reduce in turn (and the
+// loss's) only with more than one rank, and SGD's update; on a free machine only the link is left.
+TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
+  const Calibration c = mlp_machine(2, {10e-6, 1e9});
   const MlpShape mlp{16, 256, 2};
   const TimeBreakdown one = predict_mlp_step(mlp, 120, 1, this_machine(c, 1)).time;
   const TimeBreakdown two = predict_mlp_step(mlp, 240, 2, this_machine(c, 2)).time;
@@ -413,13 +420,7 @@ TEST(CostModel, TheMlpStepIsItsSharesComputeAndEveryTensorsAllReduce) {
 // first layer's bias and weight, in when backward ends) are left exposed. A simulated link slower than the
 // real one sets each all-reduce's time.
 TEST(CostModel, BucketsAfterBackwardAddUpAndOverlapLeavesOnlyTheLastExposed) {
-  Calibration c;
-  c.cores = 2;
-  c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
-  c.all_cores = c.one_thread;
-  c.op_seconds = 2e-6;
-  c.memory_bytes = 8e9;
-  c.link = {1e-6, 1e11};
+  const Calibration c = mlp_machine(2, {1e-6, 1e11});
   const MlpShape mlp{16, 256, 2};
   const Cluster two = this_machine(c, 2);
   const auto all_reduce = [](double elements) { return 2 * (1e-6 + 4 * elements / 2 / 1e11) + (12.0 / 2 + 8) * elements / 1e10; };
@@ -448,13 +449,7 @@ TEST(CostModel, BucketsAfterBackwardAddUpAndOverlapLeavesOnlyTheLastExposed) {
 // reduce-scatter and an all-gather of the whole, stage 3 two all-gathers and a reduce-scatter a layer; the
 // loss's all-reduce, and from stage 1 the norm's; AdamW and its norm's read on the rank's part (a quarter).
 TEST(CostModel, ZeroStagesPriceTheirCollectivesAndTheirShareOfAdamW) {
-  Calibration c;
-  c.cores = 4;
-  c.one_thread = {{1e10, 3e5}, 0, 1e-9, 0, 1e10};
-  c.all_cores = c.one_thread;
-  c.op_seconds = 2e-6;
-  c.memory_bytes = 8e9;
-  c.link = {10e-6, 1e9};
+  const Calibration c = mlp_machine(4, {10e-6, 1e9});
   const MlpShape mlp{16, 256, 2};
   const Cluster four = this_machine(c, 4);
   const double n = 4, psi = 16 * 256 + 256 + 256 * 256 + 256 + 256 + 1;
