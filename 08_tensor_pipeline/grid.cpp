@@ -58,6 +58,17 @@ void stray_last_replica(nn::Module& model, parallel::Topology& topology) {
   if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(model.parameters().front());
 }
 
+// --fault stray-tp-copy: the last TP rank moves its copy of the first parameter every TP rank holds whole
+// one unit in the last place further, as a rank whose update of a replicated tensor went astray.
+void stray_last_tp_copy(parallel::TensorParallelModule& model, parallel::Topology& topology) {
+  if (topology.tp_group().rank() != topology.tp_size() - 1) return;
+  for (const auto& [name, parameter] : model.named_parameters())
+    if (!model.is_split(name)) {
+      parallel::stray_by_one_rounding(parameter);
+      return;
+    }
+}
+
 void install_faults(const Options& o, GridRun& run, parallel::Topology& topology) {
   // Its CP attention, its blocks, its fix-ups after backward. (The layer code's own faults, sp-gather-rows,
   // ring-drop-block and row-parallel-no-sum, act in the whole process: the 16-bit check's split reference
@@ -69,6 +80,8 @@ void install_faults(const Options& o, GridRun& run, parallel::Topology& topology
   if (faults::armed("skip-sp-sum") || faults::armed("skip-tied-exchange")) run.faults_installed.place(run.model.get());
   if (faults::armed("stray-replica"))  // after the update, before the check judges it
     run.faults_installed.on_step_end([model = run.model, &topology] { stray_last_replica(*model, topology); });
+  if (faults::armed("stray-tp-copy"))
+    run.faults_installed.on_step_end([model = run.model, &topology] { stray_last_tp_copy(*model, topology); });
   // skip-dp-average: DDP's communication hook does nothing, each replica keeping its own share's gradient.
   if (faults::armed("skip-dp-average"))
     for (auto& ddp : run.ddp)

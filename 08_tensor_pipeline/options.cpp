@@ -72,7 +72,10 @@ void add_options(CLI::App& app, Options& o) {
                           {"ring-drop-block", "ring attention leaves out the last key-value block to arrive"},
                           {"row-parallel-no-sum", "the row-parallel layers keep each rank's partial output, never summed"},
                           {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
-                                            "the same part) moves its first weight one unit in the last place further"}});
+                                            "the same part) moves its first weight one unit in the last place further"},
+                          {"stray-tp-copy", "the last TP rank's update moves its copy of the first parameter every TP "
+                                            "rank holds whole (a layer norm's, a row-parallel bias) one unit in the last "
+                                            "place further"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
                                      "--sweep, FILE's stem and _SCHEDULE.json, each schedule at 4 micro-batches)")
       ->check(cli::OutputFile);
@@ -89,6 +92,8 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--fault: stray-replica needs data or context parallelism (--dp or --cp 2 or more)");
   if (fault == "stray-replica" && !o.verify)
     throw UsageError("--fault: stray-replica is caught by --verify's check alone (it compares the replicas): add --verify");
+  if (fault == "stray-tp-copy" && tp < 2)
+    throw UsageError("--fault: stray-tp-copy needs tensor parallelism (--tp 2 or more)");
   if (fault == "skip-cp-offset" && topology.cp_size() < 2)
     throw UsageError("--fault: skip-cp-offset needs context parallelism (--cp 2 or more)");
   if (fault == "skip-tp-all-reduce" && tp < 2)

@@ -73,13 +73,33 @@ void check_verifiable(const Options& o, const parallel::Topology& topology) {
                              "--tp 2, --backend mpi, or --precision fp32 --reduce-dtype fp32");
 }
 
+namespace {
+// This rank's copies of what every rank of its TP group holds whole (layer norms, row-parallel biases), in
+// order: the gather takes TP rank 0's, so every other TP rank's must be its bits.
+std::vector<float> whole_on_every_tp_rank(const parallel::TensorParallelModule& model) {
+  std::vector<float> values;
+  for (const auto& [name, parameter] : model.named_parameters())
+    if (!model.is_split(name)) {
+      const auto host = parameter.to_host();
+      values.insert(values.end(), host.begin(), host.end());
+    }
+  return values;
+}
+}  // namespace
+
 // The whole vectors put together for the check count as its memory, not the run's.
 void GridCheck::on_begin_step(std::int64_t step) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   lockstep_->begin_step(step, gather_->parameters());
+  check_copies(step);
+}
+
+void GridCheck::check_copies(std::int64_t step) {
   // The whole model is gathered from one copy of each part; the other replicas (the DP and CP ranks of the
-  // same TP and PP coordinates) must hold that copy's bits.
+  // same TP and PP coordinates) must hold that copy's bits, and so must the other TP ranks' copies of
+  // what they all hold whole.
   lockstep_->check_replicas(step, run_.model->parameters_to_host(), topology_.dp_cp_group());
+  if (topology_.tp_size() > 1) lockstep_->check_replicas(step, whole_on_every_tp_rank(*run_.model), topology_.tp_group());
 }
 
 void GridCheck::on_check_gradient(std::int64_t step, float loss) {
@@ -149,8 +169,7 @@ void GridCheck::on_check_update(std::int64_t step, double norm) {
 
 verify::LockstepSummary GridCheck::on_finish() {
   MemoryCategoryOverride verification(MemoryCategory::verification);
-  lockstep_->check_replicas(lockstep_->next_step(), run_.model->parameters_to_host(),
-                            topology_.dp_cp_group());
+  check_copies(lockstep_->next_step());
   return lockstep_->finish(gather_->parameters());
 }
 

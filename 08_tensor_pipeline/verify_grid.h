@@ -45,6 +45,9 @@ class GridCheck final : public verify::StepCheck {
   verify::LockstepSummary on_finish() override;
 
  private:
+  // Every copy inspected, not only the one the whole model is gathered from: the DP and CP replicas'
+  // parameters, and the TP ranks' copies of what they all hold whole, as of the update before `step`.
+  void check_copies(std::int64_t step);
   const Options& o_;
   const ChapterTask& task_;
   const GridRun& run_;

@@ -605,9 +605,10 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
 // Every replica is inspected, not only the copy the whole model is gathered from: the last data- or
 // context-parallel replica's update going astray by one rounding fails at its step, the last step's at the
 // end of the run.
-void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
-  Outcome r = run(mpirun, flags + " --verify --log-every 1000 --steps " + std::to_string(steps) +
-                              " --fault stray-replica --fault-from-step " + std::to_string(from), kModel);
+void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from,
+                                 const std::string& fault = "stray-replica", const std::string& model = kModel) {
+  Outcome r = run(mpirun, flags + " --verify --log-every 1000 --steps " + std::to_string(steps) + " --fault " + fault +
+                              " --fault-from-step " + std::to_string(from), model);
   EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
   EXPECT_NE(r.process.out.find("FAILED at step " + std::to_string(from) + ": after the update of step " +
                                std::to_string(from) + ", rank "),
@@ -622,6 +623,25 @@ TEST(Chapter08, VerifyCatchesAStrayReplicaAtItsStep) {
   auto alone = run(MPIRUN_NP2, "--pp 2 --verify --fault stray-replica");
   EXPECT_EQ(alone.process.exit_code, 2);
   EXPECT_NE(alone.process.err.find("stray-replica needs data or context parallelism"), std::string::npos) << alone.process.err;
+}
+
+// The copies every TP rank holds whole (layer norms, row-parallel biases) are inspected too: the whole
+// model takes TP rank 0's, and the last TP rank's going astray by one rounding fails at its step, the
+// last step's at the end, at 2 and 3 TP ranks, on a pipeline's later stage, in float32 and bfloat16.
+const std::string kThreeHeads = " --device cpu --n-layer 2 --n-head 3 --n-embd 24 --global-batch 48";
+TEST(Chapter08, VerifyCatchesAStrayTpCopyAtItsStep) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 6, 3, "stray-tp-copy");
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 6, 5, "stray-tp-copy");
+  expect_stray_replica_caught(MPIRUN_NP3, "--tp 3", 6, 2, "stray-tp-copy", kThreeHeads);
+  expect_stray_replica_caught(MPIRUN_NP4, "--tp 2 --pp 2", 6, 4, "stray-tp-copy");
+  auto alone = run(MPIRUN_NP2, "--dp 2 --verify --fault stray-tp-copy");
+  EXPECT_EQ(alone.process.exit_code, 2);
+  EXPECT_NE(alone.process.err.find("stray-tp-copy needs tensor parallelism"), std::string::npos) << alone.process.err;
+}
+
+TEST(Chapter08, VerifyCatchesAStrayTpCopyLateInLongRuns) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-tp-copy");
+  expect_stray_replica_caught(MPIRUN_NP3, "--tp 3 --precision bf16", 1000, 999, "stray-tp-copy", kThreeHeads);
 }
 
 TEST(Chapter08, VerifyCatchesAStrayReplicaLateInLongRuns) {
