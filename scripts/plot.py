@@ -296,6 +296,16 @@ def overlap_notes(modes):
     return notes
 
 
+def off_model(ratio, why, otherwise):
+    """A prediction's line past OFF_MODEL: how far off, and the reasons the measured data give (WHY), or
+    OTHERWISE where they give none."""
+    return f", off the model by {100 * (ratio - 1):+.0f}%: " + "; ".join(why or [otherwise])
+
+
+def noise_reason(spread, what="repeats"):
+    return f"its {what} spread by {100 * spread:.0f}%: the machine's noise"
+
+
 def overlap_model_notes(modes):
     """Each mode's predicted/measured step (runs with --predict); past OFF_MODEL, the reason the measured
     data give."""
@@ -327,10 +337,9 @@ def overlap_model_notes(modes):
                 why.append(f"its communication took {r['exposed_ms']:.1f} ms against the model's {pe:.1f}: what MPI's "
                            "all-reduce costs beyond 03's ping-pong fit and the sum's passes over memory")
             if r.get("spread", 0) > NOISY_SPREAD:
-                why.append(f"its repeats spread by {100 * r['spread']:.0f}%: the machine's noise")
-            line += f", off the model by {100 * (ratio - 1):+.0f}%: " + ("; ".join(why) or
-                    "the ranks' MPI progress and the machine's own work compete with compute for the cores, which the "
-                    "model leaves out")
+                why.append(noise_reason(r["spread"]))
+            line += off_model(ratio, why, "the ranks' MPI progress and the machine's own work compete with compute for "
+                                          "the cores, which the model leaves out")
         lines.append(line)
     return lines
 
@@ -425,10 +434,10 @@ def stage_time_notes(rows, oversubscribed):
         if abs(ratio - 1) > OFF_MODEL:
             why = ([f"{r['ranks']} ranks on fewer cores: the model gives each rank its share of a core, the run also "
                     "waits for a descheduled rank at every collective"] if oversubscribed else []) + \
-                  ([f"its runs spread by {100 * r['spread']:.0f}%: the machine's noise"] if r["spread"] > NOISY_SPREAD else []) or \
-                  ["--compare's verification runs beside each step: its work is left out of the step's time, not its "
-                   "hold on the caches and the cores (07's NOTES measure a step without it)"]
-            line += f", off the model by {100 * (ratio - 1):+.0f}%: {'; '.join(why)}"
+                  ([noise_reason(r["spread"], "runs")] if r["spread"] > NOISY_SPREAD else [])
+            line += off_model(ratio, why, "--compare's verification runs beside each step: its work is left out of the "
+                                          "step's time, not its hold on the caches and the cores (07's NOTES measure a "
+                                          "step without it)")
         lines.append(line)
     return lines
 
@@ -863,10 +872,9 @@ def model_notes(rows, mode, model):
         if abs(ratio - 1) > OFF_MODEL:
             why = (["more ranks than cores: the model gives each rank its share of a core, the run also waits "
                     "for a descheduled rank at every all-reduce"] if p.oversubscribed else []) + \
-                  ([f"its repeats spread by {100 * p.spread:.0f}%: the machine's noise"] if p.noisy else []) or \
-                  ["the ranks' MPI progress and the machine's own work compete with compute for the cores, which "
-                   "the model leaves out (04's NOTES, Speedup charts)"]
-            line += f", off the model by {100 * (ratio - 1):+.0f}%: {'; '.join(why)}"
+                  ([noise_reason(p.spread)] if p.noisy else [])
+            line += off_model(ratio, why, "the ranks' MPI progress and the machine's own work compete with compute for "
+                                          "the cores, which the model leaves out (04's NOTES, Speedup charts)")
         lines.append(line)
     return lines
 

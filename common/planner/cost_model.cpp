@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/comm/simulated_network.h"
@@ -129,6 +130,25 @@ double reduction_seconds(comm::OpKind kind, double elements, int n, const Device
   return (kSumBytesPerElement * elements * (n - 1) / n + kAverageBytesPerElement * divided) / d.memory_bandwidth;
 }
 
+// A float32 collective of `elements` on this machine's CPU ranks: the link's ring, and for the ones that
+// reduce, their arithmetic over memory.
+double cpu_collective_seconds(comm::OpKind kind, double elements, int n, const Link& link, const DeviceProfile& d) {
+  return collective_seconds(kind, 4 * elements, n, link) +
+         (kind == comm::OpKind::all_gather ? 0.0 : reduction_seconds(kind, elements, n, d));
+}
+
+// Chapter 04's MLP, layer by layer: each linear layer's inputs and outputs.
+std::vector<std::pair<double, double>> mlp_layers(const MlpShape& shape) {
+  std::vector<std::pair<double, double>> layers;
+  double in = static_cast<double>(shape.features);
+  for (int layer = 0; layer <= shape.layers; ++layer) {
+    const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
+    layers.emplace_back(in, out);
+    in = out;
+  }
+  return layers;
+}
+
 }  // namespace
 
 MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, const Cluster& c, const Bucketing& how) {
@@ -139,9 +159,7 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
   double parameters = 0;
   std::vector<std::size_t> bytes;  // each gradient tensor's, in registration order: a layer's weight, its bias
   std::vector<double> backward;    // each layer's backward, in layer order
-  double in = static_cast<double>(shape.features);
-  for (int layer = 0; layer <= shape.layers; ++layer) {
-    const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
+  for (const auto& [in, out] : mlp_layers(shape)) {
     const double gemm = gemm_seconds(2 * b * in * out, d, DType::float32);
     // Half the element-wise bytes forward (the bias add, the ReLU), half backward (the ReLU's, the
     // bias's); three of the ops forward, four backward.
@@ -151,7 +169,6 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
     t.compute += forward + backward.back();
     bytes.insert(bytes.end(), {static_cast<std::size_t>(4 * in * out), static_cast<std::size_t>(4 * out)});
     parameters += in * out + out;
-    in = out;
   }
   t.compute += kMlpLossOps * d.op_seconds;
   t.optimizer = kSgdBytesPerParameter * parameters / d.memory_bandwidth + static_cast<double>(bytes.size()) * d.op_seconds;
@@ -173,7 +190,7 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
   for (const auto& bucket : buckets) {
     double in_bucket = 0, complete = 0;
     for (std::size_t i : bucket) in_bucket += static_cast<double>(bytes[i]), complete = std::max(complete, ready[i]);
-    double seconds = all_reduce_seconds(in_bucket, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, in_bucket / 4, ranks, d);
+    double seconds = cpu_collective_seconds(comm::OpKind::all_reduce, in_bucket / 4, ranks, c.intra, d);
     if (how.simulated) seconds = std::max(seconds, all_reduce_seconds(in_bucket, ranks, *how.simulated));
     link_free = std::max(link_free, complete) + seconds;
     step.communication += seconds;
@@ -181,7 +198,7 @@ MlpStep predict_mlp_step(const MlpShape& shape, double global_batch, int ranks, 
   step.buckets = static_cast<int>(buckets.size());
   t.dp = std::max(0.0, link_free - backward_ends);
   if (how.average_loss)  // the loss, averaged for the log: one element
-    t.dp += all_reduce_seconds(4, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, 1, ranks, d);
+    t.dp += cpu_collective_seconds(comm::OpKind::all_reduce, 1, ranks, c.intra, d);
   return step;
 }
 
@@ -190,22 +207,13 @@ TimeBreakdown predict_zero_mlp_step(const MlpShape& shape, double global_batch, 
   TimeBreakdown t;
   t.compute = predict_mlp_step(shape, global_batch, ranks, c, {.average_loss = false}).time.compute;
   std::vector<double> units;  // each layer's parameters (its weight and bias): stage 2 and 3's units
-  double in = static_cast<double>(shape.features);
-  for (int layer = 0; layer <= shape.layers; ++layer) {
-    const double out = layer < shape.layers ? static_cast<double>(shape.hidden) : 1.0;
-    units.push_back(in * out + out);
-    in = out;
-  }
   double psi = 0;
-  for (double u : units) psi += u;
-  const auto all_reduce = [&](double elements) {
-    return all_reduce_seconds(4 * elements, ranks, c.intra) + reduction_seconds(comm::OpKind::all_reduce, elements, ranks, d);
+  for (const auto& [in, out] : mlp_layers(shape)) psi += units.emplace_back(in * out + out);
+  const auto collective = [&](comm::OpKind kind) {
+    return [&, kind](double elements) { return cpu_collective_seconds(kind, elements, ranks, c.intra, d); };
   };
-  const auto reduce_scatter = [&](double elements) {
-    return collective_seconds(comm::OpKind::reduce_scatter, 4 * elements, ranks, c.intra) +
-           reduction_seconds(comm::OpKind::reduce_scatter, elements, ranks, d);
-  };
-  const auto all_gather = [&](double elements) { return all_gather_seconds(4 * elements, ranks, c.intra); };
+  const auto all_reduce = collective(comm::OpKind::all_reduce), reduce_scatter = collective(comm::OpKind::reduce_scatter),
+             all_gather = collective(comm::OpKind::all_gather);
   const double part = stage == 0 ? psi : psi / ranks;  // the parameters whose update this rank computes
   if (ranks > 1) {
     if (stage == 0) t.dp += all_reduce(psi);
