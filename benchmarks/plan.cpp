@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/checkpoint/safetensors.h"  // write_file_atomically
 #include "common/cli/cli.h"
 #include "common/metrics/metrics.h"
 #include "common/planner/calibration.h"
@@ -222,7 +223,11 @@ int main(int argc, char** argv) {
       if (link_path.empty()) throw UsageError("--calibrate: needs --link, chapter 03's metrics with its alpha-beta fit");
       const Link link = read_link(link_path);
       const Calibration c = measure_this_machine(link);
-      std::ofstream(calibrate) << to_json(c).dump(2) << "\n";
+      try {  // through a temporary made anew and renamed over: never through a link, never half written
+        checkpoint::write_file_atomically(calibrate, to_json(c).dump(2) + "\n");
+      } catch (const checkpoint::CheckpointError& e) {
+        throw UsageError(std::string("--calibrate: ") + e.what());
+      }
       const auto line = [](const char* threads, const OpRates& r) {
         std::printf("  %s: linear layers at %.1f GFLOP/s (half of it at %.2g FLOP), a layer's element-wise ops %.1f us + "
                     "%.2f ns a token-channel, attention %.1f us a sequence-head, memory %.1f GB/s\n",

@@ -3,6 +3,8 @@
 // input refused in one line.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -159,6 +161,28 @@ TEST(Plan, BadInputIsOneLineNamingTheFlag) {
     EXPECT_EQ(count_lines(r.err), 1) << args << ": " << r.err;
     EXPECT_NE(r.err.find(flag), std::string::npos) << args << ": " << r.err;
   }
+}
+
+// --calibrate writes its file through a temporary made anew: a link where the file goes is refused, naming
+// it, and what it points at is left as it was; a regular file there is replaced whole.
+TEST(Plan, TheCalibrationIsNeverWrittenThroughALink) {
+  const std::string link_fit = temp_path("plan_link.jsonl"), victim = temp_path("plan_victim.txt"),
+                    placed = temp_path("plan_placed.json");
+  std::ofstream(link_fit) << R"({"event": "alpha_beta", "alpha_us": 5.0, "beta_s_per_byte": 2e-10})" << "\n";
+  std::ofstream(victim) << "precious";
+  std::remove(placed.c_str());
+  ASSERT_EQ(::symlink(victim.c_str(), placed.c_str()), 0);
+  const auto refused = run_process(kPlan + " --calibrate " + placed + " --link " + link_fit);
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("--calibrate: " + placed), std::string::npos) << refused.err;
+  EXPECT_EQ(read_file(victim), "precious");
+  std::remove(placed.c_str());
+  std::ofstream(placed) << "an older calibration, longer than any new one could be " << std::string(10000, 'x');
+  const auto written = run_process(kPlan + " --calibrate " + placed + " --link " + link_fit);
+  EXPECT_EQ(written.exit_code, 0) << written.out << written.err;
+  std::ifstream in(placed);
+  EXPECT_FALSE(nlohmann::json::parse(in, nullptr, false).is_discarded()) << read_file(placed).substr(0, 200);
+  for (const auto& path : {link_fit, victim, placed}) std::remove(path.c_str());
 }
 
 }  // namespace
