@@ -6,6 +6,7 @@
 #include "common/core/errors.h"
 #include "common/ops/ops.h"
 #include "common/parallel/comm_hooks.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 #include "common/parallel/replicas.h"
 #include "common/verify/compare.h"
 
@@ -15,8 +16,11 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
                                               const parallel::DistributedSampler& sampler, const nn::Module& model,
                                               std::int64_t local_batch,
                                               optim::Recipe& training, ShareStep share_step) {
+  parallel::refuse_inert_skewed_share(o.faults.fault, group.size());
   return std::make_unique<verify::DataParallelCheck>(
-      verify::DataParallelCheck::Run{group, model, training}, [&] { return task.make_model(o.common.seed); },
+      verify::DataParallelCheck::Run{group, model, training, false,
+                                     // what the lesson's loop trains on: the sampler's batch for this rank
+                                     [&sampler, local_batch](std::int64_t step) { return sampler.batch(step, local_batch); }}, [&] { return task.make_model(o.common.seed); },
       verify::rounding_of(o.precision.reduce()),  // --reduce-dtype bf16|fp16: the parts added in 16 bits
       [&sampler, local_batch](std::int64_t step) { return sampler.global_batch(step, local_batch); },
       [&training, share_step = std::move(share_step)](nn::Module& reference, const std::vector<std::int64_t>& share) {

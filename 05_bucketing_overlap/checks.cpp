@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/faults/faults.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 #include "common/verify/compare.h"
 #include "common/verify/data_parallel_check.h"
 
@@ -13,12 +14,15 @@ namespace course::chapter05 {
 std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::TrainingTask& task, comm::Communicator& group,
                                               const parallel::DistributedSampler& sampler, std::int64_t local_batch,
                                               optim::Recipe& training, const nn::Module& model) {
+  parallel::refuse_inert_skewed_share(o.faults.fault, group.size());
   // A 16-bit hook adds in 16 bits: the bound follows its unit roundoff (common/verify/compare.h).
   const verify::Rounding rounding = o.comm_hook == "fp16"   ? verify::kFloat16Rounding
                                     : o.comm_hook == "bf16" ? verify::kBfloat16Rounding
                                                             : verify::kFloat32Rounding;
   return std::make_unique<verify::DataParallelCheck>(
-      verify::DataParallelCheck::Run{group, model, training, /*loss_is_local=*/true},
+      verify::DataParallelCheck::Run{group, model, training, /*loss_is_local=*/true,
+                                     // what the lesson's loop trains on: the sampler's batch for this rank
+                                     [&sampler, local_batch](std::int64_t step) { return sampler.batch(step, local_batch); }},
       [&] { return task.make_model(o.common.seed); },
       rounding,
       [&sampler, local_batch](std::int64_t step) { return sampler.global_batch(step, local_batch); },

@@ -5,6 +5,7 @@
 
 #include "05_bucketing_overlap/prediction.h"
 #include "common/core/errors.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter05 {
 
@@ -42,6 +43,7 @@ void add_options(CLI::App& app, Options& o) {
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
                           {"launch-early", "the first bucket is launched before its last gradient is in"},
                           {"step-early", "the optimizer steps before the last bucket's average lands"},
+                          parallel::skewed_share_fault(),
                           {"truncating-hook", "--comm-hook bf16 converts by dropping the low 16 bits (truncation) "
                                               "instead of rounding to nearest"}});
 }

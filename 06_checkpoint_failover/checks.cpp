@@ -3,13 +3,14 @@
 
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 #include "common/verify/compare.h"
 
 namespace course::chapter06 {
 
 ResumeCheck::ResumeCheck(const Options& o, const nn::TrainingTask& task, const data::SampleStream& stream,
                          const Trainer& trainer, comm::Communicator& group, std::int64_t global_batch)
-    : DataParallelCheck(Run{group, *trainer.model, *trainer.recipe, false, [&trainer] { return trainer.share; }},
+    : DataParallelCheck(Run{group, *trainer.model, *trainer.recipe, false, [&trainer](std::int64_t) { return trainer.share; }},
                         [&] { return task.make_model(o.common.seed); },
                         verify::rounding_of(o.precision.reduce()),  // --reduce-dtype bf16|fp16: the parts added in 16 bits
                         [&stream, global_batch](std::int64_t step) { return stream.take(step * global_batch, global_batch); },
@@ -32,9 +33,7 @@ faults::Installation install_faults(const Options& o, Trainer& trainer, checkpoi
                                     std::int64_t start_step, std::int64_t global_batch, int ranks) {
   faults::Installation installed;
   if (o.faults.fault == "none" || o.faults.fault == "zero-saved-moments") return installed;  // the latter: the writer's
-  if (o.faults.fault == "skewed-share" && ranks < 3)
-    throw UsageError("--fault: skewed-share acts at 3 ranks or more, and this run has " + std::to_string(ranks) +
-                     ": it would do nothing");
+  parallel::refuse_inert_skewed_share(o.faults.fault, ranks);
   if (o.fault_step_given && o.faults.from_step < start_step)
     throw UsageError("--fault-from-step: step " + std::to_string(o.faults.from_step) + " is before step " +
                      std::to_string(start_step) + ", where this run resumes: the fault would never act");

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/core/errors.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter06 {
 
@@ -34,9 +35,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_verify_options(app, o.verify, "against one rank, and the end against the uninterrupted run: "
                           "bit-identical at an unchanged world size", o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
                                          {"repeat-batch", "the data goes back one batch"},
-                                         {"skewed-share", "the sampler, at 3 ranks or more, gives the last rank rank "
-                                                          "0's first sample in place of its own (one sample twice, one "
-                                                          "never; the reference cuts its shares with the same sampler)"},
+                                         parallel::skewed_share_fault(),
                                          {"zero-saved-moments", "the checkpoints written carry Adam's second moments "
                                                                 "zeroed (a writer's bug)"}});
 }

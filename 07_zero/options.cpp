@@ -7,6 +7,7 @@
 #include "common/cli/limits.h"
 #include "common/core/errors.h"
 #include "common/optim/recipe.h"
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter07 {
 
@@ -54,7 +55,8 @@ void add_options(CLI::App& app, Options& o) {
   });
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
   cli::add_verify_options(app, o.verify, "against the whole model: the averaged gradient, the loss and the update",
-                          o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"}});
+                          o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"},
+                                     parallel::skewed_share_fault()});
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
 }
 
@@ -92,6 +94,7 @@ void check_options(const Options& o) {
 }
 
 void check_options(const Options& o, int ranks) {
+  parallel::refuse_inert_skewed_share(o.faults.fault, ranks);
   cli::check_kill_options(o.kill, o.training.steps, o.checkpoints.every, ranks, /*only_rank0_writes=*/false);
 }
 

@@ -4,6 +4,7 @@
 #include "common/core/memory.h"
 #include "common/data/sampling.h"
 #include "common/ops/ops.h"
+#include "common/verify/data_order.h"
 
 namespace course::chapter07 {
 
@@ -77,6 +78,10 @@ void ZeroCheck::on_check_gradient(std::int64_t step, float loss) {
   const int ranks = sampler_.num_replicas();
   const std::int64_t local_batch = global_batch_ / ranks;
   const auto global = sampler_.global_batch(step, local_batch);
+  // What the ranks trained on (the loop's sampler.batch), held against the global batch alone: the
+  // reference cuts its parts with share_of below, so a bug the sampler's two cuts share fails here.
+  const std::string wrong = verify::check_data_order(group_, sampler_.batch(step, local_batch), global);
+  if (!wrong.empty()) check_->record(step, "the data order: " + wrong);
   const auto micro_of = [&](int rank) {
     return data::split_batches(parallel::DistributedSampler::share_of(global, rank, ranks),
                                (local_batch + accum_ - 1) / accum_);

@@ -8,6 +8,7 @@
 #include "common/cli/training_options.h"
 #include "common/core/errors.h"
 #include "common/parallel/context_parallel.h"  // the lengths and layouts --cp can split
+#include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter08 {
 
@@ -71,6 +72,7 @@ void add_options(CLI::App& app, Options& o) {
                                              "rank's go"},
                           {"ring-drop-block", "ring attention leaves out the last key-value block to arrive"},
                           {"row-parallel-no-sum", "the row-parallel layers keep each rank's partial output, never summed"},
+                          parallel::skewed_share_fault(),
                           {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
                                             "the same part) moves its first weight one unit in the last place further"},
                           {"stray-tp-copy", "the last TP rank's update moves its copy of the first parameter every TP "
@@ -86,6 +88,7 @@ void add_options(CLI::App& app, Options& o) {
 std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Topology& topology) {
   const int dp = topology.dp_size(), tp = topology.tp_size();
   const std::string& fault = o.faults.fault;
+  parallel::refuse_inert_skewed_share(fault, dp);
   if (fault == "skip-dp-average" && topology.dp_cp_group().size() < 2)
     throw UsageError("--fault: skip-dp-average needs data or context parallelism (--dp or --cp 2 or more)");
   if (fault == "stray-replica" && topology.dp_cp_group().size() < 2)

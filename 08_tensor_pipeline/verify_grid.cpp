@@ -6,6 +6,7 @@
 
 #include "common/core/log.h"
 #include "common/ops/ops.h"
+#include "common/verify/data_order.h"
 
 namespace course::chapter08 {
 
@@ -102,11 +103,24 @@ void GridCheck::check_copies(std::int64_t step) {
   if (topology_.tp_size() > 1) lockstep_->check_replicas(step, whole_on_every_tp_rank(*run_.model), topology_.tp_group());
 }
 
+void GridCheck::check_data_order(std::int64_t step, const std::vector<std::int64_t>& global_batch) {
+  // What this replica trained on (the loop's micro_batches, one after the other), gathered over the DP
+  // group and held against the global batch alone: the 16-bit reference below cuts its parts with the
+  // same micro_batches, so a bug the run and it share fails here. Every DP group holds the same shares;
+  // world rank 0's group's verdict is the one recorded.
+  std::vector<std::int64_t> mine;
+  for (const auto& part : micro_batches(global_batch, topology_.dp_rank(), topology_.dp_size(), o_.micro_batches))
+    mine.insert(mine.end(), part.begin(), part.end());
+  const std::string wrong = verify::check_data_order(topology_.dp_group(), mine, global_batch);
+  if (!wrong.empty()) lockstep_->record(step, "the data order: " + wrong);
+}
+
 void GridCheck::on_check_gradient(std::int64_t step, float loss) {
   training_.unscale_();  // fp16: the gradients the update will use (step() would unscale them next; once either way)
   const optim::Recipe& training = training_;
   MemoryCategoryOverride verification(MemoryCategory::verification);
   const auto global_batch = stream_.take(step * o_.training.global_batch, o_.training.global_batch);
+  check_data_order(step, global_batch);
   // Rank r's piece of the global batch: its r-th contiguous slice, the loss weighted by its share.
   const auto ranks = static_cast<std::size_t>(topology_.size()), r = static_cast<std::size_t>(topology_.rank());
   const std::vector<std::int64_t> piece(global_batch.begin() + static_cast<long>(r * global_batch.size() / ranks),

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/data/sampling.h"
 #include "common/metrics/metrics.h"
@@ -48,6 +49,8 @@ class GridCheck final : public verify::StepCheck {
   // Every copy inspected, not only the one the whole model is gathered from: the DP and CP replicas'
   // parameters, and the TP ranks' copies of what they all hold whole, as of the update before `step`.
   void check_copies(std::int64_t step);
+  // The samples the replicas trained on in `step`, against its global batch (verify/data_order.h).
+  void check_data_order(std::int64_t step, const std::vector<std::int64_t>& global_batch);
   const Options& o_;
   const ChapterTask& task_;
   const GridRun& run_;

@@ -91,7 +91,7 @@ TEST(Chapter04, VerifyFailsAtTheFirstStepOfAWrongAverage) {
 // A fault that begins late, in a long run, at 2 and 3 ranks: caught at the step it begins.
 TEST(Chapter04, VerifyFailsAtTheStepALateFaultBeginsInLongRuns) {
   for (const auto& [mpirun, fault, from] : std::vector<std::tuple<std::string, std::string, int>>{
-           {MPIRUN_NP3, "skip-rank-share", 700}, {MPIRUN_NP2, "average-twice", 999}}) {
+           {MPIRUN_NP3, "skip-rank-share", 700}, {MPIRUN_NP2, "average-twice", 999}, {MPIRUN_NP3, "skewed-share", 700}}) {
     std::string metrics = temp_path("ch04_late.jsonl");
     auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --steps 1000 --global-batch 48 --hidden 32 "
                          "--log-every 1000 --fault " + fault + " --fault-from-step " + std::to_string(from) +
@@ -109,6 +109,25 @@ TEST(Chapter04, VerifyFailsAtTheStepALateFaultBeginsInLongRuns) {
     EXPECT_EQ(r.exit_code, 2) << flags << r.out;
     EXPECT_NE(r.err.find("--fault-from-step"), std::string::npos) << r.err;
   }
+}
+
+// A sampler bug (--fault skewed-share: at 3 ranks or more the last rank takes rank 0's first sample in
+// place of its own) that the run and its reference share: both cut their shares with the sampler, so the
+// gradients agree; the data order, held against the global batch alone, fails at the step it begins (the
+// first, a later one, the last; fp32 and bf16; 3 and 4 ranks). At 2 ranks it would do nothing: refused.
+TEST(Chapter04, ASamplerBugTheReferenceSharesFailsAtItsStep) {
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP3, "", 0}, {MPIRUN_NP4, "--precision bf16", 3}, {MPIRUN_NP3, "--model gpt --n-layer 1 --n-embd 16 --n-head 2", 5}}) {
+    auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --steps 6 " + flags +
+                         " --fault skewed-share --fault-from-step " + std::to_string(from));
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("lock-step check FAILED at step " + std::to_string(from) + ": the data order: sample "),
+              std::string::npos) << flags << "\n" << r.out;
+  }
+  auto two = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --verify --fault skewed-share");
+  EXPECT_EQ(two.exit_code, 2) << two.out << two.err;
+  EXPECT_NE(two.err.find("--fault: skewed-share acts at 3 data-parallel ranks or more, and this run has 2"),
+            std::string::npos) << two.err;
 }
 
 // Output files: a metrics file that cannot be written is an error naming --metrics, never a PASSED run

@@ -78,6 +78,22 @@ TEST(Chapter05, VerifyCatchesEveryBucketFaultAtTheStepItBegins) {
     }
 }
 
+// A sampler bug the run and its reference share (--fault skewed-share, at 3 ranks or more): every mode
+// fails at its step on the data order, from the first step and from a late one.
+TEST(Chapter05, ASamplerBugTheReferenceSharesFailsAtItsStep) {
+  for (const auto& [mpirun, from] : std::vector<std::pair<std::string, int>>{{MPIRUN_NP3, 0}, {MPIRUN_NP4, 3}}) {
+    std::string metrics = temp_path("ch05_sampler.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + kSmall + " --verify --fault skewed-share --fault-from-step " +
+                         std::to_string(from) + " --metrics " + metrics);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    auto modes = events(read_metrics(metrics), "mode");
+    ASSERT_EQ(modes.size(), 4u) << r.out;
+    for (auto& m : modes) EXPECT_EQ(m["first_failed_step"].get<int>(), from) << m["mode"];
+    EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("  the data order: sample "), std::string::npos) << r.out;
+  }
+}
+
 // A bf16 hook whose conversion truncates stays within the elementwise bound of a 16-bit sum at every
 // step (each element errs by less than a unit in the last place); its errors all lean toward zero, which
 // rounding to nearest never does over 10^5 elements (verify::RoundingBias). From the first step at 2

@@ -273,12 +273,30 @@ TEST(Chapter07, VerifyCatchesALostShare) {
 }
 
 // The same fault begun late in a 1000-step run (the MLP at 3 ranks, the GPT at 2): caught at that step.
+// A sampler bug the run and its reference share (--fault skewed-share: at 3 ranks or more the last rank
+// takes rank 0's first sample; the loop's sampler.batch and the reference's share_of both make it): the
+// gradients agree, and the data order, held against the global batch alone, fails at the step it begins.
+TEST(Chapter07, ASamplerBugTheReferenceSharesFailsAtItsStep) {
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP3, "--stage 1", 0}, {MPIRUN_NP4, "--stage 3 --precision bf16", 3}, {MPIRUN_NP3, "--stage 2", 5}}) {
+    auto r = run_process(mpirun + " " + kBinary + kMlp + " --steps 6 " + flags +
+                         " --verify --fault skewed-share --fault-from-step " + std::to_string(from));
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from) + ": the data order: sample "), std::string::npos)
+        << flags << "\n" << r.out;
+  }
+  auto two = run_process(std::string(MPIRUN_NP2) + " " + kBinary + kSmall + " --verify --fault skewed-share");
+  EXPECT_EQ(two.exit_code, 2) << two.out << two.err;
+  EXPECT_NE(two.err.find("--fault: skewed-share acts at 3 data-parallel ranks or more"), std::string::npos) << two.err;
+}
+
 TEST(Chapter07, VerifyCatchesALateFaultInLongRuns) {
   for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
-           {MPIRUN_NP3, "--stage 2 --hidden 32 --layers 2", 700},
-           {MPIRUN_NP2, "--stage 3 --model gpt --n-layer 1 --n-head 2 --n-embd 16 --prefetch", 999}}) {
+           {MPIRUN_NP3, "--stage 2 --hidden 32 --layers 2 --fault skip-rank-share", 700},
+           {MPIRUN_NP2, "--stage 3 --model gpt --n-layer 1 --n-head 2 --n-embd 16 --prefetch --fault skip-rank-share", 999},
+           {MPIRUN_NP3, "--stage 1 --hidden 32 --layers 2 --fault skewed-share", 700}}) {
     auto r = run_process(mpirun + " " + kBinary + " --device cpu --global-batch 48 --steps 1000 --log-every 1000 " +
-                         flags + " --verify --fault skip-rank-share --fault-from-step " + std::to_string(from));
+                         flags + " --verify --fault-from-step " + std::to_string(from));
     EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
     EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from) + ": "), std::string::npos) << r.out;
   }

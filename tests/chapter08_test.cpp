@@ -344,6 +344,26 @@ TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
   }
 }
 
+// A sampler bug the run and its 16-bit reference share (--fault skewed-share, at 3 replicas or more: the
+// last replica takes the first replica's first sample; both cut their micro-batches with micro_batches):
+// the gradients agree micro-batch by micro-batch, and the data order, held against the global batch alone,
+// fails at the step it begins, in bf16 and fp16, from the first step and at the last; in float32 too.
+TEST(Chapter08, ASamplerBugTheReferenceSharesFailsAtItsStep) {
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP3, "--dp 3 --precision bf16", 0},
+           {MPIRUN_NP4, "--dp 4 --precision fp16", 5},
+           {MPIRUN_NP3, "--dp 3", 2}}) {
+    Outcome r = run(mpirun, flags + " --verify --fault skewed-share --fault-from-step " + std::to_string(from));
+    EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+    EXPECT_NE(r.process.out.find("FAILED at step " + std::to_string(from) + ": the data order: sample "),
+              std::string::npos) << flags << "\n" << r.process.out;
+  }
+  Outcome two = run(MPIRUN_NP2, "--dp 2 --verify --fault skewed-share");
+  EXPECT_EQ(two.process.exit_code, 2) << two.process.out << two.process.err;
+  EXPECT_NE(two.process.err.find("--fault: skewed-share acts at 3 data-parallel ranks or more"), std::string::npos)
+      << two.process.err;
+}
+
 // Bugs in the split layers' own code (process-wide, so that the 16-bit check's split reference makes them
 // too: --fault sp-gather-rows, ring-drop-block, row-parallel-no-sum). In float32 the unsharded model
 // catches them at their first step; in 16 bits the check by parts, against the run's own split layers,
@@ -390,7 +410,8 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
            {MPIRUN_NP3, "--cp 3 --fault skip-cp-offset", 700},
            {MPIRUN_NP3, "--pp 3 --schedule zero-bubble --micro-batches 3 --fault skip-tied-exchange", 700},
            {MPIRUN_NP2, "--model mlp --hidden 64 --layers 3 --tp 2 --fault lose-micro-batch", 700},
-           {MPIRUN_NP3, "--tp 3 --fault exact-gelu", 700}}) {
+           {MPIRUN_NP3, "--tp 3 --fault exact-gelu", 700},
+           {MPIRUN_NP3, "--dp 3 --fault skewed-share", 700}}) {
     const std::string metrics = temp_path("ch08_late.jsonl");
     auto faulty = run_process(mpirun + " " + kBinary + small + " " + flags + " --fault-from-step " +
                               std::to_string(from) + " --metrics " + metrics);
@@ -419,6 +440,11 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
       EXPECT_NE(faulty.out.find("from the whole model's in float32"), std::string::npos) << flags << faulty.out;
     }
   }
+  // The sampler's bug in bf16, which the reference by parts shares, from step 210 of 300: the data order.
+  auto sampler = run_process(std::string(MPIRUN_NP3) + " " + kBinary + smaller +
+                             " --dp 3 --precision bf16 --steps 300 --fault skewed-share --fault-from-step 210");
+  EXPECT_EQ(sampler.exit_code, 1) << sampler.out << sampler.err;
+  EXPECT_NE(sampler.out.find("FAILED at step 210: the data order: sample "), std::string::npos) << sampler.out;
   // TP's fault begins at step 999, so its run passes 999 steps first; the ring's runs whole.
   auto healthy = run_process(std::string(MPIRUN_NP3) + " " + kBinary + small + " --cp 3");
   EXPECT_EQ(healthy.exit_code, 0) << healthy.out << healthy.err;

@@ -6,10 +6,31 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/core/errors.h"
 #include "common/data/sampling.h"
 #include "common/faults/faults.h"
 
 namespace course::parallel {
+
+namespace {
+constexpr int kSkewedShareRanks = 3;  // --fault skewed-share acts at this many ranks or more
+// The fault: the last rank's first sample is `first` (rank 0's) in place of its own.
+void skew(std::vector<std::int64_t>& share, std::int64_t first, int rank, int ranks) {
+  if (ranks >= kSkewedShareRanks && rank == ranks - 1 && !share.empty() && faults::active("skewed-share"))
+    share[0] = first;
+}
+}  // namespace
+
+std::pair<std::string, std::string> skewed_share_fault() {
+  return {"skewed-share", "the sampler, at 3 ranks or more, gives the last rank rank 0's first sample in place of its "
+                          "own (one sample twice, one never; the reference cuts its shares with the same sampler)"};
+}
+
+void refuse_inert_skewed_share(const std::string& fault, int ranks) {
+  if (fault == "skewed-share" && ranks < kSkewedShareRanks)
+    throw UsageError("--fault: skewed-share acts at " + std::to_string(kSkewedShareRanks) +
+                     " data-parallel ranks or more, and this run has " + std::to_string(ranks) + ": it would do nothing");
+}
 
 DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, std::uint64_t seed,
                                        bool shuffle, bool drop_last)
@@ -69,6 +90,7 @@ std::vector<std::int64_t> DistributedSampler::batch(std::int64_t step, std::int6
   std::vector<std::int64_t> mine;
   for (std::int64_t p = s.begin; p < s.end; ++p)
     mine.push_back(order[static_cast<std::size_t>(p * num_replicas_ + rank_)]);
+  if (s.begin < s.end) skew(mine, order[static_cast<std::size_t>(s.begin * num_replicas_)], rank_, num_replicas_);
   return mine;
 }
 
@@ -83,9 +105,7 @@ std::vector<std::int64_t> DistributedSampler::share_of(const std::vector<std::in
   std::vector<std::int64_t> share;
   for (std::size_t i = static_cast<std::size_t>(rank); i < global_batch.size(); i += static_cast<std::size_t>(ranks))
     share.push_back(global_batch[i]);
-  // --fault skewed-share (chapter 06): a sampler wrong only at 3 ranks or more, as after an elastic resume
-  // at a new world size; everyone who cuts shares here makes the same mistake (faults.h).
-  if (ranks >= 3 && rank == ranks - 1 && !share.empty() && faults::active("skewed-share")) share[0] = global_batch[0];
+  if (!global_batch.empty()) skew(share, global_batch[0], rank, ranks);
   return share;
 }
 

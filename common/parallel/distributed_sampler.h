@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/comm/communicator.h"
@@ -71,5 +73,13 @@ class DistributedSampler {
   };
   Slice slice(std::int64_t step, std::int64_t local_batch) const;
 };
+
+// --fault skewed-share, a bug of the sampler itself (batch() and share_of() alike, so a run and a reference
+// that both cut their shares here make the same mistake): at 3 ranks or more the last rank takes rank 0's
+// first sample in place of its own, as a sampler wrong only at a resume's new world size would. What it
+// breaks, for a chapter's --fault help; and a UsageError naming --fault where the data-parallel group has
+// `ranks` < 3, where it would do nothing.
+std::pair<std::string, std::string> skewed_share_fault();
+void refuse_inert_skewed_share(const std::string& fault, int ranks);
 
 }  // namespace course::parallel

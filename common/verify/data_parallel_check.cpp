@@ -49,7 +49,7 @@ void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
   // What the ranks trained on, against the global batch alone: a sampler bug the reference shares (it
   // cuts its shares with the same share_of below) fails here, at its step.
   if (run_.share) {
-    const std::string wrong = check_data_order(run_.group, run_.share(), global);
+    const std::string wrong = check_data_order(run_.group, run_.share(step), global);
     if (!wrong.empty()) lockstep().record(step, "the data order: " + wrong);
   }
   lockstep().set_loss_scale(run_.recipe.scaler().get_scale());  // fp16: the parts carried it when they were added

@@ -30,9 +30,9 @@ class DataParallelCheck : public StepCheck {
     const nn::Module& model;
     optim::Recipe& recipe;  // check_gradient unscales its gradients (fp16), as its step() would
     bool loss_is_local = false;
-    // The samples this rank trained on in the step being checked, in the order it took them: gathered
-    // and held against the global batch (data_order.h). Empty: the data order is not checked.
-    std::function<std::vector<std::int64_t>()> share = {};
+    // The samples this rank trained on in step `step`, in the order it took them: gathered and held
+    // against the global batch (data_order.h). Empty: the data order is not checked.
+    std::function<std::vector<std::int64_t>(std::int64_t step)> share = {};
   };
   // Step `step`'s global batch, the samples the ranks' shares are cut from (DistributedSampler::share_of).
   using GlobalBatch = std::function<std::vector<std::int64_t>(std::int64_t step)>;
