@@ -30,12 +30,17 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
       });
 }
 
-faults::Installation install_faults(const Options& o, DataParallelNaive& ddp) {
+faults::Installation install_faults(const Options& o, DataParallelNaive& ddp, const optim::Recipe& training) {
   if (faults::armed("stray-replica") && ddp.communicator().size() < 2)
     throw UsageError("--fault: stray-replica needs two or more ranks (a replica beside rank 0 to go astray)");
   if (faults::armed("average-twice") && ddp.communicator().size() < 2)  // divided by 1 twice: nothing
     throw UsageError("--fault: average-twice needs two or more ranks (at one, dividing by the world size twice "
                      "changes nothing)");
+  if (faults::armed("stray-moment") && ddp.communicator().size() < 2)
+    throw UsageError("--fault: stray-moment needs two or more ranks (a replica beside rank 0 to go astray)");
+  if (faults::armed("stray-moment") && o.optimizer != "adamw")
+    throw UsageError("--fault: stray-moment moves an AdamW moment, and --optimizer " + o.optimizer +
+                     " keeps no state: add --optimizer adamw");
   if (faults::armed("adamw-decay") && o.optimizer != "adamw")
     throw UsageError("--fault: adamw-decay breaks AdamW, which --optimizer " + o.optimizer + " does not use: add --optimizer adamw");
   faults::Installation installed;
@@ -53,6 +58,12 @@ faults::Installation install_faults(const Options& o, DataParallelNaive& ddp) {
     installed.on_step_end([&ddp] {
       comm::Communicator& group = ddp.communicator();
       if (group.rank() == group.size() - 1) parallel::stray_by_one_rounding(ddp.module().parameters().front());
+    });
+  if (faults::armed("stray-moment"))  // after the update: this replica's optimizer state alone
+    installed.on_step_end([&ddp, &training] {
+      comm::Communicator& group = ddp.communicator();
+      if (group.rank() == group.size() - 1)
+        parallel::stray_state_by_one_rounding(training.optimizer(), ddp.module().parameters().front());
     });
   return installed;
 }

@@ -32,6 +32,6 @@ std::unique_ptr<verify::StepCheck> make_check(const Options& o, const nn::Traini
 // The run's --fault, on its DDP: a communication hook that averages wrongly (average-twice,
 // skip-rank-share), or the last replica's update astray (stray-replica); adamw-decay is a slip of the
 // optimizer class itself (optim::Adam). For as long as the returned installation lives.
-faults::Installation install_faults(const Options& o, DataParallelNaive& ddp);
+faults::Installation install_faults(const Options& o, DataParallelNaive& ddp, const optim::Recipe& training);
 
 }  // namespace course::chapter04

@@ -75,7 +75,7 @@ int train(const Options& o, cli::Session& session) {
                         return forward_backward(m, task, share, o.accum, training);
                       });
   });
-  const faults::Installation faulty = install_faults(o, ddp);
+  const faults::Installation faulty = install_faults(o, ddp, training);
   Report report(o, session, task, sampler, *model, global_batch, total_steps, training);
 
   for (std::int64_t step = 0; step < total_steps; ++step) {

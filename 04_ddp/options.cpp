@@ -34,6 +34,8 @@ void add_options(CLI::App& app, Options& o) {
                                          {"skip-rank-share", "the last rank's share of the gradient never arrives"},
                                          {"stray-replica", "the last rank's update moves its first weight one unit in "
                                                            "the last place further (rank 0 stays right)"},
+                                         {"stray-moment", "the last rank's update moves its AdamW first moment of "
+                                                          "the first weight one unit in the last place further"},
                                          {"adamw-decay", "AdamW's decoupled weight decay is not scaled by the "
                                                          "learning rate (a slip in the optimizer class, shared by "
                                                          "the run and the reference's replay)"}});

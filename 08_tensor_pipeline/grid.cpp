@@ -53,21 +53,42 @@ comm::Communicator& tp_group(GridRun& run, parallel::Topology& topology) {
 
 // --fault stray-replica: the last of the replicas holding this rank's part (its data- and context-parallel
 // group) moves its first weight one unit in the last place further, as a rank whose update went astray.
-void stray_last_replica(nn::Module& model, parallel::Topology& topology) {
+// --fault stray-moment without TP (`optimizer` given): its AdamW first moment of that weight instead.
+void stray_last_replica(nn::Module& model, parallel::Topology& topology, const optim::Optimizer* optimizer = nullptr) {
   comm::Communicator& replicas = topology.dp_cp_group();
-  if (replicas.rank() == replicas.size() - 1) parallel::stray_by_one_rounding(model.parameters().front());
+  if (replicas.rank() != replicas.size() - 1) return;
+  if (optimizer) parallel::stray_state_by_one_rounding(*optimizer, model.parameters().front());
+  else parallel::stray_by_one_rounding(model.parameters().front());
 }
 
 // --fault stray-tp-copy: the last TP rank moves its copy of the first parameter every TP rank holds whole
 // one unit in the last place further, as a rank whose update of a replicated tensor went astray.
-void stray_last_tp_copy(parallel::TensorParallelModule& model, parallel::Topology& topology) {
+// --fault stray-moment with TP (`optimizer` given): its AdamW first moment of that tensor instead.
+void stray_last_tp_copy(parallel::TensorParallelModule& model, parallel::Topology& topology,
+                        const optim::Optimizer* optimizer = nullptr) {
   if (topology.tp_group().rank() != topology.tp_size() - 1) return;
   for (const auto& [name, parameter] : model.named_parameters())
     if (!model.is_split(name)) {
-      parallel::stray_by_one_rounding(parameter);
+      if (optimizer) parallel::stray_state_by_one_rounding(*optimizer, parameter);
+      else parallel::stray_by_one_rounding(parameter);
       return;
     }
 }
+
+}  // namespace
+
+faults::Installation install_optimizer_faults(const GridRun& run, parallel::Topology& topology,
+                                              const optim::Optimizer& optimizer) {
+  faults::Installation installed;
+  if (faults::armed("stray-moment"))  // after the update, before the check judges it
+    installed.on_step_end([model = run.model, &topology, &optimizer] {
+      if (topology.tp_size() > 1) stray_last_tp_copy(*model, topology, &optimizer);
+      else stray_last_replica(*model, topology, &optimizer);
+    });
+  return installed;
+}
+
+namespace {
 
 void install_faults(const Options& o, GridRun& run, parallel::Topology& topology) {
   // Its CP attention, its blocks, its fix-ups after backward. (The layer code's own faults, sp-gather-rows,

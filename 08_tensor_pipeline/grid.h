@@ -52,4 +52,9 @@ struct GridRun {
 // DP group. --fault is installed here, on the run's own objects (common/faults/faults.h).
 GridRun make_grid_model(const Options& o, const ChapterTask& task, parallel::Topology& topology, Device device);
 
+// --fault stray-moment acts on the run's optimizer, which the lesson makes after the grid: --verify's
+// check (the only kind of run a fault is allowed in) installs it, for as long as the result lives.
+faults::Installation install_optimizer_faults(const GridRun& run, parallel::Topology& topology,
+                                              const optim::Optimizer& optimizer);
+
 }  // namespace course::chapter08

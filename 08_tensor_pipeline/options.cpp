@@ -77,7 +77,9 @@ void add_options(CLI::App& app, Options& o) {
                                             "the same part) moves its first weight one unit in the last place further"},
                           {"stray-tp-copy", "the last TP rank's update moves its copy of the first parameter every TP "
                                             "rank holds whole (a layer norm's, a row-parallel bias) one unit in the last "
-                                            "place further"}});
+                                            "place further"},
+                          {"stray-moment", "as stray-tp-copy with TP, else as stray-replica, the update moving that "
+                                           "rank's AdamW first moment of the tensor, not the tensor"}});
   app.add_option("--trace", o.trace, "Write the last step's timeline of every stage here (Chrome trace JSON; with "
                                      "--sweep, FILE's stem and _SCHEDULE.json, each schedule at 4 micro-batches)")
       ->check(cli::OutputFile);
@@ -97,6 +99,8 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--fault: stray-replica is caught by --verify's check alone (it compares the replicas): add --verify");
   if (fault == "stray-tp-copy" && tp < 2)
     throw UsageError("--fault: stray-tp-copy needs tensor parallelism (--tp 2 or more)");
+  if (fault == "stray-moment" && tp < 2 && topology.dp_cp_group().size() < 2)
+    throw UsageError("--fault: stray-moment needs a rank holding what another holds (--tp, --dp or --cp 2 or more)");
   if (fault == "skip-cp-offset" && topology.cp_size() < 2)
     throw UsageError("--fault: skip-cp-offset needs context parallelism (--cp 2 or more)");
   if (fault == "skip-tp-all-reduce" && tp < 2)

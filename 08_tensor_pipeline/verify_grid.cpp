@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "common/core/log.h"
 #include "common/ops/ops.h"
@@ -30,6 +31,7 @@ GridCheck::GridCheck(const Options& o, const ChapterTask& task, const GridRun& r
   lockstep_ = std::make_unique<verify::Lockstep>(reference_, [this](std::int64_t step) { trainer_->update(step); },
                                                  &topology.world(), o.clip);
   lockstep_->set_optimizer(trainer_->optimizer());  // and AdamW's formula itself
+  optimizer_faults_ = install_optimizer_faults(run, topology, training.optimizer());
   by_parts_ = checked_by_parts(o, topology);
   // The run adds its micro-batches in float32, its replicas in the reduce type: the bound follows it.
   if (by_parts_) lockstep_->set_rounding(verify::rounding_of(o.precision.reduce()));
@@ -75,6 +77,14 @@ void check_verifiable(const Options& o, const parallel::Topology& topology) {
 }
 
 namespace {
+// The tensors every rank of the TP group holds whole, by identity: their optimizer state is every TP rank's too.
+std::set<const void*> whole_tensors(const parallel::TensorParallelModule& model) {
+  std::set<const void*> whole;
+  for (const auto& [name, parameter] : model.named_parameters())
+    if (!model.is_split(name)) whole.insert(parameter.impl());
+  return whole;
+}
+
 // This rank's copies of what every rank of its TP group holds whole (layer norms, row-parallel biases), in
 // order: the gather takes TP rank 0's, so every other TP rank's must be its bits.
 std::vector<float> whole_on_every_tp_rank(const parallel::TensorParallelModule& model) {
@@ -99,8 +109,15 @@ void GridCheck::check_copies(std::int64_t step) {
   // The whole model is gathered from one copy of each part; the other replicas (the DP and CP ranks of the
   // same TP and PP coordinates) must hold that copy's bits, and so must the other TP ranks' copies of
   // what they all hold whole.
+  const optim::Optimizer& optimizer = training_.optimizer();
   lockstep_->check_replicas(step, run_.model->parameters_to_host(), topology_.dp_cp_group());
-  if (topology_.tp_size() > 1) lockstep_->check_replicas(step, whole_on_every_tp_rank(*run_.model), topology_.tp_group());
+  lockstep_->check_replicas(step, verify::optimizer_state(optimizer), topology_.dp_cp_group(), "optimizer state");
+  if (topology_.tp_size() > 1) {
+    lockstep_->check_replicas(step, whole_on_every_tp_rank(*run_.model), topology_.tp_group());
+    const auto whole = whole_tensors(*run_.model);
+    lockstep_->check_replicas(step, verify::optimizer_state(optimizer, [&](const Tensor& p) { return whole.count(p.impl()) > 0; }),
+                              topology_.tp_group(), "optimizer state");
+  }
 }
 
 void GridCheck::check_data_order(std::int64_t step, const std::vector<std::int64_t>& global_batch) {

@@ -47,7 +47,8 @@ class GridCheck final : public verify::StepCheck {
 
  private:
   // Every copy inspected, not only the one the whole model is gathered from: the DP and CP replicas'
-  // parameters, and the TP ranks' copies of what they all hold whole, as of the update before `step`.
+  // parameters and optimizer state, and the TP ranks' copies of what they all hold whole and of its
+  // state, as of the update before `step`.
   void check_copies(std::int64_t step);
   // The samples the replicas trained on in `step`, against its global batch (verify/data_order.h).
   void check_data_order(std::int64_t step, const std::vector<std::int64_t>& global_batch);
@@ -64,6 +65,7 @@ class GridCheck final : public verify::StepCheck {
   bool by_parts_ = false;  // 16 bits: the micro-batches as parts
   verify::LocalGroup alone_{1};  // the one pipeline stage of the TP reference's parts
   std::unique_ptr<verify::ModelParallelReference> split_reference_;  // 16 bits, split layers: the run's TP x CP ranks
+  faults::Installation optimizer_faults_;  // --fault stray-moment, on the run's optimizer
 };
 
 // The most TP ranks whose sums a reference in one process can repeat on NCCL: two values add alike in

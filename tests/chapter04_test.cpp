@@ -447,14 +447,19 @@ TEST(Chapter04, ASetUpErrorOnRankZeroAloneEndsEveryRank) {
 // Every replica is inspected, not only rank 0: the last rank's update going astray by one rounding (rank 0
 // staying right) fails at the step it happened, the last step's too (at the end of the run), in fp32 and
 // bf16, at 2 and 3 ranks.
-void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
+void expect_stray_replica_caught(const std::string& mpirun, const std::string& flags, int steps, int from,
+                                 const std::string& fault = "stray-replica") {
   auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --log-every 1000 --steps " + std::to_string(steps) +
-                       " " + flags + " --fault stray-replica --fault-from-step " + std::to_string(from));
+                       " " + flags + " --fault " + fault + " --fault-from-step " + std::to_string(from));
   EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
   EXPECT_NE(r.out.find("FAILED at step " + std::to_string(from) + ": after the update of step " + std::to_string(from) +
                        ", rank "),
             std::string::npos)
       << flags << "\n" << r.out;
+  // The parameters stray, or the optimizer state alone (caught before it has moved a parameter).
+  EXPECT_NE(r.out.find(fault == "stray-moment" ? "holds other optimizer state than its replicas"
+                                               : "holds other parameters than its replicas"),
+            std::string::npos) << r.out;
 }
 
 TEST(Chapter04, VerifyCatchesAStrayReplicaAtItsStep) {
@@ -463,6 +468,22 @@ TEST(Chapter04, VerifyCatchesAStrayReplicaAtItsStep) {
   auto alone = run_process(std::string(MPIRUN_NP1) + " " + kBinary + " --device cpu --verify --fault stray-replica");
   EXPECT_EQ(alone.exit_code, 2) << alone.out << alone.err;
   EXPECT_NE(alone.err.find("--fault: stray-replica needs two or more ranks"), std::string::npos) << alone.err;
+}
+
+// Every replica's optimizer state is compared too, not only its parameters: the last rank's AdamW moment
+// moved by one rounding fails at the update that moved it (the last step's at the end), at 2 and 3 ranks,
+// in fp32 and bf16, before the moment has moved any parameter.
+TEST(Chapter04, VerifyCatchesAStrayMomentAtItsStep) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--optimizer adamw", 6, 0, "stray-moment");
+  expect_stray_replica_caught(MPIRUN_NP3, "--optimizer adamw --precision bf16", 6, 5, "stray-moment");
+  auto sgd = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --verify --fault stray-moment");
+  EXPECT_EQ(sgd.exit_code, 2) << sgd.out << sgd.err;
+  EXPECT_NE(sgd.err.find("--fault: stray-moment moves an AdamW moment, and --optimizer sgd keeps no state"),
+            std::string::npos) << sgd.err;
+}
+
+TEST(Chapter04, VerifyCatchesAStrayMomentLateInLongRuns) {
+  expect_stray_replica_caught(MPIRUN_NP3, "--optimizer adamw --global-batch 48 --hidden 32", 1000, 700, "stray-moment");
 }
 
 TEST(Chapter04, VerifyCatchesAStrayReplicaLateInLongRuns) {

@@ -640,6 +640,10 @@ void expect_stray_replica_caught(const std::string& mpirun, const std::string& f
                                std::to_string(from) + ", rank "),
             std::string::npos)
       << flags << "\n" << r.process.out;
+  // The parameters stray, or the optimizer state alone (caught before it has moved a parameter).
+  EXPECT_NE(r.process.out.find(fault == "stray-moment" ? "holds other optimizer state than its replicas"
+                                                       : "holds other parameters than its replicas"),
+            std::string::npos) << r.process.out;
 }
 
 TEST(Chapter08, VerifyCatchesAStrayReplicaAtItsStep) {
@@ -665,8 +669,23 @@ TEST(Chapter08, VerifyCatchesAStrayTpCopyAtItsStep) {
   EXPECT_NE(alone.process.err.find("stray-tp-copy needs tensor parallelism"), std::string::npos) << alone.process.err;
 }
 
+// The optimizer state of every copy is compared too: the last TP rank's AdamW moment of a tensor they all
+// hold whole (or, without TP, the last replica's) moved by one rounding fails at the update that moved
+// it, before it has moved a parameter, at 2 and 3 TP ranks, with DP, in fp32 and bf16.
+TEST(Chapter08, VerifyCatchesAStrayMomentAtItsStep) {
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 6, 0, "stray-moment");
+  expect_stray_replica_caught(MPIRUN_NP3, "--tp 3 --precision bf16", 6, 5, "stray-moment", kThreeHeads);
+  expect_stray_replica_caught(MPIRUN_NP4, "--tp 2 --dp 2", 6, 3, "stray-moment");
+  expect_stray_replica_caught(MPIRUN_NP3, "--dp 3 --precision bf16", 6, 2, "stray-moment");
+  auto alone = run(MPIRUN_NP2, "--pp 2 --verify --fault stray-moment");
+  EXPECT_EQ(alone.process.exit_code, 2);
+  EXPECT_NE(alone.process.err.find("stray-moment needs a rank holding what another holds"), std::string::npos)
+      << alone.process.err;
+}
+
 TEST(Chapter08, VerifyCatchesAStrayTpCopyLateInLongRuns) {
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-tp-copy");
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-moment");
   expect_stray_replica_caught(MPIRUN_NP3, "--tp 3 --precision bf16", 1000, 999, "stray-tp-copy", kThreeHeads);
 }
 

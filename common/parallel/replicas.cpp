@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "common/comm/agree.h"  // broadcast_string
 #include "common/core/errors.h"
@@ -46,6 +47,17 @@ void stray_by_one_rounding(const Tensor& parameter) {
   std::vector<float> values = parameter.to_host();
   values[0] = std::nextafter(values[0], INFINITY);
   Tensor(parameter).copy_from(Tensor::from_host(values, parameter.shape(), parameter.device()));
+}
+
+bool stray_state_by_one_rounding(const optim::Optimizer& optimizer, const Tensor& parameter) {
+  const auto& params = optimizer.params();
+  for (const auto& [name, state] : optimizer.state()) {
+    const auto k = static_cast<std::size_t>(std::stoul(name.substr(0, name.find('.'))));  // "K.exp_avg"
+    if (params.at(k).impl() != parameter.impl()) continue;
+    stray_by_one_rounding(state);
+    return true;
+  }
+  return false;
 }
 
 void on_rank0(comm::Communicator& group, const std::function<void()>& work) {

@@ -39,7 +39,10 @@ Lockstep& DataParallelCheck::lockstep() {
   return *lockstep_;
 }
 
-void DataParallelCheck::on_begin_step(std::int64_t step) { lockstep().begin_step(step, run_.model); }
+void DataParallelCheck::on_begin_step(std::int64_t step) {
+  lockstep().begin_step(step, run_.model);  // the parameters, rank 0's against the prediction, every rank's against rank 0's
+  lockstep().check_replicas(step, optimizer_state(run_.recipe.optimizer()), run_.group, "optimizer state");
+}
 
 void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
   run_.recipe.unscale_();  // fp16: the gradients the update will use (step() would unscale them next; once either way)
@@ -63,6 +66,9 @@ void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
 
 void DataParallelCheck::on_check_update(std::int64_t step, double norm) { lockstep().check_update(step, norm); }
 
-LockstepSummary DataParallelCheck::on_finish() { return lockstep().finish(run_.model); }
+LockstepSummary DataParallelCheck::on_finish() {
+  lockstep().check_replicas(lockstep().next_step(), optimizer_state(run_.recipe.optimizer()), run_.group, "optimizer state");
+  return lockstep().finish(run_.model);
+}
 
 }  // namespace course::verify

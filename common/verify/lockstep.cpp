@@ -186,7 +186,8 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
   return summary_;
 }
 
-void Lockstep::check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas) {
+void Lockstep::check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas,
+                              const char* what) {
   MemoryCategoryOverride verification(MemoryCategory::verification);
   if (!group_ || group_->size() == 1) return;
   float differs = -1.0f;  // this rank's number in the group when its copy is not its first replica's
@@ -198,12 +199,12 @@ void Lockstep::check_replicas(std::int64_t step, const std::vector<float>& mine,
   if (!judges() || differs < 0) return;
   const auto rank = static_cast<int>(differs);
   if (predicted_by_ < 0 && step == 0)
-    record(0, text("rank %d starts from other parameters than its replicas (the same initialisation or checkpoint must "
-                   "give every replica the same bits)", rank));
+    record(0, text("rank %d starts from other %s than its replicas (the same initialisation or checkpoint must "
+                   "give every replica the same bits)", rank, what));
   else
-    record(step - 1, text("after the update of step %lld, rank %d's parameters differ from its replicas' (only rank 0's "
+    record(step - 1, text("after the update of step %lld, rank %d holds other %s than its replicas (only rank 0's "
                           "are compared with the reference, so every replica must hold its bits)",
-                          static_cast<long long>(step - 1), rank));
+                          static_cast<long long>(step - 1), rank, what));
 }
 
 void Lockstep::begin_step(std::int64_t step, const nn::Module& run) {
@@ -222,6 +223,18 @@ LockstepSummary Lockstep::finish(const nn::Module& run) {
   const std::vector<float> mine = run.parameters_to_host();
   if (group_ && group_->size() > 1) check_replicas(next_step(), mine, *group_);
   return finish(judges() ? mine : std::vector<float>());
+}
+
+std::vector<float> optimizer_state(const optim::Optimizer& optimizer, const std::function<bool(const Tensor&)>& keep) {
+  std::vector<float> values;
+  for (const auto& [name, tensor] : optimizer.state()) {
+    // "K.exp_avg": the state of params()[K].
+    const auto k = static_cast<std::size_t>(std::stoul(name.substr(0, name.find('.'))));
+    if (keep && !keep(optimizer.params().at(k))) continue;
+    const auto host = tensor.to_host();
+    values.insert(values.end(), host.begin(), host.end());
+  }
+  return values;
 }
 
 }  // namespace course::verify

@@ -157,8 +157,10 @@ class Lockstep {
   // `replicas`, and the judge hears of any rank that differs, naming it and the update that made it so
   // (step - 1's, or at the start the initialisation). The Module overloads below do this over the whole
   // group; the grids call it with their data-parallel groups, before finish() for the last update.
+  // `what` names the values in the verdict: "parameters", or "optimizer state" (optimizer_state below).
   // Collective over the group.
-  void check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas);
+  void check_replicas(std::int64_t step, const std::vector<float>& mine, comm::Communicator& replicas,
+                      const char* what = "parameters");
   // The step the run's parameters are now ready for: one after the last update the reference repeated
   // (on rank 0, which judges; finish() and check_replicas at the end of a run take it).
   std::int64_t next_step() const { return predicted_by_ + 1; }
@@ -203,5 +205,12 @@ class Lockstep {
   LockstepSummary summary_;
   bool skipping_ = false;  // rank 0: this step's gradient overflowed in the run and the reference
 };
+
+// The state `optimizer` holds (momentum, Adam's moments), in its order, for check_replicas: a replica whose
+// state drifted updates its parameters wrong only at the next step (and a moment that drifted by less than
+// a rounding of the update maybe never visibly), so every replica's state is compared as its parameters
+// are, every step. `keep`: the parameters whose state is taken (all, by default).
+std::vector<float> optimizer_state(const optim::Optimizer& optimizer,
+                                   const std::function<bool(const Tensor& parameter)>& keep = {});
 
 }  // namespace course::verify
