@@ -3,7 +3,9 @@
 // gradient has its tensor's type, float32 for the float32 masters.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <functional>
 
@@ -12,6 +14,7 @@
 #include "common/nn/gpt.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
+#include "common/ops/sdpa_kernel.h"
 #include "common/verify/compare.h"
 
 namespace course::testing {
@@ -181,6 +184,43 @@ TEST(MixedPrecision, TheGptUnderAutocastFollowsItsFloat32Step) {
   }
 }
 
+// The 16-bit arithmetic emulated (EmulatedSixteenBits: float32 kernels, the roundings as casts) is the
+// 16-bit path's computation in another code: on the CPU, whose 16-bit kernels are the float32 formulas on
+// the widened values rounded once, the GPT's loss and every gradient come out with the same bits, in both
+// formats and with either attention kernel (the math path keeps its probabilities, FlashAttention its
+// output, each rounded as the 16-bit path keeps it: without that, the query and key gradients differ).
+TEST(MixedPrecision, EmulatedSixteenBitsAreTheSixteenBitPathsBits) {
+  nn::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 20;
+  std::vector<float> ids, targets;
+  for (int i = 0; i < 4 * 16; ++i) ids.push_back(static_cast<float>((i * 7) % 20)), targets.push_back(static_cast<float>((i * 3) % 20));
+  auto step = [&](DType dtype, bool emulated, std::vector<std::vector<float>>* grads) {
+    nn::GPT gpt(c, Device::cpu, 1);
+    Tensor loss;
+    {
+      std::optional<EmulatedSixteenBits> emulation;
+      if (emulated) emulation.emplace();
+      Autocast autocast(dtype);
+      loss = cross_entropy(reshape(gpt(Tensor::from_host(ids, {4, 16})), {64, 20}), Tensor::from_host(targets, {64}));
+      scale(loss, 1024.0f).backward();  // fp16's loss scale: the gradients' roundings at its range
+    }
+    for (auto& p : gpt.parameters()) grads->push_back(p.grad().to_host());
+    return loss.item();
+  };
+  for (const SdpBackend backend : {SdpBackend::math, SdpBackend::flash_attention})
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    SdpaKernel attention(backend);
+    std::vector<std::vector<float>> native, emulated;
+    const float l16 = step(dtype, false, &native), le = step(dtype, true, &emulated);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(l16), std::bit_cast<std::uint32_t>(le)) << dtype_name(dtype) << " " << l16 << " " << le;
+    ASSERT_EQ(native.size(), emulated.size());
+    for (std::size_t t = 0; t < native.size(); ++t) {
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < native[t].size(); ++i) differ += native[t][i] != emulated[t][i];
+      EXPECT_EQ(differ, 0u) << dtype_name(dtype) << " parameter " << t << " of " << native[t].size();
+    }
+  }
+}
 
 // In 16 bits the ops widen their operands a slice at a time (attention by sequences, element-wise ops by
 // an eighth of the tensor), so that float32 copies do not double the activations' memory. Slicing must

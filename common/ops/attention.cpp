@@ -105,17 +105,21 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
   Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), qkv.dtype());
   if (sdp_backend(qkv.device(), s.head_size) == SdpBackend::flash_attention) {
     const Tensor lse = flash_attention(qkv, s, y);
-    return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), y = y.detach(), lse, s](const Tensor& g) {
+    round_kept(y, emulated_kept_type());  // its backward reads y as the 16-bit path keeps it
+    return autocast_output("attention", autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), y = y.detach(), lse, s](const Tensor& g) {
       return std::vector<Tensor>{flash_attention_backward(qkv, y, lse, g, s)};
-    });
+    }));
   }
   Tensor probs = attention_forward(qkv, s, y);
+  const DType kept_type = emulated_kept_type();  // its backward reads the probabilities as the 16-bit path keeps them
+  round_kept(probs, kept_type);
   if (!keep_probabilities) probs = Tensor();  // selective recomputation: computed again in backward
-  return autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), kept = probs, s](const Tensor& g) {
+  return autocast_output("attention", autograd::record(y, "attention", {qkv}, [qkv = qkv.detach(), kept = probs, s, kept_type](const Tensor& g) {
     Tensor probs = kept;
     if (!probs.defined()) {  // the forward's kernel again, its probabilities rounded as the forward's were
       Tensor y = Tensor::empty({s.batch, s.tokens, s.heads * s.head_size}, qkv.device(), qkv.dtype());
       probs = attention_forward(qkv, s, y);
+      round_kept(probs, kept_type);
     }
     Tensor grad = Tensor::empty(qkv.shape(), qkv.device(), qkv.dtype());
     for_sequence_slices(s, qkv.dtype(), [&](const AttentionShape& part, const Slices& at) {
@@ -126,7 +130,7 @@ Tensor scaled_dot_product_attention(const Tensor& qkv_in, std::int64_t n_head, b
       if (is_16bit(grad.dtype())) at.tokens(grad, qkv.dim(2)).copy_from(g32);
     });
     return std::vector<Tensor>{grad};
-  });
+  }));
 }
 
 }  // namespace course

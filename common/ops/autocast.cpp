@@ -11,6 +11,7 @@ namespace course {
 namespace {
 
 thread_local DType scope_dtype = DType::float32;
+thread_local const EmulatedSixteenBits* emulation = nullptr;
 
 // Each op and its policy, with the list PyTorch keeps it in (autocast_mode.cpp, CUDA):
 //   lower_precision_fp: mm / matmul, linear, addmm, bmm, baddbmm, _scaled_dot_product_attention (the
@@ -45,10 +46,35 @@ Autocast::~Autocast() { scope_dtype = previous_; }
 
 DType autocast_dtype() { return scope_dtype; }
 
+// A float32 value rounded to the scope's 16-bit type and widened again, as a float32 tensor; its gradient
+// goes back through the same casts, rounded to 16 bits on the way (EmulatedSixteenBits).
+Tensor emulated_rounding(const Tensor& value) {
+  Tensor source = value;
+  if (emulation->perturb_) source = add(value, sub(emulation->perturb_(value.detach()), value.detach()));
+  return cast(cast(source, scope_dtype), DType::float32);
+}
+
+EmulatedSixteenBits::EmulatedSixteenBits(std::function<Tensor(const Tensor&)> perturb)
+    : previous_(emulation), perturb_(std::move(perturb)) {
+  emulation = this;
+}
+EmulatedSixteenBits::~EmulatedSixteenBits() { emulation = previous_; }
+
+DType emulated_kept_type() { return emulation ? scope_dtype : DType::float32; }
+
+void round_kept(Tensor& kept, DType type) {
+  if (type != DType::float32 && kept.defined()) kept.copy_from(kept.to(type).to(DType::float32));
+}
+
+Tensor autocast_output(std::string_view op, const Tensor& output) {
+  if (!emulation || scope_dtype == DType::float32 || !output.defined()) return output;
+  return autocast_policy(op) == CastPolicy::lower_precision ? emulated_rounding(output) : output;
+}
+
 Tensor autocast_input(std::string_view op, const Tensor& input) {
   if (scope_dtype == DType::float32 || !input.defined()) return input;
   switch (autocast_policy(op)) {
-    case CastPolicy::lower_precision: return cast(input, scope_dtype);
+    case CastPolicy::lower_precision: return emulation ? emulated_rounding(cast(input, DType::float32)) : cast(input, scope_dtype);
     case CastPolicy::float32: return cast(input, DType::float32);
     case CastPolicy::promote: break;
   }

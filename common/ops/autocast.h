@@ -17,6 +17,7 @@
 // every use instead of caching the cast for the scope (the GPT uses each weight once per forward, so
 // the count is the same), and it is one scope for both devices.
 #pragma once
+#include <functional>
 #include <string_view>
 
 #include "common/core/dtype.h"
@@ -52,5 +53,37 @@ DType autocast_dtype();
 // The input of op `op` as autocast gives it to the op: cast by the table when a scope is on (the cast
 // recorded by autograd), otherwise the input itself.
 Tensor autocast_input(std::string_view op, const Tensor& input);
+// The output of op `op` as the rest of the computation sees it: the output itself, except while a 16-bit
+// scope is emulated (below), where a lower-precision op's float32 output is rounded to the scope's type.
+Tensor autocast_output(std::string_view op, const Tensor& output);
+
+// The type in which a lower-precision op keeps for its backward what it computed (attention's
+// probabilities, FlashAttention's output): the scope's 16-bit type while it is emulated (below), as the
+// 16-bit path keeps them; float32 otherwise. round_kept rounds a float32 `kept` to it, in place.
+DType emulated_kept_type();
+void round_kept(Tensor& kept, DType type);
+
+// A 16-bit scope's arithmetic without one 16-bit kernel: while one of these is alive on this thread, an
+// Autocast scope of a 16-bit type keeps every tensor float32 and rounds where the 16-bit path rounds, by
+// casts there and back (bits a float32 holds exactly): a lower-precision op's inputs and its output, so
+// the op runs its float32 kernel on the rounded operands, and, through the casts' backward, the gradients
+// that reach them. The 16-bit element-wise kernels compute the float32 formula on the widened values and
+// round once, and a 16-bit tensor's gradient is rounded to its type, so on the CPU, whose 16-bit GEMMs
+// are the float32 GEMMs on the widened operands, this is the same computation in another code. (A 16-bit
+// kernel that rounds wrongly, or reads the wrong row, is not in it: verify/lockstep.h's check_emulated.)
+// `perturb`, when given, changes each value before it is rounded (the check's noise floor moves each by
+// one float32 rounding).
+class EmulatedSixteenBits {
+ public:
+  explicit EmulatedSixteenBits(std::function<Tensor(const Tensor&)> perturb = {});
+  ~EmulatedSixteenBits();
+  EmulatedSixteenBits(const EmulatedSixteenBits&) = delete;
+  EmulatedSixteenBits& operator=(const EmulatedSixteenBits&) = delete;
+
+ private:
+  const EmulatedSixteenBits* previous_;
+  std::function<Tensor(const Tensor&)> perturb_;
+  friend Tensor emulated_rounding(const Tensor& value);
+};
 
 }  // namespace course

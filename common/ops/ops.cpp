@@ -228,7 +228,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   Tensor out = gemm_into(promote_types(a.dtype(), b.dtype()), ta, tb, m, n, k, a, b, {m, n});
   // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB likewise. An operand that needs no
   // gradient (the data) gets none: its GEMM is skipped, as PyTorch skips it by ctx.needs_input_grad.
-  return autograd::record(out, "matmul", {a, b},
+  return autocast_output("matmul", autograd::record(out, "matmul", {a, b},
                           [a = a.detach(), b = b.detach(), ta, tb, need_a = a.requires_grad(),
                            need_b = b.requires_grad()](const Tensor& g) {
                             Tensor ga, gb;
@@ -236,7 +236,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
                             if (need_b && autograd::input_wanted(1)) gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
                             return std::vector<Tensor>{ga, gb};
                           },
-                          {false, true});  // the second operand, a weight where one is (a tied head's table)
+                          {false, true}));  // the second operand, a weight where one is (a tied head's table)
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
@@ -287,7 +287,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   // forward and its backward), so no 16-bit copy of a weight lives from forward to backward: PyTorch's
   // autocast caches the copy for the scope instead. A weight that is not float32 is kept as it is.
   const bool recast = weight_in.dtype() != weight.dtype() && weight_in.dtype() == DType::float32;
-  return autograd::record(out, "linear", inputs,
+  return autocast_output("linear", autograd::record(out, "linear", inputs,
                           [x = x.detach(), kept = (recast ? weight_in : weight).detach(), recast, weight_type = weight.dtype(),
                            has_bias = bias.defined(), rows, in, out_features, need_x = x.requires_grad(),
                            need_w = weight.requires_grad(), dtype](const Tensor& g) {
@@ -309,7 +309,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                             }
                             return grads;
                           },
-                          {false, true, true});  // the weight's and the bias's may wait (zero-bubble's W)
+                          {false, true, true}));  // the weight's and the bias's may wait (zero-bubble's W)
 }
 
 Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
@@ -333,11 +333,11 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
     kernels(a.device()).gemm_batched(ta, tb, batch, m, n, k, 1.0f, wide(a).data(), m * k, wide(b).data(), k * n, 0.0f,
                                      out.data(), m * n);
   // The matmul rule, matrix by matrix.
-  return autograd::record(out, "bmm", {a, b}, [a = a.detach(), b = b.detach(), ta, tb](const Tensor& g) {
+  return autocast_output("bmm", autograd::record(out, "bmm", {a, b}, [a = a.detach(), b = b.detach(), ta, tb](const Tensor& g) {
     Tensor ga = ta ? bmm(b, g, tb, true) : bmm(g, b, false, !tb);
     Tensor gb = tb ? bmm(g, a, true, ta) : bmm(a, g, !ta, false);
     return std::vector<Tensor>{ga, gb};
-  });
+  }));
 }
 
 Tensor sum(const Tensor& a_in) {
