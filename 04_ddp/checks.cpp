@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/core/errors.h"
+#include "common/ops/kernel_faults.h"
 #include "common/ops/ops.h"
 #include "common/parallel/comm_hooks.h"
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
@@ -36,6 +37,7 @@ faults::Installation install_faults(const Options& o, DataParallelNaive& ddp, co
   if (faults::armed("average-twice") && ddp.communicator().size() < 2)  // divided by 1 twice: nothing
     throw UsageError("--fault: average-twice needs two or more ranks (at one, dividing by the world size twice "
                      "changes nothing)");
+  refuse_inert_kernel_fault(o.faults.fault, o.models.model == "gpt", o.precision.dtype());
   if (faults::armed("stray-moment") && ddp.communicator().size() < 2)
     throw UsageError("--fault: stray-moment needs two or more ranks (a replica beside rank 0 to go astray)");
   if (faults::armed("stray-moment") && o.optimizer != "adamw")

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/ops/kernel_faults.h"             // --fault truncating-gelu, ce-next-row
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter04 {
@@ -30,7 +31,7 @@ void add_options(CLI::App& app, Options& o) {
                                    "and report how far the final parameters drift against that noise floor");
   cli::add_verify_options(app, o.verify, "against one rank with the global batch: the averaged gradient, the loss "
                           "and the update", o.faults, {{"average-twice", "the average divided by the world size twice"},
-                                         parallel::skewed_share_fault(),
+                                         parallel::skewed_share_fault(), truncating_gelu_flag(), ce_next_row_flag(),
                                          {"skip-rank-share", "the last rank's share of the gradient never arrives"},
                                          {"stray-replica", "the last rank's update moves its first weight one unit in "
                                                            "the last place further (rank 0 stays right)"},

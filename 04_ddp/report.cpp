@@ -142,6 +142,7 @@ int Report::finish(bool identical, verify::StepCheck& check_run) {
                           {"lockstep_passed", check.passed}, {"first_failed_step", check.first_failed_step},
                           {"gradient_bound_ratio", check.worst_gradient_ratio}, {"loss_bound_ratio", check.worst_loss_ratio},
                           {"rounding_bias_ratio", check.worst_bias_ratio},
+                          {"emulated_ratio", check.worst_emulated_ratio},
                           {"max_diff", drift.difference}, {"noise_floor", drift.noise_floor},
                           {"drift_ratio", drift.ratio()}, {"diverged", diverged_}, {"passed", passed},
                           {"precision", o_.precision.precision}, {"reduce_dtype", o_.precision.reduce_dtype},

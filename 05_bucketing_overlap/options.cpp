@@ -5,6 +5,7 @@
 
 #include "05_bucketing_overlap/prediction.h"
 #include "common/core/errors.h"
+#include "common/ops/kernel_faults.h"  // --fault truncating-gelu, ce-next-row
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter05 {
@@ -43,7 +44,7 @@ void add_options(CLI::App& app, Options& o) {
                          {{"skip-bucket", "the first bucket of each backward is never all-reduced"},
                           {"launch-early", "the first bucket is launched before its last gradient is in"},
                           {"step-early", "the optimizer steps before the last bucket's average lands"},
-                          parallel::skewed_share_fault(),
+                          parallel::skewed_share_fault(), truncating_gelu_flag(), ce_next_row_flag(),
                           {"truncating-hook", "--comm-hook bf16 converts by dropping the low 16 bits (truncation) "
                                               "instead of rounding to nearest"}});
 }
@@ -52,6 +53,7 @@ void check_options(const Options& o) {
   if (o.training.steps < 2)
     throw UsageError("--steps: " + std::to_string(o.training.steps) + " leaves no step to time (the first is not timed)");
   cli::arm_faults(o.faults, o.verify, o.training.steps);
+  refuse_inert_kernel_fault(o.faults.fault, o.models.model == "gpt", o.precision.dtype());
   if (o.faults.fault == "truncating-hook" && o.comm_hook != "bf16")
     throw UsageError("--fault: truncating-hook is a fault of --comm-hook bf16's conversion; --comm-hook is " + o.comm_hook);
   if (!o.predict.empty()) prediction_calibration(o);  // refused now, not after the runs

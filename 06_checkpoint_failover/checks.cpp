@@ -3,6 +3,7 @@
 
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/ops/kernel_faults.h"  // --fault truncating-gelu, ce-next-row
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 #include "common/verify/compare.h"
 
@@ -34,6 +35,7 @@ faults::Installation install_faults(const Options& o, Trainer& trainer, checkpoi
   faults::Installation installed;
   if (o.faults.fault == "none" || o.faults.fault == "zero-saved-moments") return installed;  // the latter: the writer's
   parallel::refuse_inert_skewed_share(o.faults.fault, ranks);
+  refuse_inert_kernel_fault(o.faults.fault, o.models.model == "gpt", o.precision.dtype());
   if (o.fault_step_given && o.faults.from_step < start_step)
     throw UsageError("--fault-from-step: step " + std::to_string(o.faults.from_step) + " is before step " +
                      std::to_string(start_step) + ", where this run resumes: the fault would never act");

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/core/errors.h"
+#include "common/ops/kernel_faults.h"  // --fault truncating-gelu, ce-next-row
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter06 {
@@ -35,7 +36,7 @@ void add_options(CLI::App& app, Options& o) {
   cli::add_verify_options(app, o.verify, "against one rank, and the end against the uninterrupted run: "
                           "bit-identical at an unchanged world size", o.faults, {{"lose-optimizer-state", "the optimizer's state is lost"},
                                          {"repeat-batch", "the data goes back one batch"},
-                                         parallel::skewed_share_fault(),
+                                         parallel::skewed_share_fault(), truncating_gelu_flag(), ce_next_row_flag(),
                                          {"zero-saved-moments", "the checkpoints written carry Adam's second moments "
                                                                 "zeroed (a writer's bug)"}});
 }

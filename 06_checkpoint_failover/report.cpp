@@ -145,6 +145,7 @@ int Report::finish(const checkpoint::TrainingState& state, verify::StepCheck& ch
                          {"optimizer_max_diff", optimizer_difference}, {"lockstep_passed", check.passed},
                          {"first_failed_step", check.first_failed_step}, {"gradient_bound_ratio", check.worst_gradient_ratio},
                          {"rounding_bias_ratio", check.worst_bias_ratio},
+                         {"emulated_ratio", check.worst_emulated_ratio},
                          {"fault", o_.faults.fault}, {"fault_step", fault_step_}, {"diverged", diverged_}, {"passed", passed}});
   log("%s\n", passed ? "PASSED" : "FAILED");
   return passed ? 0 : 1;

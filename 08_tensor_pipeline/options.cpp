@@ -7,6 +7,7 @@
 #include "common/cli/limits.h"
 #include "common/cli/training_options.h"
 #include "common/core/errors.h"
+#include "common/ops/kernel_faults.h"  // --fault truncating-gelu, ce-next-row
 #include "common/parallel/context_parallel.h"  // the lengths and layouts --cp can split
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
@@ -72,7 +73,7 @@ void add_options(CLI::App& app, Options& o) {
                                              "rank's go"},
                           {"ring-drop-block", "ring attention leaves out the last key-value block to arrive"},
                           {"row-parallel-no-sum", "the row-parallel layers keep each rank's partial output, never summed"},
-                          parallel::skewed_share_fault(),
+                          parallel::skewed_share_fault(), truncating_gelu_flag(), ce_next_row_flag(),
                           {"stray-replica", "the last replica's update (of the data- and context-parallel ranks holding "
                                             "the same part) moves its first weight one unit in the last place further"},
                           {"stray-tp-copy", "the last TP rank's update moves its copy of the first parameter every TP "
@@ -91,6 +92,10 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
   const int dp = topology.dp_size(), tp = topology.tp_size();
   const std::string& fault = o.faults.fault;
   parallel::refuse_inert_skewed_share(fault, dp);
+  refuse_inert_kernel_fault(fault, task.is_gpt(), o.precision.dtype());
+  if (fault == "ce-next-row" && tp > 1)
+    throw UsageError("--fault: ce-next-row breaks the unsplit cross-entropy's 16-bit kernel, and --tp " + std::to_string(tp) +
+                     " splits the loss over the vocabulary (its own kernels)");
   if (fault == "skip-dp-average" && topology.dp_cp_group().size() < 2)
     throw UsageError("--fault: skip-dp-average needs data or context parallelism (--dp or --cp 2 or more)");
   if (fault == "stray-replica" && topology.dp_cp_group().size() < 2)

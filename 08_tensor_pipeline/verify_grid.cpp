@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/core/log.h"
+#include "common/ops/autocast.h"  // EmulatedSixteenBits
 #include "common/ops/ops.h"
 #include "common/verify/data_order.h"
 
@@ -153,34 +154,41 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
     // ranks averaged (DDP over them). In the run's precision and loss scale (Recipe::reference_backward).
     const int dp = topology_.dp_size(), m = o_.micro_batches, cp = topology_.cp_size();
     lockstep_->set_loss_scale(training.scaler().get_scale());  // fp16: the parts the run added carried it
-    lockstep_->check_parts(step, gather_->gradients(), loss, static_cast<std::size_t>(dp * m * cp), 1.0 / (dp * cp),
-                           [&](nn::Module& model, std::size_t index) {
-                             const int c = static_cast<int>(index) % cp, micro = static_cast<int>(index) / cp;
-                             const auto parts = micro_batches(global_batch, micro / m, dp, m);
-                             const auto i = static_cast<std::size_t>(micro % m);
-                             const Device device = model.parameters().front().device();
-                             const float weight = micro_batch_weights(task_, parts, device)[i];
-                             if (!split_reference_)
-                               return training.reference_backward(model.parameters(), [&] {
-                                 return scale(task_.task.loss(model, parts[i]), weight);
-                               });
-                             // The run's TP x CP ranks, each its part of the micro-batch's forward and backward.
-                             const auto batch = task_.is_gpt() ? task_.batch(parts[i], device) : data::AdditionTask::Batch{};
-                             return split_reference_->backward(
-                                 model,
-                                 [&](parallel::TensorParallelModule& part) {
-                                   return training.reference_backward(part.parameters(), [&] {
-                                     return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
-                                   });
-                                 },
-                                 c);
-                           });
+    const auto part = [&](nn::Module& model, std::size_t index) {
+      const int c = static_cast<int>(index) % cp, micro = static_cast<int>(index) / cp;
+      const auto parts = micro_batches(global_batch, micro / m, dp, m);
+      const auto i = static_cast<std::size_t>(micro % m);
+      const Device device = model.parameters().front().device();
+      const float weight = micro_batch_weights(task_, parts, device)[i];
+      if (!split_reference_)
+        return training.reference_backward(model.parameters(), [&] {
+          return scale(task_.task.loss(model, parts[i]), weight);
+        });
+      // The run's TP x CP ranks, each its part of the micro-batch's forward and backward.
+      const auto batch = task_.is_gpt() ? task_.batch(parts[i], device) : data::AdditionTask::Batch{};
+      return split_reference_->backward(
+          model,
+          [&](parallel::TensorParallelModule& part) {
+            return training.reference_backward(part.parameters(), [&] {
+              return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
+            });
+          },
+          c);
+    };
+    const auto count = static_cast<std::size_t>(dp * m * cp);
+    lockstep_->check_parts(step, gather_->gradients(), loss, count, 1.0 / (dp * cp), part);
+    // The whole model's parts ran the run's own 16-bit kernels: held to the same parts without them.
+    if (!split_reference_ && is_16bit(o_.precision.dtype())) lockstep_->check_emulated(step, count, 1.0 / (dp * cp), part);
     // The split reference repeats the run's layer code, bugs included: the whole model, which shares none
-    // of it, judges that code, in float32 beside its own distance from float32 in the run's precision.
+    // of it, judges that code, in float32 beside its own distance from float32 in the run's precision
+    // (emulated: no 16-bit kernel, whose bug would move the floor with it).
     if (split_reference_)
       lockstep_->check_whole(step, loss, [&](nn::Module& model, bool sixteen_bits) {
         if (piece.empty()) return 0.0f;
-        if (sixteen_bits) return training.reference_backward(model.parameters(), [&] { return piece_loss(model, false); });
+        if (sixteen_bits) {
+          EmulatedSixteenBits emulated;
+          return training.reference_backward(model.parameters(), [&] { return piece_loss(model, false); });
+        }
         Tensor value = piece_loss(model, false);
         value.backward();
         return value.item();
@@ -236,6 +244,7 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
   metrics.write({{"event", "verify"}, {"passed", c.passed}, {"by_parts", by_parts}, {"split_reference", split}, {"steps", c.steps}, {"first_failed_step", c.first_failed_step},
                  {"gradient_ratio", c.worst_gradient_ratio}, {"loss_ratio", c.worst_loss_ratio},
                  {"rounding_bias_ratio", c.worst_bias_ratio},
+                 {"emulated_ratio", c.worst_emulated_ratio},
                  {"whole_ratio", c.worst_whole_ratio}, {"whole_loss_ratio", c.worst_whole_loss_ratio},
                  {"whole_floor_factor", split ? verify::kWholeModelFloorFactor : 0.0},
                  {"whole_loss_floor_factor", split ? verify::kWholeModelLossFloorFactor : 0.0},

@@ -94,6 +94,22 @@ TEST(Chapter05, ASamplerBugTheReferenceSharesFailsAtItsStep) {
   }
 }
 
+// A bug in a 16-bit kernel the reference's shares repeat (--fault truncating-gelu, ce-next-row) fails at
+// its step in every mode against the shares computed without a 16-bit kernel.
+TEST(Chapter05, ABugInASixteenBitKernelFailsAtItsStep) {
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP2, "--precision bf16 --fault truncating-gelu", 0}, {MPIRUN_NP3, "--precision fp16 --fault ce-next-row", 3}}) {
+    std::string metrics = temp_path("ch05_kernel.jsonl");
+    auto r = run_process(mpirun + " " + kBinary + " --device cpu --model gpt --n-layer 1 --n-embd 16 --n-head 2 --global-batch 24"
+                         " --steps 4 --verify " + flags + " --fault-from-step " + std::to_string(from) + " --metrics " + metrics);
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
+    auto modes = events(read_metrics(metrics), "mode");
+    ASSERT_EQ(modes.size(), 4u) << r.out;
+    for (auto& m : modes) EXPECT_EQ(m["first_failed_step"].get<int>(), from) << m["mode"];
+    EXPECT_NE(r.out.find("  the 16-bit kernels' gradient of"), std::string::npos) << r.out;
+  }
+}
+
 // A bf16 hook whose conversion truncates stays within the elementwise bound of a 16-bit sum at every
 // step (each element errs by less than a unit in the last place); its errors all lean toward zero, which
 // rounding to nearest never does over 10^5 elements (verify::RoundingBias). From the first step at 2

@@ -364,6 +364,26 @@ TEST(Chapter08, ASamplerBugTheReferenceSharesFailsAtItsStep) {
       << two.process.err;
 }
 
+// A bug in a 16-bit kernel (--fault truncating-gelu, ce-next-row) that the reference by parts repeats on
+// the whole model (pipeline and data parallelism): it fails at its step against the same micro-batches
+// computed without a 16-bit kernel, from the first step and at the last. With tensor parallelism the
+// loss is split over the vocabulary (its own kernels): ce-next-row is refused there.
+TEST(Chapter08, ABugInASixteenBitKernelFailsAtItsStep) {
+  for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
+           {MPIRUN_NP2, "--pp 2 --precision bf16 --fault truncating-gelu", 0},
+           {MPIRUN_NP2, "--pp 2 --precision fp16 --fault ce-next-row", 5},
+           {MPIRUN_NP3, "--dp 3 --precision bf16 --fault ce-next-row", 2},
+           {MPIRUN_NP4, "--pp 2 --dp 2 --precision fp16 --fault truncating-gelu", 5}}) {
+    Outcome r = run(mpirun, flags + " --verify --fault-from-step " + std::to_string(from));
+    EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+    EXPECT_NE(r.process.out.find("FAILED at step " + std::to_string(from) + ": the 16-bit kernels' gradient of"),
+              std::string::npos) << flags << "\n" << r.process.out;
+  }
+  Outcome tp = run(MPIRUN_NP2, "--tp 2 --precision bf16 --verify --fault ce-next-row");
+  EXPECT_EQ(tp.process.exit_code, 2);
+  EXPECT_NE(tp.process.err.find("splits the loss over the vocabulary"), std::string::npos) << tp.process.err;
+}
+
 // Bugs in the split layers' own code (process-wide, so that the 16-bit check's split reference makes them
 // too: --fault sp-gather-rows, ring-drop-block, row-parallel-no-sum). In float32 the unsharded model
 // catches them at their first step; in 16 bits the check by parts, against the run's own split layers,

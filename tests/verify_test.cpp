@@ -400,6 +400,58 @@ TEST(Lockstep, TheWholeModelCatchesABugThePartsRepeat) {
   }
 }
 
+// A bug of the 16-bit path (here its input scaled by 1.25 where the arithmetic is not emulated, from step
+// kFrom), which the parts repeat, fails at its step against the same parts emulated without a 16-bit
+// kernel: on the CPU, whose 16-bit kernels compute as the emulation does, because a bit differs; held to
+// the floor (a GPU's rule), because it is hundreds of floors away. A correct run passes both ways, on the
+// CPU at exactly 0.
+TEST(Lockstep, TheEmulatedPartsCatchASixteenBitBugThePartsRepeat) {
+  for (const bool to_floor : {false, true})
+    for (const bool bug : {false, true}) {
+      const auto make = [] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu_tanh, Device::cpu, 3); };
+      auto model = make();
+      auto reference = verify::make_reference(make);
+      optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
+      verify::Lockstep check = with_sgd(reference, reference_sgd);
+      check.set_rounding(verify::kBfloat16Rounding);
+      if (to_floor) check.hold_emulation_to_its_floor();
+      auto part_loss = [&](nn::Module& m, int step, int part) {
+        Tensor l;
+        {
+          Autocast autocast(DType::bfloat16);
+          const bool emulated = emulated_kept_type() != DType::float32;
+          std::vector<float> x(8 * 16);
+          for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
+          const Tensor batch = Tensor::from_host(x, {8, 16});
+          l = scale(sum(m(bug && step >= kFrom && !emulated ? scale(batch, 1.25f) : batch)), 1.0f / kParts);
+        }
+        l.backward();
+        return l.item();
+      };
+      for (int step = 0; step < kSteps; ++step) {
+        check.begin_step(step, *model);
+        float loss = 0;
+        for (int p = 0; p < kParts; ++p) loss += part_loss(*model, step, p);
+        const auto part = [&](nn::Module& m, std::size_t p) { return part_loss(m, step, static_cast<int>(p)); };
+        check.check_parts(step, *model, loss, kParts, 1.0, part);
+        check.check_emulated(step, kParts, 1.0, part);
+        sgd.step();
+        sgd.zero_grad();
+        check.check_update(step);
+      }
+      const auto summary = check.finish(*model);
+      if (!bug) {
+        EXPECT_TRUE(summary.passed) << summary.first_failure;
+        EXPECT_EQ(summary.worst_emulated_ratio, 0.0);  // the same bits on the CPU, held to the floor or not
+        continue;
+      }
+      EXPECT_FALSE(summary.passed) << to_floor;
+      EXPECT_EQ(summary.first_failed_step, kFrom) << summary.first_failure;
+      EXPECT_NE(summary.first_failure.find("the 16-bit kernels' gradient of"), std::string::npos) << summary.first_failure;
+      EXPECT_LE(summary.worst_gradient_ratio, 1.0);  // the parts alone would have passed
+    }
+}
+
 }  // namespace
 // The other way round: the reference's parts overflowed where the run's gradient is finite (the run
 // lost part of its step): a failure at that step, said so.

@@ -13,6 +13,7 @@
 #include "common/autograd/profiler.h"
 #include "common/kernels/kernels.h"
 #include "common/ops/autocast.h"
+#include "common/ops/kernel_faults.h"  // --fault truncating-gelu, ce-next-row: on the 16-bit paths
 #include "common/ops/ops.h"
 #include "common/ops/sdpa_kernel.h"
 
@@ -363,14 +364,16 @@ namespace {
 Tensor unary_op(UnaryOp op, const Tensor& a, const char* name) {
   RecordFunction timed(name);
   Tensor out = Tensor::empty(a.shape(), a.device(), a.dtype());
-  if (is_16bit(a.dtype()))
+  if (is_16bit(a.dtype())) {
     kernels(a.device()).unary_half(half_format(a.dtype()), op, a.data16(), out.data16(), count(a));
-  else
+    truncating_gelu_fault(op, a, Tensor(), out);
+  } else
     kernels(a.device()).unary(op, a.data(), out.data(), count(a));
   return autograd::record(out, name, {a}, [op, a = a.detach()](const Tensor& g) {
     Tensor grad = Tensor::empty(a.shape(), a.device(), a.dtype());
     if (is_16bit(a.dtype()) && g.dtype() == a.dtype()) {
       kernels(a.device()).unary_backward_half(half_format(a.dtype()), op, a.data16(), g.data16(), grad.data16(), count(a));
+      truncating_gelu_fault(op, a, g, grad);
       return std::vector<Tensor>{grad};
     }
     in_wide_slices(grad, [&](std::size_t first, std::size_t n, float* result) {
@@ -551,7 +554,7 @@ Tensor cross_entropy_half_rows(const Tensor& logits, const Tensor& targets, std:
                            cols](const Tensor& g) {
                             Tensor grad = Tensor::empty(logits.shape(), logits.device(), logits.dtype());
                             kernels(logits.device())
-                                .cross_entropy_backward_half(format, logits.data16(), wide(targets).data(), wide(g).data(),
+                                .cross_entropy_backward_half(format, logits.data16(), wide(ce_next_row_fault(targets)).data(), wide(g).data(),
                                                              top.data(), reinterpret_cast<const double*>(total.data()),
                                                              rows, cols, grad.data16());
                             return std::vector<Tensor>{grad, Tensor()};

@@ -58,10 +58,13 @@ void DataParallelCheck::on_check_gradient(std::int64_t step, float loss) {
   lockstep().set_loss_scale(run_.recipe.scaler().get_scale());  // fp16: the parts carried it when they were added
   // Each rank's share of the global batch (positions r, r + R, ...), recomputed as that rank computed
   // it, and averaged exactly.
-  lockstep().check_parts(step, run_.model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks,
-                         [&](nn::Module& reference, std::size_t r) {
-                           return share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
-                         });
+  const auto share = [&](nn::Module& reference, std::size_t r) {
+    return share_step_(reference, parallel::DistributedSampler::share_of(global, static_cast<int>(r), ranks));
+  };
+  lockstep().check_parts(step, run_.model, global_loss, static_cast<std::size_t>(ranks), 1.0 / ranks, share);
+  // In 16 bits the shares above ran the run's own 16-bit kernels: held to the same shares without them.
+  if (is_16bit(run_.recipe.options().precision))
+    lockstep().check_emulated(step, static_cast<std::size_t>(ranks), 1.0 / ranks, share);
 }
 
 void DataParallelCheck::on_check_update(std::int64_t step, double norm) { lockstep().check_update(step, norm); }

@@ -86,6 +86,10 @@ struct LockstepSummary {
   // check_whole: the largest distance of a tensor's gradient (and of the loss) from the whole float32
   // model's, over its tolerance (kWholeModelFloorFactor x the 16-bit floor); 0 where it did not run.
   double worst_whole_ratio = 0, worst_whole_loss_ratio = 0;
+  // check_emulated: the largest distance of the 16-bit parts' gradient of a tensor (and of their loss)
+  // from the emulated ones', over its tolerance (kEmulatedFloorFactor floors; on the CPU 0, or infinite
+  // where a bit differed); 0 where it did not run.
+  double worst_emulated_ratio = 0;
   std::int64_t skipped_steps = 0;  // float16 steps whose gradient overflowed, skipped by run and reference alike
 };
 
@@ -143,6 +147,21 @@ class Lockstep {
   // likewise, within kWholeModelLossFloorFactor floors. Collective.
   void check_whole(std::int64_t step, float run_loss, const PrecisionPieceFunction& piece, DType reduce_dtype);
 
+  // After check_parts, the same step, for a run in 16 bits: check_parts' reference computed the parts
+  // with the run's own 16-bit kernels, which would repeat a bug in them (a GELU that rounds toward zero, a
+  // loss's backward that reads the next row's target). Each rank computes its parts again, `part` under
+  // EmulatedSixteenBits (ops/autocast.h: float32 kernels, the 16-bit roundings as casts, no 16-bit
+  // kernel), and again with every value nudged by one float32 rounding before it is rounded to 16 bits
+  // (the floor: how far a legitimate float32 difference before the roundings, another summation order,
+  // moves the result). Per tensor, the 16-bit parts' distance from the emulated ones (Euclidean, over
+  // every rank's parts) must be within kEmulatedFloorFactor times the floor (the largest of its last
+  // kFloorHistory, pooled as noise_floor_tolerances pools), and the parts' loss likewise. On the CPU, whose
+  // 16-bit kernels compute as the emulation does, the parts must be its bits (no floor is measured).
+  // Collective.
+  void check_emulated(std::int64_t step, std::size_t parts, double scale, const PartFunction& part);
+  // For tests: check_emulated holds the parts to the floor, as on a GPU, on any device.
+  void hold_emulation_to_its_floor() { emulation_to_floor_ = true; }
+
   // The run has clipped by `run_norm` (ignored without clipping) and stepped: the reference repeats the
   // update on the gradient just checked, which predicts the next step's parameters.
   void check_update(std::int64_t step, double run_norm = 0);
@@ -197,13 +216,16 @@ class Lockstep {
   double loss_scale_ = 1.0;
   std::vector<float> run_gradient_;  // rank 0: the gradient of the step being checked
   std::vector<double> sum_, magnitude_;  // check_parts' buffers, kept from step to step
+  double parts_loss_ = 0;                // check_parts: this rank's parts' loss, for check_emulated
   std::vector<float> all_;
   FloorHistory floors_;  // rank 0, reordered: each tensor's last floors, then the loss's
   FloorHistory whole_floors_;  // rank 0, check_whole: each tensor's last 16-bit floors, then the loss's
+  FloorHistory emulated_floors_;  // rank 0, check_emulated: each tensor's last floors, then the loss's
   std::vector<float> predicted_;     // rank 0: the parameters the next step must start from
   std::int64_t predicted_by_ = -1;   // the step whose update predicted them; -1: the start
   LockstepSummary summary_;
   bool skipping_ = false;  // rank 0: this step's gradient overflowed in the run and the reference
+  bool emulation_to_floor_ = false;  // check_emulated: the floor on the CPU too
 };
 
 // The state `optimizer` holds (momentum, Adam's moments), in its order, for check_replicas: a replica whose

@@ -53,6 +53,7 @@ void Lockstep::check_parts(std::int64_t step, const std::vector<float>& run_grad
       at += n;
     }
   }
+  parts_loss_ = loss;
   if (group_ && group_->size() > 1) terms = static_cast<int>(comm::all_reduce_scalar(*group_, static_cast<float>(terms), comm::ReduceOp::max));
   std::vector<float>& all = all_;
   all.resize(2 * count + 2);
