@@ -117,7 +117,8 @@ TEST(Chapter04, VerifyFailsAtTheStepALateFaultBeginsInLongRuns) {
 // their bits): from the first step, a later one and the last, in bf16 and fp16, at 2 to 4 ranks. Without
 // that check both passed. Refused where there is no such kernel (the MLP, float32).
 void expect_kernel_bug_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
-  auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --model gpt --log-every 1000 --steps " +
+  auto r = run_process(mpirun + " " + kBinary + " --device cpu --verify --model gpt --n-layer 1 --n-embd 16 --n-head 2 "
+                       "--global-batch 24 --log-every 1000 --steps " +
                        std::to_string(steps) + " " + flags + " --fault-from-step " + std::to_string(from));
   EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.out << r.err;
   EXPECT_NE(r.out.find("lock-step check FAILED at step " + std::to_string(from) + ": the 16-bit kernels' gradient of"),
@@ -125,10 +126,9 @@ void expect_kernel_bug_caught(const std::string& mpirun, const std::string& flag
 }
 
 TEST(Chapter04, ABugInASixteenBitKernelFailsAtItsStep) {
-  expect_kernel_bug_caught(MPIRUN_NP2, "--precision bf16 --fault truncating-gelu", 6, 0);
-  expect_kernel_bug_caught(MPIRUN_NP3, "--precision fp16 --fault truncating-gelu", 6, 5);
-  expect_kernel_bug_caught(MPIRUN_NP4, "--precision bf16 --fault ce-next-row", 6, 3);
-  expect_kernel_bug_caught(MPIRUN_NP2, "--precision fp16 --fault ce-next-row", 6, 0);
+  expect_kernel_bug_caught(MPIRUN_NP2, "--precision bf16 --fault truncating-gelu", 4, 0);
+  expect_kernel_bug_caught(MPIRUN_NP3, "--precision fp16 --fault truncating-gelu", 4, 3);
+  expect_kernel_bug_caught(MPIRUN_NP4, "--precision bf16 --fault ce-next-row", 4, 2);
   for (const std::string flags : {"--precision bf16 --fault truncating-gelu", "--model gpt --fault ce-next-row"}) {
     auto r = run_process(std::string(MPIRUN_NP2) + " " + kBinary + " --device cpu --verify " + flags);
     EXPECT_EQ(r.exit_code, 2) << flags << r.out << r.err;

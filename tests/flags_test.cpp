@@ -232,7 +232,7 @@ TEST(Flags, InertCombinationsAreRefusedNamingBothFlags) {
       {ch04 + " --verify --fault average-twice", "--fault", "two or more ranks"},
       // A fault that acts only at 3 ranks or more, at one.
       {ch06 + " --ckpt-dir " + (scratch / "d").string() + " --verify --fault skewed-share --fault-from-step 1", "--fault",
-       "3 ranks or more"},
+       "3 data-parallel ranks or more"},
       {ch08 + " --schedule gpipe", "--schedule", "--pp"},
       {ch08 + " --cp-method ulysses", "--cp-method", "--cp"},
       {ch08 + " --model mlp --cp-method ulysses", "--cp-method", "--model"},
