@@ -13,6 +13,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -143,12 +144,15 @@ void try_every_flag(const Chapter& c) {
   auto flags = flags_of(c.binary);
   ASSERT_GE(flags.size(), 5u) << "could not read the flags from --help";
   // What a path flag may be given that is not a regular file: each must be refused or read, never
-  // waited on, and never replaced.
+  // waited on, and never replaced; a link is never written through (what it points to stays as it was).
   const auto folder = scratch / "a_folder", pipe = scratch / "a_pipe", device = scratch / "a_device";
+  const auto victim = scratch / "victim.txt", link = scratch / "a_link";
   std::filesystem::create_directories(folder);
   ASSERT_EQ(::mkfifo(pipe.c_str(), 0644), 0);
+  std::ofstream(victim) << "keep me\n";
+  std::filesystem::create_symlink(victim, link);
   const auto value = [](const std::filesystem::path& p) { return std::string(" ").append(p.string()); };
-  std::vector<std::string> specials{value(folder), value(pipe)};
+  std::vector<std::string> specials{value(folder), value(pipe), value(link)};
   if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) specials.push_back(value(device));  // as root
   std::vector<Try> tries;
   auto add = [&](const Flag& f, const std::string& value, const std::string& launcher) {
@@ -179,6 +183,9 @@ void try_every_flag(const Chapter& c) {
   for (auto& worker : workers) worker.join();
   for (const auto& t : tries) expect_handled(t);
   EXPECT_TRUE(std::filesystem::is_fifo(pipe)) << "the pipe was replaced";
+  EXPECT_TRUE(std::filesystem::is_symlink(link)) << "the link was replaced";
+  std::ifstream kept(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "keep me\n") << "a run wrote through a link";
   EXPECT_TRUE(std::filesystem::is_directory(folder)) << "the folder was replaced";
   if (std::filesystem::exists(device)) {
     EXPECT_TRUE(std::filesystem::is_character_file(device)) << "the device was replaced";

@@ -36,6 +36,10 @@ const CLI::Validator OutputFile(
       const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
       std::error_code error;
       if (target.filename().empty() || fs::is_directory(target, error)) return input + ": is a folder, not a file name";
+      // Nothing is written through a link (where it points is not the run's to choose); /dev/stdout and a
+      // shell's /dev/fd/N are links the user means.
+      if (fs::is_symlink(fs::symlink_status(target, error)) && input.rfind("/dev/", 0) != 0)
+        return input + ": is a link, and a run never writes through one; name the file itself";
       if (target.filename().string().size() > static_cast<std::size_t>(NAME_MAX))
         return input + ": the file name is longer than the " + std::to_string(NAME_MAX) + " characters it may have";
       if (const std::string problem = output_folder_problem(folder); !problem.empty()) return input + ": " + problem;

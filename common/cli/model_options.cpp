@@ -34,7 +34,8 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "GPT context length (default: the problem's length, or 32 for --data)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
   app.add_option("--digits", o.digits, "Digits of each addend (GPT)")->check(CLI::Range(1, 9))->capture_default_str();
-  app.add_option("--data", o.data, "With --model gpt: train on the characters of this text file instead of addition");
+  app.add_option("--data", o.data, "With --model gpt: train on the characters of this text file instead of addition")
+      ->check(InputFile);
   app.add_option("--val-fraction", o.val_fraction, "The share of --data held out for validation")
       ->check(CLI::Range(0.001, 0.999))
       ->capture_default_str();

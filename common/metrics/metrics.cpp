@@ -6,12 +6,18 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
+#include <utility>
 
 #include "common/core/errors.h"
 
 namespace course::metrics {
+
+namespace {
+// Nothing is written through a link, except /dev/stdout and a shell's /dev/fd/N, which the user means.
+int no_follow(const std::string& path) { return path.rfind("/dev/", 0) == 0 ? 0 : O_NOFOLLOW; }
+}  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
@@ -22,28 +28,52 @@ MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   std::error_code error;
   const bool existed = fs::exists(target, error);
   if (fs::is_directory(target, error)) throw UsageError(path + ": cannot open for writing (a folder)");
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | no_follow(path), 0644);
   if (fd < 0) throw UsageError(path + ": cannot open for writing (" + std::strerror(errno) + ")");
   ::close(fd);
   if (!existed) fs::remove(target, error);
 }
 
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : path_(std::move(other.path_)), out_(std::exchange(other.out_, nullptr)), before_first_(std::move(other.before_first_)) {
+  other.path_.clear();
+}
+
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
+  if (this != &other) {
+    if (out_) std::fclose(out_);
+    path_ = std::exchange(other.path_, std::string());
+    out_ = std::exchange(other.out_, nullptr);
+    before_first_ = std::move(other.before_first_);
+  }
+  return *this;
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (out_) std::fclose(out_);
+}
+
 void MetricsWriter::write(const nlohmann::json& record) {
   if (path_.empty()) return;
-  if (!out_.is_open()) {
-    out_.open(path_, std::ios::out | std::ios::trunc);
-    if (!out_) throw std::runtime_error("--metrics: " + path_ + ": cannot open for writing (" + std::strerror(errno) + ")");
-    for (const auto& held : before_first_) out_ << held.dump() << '\n';
+  if (!out_) {
+    // Opened without following a link: one put there since start-up is refused, not written through.
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | no_follow(path_), 0644);
+    if (fd < 0 || !(out_ = ::fdopen(fd, "w"))) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      throw std::runtime_error("--metrics: " + path_ + ": cannot open for writing (" + why + ")");
+    }
+    for (const auto& held : before_first_) std::fputs((held.dump() + '\n').c_str(), out_);
     before_first_.clear();
   }
-  out_ << record.dump() << '\n';
-  out_.flush();
-  if (!out_) throw std::runtime_error("--metrics: " + path_ + ": the write failed (" + std::strerror(errno) + ")");
+  const std::string line = record.dump() + '\n';
+  if (std::fputs(line.c_str(), out_) < 0 || std::fflush(out_) != 0)
+    throw std::runtime_error("--metrics: " + path_ + ": the write failed (" + std::strerror(errno) + ")");
 }
 
 void MetricsWriter::write_before_first(const nlohmann::json& record) {
   if (path_.empty()) return;
-  if (out_.is_open()) return write(record);
+  if (out_) return write(record);
   before_first_.push_back(record);
 }
 

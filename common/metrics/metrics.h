@@ -1,6 +1,6 @@
 // Metrics as JSON lines (one object per line), the format scripts/plot.py reads.
 #pragma once
-#include <fstream>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -13,10 +13,11 @@ class MetricsWriter {
   MetricsWriter() = default;  // disabled: write() does nothing
   // Writes to `path` (an empty path: nothing), which is opened, and so truncated, at the first record:
   // a run stopped by a usage error before it wrote anything leaves an existing file as it was. Throws
-  // UsageError when `path` cannot be written.
+  // UsageError when `path` cannot be written. Never through a link (outside /dev: /dev/stdout is one).
   explicit MetricsWriter(const std::string& path);
-  MetricsWriter(MetricsWriter&&) = default;
-  MetricsWriter& operator=(MetricsWriter&&) = default;
+  MetricsWriter(MetricsWriter&& other) noexcept;
+  MetricsWriter& operator=(MetricsWriter&& other) noexcept;
+  ~MetricsWriter();
   bool enabled() const { return !path_.empty(); }
   // One line, flushed, so a crash keeps what was written. A write that fails (a full disk) throws
   // std::runtime_error naming the file: a run whose record is lost does not pass.
@@ -27,7 +28,7 @@ class MetricsWriter {
 
  private:
   std::string path_;
-  std::ofstream out_;
+  std::FILE* out_ = nullptr;  // opened at the first record
   std::vector<nlohmann::json> before_first_;
 };
 
