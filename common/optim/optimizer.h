@@ -36,6 +36,10 @@ class Optimizer {
   const std::vector<Tensor>& params() const { return params_; }
   // The state a checkpoint saves, as named tensors ("0.momentum", "0.exp_avg", ...), plus the step count.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // The parameter a state() entry belongs to: "K.exp_avg" is params()[K]'s.
+  const Tensor& parameter_of(const std::string& state_name) const {
+    return params_.at(static_cast<std::size_t>(std::stoul(state_name.substr(0, state_name.find('.')))));
+  }
   // Restores what state() returned and the step count, so the next step() is exactly the one the
   // saved run would have taken (Adam's bias correction depends on the count). Throws
   // std::invalid_argument naming the first entry that is missing, unexpected or of another shape.

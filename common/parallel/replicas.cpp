@@ -49,15 +49,9 @@ void stray_by_one_rounding(const Tensor& parameter) {
   Tensor(parameter).copy_from(Tensor::from_host(values, parameter.shape(), parameter.device()));
 }
 
-bool stray_state_by_one_rounding(const optim::Optimizer& optimizer, const Tensor& parameter) {
-  const auto& params = optimizer.params();
-  for (const auto& [name, state] : optimizer.state()) {
-    const auto k = static_cast<std::size_t>(std::stoul(name.substr(0, name.find('.'))));  // "K.exp_avg"
-    if (params.at(k).impl() != parameter.impl()) continue;
-    stray_by_one_rounding(state);
-    return true;
-  }
-  return false;
+void stray_state_by_one_rounding(const optim::Optimizer& optimizer, const Tensor& parameter) {
+  for (const auto& [name, state] : optimizer.state())
+    if (optimizer.parameter_of(name).impl() == parameter.impl()) return stray_by_one_rounding(state);
 }
 
 void on_rank0(comm::Communicator& group, const std::function<void()>& work) {

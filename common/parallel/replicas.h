@@ -25,9 +25,9 @@ bool parameters_identical(comm::Communicator& group, const std::vector<Tensor>& 
 // it alone no longer holds its replicas' bits.
 void stray_by_one_rounding(const Tensor& parameter);
 // --fault stray-moment (04, 08): the first element of the first state `optimizer` keeps
-// for `parameter` (Adam's first moment, SGD's momentum) one unit in the last place up. False when it
+// for `parameter` (Adam's first moment, SGD's momentum) one unit in the last place up; nothing when it
 // keeps none for it (SGD without momentum, or before its first step).
-bool stray_state_by_one_rounding(const optim::Optimizer& optimizer, const Tensor& parameter);
+void stray_state_by_one_rounding(const optim::Optimizer& optimizer, const Tensor& parameter);
 
 // Runs `work` on rank 0 of `group` only (saving, a trace, statistics), and every rank learns whether it
 // failed: then all throw rank 0's error alike (a UsageError as one, anything else as a SharedError), so

@@ -230,9 +230,7 @@ LockstepSummary Lockstep::finish(const nn::Module& run) {
 std::vector<float> optimizer_state(const optim::Optimizer& optimizer, const std::function<bool(const Tensor&)>& keep) {
   std::vector<float> values;
   for (const auto& [name, tensor] : optimizer.state()) {
-    // "K.exp_avg": the state of params()[K].
-    const auto k = static_cast<std::size_t>(std::stoul(name.substr(0, name.find('.'))));
-    if (keep && !keep(optimizer.params().at(k))) continue;
+    if (keep && !keep(optimizer.parameter_of(name))) continue;
     const auto host = tensor.to_host();
     values.insert(values.end(), host.begin(), host.end());
   }
