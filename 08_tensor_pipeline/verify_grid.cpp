@@ -178,7 +178,7 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
     const auto count = static_cast<std::size_t>(dp * m * cp);
     lockstep_->check_parts(step, gather_->gradients(), loss, count, 1.0 / (dp * cp), part);
     // The whole model's parts ran the run's own 16-bit kernels: held to the same parts without them.
-    if (!split_reference_ && is_16bit(o_.precision.dtype())) lockstep_->check_emulated(step, count, 1.0 / (dp * cp), part);
+    if (is_16bit(o_.precision.dtype())) lockstep_->check_emulated(step, count, 1.0 / (dp * cp), part);
     // The split reference repeats the run's layer code, bugs included: the whole model, which shares none
     // of it, judges that code, in float32 beside its own distance from float32 in the run's precision
     // (emulated: no 16-bit kernel, whose bug would move the floor with it).

@@ -364,15 +364,18 @@ TEST(Chapter08, ASamplerBugTheReferenceSharesFailsAtItsStep) {
       << two.process.err;
 }
 
-// A bug in a 16-bit kernel (--fault truncating-gelu, ce-next-row) that the reference by parts repeats on
-// the whole model (pipeline and data parallelism): it fails at its step against the same micro-batches
-// computed without a 16-bit kernel, from the first step and at the last. With tensor parallelism the
-// loss is split over the vocabulary (its own kernels): ce-next-row is refused there.
+// A bug in a 16-bit kernel (--fault truncating-gelu, ce-next-row) that the reference by parts repeats, on
+// the whole model (pipeline and data parallelism) and in the split layers (tensor, sequence and context
+// parallelism): it fails at its step against the same micro-batches computed without a 16-bit kernel,
+// from the first step and at the last. With tensor parallelism the loss is split over the vocabulary
+// (its own kernels): ce-next-row is refused there.
 TEST(Chapter08, ABugInASixteenBitKernelFailsAtItsStep) {
   for (const auto& [mpirun, flags, from] : std::vector<std::tuple<std::string, std::string, int>>{
            {MPIRUN_NP2, "--pp 2 --precision bf16 --fault truncating-gelu", 0},
            {MPIRUN_NP2, "--pp 2 --precision fp16 --fault ce-next-row", 5},
-           {MPIRUN_NP3, "--dp 3 --precision bf16 --fault ce-next-row", 2}}) {
+           {MPIRUN_NP3, "--dp 3 --precision bf16 --fault ce-next-row", 2},
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16 --fault truncating-gelu", 3},
+           {MPIRUN_NP4, "--tp 2 --cp 2 --precision fp16 --fault truncating-gelu", 5}}) {
     Outcome r = run(mpirun, flags + " --verify --fault-from-step " + std::to_string(from),
                     " --device cpu --n-layer 2 --n-head 2 --n-embd 16 --global-batch 48 --steps 6");
     EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
@@ -460,6 +463,13 @@ TEST(Chapter08, ALateFaultIsCaughtAtItsStepInLongRuns) {
       EXPECT_NE(faulty.out.find("from the whole model's in float32"), std::string::npos) << flags << faulty.out;
     }
   }
+  // A 16-bit kernel's bug in the split layers, from step 210 of 300 at 3 TP ranks (their sums in the
+  // ring's order, each partial rounded to 16 bits): against the same parts without a 16-bit kernel.
+  auto kernel = run_process(std::string(MPIRUN_NP3) + " " + kBinary +
+                            " --device cpu --n-layer 2 --n-head 3 --n-embd 24 --global-batch 24 --log-every 1000 --verify"
+                            " --tp 3 --precision bf16 --steps 300 --fault truncating-gelu --fault-from-step 210");
+  EXPECT_EQ(kernel.exit_code, 1) << kernel.out << kernel.err;
+  EXPECT_NE(kernel.out.find("FAILED at step 210: the 16-bit kernels' gradient of"), std::string::npos) << kernel.out;
   // The sampler's bug in bf16, which the reference by parts shares, from step 210 of 300: the data order.
   auto sampler = run_process(std::string(MPIRUN_NP3) + " " + kBinary + smaller +
                              " --dp 3 --precision bf16 --steps 300 --fault skewed-share --fault-from-step 210");

@@ -59,11 +59,22 @@ EmulatedSixteenBits::EmulatedSixteenBits(std::function<Tensor(const Tensor&)> pe
   emulation = this;
 }
 EmulatedSixteenBits::~EmulatedSixteenBits() { emulation = previous_; }
+const EmulatedSixteenBits* EmulatedSixteenBits::current() { return emulation; }
 
 DType emulated_kept_type() { return emulation ? scope_dtype : DType::float32; }
 
 void round_kept(Tensor& kept, DType type) {
-  if (type != DType::float32 && kept.defined()) kept.copy_from(kept.to(type).to(DType::float32));
+  if (type != DType::float32 && kept.defined()) kept.copy_from(rounded_to(kept, type));
+}
+
+Tensor through_sixteen_bits(const Tensor& x, const std::function<Tensor(const Tensor&)>& f) {
+  if (!emulation || scope_dtype == DType::float32 || !x.defined()) return f(x);
+  return cast(f(cast(x, scope_dtype)), DType::float32);
+}
+
+Tensor rounded_to(const Tensor& value, DType type) {
+  if (type == DType::float32 || !value.defined()) return value;
+  return value.to(type).to(DType::float32);
 }
 
 Tensor autocast_output(std::string_view op, const Tensor& output) {

@@ -63,6 +63,15 @@ Tensor autocast_output(std::string_view op, const Tensor& output);
 DType emulated_kept_type();
 void round_kept(Tensor& kept, DType type);
 
+// A lower-precision op's output handed to code that computes on it in the 16-bit type the 16-bit path
+// holds it in (a tensor-parallel collective, which rounds each partial sum): f(x), except while a 16-bit
+// scope is emulated, where x is cast to that type for f (exact: its values are rounded already) and f's
+// result widened back. No 16-bit kernel runs: a collective only adds and rounds.
+Tensor through_sixteen_bits(const Tensor& x, const std::function<Tensor(const Tensor&)>& f);
+// `value` rounded to `type` and widened again, a new float32 tensor (`value` itself when type is float32):
+// what a custom op's backward computes in float32 rounded where the 16-bit path's rounds.
+Tensor rounded_to(const Tensor& value, DType type);
+
 // A 16-bit scope's arithmetic without one 16-bit kernel: while one of these is alive on this thread, an
 // Autocast scope of a 16-bit type keeps every tensor float32 and rounds where the 16-bit path rounds, by
 // casts there and back (bits a float32 holds exactly): a lower-precision op's inputs and its output, so
@@ -79,6 +88,11 @@ class EmulatedSixteenBits {
   ~EmulatedSixteenBits();
   EmulatedSixteenBits(const EmulatedSixteenBits&) = delete;
   EmulatedSixteenBits& operator=(const EmulatedSixteenBits&) = delete;
+
+  // The emulation alive on this thread (null: none) and its perturbation: work that a scope hands to
+  // other threads (verify/model_parallel_reference.h) makes the same emulation on each of them.
+  static const EmulatedSixteenBits* current();
+  const std::function<Tensor(const Tensor&)>& perturbation() const { return perturb_; }
 
  private:
   const EmulatedSixteenBits* previous_;

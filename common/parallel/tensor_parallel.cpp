@@ -7,6 +7,7 @@
 #include "common/core/errors.h"
 #include "common/core/memory.h"
 #include "common/kernels/kernels.h"
+#include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/faults/faults.h"
 
@@ -165,8 +166,11 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   }
   std::vector<Tensor> inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
+  // A 16-bit scope emulated (ops/autocast.h): the backward computes in float32 and rounds where the 16-bit
+  // path's rounds, y's gradient included (the 16-bit path's y is 16-bit).
+  const DType emulated = emulated_kept_type();
   return autograd::record(
-      y, "sp_gather_linear", inputs, [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), &tp = tp_](const Tensor& g) {
+      y, "sp_gather_linear", inputs, [x = x.detach(), w = weight.detach(), has_bias = bias.defined(), &tp = tp_, emulated](const Tensor& g) {
         autograd::NoGradGuard no_grad;
         // Megatron-LM's overlap: the input's all-gather travels while dx = dy W is computed (dx does
         // not need it), and dx's reduce-scatter while dW = dy^T x is.
@@ -180,24 +184,25 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
         const std::int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() * tp.size() / in;
         // In the type the forward computed in: under autocast the 16-bit copies of W and x, as linear's
         // own backward (the engine widens dW to the parameter's type).
-        const Tensor wt = w.to(g.dtype()), dy = reshape(g, {rows, out});
+        const Tensor wt = rounded_to(w.to(g.dtype()), emulated), dy = reshape(rounded_to(g, emulated), {rows, out});
         std::vector<Tensor> grads(has_bias ? 3 : 2);
-        const Tensor dx = reshape(matmul(dy, wt), whole_shape);  // dx = dy W, then each rank's shard of the sum
-        const Tensor dx_by_sequence = sequence_first(dx);
+        // dx = dy W, then each rank's shard of the sum (emulated: the sum in 16 bits, as the path's)
+        const Tensor dx = reshape(rounded_to(matmul(dy, wt), emulated), whole_shape);
+        const Tensor dx_by_sequence = emulated == DType::float32 ? sequence_first(dx) : sequence_first(dx).to(emulated);
         Shape dx_shard_shape = dx_by_sequence.shape();
         dx_shard_shape[0] /= tp.size();
-        Tensor dx_shard = Tensor::empty(dx_shard_shape, g.device(), dx.dtype());
+        Tensor dx_shard = Tensor::empty(dx_shard_shape, g.device(), dx_by_sequence.dtype());
         comm::WorkHandle scattering = tp.reduce_scatter_async(dx_by_sequence, dx_shard, comm::ReduceOp::sum);
         gathering->wait();
-        const Tensor whole = batch_first(gathered, whole_shape).to(g.dtype());
-        grads[1] = matmul(dy, reshape(whole, {rows, in}), true, false);  // dW = dy^T x
+        const Tensor whole = rounded_to(batch_first(gathered, whole_shape).to(g.dtype()), emulated);
+        grads[1] = rounded_to(matmul(dy, reshape(whole, {rows, in}), true, false), emulated);  // dW = dy^T x
         if (has_bias) {  // db = the column sums of dy, in float32
           const Tensor wide = dy.to(DType::float32);
           grads[2] = Tensor::empty({out}, g.device());
           kernels(g.device()).sum_rows(wide.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(out), grads[2].data());
         }
         scattering->wait();
-        grads[0] = batch_first(dx_shard, x.shape());
+        grads[0] = batch_first(emulated == DType::float32 ? dx_shard : dx_shard.to(DType::float32), x.shape());
         return grads;
       });
 }
@@ -221,7 +226,10 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
     }
     return bias.defined() ? add(partial, bias) : partial;
   }
-  Tensor sum = sequence_parallel_ ? reduce_scatter_sequence(partial, tp_) : reduce_from_tensor_parallel(partial, tp_);
+  // The partial products are 16-bit under autocast, and so is their sum (emulated: through_sixteen_bits).
+  const Tensor sum = through_sixteen_bits(partial, [&](const Tensor& part) {
+    return sequence_parallel_ ? reduce_scatter_sequence(part, tp_) : reduce_from_tensor_parallel(part, tp_);
+  });
   return bias.defined() ? add(sum, bias) : sum;
 }
 

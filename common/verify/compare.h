@@ -152,7 +152,8 @@ constexpr double kWholeModelLossFloorFactor = 50;
 // Lockstep::check_emulated holds a 16-bit run's parts to the same parts computed without a 16-bit kernel.
 // On the CPU no tolerance: its 16-bit kernels are the float32 ones on the widened values, rounded once,
 // as the emulation computes (correct runs of chapters 04, 05, 06 and 08, bf16 and fp16, 300 steps, with
-// accumulation, recomputation, 16-bit sums and hooks: every part the emulation's bits, 2026-11-29). A
+// accumulation, recomputation, 16-bit sums and hooks: every part the emulation's bits, 2026-11-29; 08's
+// TP, SP and CP grids too, 2026-11-29). A
 // GPU's 16-bit GEMMs (cuBLAS on tensor cores) add in another order than its float32 ones, so a rounding
 // to 16 bits can flip: there the parts' distance (Euclidean, per tensor) is held within this many floors,
 // the floor being the emulation's own response to every value moved by one float32 rounding before it

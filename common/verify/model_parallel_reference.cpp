@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "common/autograd/autograd.h"
 #include "common/core/memory.h"
+#include "common/ops/autocast.h"
 #include "common/verify/whole_model.h"
 #include "common/verify/contribution_magnitudes.h"
 
@@ -66,8 +68,11 @@ float ModelParallelReference::backward(nn::Module& whole, const Backward& backwa
   std::vector<float> losses(threads);
   std::vector<std::vector<std::vector<double>>> magnitudes(threads, std::vector<std::vector<double>>(slots_.size()));
   std::vector<std::vector<int>> counts(threads, std::vector<int>(slots_.size(), 0));
+  const EmulatedSixteenBits* emulation = EmulatedSixteenBits::current();  // the caller's, on every thread
   verify::run_in_turns(*turns_, static_cast<int>(threads), [&](int thread) {
     MemoryCategoryOverride counted(MemoryCategory::verification);
+    std::optional<EmulatedSixteenBits> emulated;
+    if (emulation) emulated.emplace(emulation->perturbation());
     const auto k = static_cast<std::size_t>(thread);
     verify::ContributionMagnitudes terms;
     losses[k] = backward(*parts_[k]);

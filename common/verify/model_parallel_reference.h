@@ -42,7 +42,8 @@ class ModelParallelReference {
                          bool sequence_parallel);
 
   // One part of the step, context-parallel rank `cp_rank`'s: every rank's part takes `whole`'s
-  // parameters, runs `backward` on its thread, then parallel::finish_gradients. `whole`'s gradients
+  // parameters, runs `backward` on its thread (under the caller's EmulatedSixteenBits, if one is alive),
+  // then parallel::finish_gradients. `whole`'s gradients
   // become those of the TP ranks of `cp_rank` put together (a split element from the part that holds
   // it, the rest from the first, where all agree), and the terms added into each, with their magnitudes,
   // go to the calling thread's verify::ContributionMagnitudes (under sequence parallelism an unsplit
