@@ -1,6 +1,8 @@
 // The safetensors writer and the validating reader.
 #include "common/checkpoint/safetensors.h"
 
+#include "common/checkpoint/checksum.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,10 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 namespace course::checkpoint {
 namespace {
@@ -21,59 +21,18 @@ namespace {
 // The header is JSON, so it cannot be larger than this without being something else.
 constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
 
-// FNV-1a, eight bytes at a time (little-endian words of the whole stream, the tail zero-padded): each
-// step is a bijection of the state, so any single changed word changes the result, at memory speed
-// rather than a multiply per byte. The stream may arrive in pieces of any length.
-class Hash {
- public:
-  void add(const char* bytes, std::size_t n) {
-    while (n > 0 && pending_size_ > 0) {  // complete the word the last piece left open
-      pending_[pending_size_++] = *bytes++;
-      --n;
-      if (pending_size_ == 8) mix_pending();
-    }
-    for (; n >= 8; bytes += 8, n -= 8) {
-      std::uint64_t word;
-      std::memcpy(&word, bytes, 8);
-      mix(word);
-    }
-    for (; n > 0; --n) pending_[pending_size_++] = *bytes++;
-  }
-  std::uint64_t finish() {
-    if (pending_size_ > 0) {
-      std::fill(pending_ + pending_size_, pending_ + 8, '\0');
-      mix_pending();
-    }
-    return state_;
-  }
-
- private:
-  void mix(std::uint64_t word) { state_ = (state_ ^ word) * 0x100000001b3ULL; }
-  void mix_pending() {
-    std::uint64_t word;
-    std::memcpy(&word, pending_, 8);
-    mix(word);
-    pending_size_ = 0;
-  }
-  std::uint64_t state_ = 0xcbf29ce484222325ULL;
-  char pending_[8] = {};
-  std::size_t pending_size_ = 0;
-};
-
 // The checksum covers the header's content (every entry and metadata value but the checksum itself,
-// as canonical JSON) and each tensor's bytes: a flipped byte anywhere that still parses is caught.
-std::string checksum_text(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-std::string checksum_of(nlohmann::json header, const std::vector<std::string_view>& data) {
+// as canonical JSON) and each tensor's bytes, in the file's order: a flipped byte anywhere that still
+// parses is caught. The header's canonical JSON is the checksum stream's first piece.
+std::string canonical_header(nlohmann::json header) {
   if (header.contains("__metadata__")) header["__metadata__"].erase("checksum");
-  const std::string canonical = header.dump();
-  Hash hash;
-  hash.add(canonical.data(), canonical.size());
-  for (const auto& piece : data) hash.add(piece.data(), piece.size());
-  return checksum_text(hash.finish());
+  return header.dump();
+}
+std::string checksum_of(const nlohmann::json& header, const std::vector<std::string_view>& data) {
+  StreamChecksum sum(ChecksumKind::lanes);
+  sum.add(canonical_header(header));
+  for (const auto& piece : data) sum.add(piece);
+  return sum.finish();
 }
 
 // The header as it opens the file: its length (8 bytes, little-endian), then the JSON with `sum` as its
@@ -204,6 +163,7 @@ std::string save_safetensors(const std::string& path, const NamedTensors& tensor
   }
   nlohmann::json meta = nlohmann::json::object();
   for (const auto& [key, value] : metadata) meta[key] = value;
+  meta[kChecksumKindKey] = kLanesKind;  // the checksum's kind, which the checksum covers
   header["__metadata__"] = meta;
   if (writer) {  // another writer: the whole file in order, its header (and so its checksum) first
     const std::string sum = checksum_of(header, data);
@@ -233,36 +193,57 @@ std::string save_safetensors(const std::string& path, const NamedTensors& tensor
   return written;
 }
 
+namespace {
+// Exactly `n` bytes of `fd` at `offset` into `into`; false if the file ends first or the read fails.
+bool read_at(int fd, std::uint64_t offset, char* into, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, into, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    into += got, offset += static_cast<std::uint64_t>(got), n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+struct File {  // closed on every way out
+  int fd;
+  ~File() { ::close(fd); }
+};
+}  // namespace
+
 Loaded load_safetensors(const std::string& path) {
   // Only a regular file: a folder reads as endless garbage and a pipe never ends.
   struct stat what {};
   if (::stat(path.c_str(), &what) == 0 && !S_ISREG(what.st_mode))
     throw CheckpointError(path, "is not a regular file (a folder, a device or a pipe)");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw CheckpointError(path, "cannot be opened (missing or unreadable)");
-  std::string file(static_cast<std::size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  if (!in.read(file.data(), static_cast<std::streamsize>(file.size()))) throw CheckpointError(path, "could not be read");
-  if (file.size() < 8)
-    throw CheckpointError(path, "is truncated: " + std::to_string(file.size()) + " bytes, shorter than the header length");
+  const File file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (file.fd < 0) throw CheckpointError(path, "cannot be opened (missing or unreadable)");
+  if (::fstat(file.fd, &what) != 0 || !S_ISREG(what.st_mode))
+    throw CheckpointError(path, "is not a regular file (a folder, a device or a pipe)");
+  const auto size = static_cast<std::uint64_t>(what.st_size);
+  if (size < 8) throw CheckpointError(path, "is truncated: " + std::to_string(size) + " bytes, shorter than the header length");
+  unsigned char length[8];
+  if (!read_at(file.fd, 0, reinterpret_cast<char*>(length), 8)) throw CheckpointError(path, "could not be read");
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
-  if (n > kMaxHeaderBytes || n > file.size() - 8)
-    throw CheckpointError(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file.size()) +
+  for (int i = 7; i >= 0; --i) n = (n << 8) | length[i];
+  if (n > kMaxHeaderBytes || n > size - 8)
+    throw CheckpointError(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) +
                    " bytes)");
+  std::string text(static_cast<std::size_t>(n), '\0');
+  if (!read_at(file.fd, 8, text.data(), text.size())) throw CheckpointError(path, "could not be read");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(path, std::string("header is not valid JSON (") + e.what() + ")");
   }
   if (!header.is_object()) throw CheckpointError(path, "header is not a JSON object");
-  const char* data = file.data() + 8 + n;
-  const std::uint64_t data_size = file.size() - 8 - n;
+  const std::uint64_t data_start = 8 + n, data_size = size - data_start;
   Loaded loaded;
   struct Range {
     std::uint64_t begin, end;
     std::string name;
+    Tensor tensor;  // its bytes' place: the file is read straight into it
   };
   std::vector<Range> ranges;
   for (auto& [name, entry] : header.items()) {
@@ -301,10 +282,8 @@ Loaded load_safetensors(const std::string& path) {
     if (end - begin != count * element_size(dtype))
       throw CheckpointError(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
-    ranges.push_back({begin, end, name});
-    Tensor tensor = Tensor::empty(shape, Device::cpu, dtype);
-    if (count) std::memcpy(tensor.raw(), data + begin, count * element_size(dtype));
-    loaded.tensors.emplace_back(name, tensor);
+    ranges.push_back({begin, end, name, Tensor()});
+    ranges.back().tensor = Tensor::empty(shape, Device::cpu, dtype);
   }
   // The data section must be covered exactly: no overlaps, no holes (the format's own rule).
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
@@ -316,19 +295,36 @@ Loaded load_safetensors(const std::string& path) {
   }
   if (at != data_size)
     throw CheckpointError(path, "the data section has " + std::to_string(data_size - at) + " bytes that no tensor owns");
-  std::sort(loaded.tensors.begin(), loaded.tensors.end(), [&](const auto& a, const auto& b) {
-    auto pos = [&](const std::string& name) {
-      return std::find_if(ranges.begin(), ranges.end(), [&](const Range& r) { return r.name == name; })->begin;
-    };
-    return pos(a.first) < pos(b.first);
-  });
-  auto checksum = loaded.metadata.find("checksum");
-  if (checksum != loaded.metadata.end() &&
-      checksum->second != checksum_of(header, {std::string_view(data, static_cast<std::size_t>(data_size))}))
+  // The checksum's kind: the metadata names it, or a file written before names none (ChecksumKind::words).
+  const auto named_kind = loaded.metadata.find(kChecksumKindKey);
+  const auto kind = checksum_kind(named_kind == loaded.metadata.end() ? std::nullopt
+                                                                      : std::optional<std::string>(named_kind->second));
+  const auto checksum = loaded.metadata.find("checksum");
+  if (checksum != loaded.metadata.end() && !kind)
+    throw CheckpointError(path, "its checksum is of kind '" + named_kind->second + "', which this course does not know (it writes '" +
+                                    std::string(kLanesKind) + "'; a file without a kind is of the earlier one)");
+  // Each tensor's bytes straight from the file into its memory, a piece at a time, each piece hashed
+  // while it is still in the cache: one pass over the data, no second copy.
+  StreamChecksum sum(kind.value_or(ChecksumKind::lanes));
+  sum.add(canonical_header(header));
+  constexpr std::size_t kPiece = std::size_t{512} << 10;
+  for (const auto& r : ranges) {
+    char* into = static_cast<char*>(r.tensor.raw());
+    for (std::uint64_t done = 0; done < r.end - r.begin;) {
+      const auto piece = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, r.end - r.begin - done));
+      if (!read_at(file.fd, data_start + r.begin + done, into + done, piece))
+        throw CheckpointError(path, "could not be read (it ended or failed before its last tensor's bytes)");
+      sum.add(into + done, piece);
+      done += piece;
+    }
+    loaded.tensors.emplace_back(r.name, r.tensor);
+  }
+  if (checksum != loaded.metadata.end() && checksum->second != sum.finish())
     throw CheckpointError(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
   loaded.checksummed = checksum != loaded.metadata.end();
   if (loaded.checksummed) loaded.checksum = checksum->second;
   loaded.metadata.erase("checksum");
+  loaded.metadata.erase(kChecksumKindKey);
   return loaded;
 }
 

@@ -4,8 +4,8 @@
 //   N bytes   JSON: {"__metadata__": {string: string}, "name": {"dtype": "F32", "shape": [...],
 //             "data_offsets": [begin, end]}, ...}, padded with spaces
 //   the rest  the tensors' bytes, little-endian, each at its offsets (relative to the data section)
-// The course adds "checksum" (FNV-1a, by 8-byte words, of the header's content and the data section) to the metadata,
-// so a flipped byte is found. Writing is atomic: a temporary file in the same folder, fsync, rename, fsync of the
+// The course adds "checksum" (of the header's content and the data section; its kind, "checksum_kind", in
+// checkpoint/checksum.h) to the metadata, so a flipped byte is found. Writing is atomic: a temporary file in the same folder, fsync, rename, fsync of the
 // folder, so a crash at any moment leaves either the old file or the new one, never half of one.
 #pragma once
 #include <functional>
@@ -54,8 +54,9 @@ struct Loaded {
 };
 // Reads and validates `path`: the header length within the file, valid JSON, known dtypes, shapes that
 // match their byte ranges, offsets inside the data section that neither overlap nor leave holes, and the
-// checksum when present (files from other writers have none). Throws CheckpointError on the first problem; never
-// returns a partial load.
+// checksum when present (files from other writers have none; a file written before "checksum_kind" has the
+// earlier kind). The tensors' bytes go straight from the file into their memory, hashed as they arrive.
+// Throws CheckpointError on the first problem; never returns a partial load.
 Loaded load_safetensors(const std::string& path);
 
 // Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync of the folder). What it
