@@ -39,6 +39,8 @@ fi
 for grid in "${grids[@]}"; do
   ranks=${grid%%|*} flags=${grid#*|}
   for run in "${runs[@]}"; do
+    # --reduce-dtype is the type of the data- and context-parallel averages: refused on a grid without them.
+    case " $flags " in *" --dp "* | *" --cp "*) ;; *) run=${run/ --reduce-dtype bf16/} ;; esac
     name=$(echo "$flags $run" | tr -d ' -.')
     [ -s "$out/$name.jsonl" ] && continue  # measured already: a rerun goes on where it stopped
     # A correct run that fails its check is a measurement too (FAILED below); a run that ends otherwise is not.
@@ -54,13 +56,14 @@ import glob, json, os, sys
 out, steps = sys.argv[1], sys.argv[2]
 gradient_ratio, gradient_factor, loss_ratio, loss_factor = sys.argv[3:7]
 worst_gradient = worst_loss = (0, "")
-print(f"{'grid and run':<72}{'gradient':>10}{'loss':>8}{'parts':>8}{'lean':>8}   (floors, the worst step of {steps};"
-      " parts and lean: of their bounds)")
+print(f"{'grid and run':<72}{'gradient':>10}{'loss':>8}{'parts':>8}{'lean':>8}{'kernels':>9}   (floors, the worst step"
+      f" of {steps}; parts and lean: of their bounds; kernels: the 16-bit parts from the emulated, of the tolerance)")
 for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))):
     record = [r for r in map(json.loads, open(path)) if r.get("event") == "verify"][0]
     g, l = record[gradient_ratio] * record[gradient_factor], record[loss_ratio] * record[loss_factor]
     label = os.path.basename(path)[:-6]
     parts = f"{record['gradient_ratio']:>8.3f}{record['rounding_bias_ratio']:>8.3f}" if record["by_parts"] else f"{'':>16}"
+    parts += f"{record['emulated_ratio']:>9.3f}" if "emulated_ratio" in record else f"{'':>9}"
     print(f"{label:<72}{g:>10.2f}{l:>8.2f}{parts}{'' if record['passed'] else '   FAILED'}")
     worst_gradient, worst_loss = max(worst_gradient, (g, label)), max(worst_loss, (l, label))
 print(f"the worst correct step: gradient {worst_gradient[0]:.2f} floors ({worst_gradient[1]}), "
