@@ -5,7 +5,7 @@
 # runs/index.html (scripts/report.py).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-"$COURSE_ROOT/scripts/setup.sh" || exit 1
+"$COURSE_ROOT/scripts/setup.sh" --course || exit 1
 RUNS=${COURSE_RUNS:-$COURSE_ROOT/runs}
 PY=$(course_python)
 mkdir -p "$RUNS"

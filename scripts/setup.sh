@@ -2,6 +2,8 @@
 # Installs what the course needs (through apt when root; otherwise prints the exact packages to
 # ask for), then configures and builds in Release: CUDA where nvcc finds a GPU, CPU only otherwise.
 #   scripts/setup.sh                  packages, then the Release build
+#   scripts/setup.sh --course         packages, then only what the course's run needs (the chapters, the
+#                                     planner): run_course.sh's; run_tests.sh builds the rest
 #   scripts/setup.sh --packages-only  packages alone
 #   scripts/setup.sh --test-packages  also what only the tests use (Chromium, for the page's browser test)
 set -euo pipefail
@@ -46,5 +48,7 @@ cmake -S "$COURSE_ROOT" -B "$COURSE_BUILD" -DCMAKE_BUILD_TYPE=Release -DCOURSE_C
   || { cat "$COURSE_BUILD.configure.log"; exit 1; }
 grep "Course backends" "$COURSE_BUILD.configure.log" | sed 's/^-- /setup: /'
 echo "setup: building in ${COURSE_BUILD#$COURSE_ROOT/} (log: ${COURSE_BUILD#$COURSE_ROOT/}.build.log)"
-cmake --build "$COURSE_BUILD" -j "$COURSE_CORES" >"$COURSE_BUILD.build.log" 2>&1 \
+targets=()
+[ "${1:-}" = "--course" ] && targets=(--target course)
+cmake --build "$COURSE_BUILD" -j "$COURSE_CORES" ${targets[@]+"${targets[@]}"} >"$COURSE_BUILD.build.log" 2>&1 \
   || { tail -n 60 "$COURSE_BUILD.build.log"; echo "setup: build failed" >&2; exit 1; }
