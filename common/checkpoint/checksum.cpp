@@ -40,6 +40,7 @@ void StreamChecksum::mix_blocks(const char* bytes, std::size_t blocks) {
 }
 
 void StreamChecksum::add(const char* bytes, std::size_t n) {
+  if (n == 0) return;  // an empty tensor's bytes may be a null pointer, which memcpy must not be given
   length_ += n;
   const std::size_t size = block();
   if (pending_size_ > 0) {  // complete the block the last piece left open
