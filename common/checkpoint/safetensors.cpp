@@ -243,7 +243,8 @@ Loaded load_safetensors(const std::string& path) {
   struct Range {
     std::uint64_t begin, end;
     std::string name;
-    Tensor tensor;  // its bytes' place: the file is read straight into it
+    Shape shape;
+    DType dtype;
   };
   std::vector<Range> ranges;
   for (auto& [name, entry] : header.items()) {
@@ -282,8 +283,7 @@ Loaded load_safetensors(const std::string& path) {
     if (end - begin != count * element_size(dtype))
       throw CheckpointError(path,
            "tensor '" + name + "' has shape " + shape_string(shape) + " but " + std::to_string(end - begin) + " bytes");
-    ranges.push_back({begin, end, name, Tensor()});
-    ranges.back().tensor = Tensor::empty(shape, Device::cpu, dtype);
+    ranges.push_back({begin, end, name, shape, dtype});
   }
   // The data section must be covered exactly: no overlaps, no holes (the format's own rule).
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
@@ -304,12 +304,14 @@ Loaded load_safetensors(const std::string& path) {
     throw CheckpointError(path, "its checksum is of kind '" + named_kind->second + "', which this course does not know (it writes '" +
                                     std::string(kLanesKind) + "'; a file without a kind is of the earlier one)");
   // Each tensor's bytes straight from the file into its memory, a piece at a time, each piece hashed
-  // while it is still in the cache: one pass over the data, no second copy.
+  // while it is still in the cache: one pass over the data, no second copy. The memory is taken only now
+  // that the ranges cover the file once: a header whose tensors overlap asks for no more than the file.
   StreamChecksum sum(kind.value_or(ChecksumKind::lanes));
   sum.add(canonical_header(header));
   constexpr std::size_t kPiece = std::size_t{512} << 10;
   for (const auto& r : ranges) {
-    char* into = static_cast<char*>(r.tensor.raw());
+    Tensor tensor = Tensor::empty(r.shape, Device::cpu, r.dtype);
+    char* into = static_cast<char*>(tensor.raw());
     for (std::uint64_t done = 0; done < r.end - r.begin;) {
       const auto piece = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, r.end - r.begin - done));
       if (!read_at(file.fd, data_start + r.begin + done, into + done, piece))
@@ -317,7 +319,7 @@ Loaded load_safetensors(const std::string& path) {
       sum.add(into + done, piece);
       done += piece;
     }
-    loaded.tensors.emplace_back(r.name, r.tensor);
+    loaded.tensors.emplace_back(r.name, tensor);
   }
   if (checksum != loaded.metadata.end() && checksum->second != sum.finish())
     throw CheckpointError(path, "checksum mismatch: the header or the tensors' bytes were changed or damaged");
