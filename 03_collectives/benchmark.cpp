@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "common/comm/agree.h"  // all_reduce_scalar
 #include "common/comm/algorithms.h"
@@ -50,7 +52,9 @@ float expected(const Case& k, std::size_t i, int me, int n, int root, std::size_
 
 double rounds(int n) { return std::ceil(std::log2(static_cast<double>(n))); }
 
-std::vector<Case> cases(comm::Communicator& c, int root) {
+// `ordered`: a group of the same ranks that adds in the ring's order (Communicator::add_in_ring_order), whose
+// all-reduce is the library's own ring: over MPI on one machine it travels through shared memory.
+std::vector<Case> cases(comm::Communicator& c, comm::Communicator& ordered, int root) {
   const int n = c.size();
   const double steps = n - 1, ring = static_cast<double>(n - 1) / n;
   const std::string library = c.backend_name();
@@ -74,6 +78,8 @@ std::vector<Case> cases(comm::Communicator& c, int root) {
        [&c](Tensor& t, Tensor&) { algo::tree_reduce(c, t, 0), algo::tree_broadcast(c, t, 0); }, twice_tree},
       {"all_reduce", "naive", ar, L::in_place,
        [&c](Tensor& t, Tensor&) { algo::naive_reduce(c, t, 0), algo::naive_broadcast(c, t, 0); }, twice_naive},
+      {"all_reduce", "ordered", ar, L::in_place, [&ordered](Tensor& t, Tensor&) { ordered.all_reduce(t); },
+       ring_all_reduce},
       {"all_reduce", library, ar, L::in_place, [&c](Tensor& t, Tensor&) { c.all_reduce(t); }, nullptr},
       {"broadcast", "naive", 1, L::in_place, [&c, root](Tensor& t, Tensor&) { algo::naive_broadcast(c, t, root); },
        naive},
@@ -141,8 +147,28 @@ AlphaBeta fit_alpha_beta(comm::Communicator& c, const BenchOptions& o, metrics::
   return fit;
 }
 
-void report_device_bandwidth(const BenchOptions& o, Device device, metrics::MetricsWriter& out) {
-  if (device != Device::cuda) return;
+void report_device_bandwidth(comm::Communicator& c, const BenchOptions& o, Device device, metrics::MetricsWriter& out) {
+  if (device == Device::cpu) {
+    // One core's memcpy of the largest size, on rank 0 while the others wait: the rate a CPU
+    // collective's busbw is measured against (NOTES.md). Bytes copied per second, as algbw counts them.
+    c.barrier();
+    if (c.rank() != 0) {
+      c.barrier();
+      return;
+    }
+    std::vector<unsigned char> source(o.max_bytes, 1), target(o.max_bytes, 2);
+    double best = 0;
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+      auto begin = Clock::now();
+      std::memcpy(target.data(), source.data(), o.max_bytes);
+      const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      if (i >= o.warmup && seconds > 0) best = std::max(best, static_cast<double>(o.max_bytes) / seconds / 1e9);
+    }
+    log("# memcpy of %zu bytes on one core: %.2f GB/s (the best of %d)\n", o.max_bytes, best, o.iters);
+    out.write({{"event", "memcpy_bandwidth"}, {"bytes", o.max_bytes}, {"gbps", best}});
+    c.barrier();
+    return;
+  }
   Tensor source = Tensor::zeros({static_cast<std::int64_t>(o.max_bytes / 4)}, device);
   Tensor target = source.clone();
   metrics::Timer timer(device);
@@ -160,14 +186,16 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
   const int n = c.size(), me = c.rank();
   long total_wrong = 0;
   std::string current_op;
-  for (Case& k : cases(c, o.root)) {
+  const std::unique_ptr<comm::Communicator> ordered = c.split(0, me);
+  ordered->add_in_ring_order();
+  for (Case& k : cases(c, *ordered, o.root)) {
     if (!o.ops.empty() && !o.ops.count(k.op)) continue;
     if (k.op != current_op) {
       current_op = k.op;
       log("\n# %s, %d ranks, %s backend, %s tensors%s\n", k.op.c_str(), n, c.backend_name().c_str(),
           device_name(device),
           k.op == "broadcast" || k.op == "reduce" ? (", root " + std::to_string(o.root)).c_str() : "");
-      log("# %12s %12s  %-6s %11s %11s %11s %11s %7s\n", "size(B)", "count", "algo", "time(us)", "model(us)",
+      log("# %12s %12s  %-7s %11s %11s %11s %11s %7s\n", "size(B)", "count", "algo", "time(us)", "model(us)",
           "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
     for (std::size_t bytes = o.min_bytes;; bytes *= o.factor) {
@@ -207,7 +235,7 @@ long run_benchmarks(comm::Communicator& c, const BenchOptions& o, const AlphaBet
       const double predicted = model.valid && k.model ? k.model(sized, model) : -1.0;
       char model_text[32] = "-";
       if (predicted >= 0) std::snprintf(model_text, sizeof model_text, "%.1f", predicted * 1e6);
-      log("  %12zu %12zu  %-6s %11.1f %11s %11.3f %11.3f %7ld\n", static_cast<std::size_t>(sized),
+      log("  %12zu %12zu  %-7s %11.1f %11s %11.3f %11.3f %7ld\n", static_cast<std::size_t>(sized),
           std::max(in_n, out_n), k.algorithm.c_str(), time * 1e6, model_text, algbw, busbw, wrong);
       out.write({{"event", "bench"},
                  {"op", k.op},

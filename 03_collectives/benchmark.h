@@ -27,8 +27,9 @@ struct AlphaBeta {
 AlphaBeta fit_alpha_beta(comm::Communicator& comm, const BenchOptions& o, metrics::MetricsWriter& out);
 
 // On a GPU: the device's copy bandwidth (bytes read + written per second) at the largest size, the
-// ceiling that a collective on one GPU's memory can approach.
-void report_device_bandwidth(const BenchOptions& o, Device device, metrics::MetricsWriter& out);
+// ceiling that a collective on one GPU's memory can approach. On the CPU: one core's memcpy (bytes
+// copied per second), the rate a collective through the machine's memory is held against.
+void report_device_bandwidth(comm::Communicator& c, const BenchOptions& o, Device device, metrics::MetricsWriter& out);
 
 // Runs every collective and algorithm over the sizes; prints the table; returns the number of wrong elements.
 long run_benchmarks(comm::Communicator& comm, const BenchOptions& o, const AlphaBeta& model, Device device,

@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
     if (o.mode != "bench") demo_ok = demonstrate(*world, device);
     if (o.mode != "demo") {
       log("\n");
-      chapter03::report_device_bandwidth(bench, device, out);
+      chapter03::report_device_bandwidth(*world, bench, device, out);
       auto model = chapter03::fit_alpha_beta(*world, bench, out);
       wrong = chapter03::run_benchmarks(*world, bench, model, device, out);
       log("\n# total #wrong: %ld\n", wrong);

@@ -12,6 +12,7 @@
 #include "common/comm/agree.h"
 #include "common/comm/algorithms.h"
 #include "common/verify/local_group.h"
+#include "common/comm/shared_ring.h"
 #include "common/comm/simulated_network.h"
 #include "common/core/errors.h"
 #include "common/kernels/kernels.h"
@@ -423,6 +424,53 @@ TEST(LocalGroup, GivesMpisBits) {
       const Tensor& mine = our_slices[static_cast<std::size_t>(mpi.rank())];
       EXPECT_EQ(std::memcmp(mine.raw(), scattered.raw(), mine.nbytes()), 0);
     }
+}
+
+// The same at a size where the ordered sums' shared memory (comm::SharedRing, on one machine) goes round
+// its slots more than once in one call, as the chunks' segments travel, and on from one call to the
+// next; at no values and one; and as the same sums as MPI messages (the test's run with
+// COURSE_SHM_DISABLE=1). Each gives the in-process group's bits, in every type and operation.
+TEST(LocalGroup, GivesMpisBitsWhereTheSumsCycleThroughSharedMemory) {
+  const std::unique_ptr<comm::Communicator> ring = world().split(0, world().rank());
+  ring->add_in_ring_order();
+  const int n = ring->size();
+  // As many values as 16-bit segments fill the slots, and an odd few, so that chunks are uneven: each rank
+  // sends (2n - 1) / n of them, one and a half rounds of its slots or more.
+  const std::size_t cycles = comm::SharedRing::kSegmentBytes / 2 * comm::SharedRing::kSlots + 5;
+  const std::size_t scattered = 7 * comm::SharedRing::kSegmentBytes / 4 + 3;  // each rank's result, float32 segments
+  verify::LocalGroup group(n);
+  for (const std::size_t count : {std::size_t{0}, std::size_t{1}, cycles})
+    for (const DType dtype : {DType::float32, DType::bfloat16, DType::float16})
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+        SCOPED_TRACE(std::to_string(count) + " " + dtype_name(dtype) + " " + comm::reduce_op_name(op));
+        const auto data = [&](int rank, std::size_t size) {
+          return Tensor::randn({static_cast<std::int64_t>(size)}, 90 + static_cast<std::uint64_t>(rank), Device::cpu, 0.0f,
+                               3.0f)
+              .to(dtype)
+              .clone();
+        };
+        Tensor theirs = data(ring->rank(), count);
+        ring->all_reduce(theirs, op);
+        std::vector<Tensor> ours(static_cast<std::size_t>(n));
+        group.run([&](comm::Communicator& c) {
+          Tensor t = data(c.rank(), count);
+          c.all_reduce(t, op);
+          ours[static_cast<std::size_t>(c.rank())] = t;
+        });
+        EXPECT_EQ(std::memcmp(ours[static_cast<std::size_t>(ring->rank())].raw(), theirs.raw(), theirs.nbytes()), 0);
+        const std::size_t each = count == cycles ? scattered : count;
+        Tensor input = data(ring->rank(), each * static_cast<std::size_t>(n)), out = Tensor::zeros({static_cast<std::int64_t>(each)}, Device::cpu, dtype);
+        const Tensor before = input.clone();
+        ring->reduce_scatter(input, out, op);
+        EXPECT_EQ(std::memcmp(input.raw(), before.raw(), input.nbytes()), 0);  // the input is left as it was
+        std::vector<Tensor> slices(static_cast<std::size_t>(n));
+        group.run([&](comm::Communicator& c) {
+          Tensor in = data(c.rank(), each * static_cast<std::size_t>(n)), o = Tensor::zeros({static_cast<std::int64_t>(each)}, Device::cpu, dtype);
+          c.reduce_scatter(in, o, op);
+          slices[static_cast<std::size_t>(c.rank())] = o;
+        });
+        EXPECT_EQ(std::memcmp(slices[static_cast<std::size_t>(ring->rank())].raw(), out.raw(), out.nbytes()), 0);
+      }
 }
 
 // The order is the group's, however it is reached: through a wrapper (a simulated network, as chapter

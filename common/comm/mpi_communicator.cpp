@@ -20,6 +20,7 @@
 
 #include "common/comm/algorithms.h"
 #include "common/comm/backends.h"
+#include "common/comm/shared_ring.h"
 #include "common/core/cuda_runtime.h"
 #include "common/core/dtype.h"
 #include "common/kernels/half.h"
@@ -132,8 +133,14 @@ void ring_reduce_scatter(Value* values, std::size_t count, HalfFormat format, MP
 
 // The same, then either every rank's chunk to every rank, in place (an all-reduce: `block` null), or this
 // rank's chunk into `block` (a reduce-scatter's result): each value the sum of its ranks in the ring's order.
+// On one machine the same sums travel through shared memory instead (SharedRing), in the same order.
 template <typename Value>
-void ring_sum(Value* values, std::size_t count, Value* block, HalfFormat format, MPI_Datatype type, MPI_Comm comm) {
+void ring_sum(Value* values, std::size_t count, Value* block, HalfFormat format, MPI_Datatype type, MPI_Comm comm,
+              SharedRing* shared) {
+  if (shared) {
+    shared->sum(values, count, block, [format](Value arriving, Value own) { return ring_add(arriving, own, format); });
+    return;
+  }
   ring_reduce_scatter(values, count, format, type, comm);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -182,11 +189,12 @@ Wire wire_of(const Collective& c) {
 }
 
 // ring_sum on the wire's values: float32, or 16-bit bits.
-void ring_sum(const Wire& w, void* values, std::size_t count, void* block, MPI_Comm comm) {
+void ring_sum(const Wire& w, void* values, std::size_t count, void* block, MPI_Comm comm, SharedRing* shared) {
   if (w.sixteen_bit)
-    ring_sum(static_cast<std::uint16_t*>(values), count, static_cast<std::uint16_t*>(block), w.format, MPI_UINT16_T, comm);
+    ring_sum(static_cast<std::uint16_t*>(values), count, static_cast<std::uint16_t*>(block), w.format, MPI_UINT16_T, comm,
+             shared);
   else
-    ring_sum(static_cast<float*>(values), count, static_cast<float*>(block), w.format, MPI_FLOAT, comm);
+    ring_sum(static_cast<float*>(values), count, static_cast<float*>(block), w.format, MPI_FLOAT, comm, shared);
 }
 
 class FutureWork final : public Work {
@@ -356,10 +364,14 @@ class MpiCommunicator final : public Communicator {
     }
     const bool divide = c.op == ReduceOp::average && !premultiply;  // float32: the sum divided once
     // Sums in the ring's order (ring_reduce_scatter), on a communicator of their own: every 16-bit one,
-    // and a float32 one where the group asked for it, above two ranks (two values add alike in either
-    // order, and there MPI's algorithm is the faster).
-    const bool ring = c.op != ReduceOp::max && (w.sixteen_bit || (c.ring_order && size() > 2));
-    if (ring && ring_ == MPI_COMM_NULL) check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
+    // and a float32 one where the group asked for it. At two ranks, where two values add alike in either
+    // order, only through shared memory: there MPI's messages are slower than MPI_Allreduce.
+    const bool summed = c.op != ReduceOp::max && (c.kind == OpKind::all_reduce || c.kind == OpKind::reduce_scatter);
+    if (summed && (w.sixteen_bit || c.ring_order) && ring_ == MPI_COMM_NULL) {
+      check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
+      if (size() > 1) shared_ = SharedRing::open(ring_);
+    }
+    const bool ring = summed && (w.sixteen_bit || (c.ring_order && (size() > 2 || shared_)));
     switch (c.kind) {
       case OpKind::broadcast:
         check_mpi(MPI_Bcast(inp, n_in, w.type, c.root, comm_), "MPI_Bcast");
@@ -373,7 +385,7 @@ class MpiCommunicator final : public Communicator {
       case OpKind::all_reduce:
         if (ring) {
           if (premultiply) std::copy(premultiplied.begin(), premultiplied.end(), static_cast<std::uint16_t*>(inp));
-          ring_sum(w, inp, static_cast<std::size_t>(n_in), nullptr, ring_);
+          ring_sum(w, inp, static_cast<std::size_t>(n_in), nullptr, ring_, shared_.get());
         } else {
           check_mpi(MPI_Allreduce(premultiply ? premultiplied.data() : MPI_IN_PLACE, inp, n_in, w.type, op, comm_),
                     "MPI_Allreduce");
@@ -388,7 +400,7 @@ class MpiCommunicator final : public Communicator {
           const std::size_t bytes = static_cast<std::size_t>(n_in) * (w.sixteen_bit ? 2 : 4);
           std::vector<unsigned char> sums(bytes);
           std::memcpy(sums.data(), premultiply ? static_cast<const void*>(premultiplied.data()) : inp, bytes);
-          ring_sum(w, sums.data(), static_cast<std::size_t>(n_in), outp, ring_);
+          ring_sum(w, sums.data(), static_cast<std::size_t>(n_in), outp, ring_, shared_.get());
         } else {
           check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
                     "MPI_Reduce_scatter_block");
@@ -427,6 +439,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   MPI_Comm ring_ = MPI_COMM_NULL;  // the ring's sums' own (ring_reduce_scatter), made at the first
+  std::unique_ptr<SharedRing> shared_;  // with it, at the first: null where memory cannot be shared
   int gpu_;
   std::mutex mutex_;
   std::condition_variable ready_;
