@@ -128,13 +128,18 @@ def summary_of(records):
     if bench:
         largest = max(r["bytes"] for r in bench)
         rows = {r["algorithm"]: r for r in bench if r["op"] == "all_reduce" and r["bytes"] == largest}
-        lib = next((r for a, r in rows.items() if a not in ("ring", "pipe", "tree", "naive")), None)
+        # The library's own call is the row named after the backend; the others are the chapter's algorithms.
+        lib = next((r for a, r in rows.items() if a not in ("ring", "pipe", "tree", "naive", "ordered")), None)
         wrong = sum(r["wrong"] for r in bench)
         text = f"{len(bench)} rows, #wrong {wrong}"
         if "ring" in rows and lib and lib["busbw_gbps"] > 0:
             text += (f"; all_reduce {largest / 2**20:.0f} MiB busbw ring {rows['ring']['busbw_gbps']:.2f}"
                      + (f", pipelined {rows['pipe']['busbw_gbps']:.2f}" if "pipe" in rows else "")
+                     + (f", ordered {rows['ordered']['busbw_gbps']:.2f}" if "ordered" in rows else "")
                      + f" vs {lib['algorithm']} {lib['busbw_gbps']:.2f} GB/s")
+            memcpy = (events(records, "memcpy_bandwidth") or [None])[-1]
+            if memcpy and memcpy["gbps"] > 0:
+                text += f" (memcpy {memcpy['gbps']:.2f})"
         return text
     if acc:
         return (f"lock-step {acc['gradient_bound_ratio']:.2f} of the fp32 bound, final drift "

@@ -6,8 +6,8 @@
                                 the cost model's speedups and predicted/measured, with the reason where
                                 they differ by more than 25%;
                                 05's overlap slower than none and unequal compute flagged, each mode's
-                                median over repeated runs and its spread; on recorded
-                                metrics (no run, no timing)
+                                median over repeated runs and its spread; 03's benchmark summarised
+                                with MPI's row as the library's; on recorded metrics (no run, no timing)
   plot_test.py schedules        08's schedules compared at equal p and m only; a stage off its theory
                                 explained by the stages' measured work or by the transfers; zero bubble
                                 idling more than 1F1B flagged with its reason (recorded metrics)
@@ -353,11 +353,22 @@ def priced(env, what, batch_of):
         return ran.stdout
 
 
+def collectives():
+    """03's benchmark summarised: the library's row (named after the backend) is MPI's, never the library's
+    ordered ring, and one core's memcpy stands beside it."""
+    bench = [{"event": "bench", "op": "all_reduce", "algorithm": a, "bytes": 64 << 20, "busbw_gbps": g, "wrong": 0}
+             for a, g in (("ring", 3.1), ("pipe", 3.6), ("tree", 1.5), ("naive", 1.6), ("ordered", 5.7), ("mpi", 2.1))]
+    text = plot.summary_of([{"event": "memcpy_bandwidth", "bytes": 64 << 20, "gbps": 9.0}] + bench)
+    check(text == "6 rows, #wrong 0; all_reduce 64 MiB busbw ring 3.10, pipelined 3.60, ordered 5.70 vs mpi 2.10 GB/s"
+                  " (memcpy 9.00)", f"03's summary names each row: {text}")
+
+
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "speedup":
         speedup()
         overlap()
         zero_time()
+        collectives()
     elif len(sys.argv) >= 2 and sys.argv[1] == "schedules":
         schedules()
     elif len(sys.argv) >= 3 and sys.argv[1] == "sweep":
