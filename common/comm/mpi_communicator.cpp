@@ -1,7 +1,8 @@
 // The MPI backend. Collectives run on a communication thread that owns their order, so the async
 // forms really proceed in the background while the caller computes (Open MPI makes no progress on
 // non-blocking collectives between calls). CUDA tensors are staged through pinned host buffers,
-// because Debian's Open MPI is not CUDA-aware.
+// because Debian's Open MPI is not CUDA-aware. Sums in the ring's order go through shared memory where
+// the ranks share a machine (shared_ring.h).
 #include <mpi.h>
 
 #include <algorithm>
