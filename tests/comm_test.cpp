@@ -5,6 +5,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -471,6 +472,37 @@ TEST(LocalGroup, GivesMpisBitsWhereTheSumsCycleThroughSharedMemory) {
         });
         EXPECT_EQ(std::memcmp(slices[static_cast<std::size_t>(ring->rank())].raw(), out.raw(), out.nbytes()), 0);
       }
+}
+
+// Ranks whose ordered sums differ in their count or their type stop with a message, where the shared
+// memory would otherwise let one add another's stale values (MPI's messages stop the job): a rank that
+// meets the difference names both sums, and its neighbours stop in turn, none left waiting.
+TEST(SharedRing, RanksAddingDifferentSumsStopWithAMessage) {
+  if (const char* off = std::getenv("COURSE_SHM_DISABLE"); off && std::string(off) == "1")
+    GTEST_SKIP() << "the sums travel as MPI's messages in this run";
+  const int me = world().rank(), previous = (me + world().size() - 1) % world().size();
+  for (const bool types_differ : {false, true}) {
+    SCOPED_TRACE(types_differ ? "types" : "counts");
+    const std::unique_ptr<comm::Communicator> group = world().split(0, me);  // its own memory, left stopped
+    group->add_in_ring_order();
+    Tensor t = types_differ ? Tensor::ones({1000}, Device::cpu, me % 2 ? DType::bfloat16 : DType::float32)
+                            : Tensor::ones({1000 + 100 * me});
+    try {
+      group->all_reduce(t);
+      ADD_FAILURE() << "rank " << me << " finished a sum unlike its neighbours'";
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("every rank must add the same"), std::string::npos) << what;
+      if (what.find("met one of") != std::string::npos) {  // this rank met the difference itself
+        EXPECT_NE(what.find(types_differ ? (previous % 2 ? "values of 2 bytes from" : "values of 4 bytes from")
+                                         : std::to_string(1000 + 100 * previous) + " values"),
+                  std::string::npos)
+            << what;
+      }
+    }
+    Tensor again = Tensor::ones({1000});
+    EXPECT_THROW(group->all_reduce(again), std::runtime_error);  // a stopped group stays stopped
+  }
 }
 
 // The order is the group's, however it is reached: through a wrapper (a simulated network, as chapter

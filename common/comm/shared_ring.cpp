@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 namespace course::comm {
@@ -94,6 +95,25 @@ unsigned char* SharedRing::readable(std::uint64_t segment) {
   return slot(previous, segment);
 }
 
-void SharedRing::wait_a_moment() { sched_yield(); }
+void SharedRing::check_label(const unsigned char* slot, std::size_t count, std::size_t width) {
+  const Label& label = *reinterpret_cast<const Label*>(slot);
+  if (label.count == count && label.width == width) return;
+  stop("an ordered sum of " + std::to_string(count) + " values of " + std::to_string(width) + " bytes on rank " +
+       std::to_string(rank_) + " met one of " + std::to_string(label.count) + " values of " +
+       std::to_string(label.width) + " bytes from rank " + std::to_string((rank_ + size_ - 1) % size_) +
+       ": every rank must add the same");
+}
+
+void SharedRing::stop(const std::string& why) {
+  header(rank_).stopped.value.store(1, std::memory_order_release);
+  throw std::runtime_error(why);
+}
+
+void SharedRing::wait_a_moment() {
+  for (const int neighbour : {(rank_ + 1) % size_, (rank_ + size_ - 1) % size_})
+    if (header(neighbour).stopped.value.load(std::memory_order_acquire))
+      stop("rank " + std::to_string(neighbour) + " stopped this ordered sum (every rank must add the same count and type)");
+  sched_yield();
+}
 
 }  // namespace course::comm

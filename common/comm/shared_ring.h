@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -55,21 +56,34 @@ class SharedRing {
   };
   struct Header {  // at the start of each rank's part of the window
     Counter posted, taken;
+    Counter stopped;  // 1 once this rank has stopped a sum with an error: its neighbours stop too
   };
+  // Before each slot's values: the sum they belong to, which the taker checks against its own, so that
+  // ranks adding different counts or types stop with a message instead of adding stale values.
+  struct alignas(64) Label {
+    std::uint64_t count, width;
+  };
+  static constexpr std::size_t kSlotBytes = sizeof(Label) + kSegmentBytes;
   SharedRing() = default;
-  static constexpr std::size_t kPartBytes = sizeof(Header) + kSlots * kSegmentBytes;  // one rank's
+  static constexpr std::size_t kPartBytes = sizeof(Header) + kSlots * kSlotBytes;  // one rank's
   unsigned char* part(int rank) const { return static_cast<unsigned char*>(memory_) + static_cast<std::size_t>(rank) * kPartBytes; }
   Header& header(int rank) const { return *reinterpret_cast<Header*>(part(rank)); }
   unsigned char* slot(int rank, std::uint64_t segment) const {
-    return part(rank) + sizeof(Header) + static_cast<std::size_t>(segment % kSlots) * kSegmentBytes;
+    return part(rank) + sizeof(Header) + static_cast<std::size_t>(segment % kSlots) * kSlotBytes;
   }
-  // The segment's first byte once it may be written (the next rank has taken the one before it in
-  // its slot) or read (the previous rank has posted it).
+  // The segment's slot (its label) once it may be written (the next rank has taken the one before it
+  // in its slot) or read (the previous rank has posted it).
   unsigned char* writable(std::uint64_t segment);
   unsigned char* readable(std::uint64_t segment);
   void post(std::uint64_t segments) { header(rank_).posted.value.store(segments, std::memory_order_release); }
   void take(std::uint64_t segments) { header(rank_).taken.value.store(segments, std::memory_order_release); }
-  static void wait_a_moment();  // gives the core away: with more ranks than cores, the peer needs it
+  // Gives the core away (with more ranks than cores, the peer needs it), or throws if a neighbour has
+  // stopped: the error goes round the ring, and no rank waits for one that will never write or read.
+  void wait_a_moment();
+  // Throws, naming both, unless the previous rank's segment is of this sum (`count` values of `width`
+  // bytes). A group whose sum stopped stays stopped: its slots and counters no longer agree.
+  void check_label(const unsigned char* slot, std::size_t count, std::size_t width);
+  [[noreturn]] void stop(const std::string& why);
 
   void* memory_ = nullptr;
   std::size_t bytes_ = 0;
@@ -108,6 +122,7 @@ void SharedRing::sum(Value* values, std::size_t count, Value* block, Add add) {
   // reduce-scatter into `block`, the complete chunk.
   const std::uint64_t last = steps.empty() ? 0 : segments(steps.back().chunk);
   sending = first + taking - last;
+  if (header(r).stopped.value.load(std::memory_order_relaxed)) stop("an earlier ordered sum of this group stopped");
   const std::uint64_t taken0 = header(r).taken.value.load(std::memory_order_relaxed);
   const std::uint64_t posted0 = header(r).posted.value.load(std::memory_order_relaxed);
   // Where segment i of what this rank takes lies in `values`, and which step it belongs to.
@@ -128,7 +143,8 @@ void SharedRing::sum(Value* values, std::size_t count, Value* block, Add add) {
         while (segments(steps[step].chunk) == 0) ++step;  // a chunk of no values (fewer values than ranks)
         const Step& s = steps[step];
         const std::size_t at = s.chunk.begin + within * per, size = std::min(per, s.chunk.end - at);
-        const auto* arriving = reinterpret_cast<const Value*>(from);
+        check_label(from, count, sizeof(Value));
+        const auto* arriving = reinterpret_cast<const Value*>(from + sizeof(Label));
         Value* own = values + at;
         if (s.reduce)
           for (std::size_t i = 0; i < size; ++i) own[i] = add(arriving[i], own[i]);
@@ -150,7 +166,8 @@ void SharedRing::sum(Value* values, std::size_t count, Value* block, Add add) {
       } else {
         std::tie(at, size) = made[static_cast<std::size_t>(sent - first)];
       }
-      std::copy(values + at, values + at + size, reinterpret_cast<Value*>(to));
+      *reinterpret_cast<Label*>(to) = Label{count, sizeof(Value)};
+      std::copy(values + at, values + at + size, reinterpret_cast<Value*>(to + sizeof(Label)));
       post(posted0 + ++sent);
       moved = true;
     }
