@@ -7,6 +7,7 @@
 #include "common/cli/limits.h"
 #include "common/core/errors.h"
 #include "common/optim/recipe.h"
+#include "common/ops/kernel_faults.h"             // --fault truncating-gelu, ce-next-row
 #include "common/parallel/distributed_sampler.h"  // --fault skewed-share
 
 namespace course::chapter07 {
@@ -56,7 +57,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--compare", o.compare, "Run stages 0, 1, 2 and 3 one after the other and compare them");
   cli::add_verify_options(app, o.verify, "against the whole model: the averaged gradient, the loss and the update",
                           o.faults, {{"skip-rank-share", "the last rank's share of each step is lost"},
-                                     parallel::skewed_share_fault()});
+                                     parallel::skewed_share_fault(), truncating_gelu_flag(), ce_next_row_flag()});
   cli::add_kill_options(app, o.kill, cli::kMaxSteps);
 }
 
@@ -85,6 +86,7 @@ void check_options(const Options& o) {
   if (o.checkpoints.resume && o.checkpoints.dir.empty())
     throw UsageError("--resume: needs --ckpt-dir, the folder to resume from");
   cli::arm_faults(o.faults, o.verify, o.training.steps);
+  refuse_inert_kernel_fault(o.faults.fault, o.models.model == "gpt", o.precision.dtype());
   if (!o.predict.empty()) prediction_calibration(o);  // refused now, not after the runs
   if (o.kill.at_step >= 0 && o.checkpoints.dir.empty())
     throw UsageError("--fail-at-step: a rank killed on purpose is for a run that recovers from --ckpt-dir");

@@ -29,6 +29,7 @@ parallel::ZeroOptimizer::HostTraffic host_traffic_theory(int stage, double psi, 
 
 StageRun begin_run(Device device) {
   StageRun run;
+  run.device = device;
   run.device_before = memory_stats(device), run.host_before = memory_stats(Device::cpu);
   return run;
 }
@@ -180,9 +181,10 @@ bool report_check(const StageRun& run) {
   const verify::LockstepSummary& c = run.check;
   if (c.passed)
     log("verify stage %d%s, %lld steps in lock-step against the whole model: every averaged gradient within its "
-        "%s bound (%.3g of it), every loss (%.3g of its bound), every update AdamW's bit for bit%s: PASSED\n",
+        "%s bound (%.3g of it), every loss (%.3g of its bound), every update AdamW's bit for bit%s%s: PASSED\n",
         run.stage, run.prefetch ? " (prefetching)" : "", static_cast<long long>(c.steps), dtype_name(run.precision),
         c.worst_gradient_ratio, c.worst_loss_ratio,
+        is_16bit(run.precision) && run.device == Device::cpu ? ", every part the same without a 16-bit kernel" : "",
         c.skipped_steps > 0 ? (", " + std::to_string(c.skipped_steps) + " overflowed steps skipped by run and reference").c_str()
                             : "");
   else

@@ -37,6 +37,7 @@ struct StageRun {
   double timed_ms = 0;          // the steps' sum that step_ms averages (the first step left out: it allocates)
   double predicted_ms = 0;      // --predict: the course's cost model's step (prediction.h); 0 without
   DType precision = DType::float32;  // of the parameters and gradients (mixed: over float32 masters)
+  Device device = Device::cpu;       // where it trained (16 bits on the CPU: its parts checked without 16-bit kernels)
   std::int64_t skipped_steps = 0;    // fp16: steps whose gradients overflowed, skipped
   verify::LockstepSummary check;
   MemoryStats device_before, host_before;  // the counters before the run (begin_run)

@@ -29,6 +29,7 @@ ZeroCheck::ZeroCheck(const nn::TrainingTask& task, parallel::ZeroOptimizer& zero
   }, &group, options.max_grad_norm);
   check_->set_rounding(verify::rounding_of(zero.options().precision));  // the run adds its parts in its type
   check_->set_optimizer(*adam_);  // and AdamW's formula itself
+  check_->emulate_half_kernels();  // its 16-bit copy's parts again, without a 16-bit kernel (on_check_gradient)
 }
 
 void ZeroCheck::on_check_update(std::int64_t step, double norm) { check_->check_update(step, norm); }
@@ -89,14 +90,19 @@ void ZeroCheck::on_check_gradient(std::int64_t step, float loss) {
   const std::size_t per_rank = micro_of(0).size();
   check_->set_loss_scale(zero_.scaler().get_scale());  // fp16: the run added its parts so scaled
   // Part i is micro-batch i / ranks of rank i % ranks, so each rank recomputes its own.
-  check_->check_parts(step, zero_.full_gradients(), loss, per_rank * static_cast<std::size_t>(ranks), 1.0 / ranks,
-                    [&](nn::Module& reference, std::size_t i) {
-                      const int rank = static_cast<int>(i % static_cast<std::size_t>(ranks));
-                      const auto micro = micro_of(rank);
-                      const auto& batch = micro[i / static_cast<std::size_t>(ranks)];
-                      const auto share = parallel::DistributedSampler::share_of(global, rank, ranks);
-                      return part(reference, batch, static_cast<float>(batch.size()) / static_cast<float>(share.size()));
-                    });
+  const auto part_of = [&](nn::Module& reference, std::size_t i) {
+    const int rank = static_cast<int>(i % static_cast<std::size_t>(ranks));
+    const auto micro = micro_of(rank);
+    const auto& batch = micro[i / static_cast<std::size_t>(ranks)];
+    const auto share = parallel::DistributedSampler::share_of(global, rank, ranks);
+    return part(reference, batch, static_cast<float>(batch.size()) / static_cast<float>(share.size()));
+  };
+  const std::size_t parts = per_rank * static_cast<std::size_t>(ranks);
+  check_->check_parts(step, zero_.full_gradients(), loss, parts, 1.0 / ranks, part_of);
+  // In 16 bits those parts ran the 16-bit kernels, as the run did: the same parts again without them, whose
+  // bits they must be on the CPU, so that a bug in a 16-bit kernel fails here (--fault truncating-gelu).
+  if (working_ && working_->parameters().front().device() == Device::cpu)
+    check_->check_emulated(step, parts, 1.0 / ranks, part_of);
 }
 
 void ZeroCheck::start_from_resumed() {

@@ -264,5 +264,102 @@ TEST(Half, SixteenBitElementWiseKernelsAreTheFloat32KernelsOnTheWidenedValues) {
   }
 }
 
+// The kernels that replace every 16-bit one while a reference computes without them
+// (EmulatedHalfKernels: widen, the float32 kernel, round once) give the 16-bit kernels' bits on the CPU,
+// kernel by kernel: GEMMs (transposed or not, batched with strides, beta 0 and 1), the element-wise ones
+// with repeated operands, the accumulation into float32, attention and the cross-entropy, forward and
+// backward, in both formats. And the scope is the thread's, nests and ends.
+TEST(Half, KernelsWithoutTheSixteenBitOnesGiveTheirBits) {
+  EXPECT_FALSE(EmulatedHalfKernels::active());
+  Kernels& plain = kernels(Device::cpu);
+  for (const HalfFormat format : {HalfFormat::bfloat16, HalfFormat::float16}) {
+    const auto bits = [&](std::size_t n, std::uint64_t seed) {
+      const auto v = Tensor::randn({static_cast<std::int64_t>(n)}, seed).to_host();
+      std::vector<std::uint16_t> h(n);
+      plain.to_half(format, v.data(), h.data(), n);
+      return h;
+    };
+    // Each computation once with the 16-bit kernels and once without, its outputs' bits compared.
+    const auto both = [&](const std::string& what, const std::function<std::vector<std::uint16_t>(Kernels&)>& compute) {
+      const auto with = compute(kernels(Device::cpu));
+      std::vector<std::uint16_t> without;
+      {
+        EmulatedHalfKernels scope;
+        ASSERT_TRUE(EmulatedHalfKernels::active());
+        ASSERT_NE(&kernels(Device::cpu), &plain);
+        without = compute(kernels(Device::cpu));
+      }
+      ASSERT_EQ(with.size(), without.size()) << what;
+      for (std::size_t i = 0; i < with.size(); ++i) ASSERT_EQ(with[i], without[i]) << what << ", element " << i;
+    };
+    const std::string name = format == HalfFormat::bfloat16 ? "bf16 " : "fp16 ";
+    const std::int64_t batch = 2, m = 5, n = 7, k = 9;
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const float beta : {0.0f, 1.0f})
+          both(name + "gemm", [&](Kernels& kk) {
+            const auto a = bits(batch * m * k, 1), b = bits(k * n, 2);  // b shared by the batch (stride 0)
+            auto c = bits(batch * m * n, 3);
+            kk.gemm_batched_half(format, ta, tb, batch, m, n, k, 0.5f, a.data(), m * k, b.data(), 0, beta, c.data(), m * n);
+            return c;
+          });
+    const std::size_t count = 1001;
+    both(name + "binary", [&](Kernels& kk) {
+      const auto a = bits(count, 4), b = bits(7, 5);
+      std::vector<std::uint16_t> out(count);
+      kk.binary_half(format, BinaryOp::mul, a.data(), count, b.data(), 7, out.data(), count);
+      return out;
+    });
+    both(name + "gelu and its gradient", [&](Kernels& kk) {
+      const auto x = bits(count, 6), g = bits(count, 7);
+      std::vector<std::uint16_t> out(2 * count);
+      kk.unary_half(format, UnaryOp::gelu_tanh, x.data(), out.data(), count);
+      kk.unary_backward_half(format, UnaryOp::gelu_tanh, x.data(), g.data(), out.data() + count, count);
+      return out;
+    });
+    both(name + "accumulation into float32", [&](Kernels& kk) {
+      const auto x = bits(count, 8);
+      std::vector<float> acc = Tensor::randn({static_cast<std::int64_t>(count)}, 9).to_host();
+      kk.add_half(format, x.data(), acc.data(), count);
+      std::vector<std::uint16_t> out(2 * count);
+      std::memcpy(out.data(), acc.data(), count * sizeof(float));
+      return out;
+    });
+    const AttentionShape shape{2, 9, 2, 8};
+    const std::size_t qkv_n = 2 * 9 * 3 * 2 * 8, y_n = 2 * 9 * 2 * 8;
+    both(name + "attention and its gradient", [&](Kernels& kk) {
+      const auto qkv = bits(qkv_n, 10), grad_y = bits(y_n, 11);
+      std::vector<float> lse(2 * 2 * 9);
+      std::vector<std::uint16_t> y(y_n), grad(qkv_n);
+      kk.flash_attention_half(format, qkv.data(), shape, lse.data(), y.data());
+      kk.flash_attention_backward_half(format, qkv.data(), y.data(), lse.data(), grad_y.data(), shape, grad.data());
+      y.insert(y.end(), grad.begin(), grad.end());
+      return y;
+    });
+    both(name + "cross-entropy and its gradient", [&](Kernels& kk) {
+      const std::size_t rows = 6, cols = 11;
+      const auto logits = bits(rows * cols, 12);
+      const std::vector<float> targets = {3, 0, 10, -1, 7, 5}, grad_losses(rows, 0.25f);
+      std::vector<float> losses(rows), top(rows);
+      std::vector<double> total(rows);
+      std::vector<std::uint16_t> grad(rows * cols);
+      kk.cross_entropy_half(format, logits.data(), targets.data(), rows, cols, losses.data(), top.data(), total.data());
+      kk.cross_entropy_backward_half(format, logits.data(), targets.data(), grad_losses.data(), top.data(), total.data(),
+                                     rows, cols, grad.data());
+      std::vector<std::uint16_t> out(2 * rows);
+      std::memcpy(out.data(), losses.data(), rows * sizeof(float));
+      out.insert(out.end(), grad.begin(), grad.end());
+      return out;
+    });
+  }
+  {
+    EmulatedHalfKernels outer;
+    { EmulatedHalfKernels inner; }
+    EXPECT_TRUE(EmulatedHalfKernels::active());  // the outer scope's, after the inner one ended
+  }
+  EXPECT_FALSE(EmulatedHalfKernels::active());
+  EXPECT_EQ(&kernels(Device::cpu), &plain);
+}
+
 }  // namespace
 }  // namespace course

@@ -57,8 +57,10 @@ std::atomic<bool>& tf32_setting() {
 void set_allow_tf32(bool allow) { tf32_setting() = allow; }
 bool allow_tf32() { return tf32_setting(); }
 
+Kernels& cpu_kernels_without_half();  // cpu_emulated_half.cpp
+
 Kernels& kernels(Device device) {
-  if (device == Device::cpu) return cpu_kernels();
+  if (device == Device::cpu) return EmulatedHalfKernels::active() ? cpu_kernels_without_half() : cpu_kernels();
 #if COURSE_HAVE_CUDA
   return cuda_kernels();
 #else

@@ -178,7 +178,7 @@ inline void widen_repeated(HalfFormat format, const std::uint16_t* in, std::size
 
 }  // namespace cpu_loops
 
-class CpuKernels final : public Kernels {
+class CpuKernels : public Kernels {  // cpu_emulated_half.cpp derives from it
  public:
   void fill(float* out, std::size_t n, float value) override;
   void fill_bits(std::uint16_t* out, std::size_t n, std::uint16_t bits) override;

@@ -259,6 +259,25 @@ class Kernels {
 
 Kernels& kernels(Device device);
 
+// While one of these is alive on this thread, kernels(Device::cpu) runs no 16-bit kernel: each is
+// replaced by its definition above, the operands widened (from_half), the float32 kernel, the result
+// rounded once (to_half), in code of its own (cpu_emulated_half.cpp). A reference that computes a
+// 16-bit model under it shares no 16-bit kernel with the run it checks, so a 16-bit kernel that rounds
+// wrongly or reads the wrong row differs from it (chapter 07's --verify; verify/lockstep.h). On the CPU
+// the two give the same bits by definition; the faults that stand for such bugs (ops/kernel_faults.h)
+// are not in it. CPU only: a GPU's 16-bit GEMMs add in another order than its float32 ones.
+class EmulatedHalfKernels {
+ public:
+  EmulatedHalfKernels();
+  ~EmulatedHalfKernels();
+  EmulatedHalfKernels(const EmulatedHalfKernels&) = delete;
+  EmulatedHalfKernels& operator=(const EmulatedHalfKernels&) = delete;
+  static bool active();  // on this thread
+
+ private:
+  bool previous_;
+};
+
 // The sum of squares as the CUDA kernel tiles it, the one order of add_squares on both devices: kSquaresBlocks
 // blocks of kSquaresThreads threads; thread t of block b adds, in double, the squares of elements
 // b * kSquaresThreads + t, then every kSquaresBlocks * kSquaresThreads further, in order; each block folds

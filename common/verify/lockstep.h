@@ -161,6 +161,11 @@ class Lockstep {
   void check_emulated(std::int64_t step, std::size_t parts, double scale, const PartFunction& part);
   // For tests: check_emulated holds the parts to the floor, as on a GPU, on any device.
   void hold_emulation_to_its_floor() { emulation_to_floor_ = true; }
+  // For a reference whose parts compute on a model stored in 16 bits (chapter 07): there the casts of
+  // EmulatedSixteenBits cannot tell which float32 values stand for 16-bit ones, so check_emulated runs
+  // `part` under EmulatedHalfKernels instead (kernels/kernels.h: the CPU kernels, each 16-bit one
+  // replaced by widening, its float32 kernel and one rounding), and the parts must be its bits. CPU only.
+  void emulate_half_kernels() { emulate_kernels_ = true; }
 
   // The run has clipped by `run_norm` (ignored without clipping) and stepped: the reference repeats the
   // update on the gradient just checked, which predicts the next step's parameters.
@@ -226,6 +231,7 @@ class Lockstep {
   LockstepSummary summary_;
   bool skipping_ = false;  // rank 0: this step's gradient overflowed in the run and the reference
   bool emulation_to_floor_ = false;  // check_emulated: the floor on the CPU too
+  bool emulate_kernels_ = false;     // check_emulated: EmulatedHalfKernels, not EmulatedSixteenBits
 };
 
 // The state `optimizer` holds (momentum, Adam's moments), in its order, for check_replicas: a replica whose

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <optional>
+#include <stdexcept>
+
+#include "common/kernels/kernels.h"
 
 #include "common/ops/autocast.h"
 #include "common/verify/lockstep_internal.h"
@@ -25,11 +28,16 @@ void Lockstep::check_emulated(std::int64_t step, std::size_t parts, double scale
   // the emulation computes: the same bits, no floor to measure. A GPU's 16-bit GEMMs add in another order
   // than its float32 ones: there the floor.
   const bool exact = reference_->parameters().front().device() == Device::cpu && !emulation_to_floor_;
+  if (emulate_kernels_ && !exact)
+    throw std::logic_error("check_emulated: the 16-bit kernels are emulated on the CPU only, and exactly");
   for (int nudge = 0; nudge < (exact ? 1 : 2); ++nudge)
     for (std::size_t r = static_cast<std::size_t>(me); r < parts; r += static_cast<std::size_t>(ranks())) {
       reference_->zero_grad();
       std::optional<EmulatedSixteenBits> emulation;
-      if (nudge)  // every value one float32 rounding up or down (by its index) before it is rounded
+      std::optional<EmulatedHalfKernels> without_half_kernels;
+      if (emulate_kernels_)
+        without_half_kernels.emplace();
+      else if (nudge)  // every value one float32 rounding up or down (by its index) before it is rounded
         emulation.emplace([step](const Tensor& value) {
           return Tensor::from_host(nudged(value.to_host(), step), value.shape(), value.device());
         });
