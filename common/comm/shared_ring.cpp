@@ -24,7 +24,8 @@ std::unique_ptr<SharedRing> SharedRing::open(MPI_Comm comm) {
   const char* disabled = std::getenv("COURSE_SHM_DISABLE");
   MPI_Comm node = MPI_COMM_NULL;
   int together = 0;
-  if (!(disabled && std::string(disabled) == "1") && MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+  const bool allowed = !(disabled && std::string(disabled) == "1");
+  if (allowed && MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
     together = node_size == size;
@@ -34,7 +35,9 @@ std::unique_ptr<SharedRing> SharedRing::open(MPI_Comm comm) {
   if (!together) return nullptr;
 
   // Rank 0 makes the memory under a name nobody else holds (O_EXCL), the others open it by that name,
-  // and once every rank has mapped it the name is removed: nothing is left behind, however the run ends.
+  // and once every rank has mapped it the name is removed: an open ring leaves nothing behind, however
+  // the run ends. The memory is taken whole at once (posix_fallocate): a full /dev/shm is a refusal
+  // here, and then the messages, never a SIGBUS at the first write.
   const std::size_t bytes = kPartBytes * static_cast<std::size_t>(size);
   char name[64] = {};
   int fd = -1;
@@ -44,7 +47,7 @@ std::unique_ptr<SharedRing> SharedRing::open(MPI_Comm comm) {
       std::snprintf(name, sizeof name, "/course-ring-%ld-%08x", static_cast<long>(getpid()), entropy());
       fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     }
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    if (fd >= 0 && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
       close(fd);
       shm_unlink(name);
       fd = -1;

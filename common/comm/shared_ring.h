@@ -1,6 +1,6 @@
 // The MPI backend's ring of ordered sums through memory that the ranks of one machine share: each
-// rank's chunks travel to the next rank in segments through a few slots of a shared window, and are
-// added there as they arrive, with no message, no copy into a receive buffer and no second pass.
+// rank's chunks travel to the next rank in segments through a few slots of that memory, and are added
+// there as they arrive, with no message, no copy into a receive buffer and no second pass.
 #pragma once
 #include <mpi.h>
 
@@ -116,16 +116,15 @@ void SharedRing::sum(Value* values, std::size_t count, Value* block, Add add) {
       steps.push_back({algorithms::chunk_of(count, n, algorithms::all_gather_step(r, s, n).receive), false});
   const algorithms::Chunk first_chunk = algorithms::chunk_of(count, n, algorithms::reduce_scatter_step(r, 0, n).send);
   const std::uint64_t first = n > 1 ? segments(first_chunk) : 0;
-  std::uint64_t taking = 0, sending = 0;  // of this call's segments
+  std::uint64_t taking = 0;  // this call's segments to take
   for (const Step& s : steps) taking += segments(s.chunk);
   // Every segment taken is sent on, except the last step's: the last all-gather step's, or, for a
   // reduce-scatter into `block`, the complete chunk.
   const std::uint64_t last = steps.empty() ? 0 : segments(steps.back().chunk);
-  sending = first + taking - last;
+  const std::uint64_t sending = first + taking - last;
   if (header(r).stopped.value.load(std::memory_order_relaxed)) stop("an earlier ordered sum of this group stopped");
   const std::uint64_t taken0 = header(r).taken.value.load(std::memory_order_relaxed);
   const std::uint64_t posted0 = header(r).posted.value.load(std::memory_order_relaxed);
-  // Where segment i of what this rank takes lies in `values`, and which step it belongs to.
   std::size_t step = 0, within = 0;  // the step of the next segment to take, and its segment in it
   std::uint64_t taken = 0, sent = 0;
   // The values behind segment `o` of what this rank sends: its first chunk, or a segment it took.
