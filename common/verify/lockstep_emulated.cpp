@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "common/kernels/kernels.h"
-
 #include "common/ops/autocast.h"
 #include "common/verify/lockstep_internal.h"
 
