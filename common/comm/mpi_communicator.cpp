@@ -400,7 +400,7 @@ class MpiCommunicator final : public Communicator {
         if (ring) {  // the sums made in a copy: the input stays as it was
           const std::size_t bytes = static_cast<std::size_t>(n_in) * (w.sixteen_bit ? 2 : 4);
           std::vector<unsigned char> sums(bytes);
-          std::memcpy(sums.data(), premultiply ? static_cast<const void*>(premultiplied.data()) : inp, bytes);
+          if (bytes) std::memcpy(sums.data(), premultiply ? static_cast<const void*>(premultiplied.data()) : inp, bytes);
           ring_sum(w, sums.data(), static_cast<std::size_t>(n_in), outp, ring_, shared_.get());
         } else {
           check_mpi(MPI_Reduce_scatter_block(premultiply ? premultiplied.data() : inp, outp, n_out, w.type, op, comm_),
