@@ -481,7 +481,8 @@ TEST(LocalGroup, GivesMpisBitsWhereTheSumsCycleThroughSharedMemory) {
 
 // Ranks whose ordered sums differ in their count or their type stop with a message, where the shared
 // memory would otherwise let one add another's stale values (MPI's messages stop the job): a rank that
-// meets the difference names both sums, and its neighbours stop in turn, none left waiting.
+// meets the difference names both sums, and its neighbours stop in turn, none left waiting. The sums are
+// of 16-bit values, or of float32 ones of 1 MiB, so that they take the ring at two ranks too.
 TEST(SharedRing, RanksAddingDifferentSumsStopWithAMessage) {
   if (const char* off = std::getenv("COURSE_SHM_DISABLE"); off && std::string(off) == "1")
     GTEST_SKIP() << "the sums travel as MPI's messages in this run";
@@ -490,8 +491,8 @@ TEST(SharedRing, RanksAddingDifferentSumsStopWithAMessage) {
     SCOPED_TRACE(types_differ ? "types" : "counts");
     const std::unique_ptr<comm::Communicator> group = world().split(0, me);  // its own memory, left stopped
     group->add_in_ring_order();
-    Tensor t = types_differ ? Tensor::ones({1000}, Device::cpu, me % 2 ? DType::bfloat16 : DType::float32)
-                            : Tensor::ones({1000 + 100 * me});
+    Tensor t = types_differ ? Tensor::ones({1 << 18}, Device::cpu, me % 2 ? DType::bfloat16 : DType::float32)
+                            : Tensor::ones({1000 + 100 * me}, Device::cpu, DType::bfloat16);
     try {
       group->all_reduce(t);
       ADD_FAILURE() << "rank " << me << " finished a sum unlike its neighbours'";
@@ -500,12 +501,12 @@ TEST(SharedRing, RanksAddingDifferentSumsStopWithAMessage) {
       EXPECT_NE(what.find("every rank must add the same"), std::string::npos) << what;
       if (what.find("met one of") != std::string::npos) {  // this rank met the difference itself
         EXPECT_NE(what.find(types_differ ? (previous % 2 ? "values of 2 bytes from" : "values of 4 bytes from")
-                                         : std::to_string(1000 + 100 * previous) + " values"),
+                                         : "one of " + std::to_string(1000 + 100 * previous) + " values"),
                   std::string::npos)
             << what;
       }
     }
-    Tensor again = Tensor::ones({1000});
+    Tensor again = Tensor::ones({1000}, Device::cpu, DType::bfloat16);
     EXPECT_THROW(group->all_reduce(again), std::runtime_error);  // a stopped group stays stopped
   }
 }

@@ -198,6 +198,11 @@ void ring_sum(const Wire& w, void* values, std::size_t count, void* block, MPI_C
     ring_sum(static_cast<float*>(values), count, static_cast<float*>(block), w.format, MPI_FLOAT, comm, shared);
 }
 
+// From this many bytes a float32 sum of two ranks goes round the shared ring rather than to MPI_Allreduce
+// (the same bits either way): 03's benchmark on 2 cores, 2026-11-29, the ring 1.1-1.6 times MPI's at 1 MiB
+// and 2.0-2.8 times at 64 MiB (03_collectives/NOTES.md).
+constexpr std::size_t kSharedRingTwoRanksFrom = 1 << 20;
+
 class FutureWork final : public Work {
  public:
   explicit FutureWork(std::shared_future<void> f) : future_(std::move(f)) {}
@@ -366,13 +371,15 @@ class MpiCommunicator final : public Communicator {
     const bool divide = c.op == ReduceOp::average && !premultiply;  // float32: the sum divided once
     // Sums in the ring's order (ring_reduce_scatter), on a communicator of their own: every 16-bit one,
     // and a float32 one where the group asked for it. At two ranks, where two values add alike in either
-    // order, only through shared memory: there MPI's messages are slower than MPI_Allreduce.
+    // order, only where the ring is faster than MPI_Allreduce: through shared memory, from
+    // kSharedRingTwoRanksFrom bytes (below, MPI's one exchange beats the ring's two steps).
     const bool summed = c.op != ReduceOp::max && (c.kind == OpKind::all_reduce || c.kind == OpKind::reduce_scatter);
     if (summed && (w.sixteen_bit || c.ring_order) && ring_ == MPI_COMM_NULL) {
       check_mpi(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup");
       if (size() > 1) shared_ = SharedRing::open(ring_);
     }
-    const bool ring = summed && (w.sixteen_bit || (c.ring_order && (size() > 2 || shared_)));
+    const bool large = static_cast<std::size_t>(n_in) * 4 >= kSharedRingTwoRanksFrom;
+    const bool ring = summed && (w.sixteen_bit || (c.ring_order && (size() > 2 || (shared_ && large))));
     switch (c.kind) {
       case OpKind::broadcast:
         check_mpi(MPI_Bcast(inp, n_in, w.type, c.root, comm_), "MPI_Bcast");
