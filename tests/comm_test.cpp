@@ -509,6 +509,17 @@ TEST(SharedRing, RanksAddingDifferentSumsStopWithAMessage) {
     Tensor again = Tensor::ones({1000}, Device::cpu, DType::bfloat16);
     EXPECT_THROW(group->all_reduce(again), std::runtime_error);  // a stopped group stays stopped
   }
+  // COURSE_SHM_DISABLE takes 0 or 1; anything else is refused, naming it, on every rank alike.
+  const std::unique_ptr<comm::Communicator> group = world().split(0, me);
+  setenv("COURSE_SHM_DISABLE", "yes", 1);
+  Tensor t = Tensor::ones({10}, Device::cpu, DType::bfloat16);
+  try {
+    group->all_reduce(t);
+    ADD_FAILURE() << "COURSE_SHM_DISABLE=yes was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "COURSE_SHM_DISABLE: 'yes' is not 0 or 1");
+  }
+  unsetenv("COURSE_SHM_DISABLE");
 }
 
 // The order is the group's, however it is reached: through a wrapper (a simulated network, as chapter

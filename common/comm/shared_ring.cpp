@@ -21,10 +21,13 @@ std::unique_ptr<SharedRing> SharedRing::open(MPI_Comm comm) {
   MPI_Comm_size(comm, &size);
   // All on one machine: the machine's part of the group is the whole group, on every rank.
   // COURSE_SHM_DISABLE=1 (as NCCL_SHM_DISABLE) sends them as MPI's messages even so: to compare, and to test.
-  const char* disabled = std::getenv("COURSE_SHM_DISABLE");
+  // Any other value is refused on every rank alike (they share the environment), before any collective.
+  const std::string disabled = std::getenv("COURSE_SHM_DISABLE") ? std::getenv("COURSE_SHM_DISABLE") : "";
+  if (!disabled.empty() && disabled != "0" && disabled != "1")
+    throw std::invalid_argument("COURSE_SHM_DISABLE: '" + disabled + "' is not 0 or 1");
   MPI_Comm node = MPI_COMM_NULL;
   int together = 0;
-  const bool allowed = !(disabled && std::string(disabled) == "1");
+  const bool allowed = disabled != "1";
   if (allowed && MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
