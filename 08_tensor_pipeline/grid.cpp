@@ -98,7 +98,8 @@ void install_faults(const Options& o, GridRun& run, parallel::Topology& topology
   if (faults::armed("exact-gelu"))
     for (auto& [name, module] : run.model->named_modules())
       if (auto* block = dynamic_cast<parallel::TensorParallelBlock*>(module)) run.faults_installed.place(block);
-  if (faults::armed("skip-sp-sum") || faults::armed("skip-tied-exchange")) run.faults_installed.place(run.model.get());
+  if (faults::armed("skip-sp-sum") || faults::armed("skip-tied-exchange") || faults::armed("sp-unsummed-bias"))
+    run.faults_installed.place(run.model.get());
   if (faults::armed("stray-replica"))  // after the update, before the check judges it
     run.faults_installed.on_step_end([model = run.model, &topology] { stray_last_replica(*model, topology); });
   if (faults::armed("stray-tp-copy"))

@@ -66,6 +66,10 @@ void add_options(CLI::App& app, Options& o) {
                           {"lose-micro-batch", "each step's last micro-batch never runs"},
                           {"skip-tied-exchange", "the first and the last stage never add each other's table gradient"},
                           {"skip-sp-sum", "the sequence-parallel partial gradients are never summed"},
+                          {"sp-unsummed-bias", "the last TP rank keeps its own partial gradient of the row-parallel "
+                                               "biases, left out of the sequence-parallel sum"},
+                          {"sp-average-biases", "the row-parallel biases average their sequence-parallel partial "
+                                                "gradients where they should add them"},
                           {"skip-cp-offset", "every context-parallel rank takes the sequence's first tokens as its own"},
                           {"exact-gelu", "the GPT's tensor-parallel MLPs compute the exact GELU where the model uses "
                                          "the tanh form"},
@@ -127,8 +131,8 @@ std::int64_t check_grid(const Options& o, const ChapterTask& task, parallel::Top
     throw UsageError("--fault: ring-drop-block is a fault of the ring; --cp-method is " + o.cp_method);
   if (fault == "row-parallel-no-sum" && tp < 2)
     throw UsageError("--fault: row-parallel-no-sum needs tensor parallelism (--tp 2 or more)");
-  if (fault == "skip-sp-sum" && !o.sequence_parallel)
-    throw UsageError("--fault: skip-sp-sum needs --sequence-parallel");
+  if ((fault == "skip-sp-sum" || fault == "sp-unsummed-bias" || fault == "sp-average-biases") && !o.sequence_parallel)
+    throw UsageError("--fault: " + fault + " needs --sequence-parallel");
   const std::int64_t global_batch =
       cli::global_batch_for(o.training, dp, o.micro_batches, task.task.size, "DP", "--micro-batches");
   if (o.sequence_parallel && tp < 2)

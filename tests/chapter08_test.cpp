@@ -333,7 +333,9 @@ TEST(Chapter08, EveryFaultFailsAtItsFirstStep) {
            // A bug in the layer code, not in a collective: a few hundred noise floors from the reference.
            {MPIRUN_NP2, "--tp 2 --fault exact-gelu"},
            {MPIRUN_NP4, "--tp 2 --dp 2 --fault exact-gelu"},
-           {MPIRUN_NP2, "--tp 2 --precision bf16 --fault exact-gelu"}}) {
+           {MPIRUN_NP2, "--tp 2 --precision bf16 --fault exact-gelu"},
+           // Every TP rank averages the row-parallel biases' gradients: their copies agree, the values do not.
+           {MPIRUN_NP2, "--tp 2 --sequence-parallel --fault sp-average-biases"}}) {
     Outcome r = run(mpirun, flags + " --verify");
     EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
     auto verify = events(r.records, "verify");
@@ -620,6 +622,8 @@ TEST(Chapter08, BadInputIsOneLineAndExitCodeTwo) {
            {MPIRUN_NP2, "--pp 2 --micro-batches 1 --fault lose-micro-batch", "--fault"},  // nothing left to run
            {MPIRUN_NP2, "--tp 2 --fault skip-tied-exchange", "--fault"},  // one stage holds the table
            {MPIRUN_NP2, "--tp 2 --fault skip-sp-sum", "--fault"},         // no sequence parallelism
+           {MPIRUN_NP2, "--tp 2 --fault sp-unsummed-bias", "--fault"},
+           {MPIRUN_NP2, "--tp 2 --fault sp-average-biases", "--fault"},
            {MPIRUN_NP2, "--model mlp --tp 2 --fault exact-gelu", "--fault"},  // the MLP has no GELU blocks
            {MPIRUN_NP2, "--tp 2 --fault sp-gather-rows", "--fault"},          // no sequence parallelism
            {MPIRUN_NP2, "--cp 2 --cp-method ulysses --fault ring-drop-block", "--cp-method"},  // no ring
@@ -694,6 +698,10 @@ TEST(Chapter08, VerifyCatchesAStrayTpCopyAtItsStep) {
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 6, 5, "stray-tp-copy");
   expect_stray_replica_caught(MPIRUN_NP3, "--tp 3", 6, 2, "stray-tp-copy", kThreeHeads);
   expect_stray_replica_caught(MPIRUN_NP4, "--tp 2 --pp 2", 6, 4, "stray-tp-copy");
+  // A bug that does so: the last TP rank leaves its row-parallel biases' partial gradients (32 values each,
+  // whose floor the whole model pools) out of the sequence-parallel sum.
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel", 6, 0, "sp-unsummed-bias");
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 6, 5, "sp-unsummed-bias");
   auto alone = run(MPIRUN_NP2, "--dp 2 --verify --fault stray-tp-copy");
   EXPECT_EQ(alone.process.exit_code, 2);
   EXPECT_NE(alone.process.err.find("stray-tp-copy needs tensor parallelism"), std::string::npos) << alone.process.err;
@@ -716,6 +724,16 @@ TEST(Chapter08, VerifyCatchesAStrayTpCopyLateInLongRuns) {
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-tp-copy");
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-moment");
   expect_stray_replica_caught(MPIRUN_NP3, "--tp 3 --precision bf16", 1000, 999, "stray-tp-copy", kThreeHeads);
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel", 1000, 700, "sp-unsummed-bias");
+  expect_stray_replica_caught(MPIRUN_NP4, "--tp 4 --sequence-parallel --precision bf16", 300, 210, "sp-unsummed-bias");
+  expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 300, 299, "sp-unsummed-bias");
+  // The same biases averaged on every rank, where the copies agree: float32's check catches it at its step.
+  Outcome averaged = run(MPIRUN_NP2, "--tp 2 --sequence-parallel --verify --log-every 1000 --steps 1000 --fault "
+                                     "sp-average-biases --fault-from-step 700", kModel);
+  EXPECT_EQ(averaged.process.exit_code, 1) << averaged.process.out << averaged.process.err;
+  EXPECT_NE(averaged.process.out.find("FAILED at step 700: the gradient of 'transformer.h."), std::string::npos)
+      << averaged.process.out;
+  EXPECT_NE(averaged.process.out.find(".c_proj.bias'"), std::string::npos) << averaged.process.out;
 }
 
 TEST(Chapter08, VerifyCatchesAStrayReplicaLateInLongRuns) {

@@ -8,6 +8,7 @@
 #include "common/autograd/autograd.h"
 #include "common/core/errors.h"
 #include "common/core/memory.h"
+#include "common/faults/faults.h"
 #include "common/ops/autocast.h"
 #include "common/ops/ops.h"
 #include "common/parallel/tensor_parallel_gpt.h"
@@ -153,10 +154,35 @@ Tensor PipelineStageGPT::part_of(const std::string& name, const Tensor& whole) c
 
 void PipelineStageGPT::sync_sequence_parallel_gradients() {
   if (!sequence_parallel_) return;
-  std::vector<Tensor> whole;
+  std::vector<Tensor> whole, kept;
   for (const auto& [name, p] : named_parameters())
     if (!is_split(name)) whole.push_back(p);
+  // --fault sp-unsummed-bias (chapter 08, the run's model): the last TP rank keeps its own shard's partial
+  // gradient of the row-parallel biases, as if it had left them out of the sum.
+  const bool unsummed = tp_->rank() == tp_->size() - 1 && faults::active("sp-unsummed-bias", this);
+  if (unsummed)
+    for (const auto& [name, p] : named_parameters())
+      if (name.ends_with(".c_proj.bias") && p.grad().defined()) kept.push_back(p.grad().clone());
   all_reduce_gradients(whole, *tp_);
+  std::size_t restored = 0;
+  if (unsummed)
+    for (const auto& [name, p] : named_parameters())
+      if (name.ends_with(".c_proj.bias") && p.grad().defined()) {
+        Tensor g = p.grad();
+        g.copy_from(kept[restored++]);
+      }
+  // --fault sp-average-biases (chapter 08): the row-parallel biases' partial gradients averaged over the
+  // group, as data parallelism's are, where each rank's shard of the sequence adds its own part. Every
+  // rank makes the same mistake, so their copies stay alike; it acts in the whole process, so the 16-bit
+  // check's split reference makes it too, and only the whole model sees it.
+  if (faults::active("sp-average-biases")) {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, p] : named_parameters())
+      if (name.ends_with(".c_proj.bias") && p.grad().defined()) {
+        Tensor g = p.grad();
+        g.copy_from(scale(g, 1.0f / static_cast<float>(tp_->size())));
+      }
+  }
 }
 
 Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets_in, int ignore_index) {
