@@ -152,37 +152,39 @@ Tensor PipelineStageGPT::part_of(const std::string& name, const Tensor& whole) c
   return tp_ ? gpt_part(name, whole, *tp_) : whole;
 }
 
+namespace {
+
+// The gradients of the row-parallel layers' biases, whole on every TP rank: what chapter 08's faults of
+// the sequence-parallel sum break.
+std::vector<Tensor> row_parallel_bias_gradients(const nn::Module& stage) {
+  std::vector<Tensor> gradients;
+  for (const auto& [name, p] : stage.named_parameters())
+    if (name.ends_with(".c_proj.bias") && p.grad().defined()) gradients.push_back(p.grad());
+  return gradients;
+}
+
+}  // namespace
+
 void PipelineStageGPT::sync_sequence_parallel_gradients() {
   if (!sequence_parallel_) return;
-  std::vector<Tensor> whole, kept;
+  std::vector<Tensor> whole;
   for (const auto& [name, p] : named_parameters())
     if (!is_split(name)) whole.push_back(p);
   // --fault sp-unsummed-bias (chapter 08, the run's model): the last TP rank keeps its own shard's partial
-  // gradient of the row-parallel biases, as if it had left them out of the sum.
-  const bool unsummed = tp_->rank() == tp_->size() - 1 && faults::active("sp-unsummed-bias", this);
-  if (unsummed)
-    for (const auto& [name, p] : named_parameters())
-      if (name.ends_with(".c_proj.bias") && p.grad().defined()) kept.push_back(p.grad().clone());
+  // gradients of the row-parallel biases, as if it had left them out of the sum.
+  std::vector<Tensor> kept;
+  if (tp_->rank() == tp_->size() - 1 && faults::active("sp-unsummed-bias", this))
+    for (const Tensor& g : row_parallel_bias_gradients(*this)) kept.push_back(g.clone());
   all_reduce_gradients(whole, *tp_);
-  std::size_t restored = 0;
-  if (unsummed)
-    for (const auto& [name, p] : named_parameters())
-      if (name.ends_with(".c_proj.bias") && p.grad().defined()) {
-        Tensor g = p.grad();
-        g.copy_from(kept[restored++]);
-      }
+  autograd::NoGradGuard no_grad;
+  auto biases = row_parallel_bias_gradients(*this);
+  for (std::size_t i = 0; i < kept.size(); ++i) biases[i].copy_from(kept[i]);
   // --fault sp-average-biases (chapter 08): the row-parallel biases' partial gradients averaged over the
   // group, as data parallelism's are, where each rank's shard of the sequence adds its own part. Every
   // rank makes the same mistake, so their copies stay alike; it acts in the whole process, so the 16-bit
   // check's split reference makes it too, and only the whole model sees it.
-  if (faults::active("sp-average-biases")) {
-    autograd::NoGradGuard no_grad;
-    for (const auto& [name, p] : named_parameters())
-      if (name.ends_with(".c_proj.bias") && p.grad().defined()) {
-        Tensor g = p.grad();
-        g.copy_from(scale(g, 1.0f / static_cast<float>(tp_->size())));
-      }
-  }
+  if (faults::active("sp-average-biases"))
+    for (Tensor& g : biases) g.copy_from(scale(g, 1.0f / static_cast<float>(tp_->size())));
 }
 
 Tensor PipelineStageGPT::loss(const Tensor& logits, const Tensor& targets_in, int ignore_index) {
