@@ -6,12 +6,12 @@
 # ./scripts/run_tests.sh -L 04_ddp, which grades one chapter, long tests included).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-selection=(-LE "long|flags")
+selection=(-LE "long|flags") jobs=$((4 * COURSE_CORES))  # the short tests: four a core (below)
 case "${1:-}" in
-  --long) selection=(-L "long|flags"); shift ;;
-  --all) selection=(); shift ;;
+  --long) selection=(-L "long|flags") jobs=$COURSE_TEST_JOBS; shift ;;
+  --all) selection=() jobs=$COURSE_TEST_JOBS; shift ;;
   "") ;;
-  *) selection=() ;;  # the caller chooses
+  *) selection=() jobs=$COURSE_TEST_JOBS ;;  # the caller chooses
 esac
 # The long tests include the page's browser test: their setup installs Chromium too.
 if [ ${#selection[@]} -eq 2 ] && [ "${selection[0]}" = "-LE" ]; then
@@ -24,6 +24,4 @@ fi
 # ranks than cores), and the short tests run four a core. The default selection on 2 cores, 2026-11-30:
 # 168 and 173 s, against 190-197 s with two a core and the ranks spinning.
 export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
-jobs=$COURSE_TEST_JOBS
-[ "${selection[*]-}" = "-LE long|flags" ] && jobs=$((4 * COURSE_CORES))
 ctest --test-dir "$COURSE_BUILD" --output-on-failure -j "$jobs" ${selection[@]+"${selection[@]}"} "$@"
