@@ -8,6 +8,11 @@
 #   scripts/setup.sh --test-packages  also what only the tests use (Chromium, for the page's browser test)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+case "$#:${1:-}" in
+  0: | 1:--course | 1:--packages-only | 1:--test-packages) ;;
+  *) echo "setup: '$*' is not an argument it takes (none, --course, --packages-only or --test-packages)" >&2
+     exit 2 ;;
+esac
 
 # ocl-icd-opencl-dev: oneDNN's CMake files look for OpenCL, which libdnnl-dev only recommends.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin libopenblas-dev libopenblas0-openmp libdnnl-dev ocl-icd-opencl-dev libcli11-dev nlohmann-json3-dev
