@@ -3,14 +3,17 @@
 // safetensors writer (checksum, temporary file, fsync, rename, fsync of the folder), alternating, so a
 // noisy disk affects both alike. Reads twice: cold, each file's pages first dropped from the page cache
 // (posix_fadvise DONTNEED, which needs no privilege), so both come from the disk; then warm, from the
-// page cache, as a resume right after a save reads.
-//   bench_checkpoint [--mb 100] [--repeats 7] [--dir .] [--metrics FILE]
+// page cache, as a resume right after a save reads. Its files live in a folder of its own that it makes
+// in --dir (mkdtemp) and removes at the end, so it never touches a file it did not make.
+//   bench_checkpoint [--mb 100] [--repeats 7] [--dir the temp folder] [--metrics FILE]
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -85,22 +88,32 @@ int main(int argc, char** argv) {
   CLI::App app{"Checkpoint write and read throughput against the disk's raw write + fsync"};
   double megabytes = 100;
   int repeats = 7;
-  std::string dir = ".", metrics_path;
+  std::string dir = std::filesystem::temp_directory_path().string(), metrics_path;
   app.add_option("--mb", megabytes, "Checkpoint size in MB (parameters and Adam state)")
       ->check(cli::PositiveFinite & CLI::Range(0.001, 100000.0))
       ->capture_default_str();
   app.add_option("--repeats", repeats, "Measurements of each, alternating")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app.add_option("--dir", dir, "Folder to write in (the disk being measured)")
+  app.add_option("--dir", dir, "Folder on the disk being measured: the files go in a folder of their own made there, "
+                               "removed at the end (a /tmp in memory measures memory)")
       ->check(CLI::ExistingDirectory)
       ->capture_default_str();
   app.add_option("--metrics", metrics_path, "Append the result as a JSON line to FILE");
   return cli::run(app, argc, argv, [&] {
     metrics::MetricsWriter metrics(metrics_path);
     const auto tensors = model_of(megabytes);
-    const std::string ckpt = (std::filesystem::path(dir) / "bench_checkpoint.safetensors").string();
-    const std::string raw = (std::filesystem::path(dir) / "bench_raw.bin").string();
+    std::string own = (std::filesystem::path(dir) / "bench_checkpoint.XXXXXX").string();
+    if (!::mkdtemp(own.data())) throw UsageError("--dir: cannot make a folder in " + dir + ": " + std::strerror(errno));
+    struct Removed {
+      std::filesystem::path folder;
+      ~Removed() {
+        std::error_code ignored;
+        std::filesystem::remove_all(folder, ignored);
+      }
+    } removed{own};
+    const std::string ckpt = (std::filesystem::path(own) / "checkpoint.safetensors").string();
+    const std::string raw = (std::filesystem::path(own) / "raw.bin").string();
     checkpoint::save_safetensors(ckpt, tensors, {{"step", "0"}});  // warm-up, and the file size
     const auto bytes = static_cast<std::size_t>(std::filesystem::file_size(ckpt));
     std::vector<char> buffer(bytes, '\x5a');
@@ -144,8 +157,6 @@ int main(int argc, char** argv) {
         raw_cold.push_back(raw_read(raw, buffer));
       }
     }
-    std::filesystem::remove(ckpt);
-    std::filesystem::remove(raw);
     const double mb = static_cast<double>(bytes) / 1e6;
     const double w_raw = mb / median(raw_w), w_ckpt = mb / median(ckpt_w);
     const double r_raw = mb / median(raw_r), r_ckpt = mb / median(ckpt_r);
