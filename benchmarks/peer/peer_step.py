@@ -259,11 +259,16 @@ def print_profiles(ours, torch_profile):
         torch_rest -= b
     a = our_ops.get("adamw step", our_ops.get("sgd step", 0.0))
     rows.append(("optimizer step", a, torch_optimizer_ms))
+    # The rest of the step: the step's time less its op groups', each profiled apart. Where profiling
+    # made the groups' sum exceed the timed step, there is no rest to show (printed "-", not a negative).
     rows.append(("everything else", our_rest - a, torch_rest - torch_optimizer_ms))
     print(f"    {'op group':<22}{'ours ms':>10}{'PyTorch ms':>12}{'ours/PyTorch':>14}   (profiled steps, per step)")
     for name, a, b in rows:
-        ratio = f"{a / b:.2f}" if b > 0.005 else "-"
-        print(f"    {name:<22}{a:>10.2f}{b:>12.2f}{ratio:>14}")
+        ratio = f"{a / b:.2f}" if a >= 0 and b > 0.005 else "-"
+        cells = "".join(f"{v:>{w}.2f}" if v >= 0 else f"{'-':>{w}}" for v, w in ((a, 10), (b, 12)))
+        print(f"    {name:<22}{cells}{ratio:>14}")
+    if min(rows[-1][1:]) < 0:
+        print("    (-: the op groups, each profiled, add up to more than the timed step)")
 
 
 def step_flops(path):
