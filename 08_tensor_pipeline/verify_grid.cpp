@@ -154,7 +154,8 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
     // ranks averaged (DDP over them). In the run's precision and loss scale (Recipe::reference_backward).
     const int dp = topology_.dp_size(), m = o_.micro_batches, cp = topology_.cp_size();
     lockstep_->set_loss_scale(training.scaler().get_scale());  // fp16: the parts the run added carried it
-    const auto part = [&](nn::Module& model, std::size_t index) {
+    // `float32`: the split reference's part without the run's precision (check_whole, below).
+    const auto part_in = [&](nn::Module& model, std::size_t index, bool float32) {
       const int c = static_cast<int>(index) % cp, micro = static_cast<int>(index) / cp;
       const auto parts = micro_batches(global_batch, micro / m, dp, m);
       const auto i = static_cast<std::size_t>(micro % m);
@@ -169,19 +170,23 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
       return split_reference_->backward(
           model,
           [&](parallel::TensorParallelModule& part) {
-            return training.reference_backward(part.parameters(), [&] {
-              return scale(micro_batch_loss(part, task_, parts[i], batch), weight);
-            });
+            const auto loss = [&] { return scale(micro_batch_loss(part, task_, parts[i], batch), weight); };
+            if (!float32) return training.reference_backward(part.parameters(), loss);
+            Tensor value = loss();
+            value.backward();
+            return value.item();
           },
           c);
     };
+    const auto part = [&](nn::Module& model, std::size_t index) { return part_in(model, index, false); };
     const auto count = static_cast<std::size_t>(dp * m * cp);
     lockstep_->check_parts(step, gather_->gradients(), loss, count, 1.0 / (dp * cp), part);
     // The whole model's parts ran the run's own 16-bit kernels: held to the same parts without them.
     if (is_16bit(o_.precision.dtype())) lockstep_->check_emulated(step, count, 1.0 / (dp * cp), part);
     // The split reference repeats the run's layer code, bugs included: the whole model, which shares none
     // of it, judges that code, in float32 beside its own distance from float32 in the run's precision
-    // (emulated: no 16-bit kernel, whose bug would move the floor with it).
+    // (emulated: no 16-bit kernel, whose bug would move the floor with it), and the split layers again in
+    // float32, held to the whole model at float32's precision.
     if (split_reference_)
       lockstep_->check_whole(step, loss, [&](nn::Module& model, bool sixteen_bits) {
         if (piece.empty()) return 0.0f;
@@ -192,7 +197,9 @@ void GridCheck::on_check_gradient(std::int64_t step, float loss) {
         Tensor value = piece_loss(model, false);
         value.backward();
         return value.item();
-      }, o_.precision.reduce());
+      }, o_.precision.reduce(), count, 1.0 / (dp * cp), [&](nn::Module& model, std::size_t index) {
+        return part_in(model, index, true);
+      });
     return;
   }
   lockstep_->check_reordered(step, gather_->gradients(), loss, [&](nn::Module& model, bool reversed) {
@@ -220,11 +227,12 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
                                             " in each process)"
                                       : "the unsharded " + std::string(model);
   // The split layers judged by code they do not share (Lockstep::check_whole).
-  char whole[200] = "";
+  char whole[320] = "";
   if (split)
     std::snprintf(whole, sizeof whole, "; against the whole %s in float32, every gradient within %g x the whole %s's own "
-                  "distance in 16 bits (at most %.3g of that)", model, verify::kWholeModelFloorFactor, model,
-                  c.worst_whole_ratio);
+                  "distance in 16 bits (at most %.3g of that), the split layers in float32 within 1/%g of it (%.3g "
+                  "of that)", model, verify::kWholeModelFloorFactor, model, c.worst_whole_ratio,
+                  1 / verify::kSplitFloat32FloorShare, c.worst_split_ratio);
   if (c.passed && by_parts)
     log("verify, %lld steps in lock-step against %s, micro-batch by micro-batch: every gradient within the "
         "bound of its sums over micro-batches and replicas (at most %.3g of it), every loss (%.3g of its bound)%s; every "
@@ -246,6 +254,7 @@ bool report_check(const verify::LockstepSummary& c, const ChapterTask& task, boo
                  {"rounding_bias_ratio", c.worst_bias_ratio},
                  {"emulated_ratio", c.worst_emulated_ratio},
                  {"whole_ratio", c.worst_whole_ratio}, {"whole_loss_ratio", c.worst_whole_loss_ratio},
+                 {"split_ratio", c.worst_split_ratio},
                  {"whole_floor_factor", split ? verify::kWholeModelFloorFactor : 0.0},
                  {"whole_loss_floor_factor", split ? verify::kWholeModelLossFloorFactor : 0.0},
                  {"gradient_diff", c.worst_gradient_diff}, {"noise_floor", c.worst_floor},

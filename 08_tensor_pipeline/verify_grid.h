@@ -13,7 +13,8 @@
 // TP x CP ranks on threads of each process (common/verify/model_parallel_reference.h). That reference
 // repeats a bug of the split layers (--fault sp-gather-rows, ring-drop-block, row-parallel-no-sum make
 // three), so the step is then also held to the whole model, which runs none of their code: in float32,
-// within a few times its own distance from float32 in the run's precision (Lockstep::check_whole).
+// within a few times its own distance from float32 in the run's precision, and the split layers run
+// again in float32 within a small share of that distance (Lockstep::check_whole).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -8,7 +8,8 @@
 #   --sixteen-bit (kWholeModelFloorFactor, kWholeModelLossFloorFactor): every grid whose 16-bit check runs
 #     the split layers (TP, SP, CP, the MLP), in bf16 with its sums in bf16 and in fp16 at ten times the
 #     learning rate: the largest number of 16-bit floors a correct step came from the whole float32 model;
-#     beside it, every 16-bit grid's check by parts (the share of its bound, and of RoundingBias's).
+#     beside it, every 16-bit grid's check by parts (the share of its bound, and of RoundingBias's), and
+#     the split layers in float32 against the whole model (the share of kSplitFloat32FloorShare's bound).
 #   scripts/noise_floor_margins.sh [--sixteen-bit] [OUT_DIR]     default: runs/noise_floor_margins[_16]
 # Environment: STEPS (1000).
 set -euo pipefail
@@ -55,17 +56,22 @@ python3 - "$out" "$steps" "${ratios[@]}" <<'PY'
 import glob, json, os, sys
 out, steps = sys.argv[1], sys.argv[2]
 gradient_ratio, gradient_factor, loss_ratio, loss_factor = sys.argv[3:7]
-worst_gradient = worst_loss = (0, "")
-print(f"{'grid and run':<72}{'gradient':>10}{'loss':>8}{'parts':>8}{'lean':>8}{'kernels':>9}   (floors, the worst step"
-      f" of {steps}; parts and lean: of their bounds; kernels: the 16-bit parts from the emulated, of the tolerance)")
+worst_gradient = worst_loss = worst_split = (0, "")
+print(f"{'grid and run':<72}{'gradient':>10}{'loss':>8}{'parts':>8}{'lean':>8}{'kernels':>9}{'split':>8}   (floors, the"
+      f" worst step of {steps}; parts and lean: of their bounds; kernels: the 16-bit parts from the emulated, of the"
+      f" tolerance; split: the split layers in float32, of their bound)")
 for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))):
     record = [r for r in map(json.loads, open(path)) if r.get("event") == "verify"][0]
     g, l = record[gradient_ratio] * record[gradient_factor], record[loss_ratio] * record[loss_factor]
     label = os.path.basename(path)[:-6]
     parts = f"{record['gradient_ratio']:>8.3f}{record['rounding_bias_ratio']:>8.3f}" if record["by_parts"] else f"{'':>16}"
     parts += f"{record['emulated_ratio']:>9.3f}" if "emulated_ratio" in record else f"{'':>9}"
+    split = record.get("split_ratio", 0) if record.get("split_reference") else 0
+    parts += f"{split:>8.3f}" if record.get("split_reference") else f"{'':>8}"
+    worst_split = max(worst_split, (split, label))
     print(f"{label:<72}{g:>10.2f}{l:>8.2f}{parts}{'' if record['passed'] else '   FAILED'}")
     worst_gradient, worst_loss = max(worst_gradient, (g, label)), max(worst_loss, (l, label))
 print(f"the worst correct step: gradient {worst_gradient[0]:.2f} floors ({worst_gradient[1]}), "
-      f"loss {worst_loss[0]:.2f} ({worst_loss[1]})")
+      f"loss {worst_loss[0]:.2f} ({worst_loss[1]})" +
+      (f"; the split layers in float32 {worst_split[0]:.3f} of their bound ({worst_split[1]})" if worst_split[1] else ""))
 PY

@@ -720,6 +720,25 @@ TEST(Chapter08, VerifyCatchesAStrayMomentAtItsStep) {
       << alone.process.err;
 }
 
+// A split-layer bug every TP rank shares leaves their copies alike (--fault sp-average-biases: the
+// row-parallel biases' partial gradients averaged, not added, half their gradient at TP 2). A 16-bit run's
+// split layers run again in float32 against the whole model (Lockstep::check_whole), so it fails at its
+// step in bf16 and fp16 too, where the 16-bit floor alone let it pass at ill-conditioned steps.
+void expect_shared_split_bug_caught(const std::string& mpirun, const std::string& flags, int steps, int from) {
+  Outcome r = run(mpirun, flags + " --verify --log-every 1000 --steps " + std::to_string(steps) +
+                              " --fault sp-average-biases --fault-from-step " + std::to_string(from), kModel);
+  EXPECT_EQ(r.process.exit_code, 1) << flags << "\n" << r.process.out << r.process.err;
+  EXPECT_NE(r.process.out.find("FAILED at step " + std::to_string(from) + ": "), std::string::npos)
+      << flags << "\n" << r.process.out;
+  EXPECT_NE(r.process.out.find("the gradient of 'transformer.h."), std::string::npos) << r.process.out;
+  EXPECT_NE(r.process.out.find(".c_proj.bias'"), std::string::npos) << r.process.out;
+}
+
+TEST(Chapter08, ASplitLayerBugEveryTpRankSharesFailsAtItsStepIn16Bits) {
+  expect_shared_split_bug_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 6, 5);
+  expect_shared_split_bug_caught(MPIRUN_NP4, "--tp 4 --sequence-parallel --precision fp16", 6, 3);
+}
+
 TEST(Chapter08, VerifyCatchesAStrayTpCopyLateInLongRuns) {
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-tp-copy");
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2", 1000, 700, "stray-moment");
@@ -727,7 +746,10 @@ TEST(Chapter08, VerifyCatchesAStrayTpCopyLateInLongRuns) {
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel", 1000, 700, "sp-unsummed-bias");
   expect_stray_replica_caught(MPIRUN_NP4, "--tp 4 --sequence-parallel --precision bf16", 300, 210, "sp-unsummed-bias");
   expect_stray_replica_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 300, 299, "sp-unsummed-bias");
-  // The same biases averaged on every rank, where the copies agree: float32's check catches it at its step.
+  // The same biases averaged on every rank, where the copies agree: caught at its step late in 16 bits,
+  // the last step included, and in float32.
+  expect_shared_split_bug_caught(MPIRUN_NP4, "--tp 4 --sequence-parallel --precision bf16", 300, 210);
+  expect_shared_split_bug_caught(MPIRUN_NP2, "--tp 2 --sequence-parallel --precision bf16", 300, 299);
   Outcome averaged = run(MPIRUN_NP2, "--tp 2 --sequence-parallel --verify --log-every 1000 --steps 1000 --fault "
                                      "sp-average-biases --fault-from-step 700", kModel);
   EXPECT_EQ(averaged.process.exit_code, 1) << averaged.process.out << averaged.process.err;

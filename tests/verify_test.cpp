@@ -193,6 +193,16 @@ TEST(NoiseFloor, SmallTensorsTakeThePooledFloorsAndNoneIsBelowOneRounding) {
   EXPECT_DOUBLE_EQ(tolerances[0], verify::kNoiseFloorFactor * 2e-6);  // raised to the median
   EXPECT_DOUBLE_EQ(tolerances[2], verify::kNoiseFloorFactor * 4e-6);  // its own
   EXPECT_DOUBLE_EQ(tolerances[3], verify::kNoiseFloorFactor * 4e-6 * 0.5);  // small: the largest relative floor
+  // Euclidean floors (the whole model's check) are steady from fewer elements: a 32-element bias keeps
+  // its own floor there, where the float32 check's pooling would hold it to the largest relative floor.
+  const std::vector<double> norms{1e-6, 2e-6, 4e-6, 3e-6, 0.0}, scales{1.0, 1.0, 1.0, 1.0, 0.5};
+  const std::vector<std::int64_t> sizes{4096, 4096, 4096, 32, 8};
+  const auto euclidean = verify::noise_floor_tolerances(norms, scales, sizes, verify::kWholeModelFloorFactor,
+                                                        verify::kStableEuclideanFloorElements);
+  EXPECT_DOUBLE_EQ(euclidean[3], verify::kWholeModelFloorFactor * 3e-6);        // its own
+  EXPECT_DOUBLE_EQ(euclidean[4], verify::kWholeModelFloorFactor * 4e-6 * 0.5);  // under 16: the largest
+  EXPECT_DOUBLE_EQ(verify::noise_floor_tolerances(norms, scales, sizes, verify::kWholeModelFloorFactor)[3],
+                   verify::kWholeModelFloorFactor * 4e-6);
   // A model whose floors all vanished still allows one rounding of each tensor's largest gradient.
   const auto exact = verify::noise_floor_tolerances({0.0, 0.0}, {1.0, 8.0}, {1000, 1000});
   EXPECT_DOUBLE_EQ(exact[1], verify::kNoiseFloorFactor * 8.0 * verify::kUnitRoundoff);
@@ -398,6 +408,75 @@ TEST(Lockstep, TheWholeModelCatchesABugThePartsRepeat) {
     EXPECT_NE(summary.first_failure.find("from the whole model's in float32"), std::string::npos) << summary.first_failure;
     EXPECT_LE(summary.worst_gradient_ratio, 1.0);  // the parts alone would have passed
   }
+}
+
+// A bug the split layers share on every rank that is small beside the 16-bit floor (here the inputs
+// scaled by 1.002 in the run and in its parts alike, a fifth of a bf16 rounding) passes the whole model's
+// 16-bit comparison; the split layers run again in float32 (`split_in_float32`) fail at its step, held to
+// a share of that floor. The correct run passes, its split layers within their bound.
+TEST(Lockstep, TheSplitLayersInFloat32CatchABugBelowTheSixteenBitFloor) {
+  for (const bool split_check : {false, true})
+    for (const bool bug : {false, true}) {
+      auto model = nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+      auto reference = verify::make_reference([] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3); });
+      optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
+      verify::Lockstep check = with_sgd(reference, reference_sgd);
+      check.set_rounding(verify::kBfloat16Rounding);
+      auto batch = [](int step, int part) {
+        std::vector<float> x(8 * 16);
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
+        return Tensor::from_host(x, {8, 16});
+      };
+      auto part_loss = [&](nn::Module& m, int step, int part, bool sixteen_bits, bool faulty) {
+        Tensor l;
+        {
+          Autocast autocast(DType::bfloat16, sixteen_bits);
+          const Tensor x = faulty && step >= kFrom ? scale(batch(step, part), 1.002f) : batch(step, part);
+          l = scale(sum(mul(m(x), m(x))), 1.0f / kParts);
+        }
+        l.backward();
+        return l.item();
+      };
+      for (int step = 0; step < kSteps; ++step) {
+        check.begin_step(step, *model);
+        float loss = 0;
+        for (int p = 0; p < kParts; ++p) loss += part_loss(*model, step, p, true, bug);
+        const auto part = [&](bool sixteen_bits) {
+          return [&, sixteen_bits](nn::Module& m, std::size_t p) {
+            return part_loss(m, step, static_cast<int>(p), sixteen_bits, bug);
+          };
+        };
+        check.check_parts(step, *model, loss, kParts, 1.0, part(true));
+        const auto whole = [&](nn::Module& m, bool sixteen_bits) {
+          float l = 0;
+          for (int p = 0; p < kParts; ++p) l += part_loss(m, step, p, sixteen_bits, false);
+          return l;
+        };
+        if (split_check)
+          check.check_whole(step, loss, whole, DType::float32, kParts, 1.0, part(false));
+        else
+          check.check_whole(step, loss, whole, DType::float32);
+        sgd.step();
+        sgd.zero_grad();
+        check.check_update(step);
+      }
+      const auto summary = check.finish(*model);
+      EXPECT_LE(summary.worst_whole_ratio, 1.0) << split_check << bug;  // the 16-bit floor alone cannot see it
+      if (!bug || !split_check) {
+        EXPECT_TRUE(summary.passed) << summary.first_failure;
+        if (split_check) {
+          EXPECT_GT(summary.worst_split_ratio, 0.0);
+          EXPECT_LE(summary.worst_split_ratio, 1.0);
+        } else {
+          EXPECT_EQ(summary.worst_split_ratio, 0.0);  // not run
+        }
+        continue;
+      }
+      EXPECT_FALSE(summary.passed);
+      EXPECT_EQ(summary.first_failed_step, kFrom) << summary.first_failure;
+      EXPECT_NE(summary.first_failure.find("the split layers in float32 give the gradient of '"), std::string::npos)
+          << summary.first_failure;
+    }
 }
 
 // A bug of the 16-bit path (here its input scaled by 1.25 where the arithmetic is not emulated, from step

@@ -32,7 +32,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 double short_run_tolerance(double lr, long steps) { return 1e-3 * lr * static_cast<double>(steps); }
 
 std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, const std::vector<double>& largest,
-                                           const std::vector<std::int64_t>& elements, double factor) {
+                                           const std::vector<std::int64_t>& elements, double factor,
+                                           std::int64_t stable_elements) {
   if (floors.size() != largest.size() || floors.size() != elements.size())
     throw std::invalid_argument("noise_floor_tolerances: " + std::to_string(floors.size()) + " floors for " +
                                 std::to_string(largest.size()) + " tensors of " + std::to_string(elements.size()) +
@@ -48,7 +49,7 @@ std::vector<double> noise_floor_tolerances(const std::vector<double>& floors, co
   }
   std::vector<double> tolerances;
   for (std::size_t t = 0; t < floors.size(); ++t) {
-    const double pooled = elements[t] < kStableFloorElements ? most : median;
+    const double pooled = elements[t] < stable_elements ? most : median;
     tolerances.push_back(factor * std::max({floors[t], pooled * largest[t], kUnitRoundoff * largest[t]}));
   }
   return tolerances;

@@ -169,8 +169,9 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
                                       static_cast<float>(summary_.worst_bias_ratio),
                                       static_cast<float>(summary_.worst_whole_ratio),
                                       static_cast<float>(summary_.worst_whole_loss_ratio),
-                                      static_cast<float>(summary_.worst_emulated_ratio)},
-                                     {12}, reference_->parameters().front().device());
+                                      static_cast<float>(summary_.worst_emulated_ratio),
+                                      static_cast<float>(summary_.worst_split_ratio)},
+                                     {13}, reference_->parameters().front().device());
   group_->broadcast(verdict, 0);
   const auto v = verdict.to_host();
   summary_.passed = v[0] == 1.0f;
@@ -185,6 +186,7 @@ LockstepSummary Lockstep::finish(const std::vector<float>& final_parameters) {
   summary_.worst_whole_ratio = v[9];
   summary_.worst_whole_loss_ratio = v[10];
   summary_.worst_emulated_ratio = v[11];
+  summary_.worst_split_ratio = v[12];
   return summary_;
 }
 

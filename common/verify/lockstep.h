@@ -23,7 +23,8 @@
 //                   (16 bits with tensor or context parallelism, verify::ModelParallelReference), which
 //                   would repeat a bug in those layers: the whole model, sharing none of their code, in
 //                   float32, within kWholeModelFloorFactor times its own distance from float32 in the
-//                   run's precision (check_whole).
+//                   run's precision, and the split layers themselves in float32 within a share of that
+//                   distance (check_whole).
 //   3. The norm the run clipped by must be the norm of that gradient, within the rounding of its
 //      partial sums. The reference then applies the run's gradient with the run's optimizer and the
 //      run's clipping factor, which predicts the next step's parameters (1), and that update must be the
@@ -86,6 +87,9 @@ struct LockstepSummary {
   // check_whole: the largest distance of a tensor's gradient (and of the loss) from the whole float32
   // model's, over its tolerance (kWholeModelFloorFactor x the 16-bit floor); 0 where it did not run.
   double worst_whole_ratio = 0, worst_whole_loss_ratio = 0;
+  // check_whole with the split layers in float32: their largest distance from the whole float32 model's
+  // gradient, over its bound (kSplitFloat32FloorShare of the 16-bit floor); 0 where it did not run.
+  double worst_split_ratio = 0;
   // check_emulated: the largest distance of the 16-bit parts' gradient of a tensor (and of their loss)
   // from the emulated ones', over its tolerance (kEmulatedFloorFactor floors; on the CPU 0, or infinite
   // where a bit differed); 0 where it did not run.
@@ -142,10 +146,18 @@ class Lockstep {
   // layers: the run's gradient and loss against code it does not share, the whole model on the whole
   // global batch. Each rank computes its piece in float32 and in the run's precision; per tensor, the
   // run's distance from the float32 gradient (Euclidean) must be within kWholeModelFloorFactor times the
-  // 16-bit floor, the whole model's own distance in 16 bits (the largest of its last kFloorHistory), with
-  // the sums' last rounding in `reduce_dtype` (the run's --reduce-dtype) added to it (compare.h). The loss
-  // likewise, within kWholeModelLossFloorFactor floors. Collective.
-  void check_whole(std::int64_t step, float run_loss, const PrecisionPieceFunction& piece, DType reduce_dtype);
+  // 16-bit floor, the whole model's own distance in 16 bits (the largest of its last kFloorHistory, each
+  // taken as a share of that step's gradient of the tensor), with the sums' last rounding in
+  // `reduce_dtype` (the run's --reduce-dtype) added to it (compare.h). The loss likewise, within
+  // kWholeModelLossFloorFactor floors. With `split_in_float32` (part `index` of the `parts`
+  // through the run's split layers, as check_parts' reference computes it, but in float32; rank r
+  // computes r, r + size, ...), the split layers' own code is judged at float32's precision too: their
+  // gradient times `scale`, added over the parts, within kSplitFloat32FloorShare of each tensor's 16-bit
+  // floor from the whole model's in float32 (the run's loss is held above). A bug the split layers share on
+  // every rank (the run's copies agree) then fails at its step even where the 16-bit floor is wide.
+  // Collective.
+  void check_whole(std::int64_t step, float run_loss, const PrecisionPieceFunction& piece, DType reduce_dtype,
+                   std::size_t parts = 0, double scale = 1, const PartFunction& split_in_float32 = nullptr);
 
   // After check_parts, the same step, for a run in 16 bits: check_parts' reference computed the parts
   // with the run's own 16-bit kernels, which would repeat a bug in them (a GELU that rounds toward zero, a
