@@ -354,49 +354,66 @@ TEST(Lockstep, ANonFiniteGradientPassesOnlyWhereItsSixteenBitSumsCouldOverflow) 
   }
 }
 
-// The whole model's check of a 16-bit run (check_whole): a bug that the parts' reference repeats (here the
-// inputs scaled by 1.25 in the run and in its parts alike, as a split layer's bug is in the run and in the
-// split reference) passes check_parts, and fails check_whole at its step, naming the tensor; the correct bf16
-// run passes both, within a few of its floors.
+// Part `part` of step `step` of run_against_the_whole_model (below): a small MLP's squared outputs on
+// sine inputs, in bf16 when `sixteen_bits`, the inputs scaled by `wrong` from step kFrom on (a bug's
+// stand-in, in whichever model computes it). Its gradient is added into `m`; returns its loss.
+float bf16_part_loss(nn::Module& m, int step, int part, bool sixteen_bits, float wrong) {
+  std::vector<float> x(8 * 16);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
+  Tensor l;
+  {
+    Autocast autocast(DType::bfloat16, sixteen_bits);
+    const Tensor input = Tensor::from_host(x, {8, 16});
+    const Tensor used = step >= kFrom && wrong != 1.0f ? scale(input, wrong) : input;
+    l = scale(sum(mul(m(used), m(used))), 1.0f / kParts);
+  }
+  l.backward();
+  return l.item();
+}
+
+// A bf16 run of kSteps steps of kParts parts (bf16_part_loss), its inputs scaled by `wrong` from step kFrom
+// in the run and in its parts alike when `bug` (as a split layer's bug is in the run and in the split
+// reference), checked by parts and against the whole model as it should be; with `split_check`, also the
+// parts again in float32 (the split layers' own float32 pass of check_whole).
+verify::LockstepSummary run_against_the_whole_model(float wrong, bool bug, bool split_check) {
+  auto model = nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3);
+  auto reference = verify::make_reference([] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3); });
+  optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
+  verify::Lockstep check = with_sgd(reference, reference_sgd);
+  check.set_rounding(verify::kBfloat16Rounding);
+  const float scaled = bug ? wrong : 1.0f;
+  for (int step = 0; step < kSteps; ++step) {
+    check.begin_step(step, *model);
+    float loss = 0;
+    for (int p = 0; p < kParts; ++p) loss += bf16_part_loss(*model, step, p, true, scaled);
+    const auto part = [&](bool sixteen_bits) {
+      return [&, sixteen_bits](nn::Module& m, std::size_t p) {
+        return bf16_part_loss(m, step, static_cast<int>(p), sixteen_bits, scaled);
+      };
+    };
+    check.check_parts(step, *model, loss, kParts, 1.0, part(true));
+    const auto whole = [&](nn::Module& m, bool sixteen_bits) {
+      float l = 0;
+      for (int p = 0; p < kParts; ++p) l += bf16_part_loss(m, step, p, sixteen_bits, 1.0f);  // as it should be
+      return l;
+    };
+    if (split_check)
+      check.check_whole(step, loss, whole, DType::float32, kParts, 1.0, part(false));
+    else
+      check.check_whole(step, loss, whole, DType::float32);
+    sgd.step();
+    sgd.zero_grad();
+    check.check_update(step);
+  }
+  return check.finish(*model);
+}
+
+// The whole model's check of a 16-bit run (check_whole): a bug that the parts' reference repeats (the
+// inputs scaled by 1.25) passes check_parts, and fails check_whole at its step, naming the tensor; the
+// correct bf16 run passes both, within a few of its floors.
 TEST(Lockstep, TheWholeModelCatchesABugThePartsRepeat) {
   for (const bool bug : {false, true}) {
-    auto model = nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3);
-    auto reference = verify::make_reference([] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3); });
-    optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
-    verify::Lockstep check = with_sgd(reference, reference_sgd);
-    check.set_rounding(verify::kBfloat16Rounding);
-    auto batch = [](int step, int part) {
-      std::vector<float> x(8 * 16);
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
-      return Tensor::from_host(x, {8, 16});
-    };
-    // Part p of the step in bf16, with the bug from step kFrom (in whichever model computes it).
-    auto part_loss = [&](nn::Module& m, int step, int part, bool sixteen_bits, bool faulty) {
-      Tensor l;
-      {
-        Autocast autocast(DType::bfloat16, sixteen_bits);
-        const Tensor x = faulty && step >= kFrom ? scale(batch(step, part), 1.25f) : batch(step, part);
-        l = scale(sum(mul(m(x), m(x))), 1.0f / kParts);
-      }
-      l.backward();
-      return l.item();
-    };
-    for (int step = 0; step < kSteps; ++step) {
-      check.begin_step(step, *model);
-      float loss = 0;
-      for (int p = 0; p < kParts; ++p) loss += part_loss(*model, step, p, true, bug);
-      check.check_parts(step, *model, loss, kParts, 1.0,
-                        [&](nn::Module& m, std::size_t p) { return part_loss(m, step, static_cast<int>(p), true, bug); });
-      check.check_whole(step, loss, [&](nn::Module& m, bool sixteen_bits) {
-        float l = 0;
-        for (int p = 0; p < kParts; ++p) l += part_loss(m, step, p, sixteen_bits, false);  // the model as it should be
-        return l;
-      }, DType::float32);
-      sgd.step();
-      sgd.zero_grad();
-      check.check_update(step);
-    }
-    const auto summary = check.finish(*model);
+    const auto summary = run_against_the_whole_model(1.25f, bug, false);
     if (!bug) {
       EXPECT_TRUE(summary.passed) << summary.first_failure;
       EXPECT_GT(summary.worst_whole_ratio, 0.0);
@@ -410,57 +427,14 @@ TEST(Lockstep, TheWholeModelCatchesABugThePartsRepeat) {
   }
 }
 
-// A bug the split layers share on every rank that is small beside the 16-bit floor (here the inputs
-// scaled by 1.002 in the run and in its parts alike, a fifth of a bf16 rounding) passes the whole model's
-// 16-bit comparison; the split layers run again in float32 (`split_in_float32`) fail at its step, held to
-// a share of that floor. The correct run passes, its split layers within their bound.
+// A bug the split layers share on every rank that is small beside the 16-bit floor (the inputs scaled by
+// 1.002, a fifth of a bf16 rounding) passes the whole model's 16-bit comparison; the split layers run
+// again in float32 fail at its step, held to a share of that floor. The correct run passes, its split
+// layers within their bound.
 TEST(Lockstep, TheSplitLayersInFloat32CatchABugBelowTheSixteenBitFloor) {
   for (const bool split_check : {false, true})
     for (const bool bug : {false, true}) {
-      auto model = nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3);
-      auto reference = verify::make_reference([] { return nn::make_mlp(16, 64, 2, 1, nn::Activation::gelu, Device::cpu, 3); });
-      optim::SGD sgd(model->parameters(), 0.01f), reference_sgd(reference->parameters(), 0.01f);
-      verify::Lockstep check = with_sgd(reference, reference_sgd);
-      check.set_rounding(verify::kBfloat16Rounding);
-      auto batch = [](int step, int part) {
-        std::vector<float> x(8 * 16);
-        for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i + 29 * step + 11 * part));
-        return Tensor::from_host(x, {8, 16});
-      };
-      auto part_loss = [&](nn::Module& m, int step, int part, bool sixteen_bits, bool faulty) {
-        Tensor l;
-        {
-          Autocast autocast(DType::bfloat16, sixteen_bits);
-          const Tensor x = faulty && step >= kFrom ? scale(batch(step, part), 1.002f) : batch(step, part);
-          l = scale(sum(mul(m(x), m(x))), 1.0f / kParts);
-        }
-        l.backward();
-        return l.item();
-      };
-      for (int step = 0; step < kSteps; ++step) {
-        check.begin_step(step, *model);
-        float loss = 0;
-        for (int p = 0; p < kParts; ++p) loss += part_loss(*model, step, p, true, bug);
-        const auto part = [&](bool sixteen_bits) {
-          return [&, sixteen_bits](nn::Module& m, std::size_t p) {
-            return part_loss(m, step, static_cast<int>(p), sixteen_bits, bug);
-          };
-        };
-        check.check_parts(step, *model, loss, kParts, 1.0, part(true));
-        const auto whole = [&](nn::Module& m, bool sixteen_bits) {
-          float l = 0;
-          for (int p = 0; p < kParts; ++p) l += part_loss(m, step, p, sixteen_bits, false);
-          return l;
-        };
-        if (split_check)
-          check.check_whole(step, loss, whole, DType::float32, kParts, 1.0, part(false));
-        else
-          check.check_whole(step, loss, whole, DType::float32);
-        sgd.step();
-        sgd.zero_grad();
-        check.check_update(step);
-      }
-      const auto summary = check.finish(*model);
+      const auto summary = run_against_the_whole_model(1.002f, bug, split_check);
       EXPECT_LE(summary.worst_whole_ratio, 1.0) << split_check << bug;  // the 16-bit floor alone cannot see it
       if (!bug || !split_check) {
         EXPECT_TRUE(summary.passed) << summary.first_failure;
