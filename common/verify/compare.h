@@ -118,8 +118,8 @@ constexpr std::int64_t kStableFloorElements = 256;
 // an eighth at 32. So there a tensor from kStableEuclideanFloorElements elements up keeps its own floor
 // (raised to the median, as a large one is), and only a smaller one takes the largest relative floor:
 // a layer norm's gradient, a sum that nearly cancels, comes out 5% from float32 in bf16 where a bias's is
-// 0.5%, and the bias held to the layer norm's share let its gradient halved pass (issue: PASSED can
-// still lie, kind 4, --fault sp-average-biases).
+// 0.5%, and the bias held to the layer norm's share let its gradient halved pass (--fault
+// sp-average-biases in chapter 08).
 constexpr std::int64_t kStableEuclideanFloorElements = 16;
 // A floor is one draw of a rounding difference, and one draw can come out near zero, the more likely the
 // fewer elements it is the largest of (a one-element bias, the loss): the run's difference over such a
