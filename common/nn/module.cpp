@@ -46,21 +46,24 @@ std::int64_t Module::parameter_count() const {
   return n;
 }
 
+// Each tensor's values straight into one vector sized once: at millions of parameters a verified run
+// calls these at every step, and growing the vector (or a temporary per tensor) copies it again.
 std::vector<float> Module::parameters_to_host() const {
-  std::vector<float> out;
+  std::vector<float> out(static_cast<std::size_t>(parameter_count()));
+  std::size_t at = 0;
   for (auto& [name, tensor] : named_parameters()) {
-    auto values = tensor.to_host();
-    out.insert(out.end(), values.begin(), values.end());
+    tensor.to_host(out.data() + at);
+    at += static_cast<std::size_t>(tensor.numel());
   }
   return out;
 }
 
 std::vector<float> Module::gradients_to_host() const {
-  std::vector<float> out;
+  std::vector<float> out(static_cast<std::size_t>(parameter_count()));  // zeros where a gradient is undefined
+  std::size_t at = 0;
   for (auto& [name, tensor] : named_parameters()) {
-    Tensor g = tensor.grad();
-    auto values = g.defined() ? g.to_host() : std::vector<float>(static_cast<std::size_t>(tensor.numel()), 0.0f);
-    out.insert(out.end(), values.begin(), values.end());
+    if (Tensor g = tensor.grad(); g.defined()) g.to_host(out.data() + at);
+    at += static_cast<std::size_t>(tensor.numel());
   }
   return out;
 }

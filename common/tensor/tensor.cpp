@@ -179,15 +179,19 @@ Tensor Tensor::clone() const {
 }
 
 std::vector<float> Tensor::to_host() const {
+  std::vector<float> values(static_cast<std::size_t>(numel()));
+  to_host(values.data());
+  return values;
+}
+
+void Tensor::to_host(float* out) const {
   if (impl_ && impl_->storage && impl_->storage->released())
     throw std::logic_error("to_host: this tensor's storage is released (a ZeRO-3 parameter outside its layer's "
                            "forward and backward: gather it first, e.g. with ZeroOptimizer::full_parameters)");
   ++g_reads;
-  std::vector<float> values(static_cast<std::size_t>(numel()));
   const Tensor wide = to(DType::float32);
-  copy_bytes(values.data(), Device::cpu, wide.raw(), wide.device(), wide.nbytes());
+  copy_bytes(out, Device::cpu, wide.raw(), wide.device(), wide.nbytes());
   if (wide.device() != Device::cpu) raise_failed_index_check();  // the device has finished: its checks too
-  return values;
 }
 
 float Tensor::item() const {

@@ -92,6 +92,7 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor clone() const;                 // a copy with its own storage, same device and type
   std::vector<float> to_host() const;   // the values as floats, copied to the host (16-bit ones widened exactly)
+  void to_host(float* out) const;       // the same into numel() floats the caller holds: no temporary
   float item() const;                   // the single value of a one-element tensor
   // Overwrites the values in place (shapes must hold as many elements), converting from the source's
   // type to this one's if they differ (rounded when narrowing).
