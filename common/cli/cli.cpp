@@ -21,6 +21,7 @@
 #include "common/checkpoint/parameters.h"
 #include "common/comm/environment.h"
 #include "common/comm/simulated_network.h"
+#include "common/core/cpu_allocator.h"  // keep_freed_host_memory
 #include "common/core/log.h"
 #include "common/core/device.h"
 #include "common/core/output_folder.h"
@@ -224,6 +225,7 @@ void refuse_inert(CLI::App& app, const std::string& flag, std::function<std::str
 }
 
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  cpu_allocator::keep_freed_host_memory();
   try {
     for (CLI::Option* option : app.get_options()) {
       if (option->get_items_expected_min() > 0) option->check(NotEmpty);

@@ -3,6 +3,7 @@
 #include "common/core/cpu_allocator.h"
 
 #include <cstdlib>
+#include <malloc.h>
 #include <mutex>
 #include <new>
 #include <string_view>
@@ -94,5 +95,12 @@ void empty_cache() {
 }
 
 bool caching_enabled() { return cache().enabled; }
+
+void keep_freed_host_memory() {
+  if (!cache().enabled) return;
+  constexpr int kHeld = 1 << 30;  // blocks up to 1 GiB from the heap; the heap's top given back beyond 1 GiB free
+  mallopt(M_MMAP_THRESHOLD, kHeld);
+  mallopt(M_TRIM_THRESHOLD, kHeld);
+}
 
 }  // namespace course::cpu_allocator

@@ -18,4 +18,10 @@ std::size_t cached_bytes();                      // held in free lists, not in u
 void empty_cache();                              // gives every cached block back to the system
 bool caching_enabled();
 
+// The same for the program's other host memory, the std::vectors of millions of floats a verified run
+// fills at every step: glibc's malloc is told to keep what is freed (no mmap of its own for a large block,
+// no trimming), so the next step reuses those pages instead of faulting in and zeroing fresh ones, which
+// took a third of chapter 05's --verify. Called once, at start-up (cli::run); off with the cache.
+void keep_freed_host_memory();
+
 }  // namespace course::cpu_allocator
