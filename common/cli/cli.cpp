@@ -12,7 +12,6 @@
 #include <new>
 #include <filesystem>
 #include <climits>
-#include <regex>
 #include <unistd.h>
 #include <string>
 
@@ -133,9 +132,26 @@ void arm_faults(const FaultOptions& o, bool verify, std::int64_t steps) {
   faults::arm(o.fault, o.from_step);
 }
 
+// [+-]? (digits [. digits?] | . digits) ([eE] [+-]? digits)?, scanned by hand: std::regex would cost
+// every build seconds of compiling for two patterns.
 bool decimal_number(const std::string& text) {
-  static const std::regex decimal(R"([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)");
-  return std::regex_match(text, decimal);
+  std::size_t i = 0;
+  const auto sign = [&] { if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i; };
+  const auto digits = [&] {
+    const std::size_t from = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - from;
+  };
+  sign();
+  std::size_t mantissa = digits();
+  if (i < text.size() && text[i] == '.') ++i, mantissa += digits();
+  if (mantissa == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    sign();
+    if (digits() == 0) return false;
+  }
+  return i == text.size();
 }
 
 namespace {
@@ -240,13 +256,12 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
     return 0;
   } catch (const CLI::ArgumentMismatch& e) {  // CLI11 says "--steps: At Most 1 required but received 2"
-    static const std::regex twice(R"(^(\S+): At Most 1 required but received (\d+)$)");
-    std::smatch m;
-    const std::string what = e.what();
-    return report_and_leave(std::regex_match(what, m, twice)
-                                ? m[1].str() + ": given " + m[2].str() + " times; give it once"
-                                : what,
-                            2);
+    const std::string what = e.what(), said = ": At Most 1 required but received ";
+    const std::size_t at = what.find(said);
+    const std::string flag = what.substr(0, at), times = at == std::string::npos ? "" : what.substr(at + said.size());
+    const bool twice = !flag.empty() && flag.find_first_of(" \t\n") == std::string::npos && !times.empty() &&
+                       times.find_first_not_of("0123456789") == std::string::npos;
+    return report_and_leave(twice ? flag + ": given " + times + " times; give it once" : what, 2);
   } catch (const CLI::ParseError& e) {
     return report_and_leave(e.what(), 2);
   }
