@@ -5,6 +5,7 @@
 // the step it starts; differently seeded ranks end identical.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 
 #include "04_ddp/data_parallel.h"
@@ -15,6 +16,7 @@
 #include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/ddp.h"
+#include "common/parallel/replicas.h"  // parameter_checksum
 #include "common/parallel/distributed_sampler.h"
 #include "common/verify/lockstep.h"
 #include "support/mpi_main.h"
@@ -226,6 +228,23 @@ TEST(DistributedDataParallel, ChecksumDetectsADifferentRank) {
     w.copy_from(Tensor::from_host(v, w.shape()));
   }
   EXPECT_EQ(ddp.parameters_identical(), world().size() == 1);
+}
+
+// The replicas' checksum over tensors is the one over their values on the host, and a flipped bit
+// anywhere, in every lane and in a tail shorter than the eight lanes' 64 bytes, changes it.
+TEST(ParameterChecksum, TensorsAndTheirHostValuesAgreeAndEveryFlippedBitShows) {
+  auto model = mlp(3);
+  const std::vector<Tensor> parameters = model->parameters();
+  const std::vector<float> values = model->parameters_to_host();
+  ASSERT_NE(values.size() % 16, 0u);  // a tail the lanes' blocks do not fill
+  const std::uint64_t sum = parallel::parameter_checksum(values);
+  EXPECT_EQ(parallel::parameter_checksum(parameters), sum);
+  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{9}, values.size() - 1})
+    for (int bit : {0, 13, 31}) {
+      std::vector<float> flipped = values;
+      flipped[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(flipped[i]) ^ (1u << bit));
+      EXPECT_NE(parallel::parameter_checksum(flipped), sum) << "value " << i << ", bit " << bit;
+    }
 }
 
 TEST(DistributedDataParallel, NamesAParameterThatGotNoGradientWhenBackwardEnds) {

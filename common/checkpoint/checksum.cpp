@@ -59,6 +59,12 @@ void StreamChecksum::add(const char* bytes, std::size_t n) {
 }
 
 std::string StreamChecksum::finish() {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value()));
+  return text;
+}
+
+std::uint64_t StreamChecksum::value() {
   // The open block's words into their chains, the last one zero-padded.
   const std::size_t words = (pending_size_ + 7) / 8;
   std::fill(pending_.begin() + static_cast<long>(pending_size_), pending_.begin() + static_cast<long>(8 * words), '\0');
@@ -73,9 +79,7 @@ std::string StreamChecksum::finish() {
     for (const std::uint64_t s : state_) result = (result ^ s) * kPrime;
     result = (result ^ length_) * kPrime;
   }
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(result));
-  return text;
+  return result;
 }
 
 }  // namespace course::checkpoint

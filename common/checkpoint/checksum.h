@@ -33,8 +33,9 @@ class StreamChecksum {
   // The next `n` bytes of the stream (pieces of any length, the tail zero-padded to a word by finish()).
   void add(const char* bytes, std::size_t n);
   void add(std::string_view piece) { add(piece.data(), piece.size()); }
-  // The checksum, as the 16 hex digits a file's metadata holds.
+  // The checksum, as the 16 hex digits a file's metadata holds; value(), as the number.
   std::string finish();
+  std::uint64_t value();
 
  private:
   static constexpr std::uint64_t kOffset = 0xcbf29ce484222325ULL;

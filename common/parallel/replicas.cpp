@@ -5,25 +5,28 @@
 #include <cmath>
 #include <string>
 
+#include "common/checkpoint/checksum.h"  // StreamChecksum: the eight-lane FNV-1a
 #include "common/comm/agree.h"  // broadcast_string
 #include "common/core/errors.h"
-#include "common/core/fnv.h"
 
 namespace course::parallel {
 
-namespace {
-std::uint64_t fnv(std::uint64_t hash, const std::vector<float>& values) {
-  return fnv1a(hash, values.data(), values.size() * sizeof(float));
-}
-}  // namespace
-
+// The checkpoints' eight-lane checksum: a single chain, a multiply a byte, took a tenth of chapter 05's
+// verified run (7.4M parameters, compared at every step).
 std::uint64_t parameter_checksum(const std::vector<Tensor>& parameters) {
-  std::uint64_t hash = kFnvOffset;
-  for (const auto& p : parameters) hash = fnv(hash, p.to_host());
-  return hash;
+  checkpoint::StreamChecksum sum(checkpoint::ChecksumKind::lanes);
+  for (const auto& p : parameters) {
+    const std::vector<float> values = p.to_host();
+    sum.add(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  }
+  return sum.value();
 }
 
-std::uint64_t parameter_checksum(const std::vector<float>& values) { return fnv(kFnvOffset, values); }
+std::uint64_t parameter_checksum(const std::vector<float>& values) {
+  checkpoint::StreamChecksum sum(checkpoint::ChecksumKind::lanes);
+  sum.add(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return sum.value();
+}
 
 std::vector<std::uint64_t> gather_checksums(comm::Communicator& group, std::uint64_t mine) {
   // The 64-bit checksum travels as four 16-bit pieces, each exact in a float.

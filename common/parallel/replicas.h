@@ -10,7 +10,7 @@
 
 namespace course::parallel {
 
-// FNV-1a over the tensors' bytes, in order: any differing bit changes it.
+// FNV-1a over the tensors' bytes in order, in eight lanes (checkpoint/checksum.h): one differing bit changes it.
 std::uint64_t parameter_checksum(const std::vector<Tensor>& parameters);
 // The same over values already on the host (a model's parameters_to_host() gives the tensors' checksum).
 std::uint64_t parameter_checksum(const std::vector<float>& values);
