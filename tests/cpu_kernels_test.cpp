@@ -3,9 +3,11 @@
 // reusing memory without counting it as live.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "common/core/cpu_allocator.h"
 #include "common/kernels/kernels.h"
@@ -100,6 +102,40 @@ TEST(SquaresTiled, IsTheSumOfSquaresWithinDoublesRounding) {
   double plain = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) plain += static_cast<double>(x.data()[i]) * x.data()[i];
   EXPECT_NE(squares_tiled(x.data(), static_cast<std::size_t>(x.numel()), 0.0), plain);
+}
+
+// squares_tiled leaves out the tiling's threads that hold no element; the bits are those of every one of
+// its 32,768 threads and 128 folds, written out here as the CUDA kernel runs them, at sizes around a
+// block's and the tiling's edges, from totals of +0, -0 and 0.25, with an infinity and a NaN among them.
+TEST(SquaresTiled, LeavingOutTheEmptyThreadsChangesNoBit) {
+  const auto every_thread = [](const float* in, std::size_t n, double total) {
+    const std::size_t threads = kSquaresThreads, stride_all = threads * kSquaresBlocks;
+    std::vector<double> share(threads);
+    for (std::size_t b = 0; b < static_cast<std::size_t>(kSquaresBlocks); ++b) {
+      for (std::size_t t = 0; t < threads; ++t) {
+        double sum = 0.0;
+        for (std::size_t i = b * threads + t; i < n; i += stride_all) sum = sum + static_cast<double>(in[i]) * in[i];
+        share[t] = sum;
+      }
+      for (std::size_t stride = threads / 2; stride > 0; stride /= 2)
+        for (std::size_t t = 0; t < stride; ++t) share[t] = share[t] + share[t + stride];
+      total = total + share[0];
+    }
+    return total;
+  };
+  const Tensor x = Tensor::randn({70000}, 19);
+  std::vector<float> values(x.data(), x.data() + x.numel());
+  for (const std::size_t n : {0, 1, 2, 3, 24, 255, 256, 257, 300, 1000, 32767, 32768, 32769, 65537, 70000})
+    for (const double start : {0.0, -0.0, 0.25})
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(squares_tiled(values.data(), n, start)),
+                std::bit_cast<std::uint64_t>(every_thread(values.data(), n, start))) << n << " from " << start;
+  for (const float odd : {INFINITY, NAN}) {
+    std::vector<float> with = values;
+    with[260] = odd;
+    for (const std::size_t n : {261, 40000})
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(squares_tiled(with.data(), n, 0.0)),
+                std::bit_cast<std::uint64_t>(every_thread(with.data(), n, 0.0))) << n << " with " << odd;
+  }
 }
 
 // Column sums in the GPU's two stages (math::column_chunks), the one order of sum_rows and of layer norm's

@@ -1,5 +1,6 @@
 // Reductions on the CPU: a tensor's sum, column sums in the GPU's two stages, clipping's sum of squares
 // in the CUDA kernel's tiling.
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -35,11 +36,18 @@ void CpuKernels::clip_coefficient(const double* total, double max_norm, float* n
   *factor = math::clip_coefficient(*norm, max_norm);
 }
 
+// The tiling's threads and blocks that hold no element are left out: their sums are +0, and adding +0
+// to a sum of squares (never -0 after the first block's, which every total passes through) changes no
+// bit, so a small tensor costs its elements, not the 32,768 threads of the tiling (clipping adds every
+// tensor's squares at every step). The order of the remaining additions is the tiling's.
 double squares_tiled(const float* in, std::size_t n, double total) {
   const auto threads = static_cast<std::size_t>(kSquaresThreads), stride_all = threads * kSquaresBlocks;
   std::array<double, kSquaresThreads> share{};
   for (std::size_t b = 0; b < static_cast<std::size_t>(kSquaresBlocks); ++b) {
-    for (std::size_t t = 0; t < threads; ++t) {
+    // The threads of this block that hold an element: all of them once n fills the tiling.
+    const std::size_t live = n >= stride_all ? threads : std::min(threads, n > b * threads ? n - b * threads : 0);
+    if (live == 0 && b > 0) break;  // and every later block's too
+    for (std::size_t t = 0; t < live; ++t) {
       double sum = 0.0;
       for (std::size_t i = b * threads + t; i < n; i += stride_all) {
         const auto x = static_cast<double>(in[i]);
@@ -47,8 +55,13 @@ double squares_tiled(const float* in, std::size_t n, double total) {
       }
       share[t] = sum;
     }
-    for (std::size_t stride = threads / 2; stride > 0; stride /= 2)
-      for (std::size_t t = 0; t < stride; ++t) share[t] = rn::add(share[t], share[t + stride]);
+    if (live == 0) share[0] = 0.0;
+    // The halving folds, over the shares that are not +0: s[t] += s[t + stride] wherever t + stride is live.
+    std::size_t folded = live;
+    for (std::size_t stride = threads / 2; stride > 0; stride /= 2) {
+      for (std::size_t t = 0; t < stride && t + stride < folded; ++t) share[t] = rn::add(share[t], share[t + stride]);
+      folded = std::min(folded, stride);
+    }
     total = rn::add(total, share[0]);
   }
   return total;
