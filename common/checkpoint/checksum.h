@@ -30,10 +30,10 @@ std::optional<ChecksumKind> checksum_kind(const std::optional<std::string>& name
 class StreamChecksum {
  public:
   explicit StreamChecksum(ChecksumKind kind) : kind_(kind) { state_.fill(kOffset); }
-  // The next `n` bytes of the stream (pieces of any length, the tail zero-padded to a word by finish()).
+  // The next `n` bytes of the stream (pieces of any length, the tail zero-padded to a word at the end).
   void add(const char* bytes, std::size_t n);
   void add(std::string_view piece) { add(piece.data(), piece.size()); }
-  // The checksum, as the 16 hex digits a file's metadata holds; value(), as the number.
+  // The checksum of the whole stream, once: as the 16 hex digits a file's metadata holds, or as the number.
   std::string finish();
   std::uint64_t value();
 

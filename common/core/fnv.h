@@ -1,6 +1,6 @@
-// FNV-1a (Fowler, Noll and Vo), byte by byte: the course's 64-bit digests of values (a replica's
-// parameters, a model configuration, a training state). The safetensors checksum mixes 8-byte words in
-// eight chains instead (checkpoint/checksum.h), for speed over whole files.
+// FNV-1a (Fowler, Noll and Vo), byte by byte: the course's 64-bit digests of a model configuration and
+// of a training state. The safetensors checksum, and the replicas' checksum of their parameters at every
+// step, mix 8-byte words in eight chains instead (checkpoint/checksum.h), for speed.
 #pragma once
 #include <cstddef>
 #include <cstdint>
