@@ -16,8 +16,8 @@
 #include "common/optim/grad_scaler.h"
 #include "common/optim/optimizer.h"
 #include "common/parallel/ddp.h"
-#include "common/parallel/replicas.h"  // parameter_checksum
 #include "common/parallel/distributed_sampler.h"
+#include "common/parallel/replicas.h"  // parameter_checksum
 #include "common/verify/lockstep.h"
 #include "support/mpi_main.h"
 
