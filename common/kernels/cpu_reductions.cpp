@@ -46,7 +46,7 @@ double squares_tiled(const float* in, std::size_t n, double total) {
   for (std::size_t b = 0; b < static_cast<std::size_t>(kSquaresBlocks); ++b) {
     // The threads of this block that hold an element: all of them once n fills the tiling.
     const std::size_t live = n >= stride_all ? threads : std::min(threads, n > b * threads ? n - b * threads : 0);
-    if (live == 0 && b > 0) break;  // and every later block's too
+    if (live == 0 && b > 0) break;  // and every later block's too (block 0 of n = 0 adds its +0, as the kernel does)
     for (std::size_t t = 0; t < live; ++t) {
       double sum = 0.0;
       for (std::size_t i = b * threads + t; i < n; i += stride_all) {
@@ -55,7 +55,6 @@ double squares_tiled(const float* in, std::size_t n, double total) {
       }
       share[t] = sum;
     }
-    if (live == 0) share[0] = 0.0;
     // The halving folds, over the shares that are not +0: s[t] += s[t + stride] wherever t + stride is live.
     std::size_t folded = live;
     for (std::size_t stride = threads / 2; stride > 0; stride /= 2) {
